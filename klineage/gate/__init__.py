@@ -1,0 +1,1 @@
+"""The gate: build (nvcc), check (correctness), time (profile)."""
