@@ -1,0 +1,205 @@
+"""The `klineage` command."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from klineage.gate.build import Builder, BuildResult
+from klineage.gate.gate import Gate, GateEvent, GateSetupError
+from klineage.gate.result import GateVerdict, Status
+from klineage.gate.trace import append_traces, verdict_to_traces
+from klineage.kernel import KernelSource
+from klineage.problem import Problem, ProblemError, load_problem
+
+app = typer.Typer(help="Mine verified GPU-kernel optimization skills.", no_args_is_help=True)
+console = Console()
+errors = Console(stderr=True, soft_wrap=True)
+
+
+class WorkloadSet(str, enum.Enum):
+    all = "all"
+    probes = "probes"
+
+
+@app.callback()
+def main() -> None:
+    """klineage: gate, mine and replay CUDA kernel optimizations."""
+
+
+@app.command()
+def gate(
+    problem_dir: Annotated[Path, typer.Argument(help="Problem folder (definition.json, ...).")],
+    kernel: Annotated[
+        Path | None, typer.Option(help="Kernel .cu to gate (default: PROBLEM_DIR/kernel.cu).")
+    ] = None,
+    against: Annotated[
+        Path | None, typer.Option(help="Baseline .cu: time both interleaved, report the ratio.")
+    ] = None,
+    workloads: Annotated[
+        WorkloadSet, typer.Option(help="Gate the required workloads, or the probes.")
+    ] = WorkloadSet.all,
+    build_only: Annotated[
+        bool, typer.Option("--build-only", help="Only compile (works without a GPU).")
+    ] = False,
+    no_time: Annotated[
+        bool, typer.Option("--no-time", help="Check correctness only; skip timing.")
+    ] = False,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the full verdict as JSON here.")
+    ] = None,
+    traces: Annotated[
+        Path | None, typer.Option(help="Append FlashInfer-Trace traces (JSONL) here.")
+    ] = None,
+    arch: Annotated[str, typer.Option(help="GPU architecture to build for.")] = "sm_90",
+    device: Annotated[int, typer.Option(help="Index of the GPU to run on.")] = 0,
+) -> None:
+    """Build a kernel, check it on every workload against the reference, and time it."""
+    problem = _load(problem_dir)
+    source = _kernel_source(problem, kernel)
+    baseline = _read_kernel(against) if against else None
+    builder = Builder(arch=arch)
+    if build_only:
+        with console.status(f"building {source.name} for {arch}"):
+            build = builder.build(source.text, name=source.name)
+        _print_build(source, build)
+        if json_out:
+            json_out.write_text(build.model_dump_json(indent=2))
+        raise typer.Exit(0 if build.ok else 1)
+
+    chosen = problem.probes if workloads is WorkloadSet.probes else problem.workloads
+    if not chosen:
+        _fail(f"{problem.root}: no {workloads.value} workloads to gate")
+    try:
+        with Gate(builder, device=device) as judge, _progress() as progress:
+            task = progress.add_task(f"gating {source.name}", total=len(chosen))
+
+            def on_event(event: GateEvent) -> None:
+                label = f"{event.stage} {event.workload}".strip()
+                advance = 1 if event.stage == "done" else 0
+                progress.update(task, description=f"{source.name}: {label}", advance=advance)
+
+            verdict = judge.run(
+                problem,
+                source,
+                workloads=chosen,
+                time_it=not no_time,
+                against=baseline,
+                on_event=on_event,
+            )
+    except GateSetupError as err:
+        _fail(f"gate error: {err}")
+    _print_build(source, verdict.build)
+    if verdict.workloads:
+        _print_verdict(verdict)
+    if json_out:
+        json_out.write_text(verdict.model_dump_json(indent=2))
+    if traces:
+        append_traces(traces, verdict_to_traces(verdict, problem))
+    raise typer.Exit(0 if verdict.passed or workloads is WorkloadSet.probes else 1)
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """Print an error as plain text (paths and brackets are not markup) and exit."""
+    errors.print(Text(message, style="red"))
+    raise typer.Exit(code)
+
+
+def _load(problem_dir: Path) -> Problem:
+    try:
+        return load_problem(problem_dir)
+    except ProblemError as err:
+        _fail(str(err))
+
+
+def _read_kernel(path: Path) -> KernelSource:
+    try:
+        return KernelSource.from_file(path)
+    except FileNotFoundError as err:
+        _fail(str(err))
+
+
+def _kernel_source(problem: Problem, kernel: Path | None) -> KernelSource:
+    if kernel is not None:
+        return _read_kernel(kernel)
+    if problem.kernel_path is None:
+        _fail(f"{problem.root}: no kernel.cu in the problem folder; pass --kernel FILE")
+    return _read_kernel(problem.kernel_path)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def _print_build(source: KernelSource, build: BuildResult) -> None:
+    if not build.ok:
+        console.print(Text("COMPILE_ERROR ", style="red") + Text(source.name))
+        console.print(Text(build.message), soft_wrap=True)
+        return
+    hit = "cached" if build.cached else f"{build.seconds:.2f} s"
+    console.print(f"[green]built[/green] {source.name} ({source.fingerprint}, {hit})")
+    if build.report and build.report.kernels:
+        table = Table("kernel", "registers", "shared memory", "spills (st/ld)", "stack")
+        for k in build.report.kernels:
+            table.add_row(
+                k.name,
+                str(k.registers),
+                f"{k.shared_bytes} B",
+                f"{k.spill_store_bytes}/{k.spill_load_bytes} B",
+                f"{k.stack_bytes} B",
+            )
+        console.print(table)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _print_verdict(verdict: GateVerdict) -> None:
+    compared = any(w.comparison for w in verdict.workloads)
+    columns = ["workload", "status", "max abs err", "max rel err", "latency (ms)"]
+    columns += ["reference (ms)", "speedup"] + (["vs baseline"] if compared else [])
+    table = Table(*columns, title=f"{verdict.problem} on {verdict.hardware}")
+    for w in verdict.workloads:
+        color = "green" if w.passed else "red"
+        c = w.correctness
+        row = [
+            w.label,
+            f"[{color}]{w.status.value}[/{color}]",
+            _fmt(c.max_absolute_error if c else None, ".2e"),
+            _fmt(c.max_relative_error if c else None, ".2e"),
+            _fmt(w.latency_ms, ".4f"),
+            _fmt(w.reference_latency_ms, ".4f"),
+            _fmt(w.speedup_factor, ".2f") + ("x" if w.speedup_factor else ""),
+        ]
+        if compared:
+            row.append(_fmt(w.comparison.ratio if w.comparison else None, ".3f"))
+        table.add_row(*row)
+    console.print(table)
+    for w in verdict.workloads:
+        if w.status is not Status.PASSED:
+            console.print(Text(f"{w.label}: ", style="red") + Text(w.message), soft_wrap=True)
+    pooled = verdict.comparison
+    if pooled is not None:
+        word = "not slower" if pooled.not_slower else "SLOWER"
+        trials = ", ".join(f"{r:.3f}" for r in pooled.trial_ratios)
+        console.print(f"baseline/candidate = {pooled.ratio:.3f} (trials {trials}): {word}")
+    console.print(f"verdict: [bold]{verdict.status.value}[/bold]")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,702 @@
+"""Build stage of the gate: compile one-file CUDA kernels into shared libraries with nvcc.
+
+A kernel is a single ``.cu`` file exporting ``extern "C" int run(...)``. :class:`Builder`
+compiles it to ``kernel.so`` and keeps the outcome in a content-addressed cache::
+
+    <cache>/<key[:2]>/<key>/kernel.so     (only when the build is OK)
+    <cache>/<key[:2]>/<key>/kernel.cu     (the source, for debugging)
+    <cache>/<key[:2]>/<key>/result.json   (the BuildResult, library path relative)
+    <cache>/<key[:2]>/<key>.lock          (per-key flock, never deleted)
+    <cache>/tmp/                          (work dirs; same filesystem so rename is atomic)
+
+Compile errors are cached as well: the same broken source never runs nvcc twice. Timeouts
+are not cached because they depend on machine load rather than on the source.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from klineage.gate.ptxas import PtxasReport, demangle, parse_ptxas
+
+__all__ = [
+    "BASE_FLAGS",
+    "BuildResult",
+    "BuildStatus",
+    "BuildToolError",
+    "Builder",
+    "FailureKind",
+    "arch_flags",
+    "default_cache_dir",
+    "render_compile_errors",
+]
+
+CACHE_SCHEMA = 1  # bump when the entry layout or the key recipe changes
+SOURCE_FILE = "kernel.cu"  # name of the source inside the work dir; nvcc reports it in errors
+LIBRARY_FILE = "kernel.so"
+RESULT_FILE = "result.json"
+MAX_ERRORS = 20
+MAX_NOTES = 3
+BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17")
+SHARED_FLAGS: tuple[str, ...] = ("-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v")
+_ARCH = re.compile(r"^sm_(\d+)([a-z]?)$")
+
+
+class BuildToolError(RuntimeError):
+    """A tool the build needs (nvcc) is missing or broken; not a problem of the kernel."""
+
+
+class BuildStatus(str, enum.Enum):
+    """Outcome of a build."""
+
+    OK = "OK"
+    COMPILE_ERROR = "COMPILE_ERROR"
+
+
+class FailureKind(str, enum.Enum):
+    """Why a COMPILE_ERROR happened."""
+
+    NVCC = "nvcc"  # nvcc (front end, ptxas or host compiler) exited non-zero
+    TIMEOUT = "timeout"  # nvcc ran past timeout_s
+    MISSING_RUN = "missing_run"  # compiled, but no extern "C" run symbol
+
+
+class BuildResult(BaseModel):
+    """Everything known about one build, fresh or served from the cache."""
+
+    status: BuildStatus = Field(description="OK or COMPILE_ERROR.")
+    key: str = Field(description="Cache key: sha256 hex of source, flags, nvcc version and arch.")
+    library: Path | None = Field(
+        default=None, description="Path of kernel.so inside the cache entry; None unless OK."
+    )
+    log: str = Field(
+        default="",
+        description="nvcc's combined stdout/stderr (work-dir prefix stripped from paths).",
+    )
+    message: str = Field(
+        default="", description="Rendered errors using the display name; empty when OK."
+    )
+    report: PtxasReport | None = Field(
+        default=None, description="Parsed ptxas -v resources; None when ptxas produced none."
+    )
+    seconds: float = Field(
+        default=0.0, description="Wall time of this call's nvcc run; 0 for a cache hit."
+    )
+    compile_seconds: float = Field(
+        default=0.0, description="Wall time of the nvcc run that produced this entry."
+    )
+    cached: bool = Field(default=False, description="True when served from the cache.")
+    command: list[str] = Field(
+        default_factory=list, description="The nvcc command line, with relative file names."
+    )
+    nvcc_version: str = Field(default="", description="Last line of `nvcc --version`.")
+    arch: str = Field(default="", description="Target architecture, e.g. 'sm_90'.")
+    source_name: str = Field(default=SOURCE_FILE, description="Display name used in `message`.")
+    failure: FailureKind | None = Field(
+        default=None, description="Which step failed for a COMPILE_ERROR; None when OK."
+    )
+
+    @property
+    def ok(self) -> bool:
+        """True when the build produced a usable library."""
+        return self.status is BuildStatus.OK
+
+
+def default_cache_dir() -> Path:
+    """``$KLINEAGE_CACHE_DIR`` if set, else ``~/.cache/klineage/build``."""
+    env = os.environ.get("KLINEAGE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "klineage" / "build"
+
+
+def arch_flags(arch: str) -> list[str]:
+    """nvcc flags selecting ``arch``.
+
+    Arch-specific targets (``sm_90a``, ``sm_100f``) need an explicit ``-gencode``: with
+    ``-arch=sm_90a`` nvcc 13.0 rejects wgmma instructions.
+    """
+    m = _ARCH.match(arch)
+    if m is None:
+        raise ValueError(f"arch must look like 'sm_90' or 'sm_90a', got {arch!r}")
+    if m[2]:
+        return [f"-gencode=arch=compute_{m[1]}{m[2]},code={arch}"]
+    return [f"-arch={arch}"]
+
+
+@dataclass
+class _NvccRun:
+    returncode: int
+    log: str
+    seconds: float
+    timed_out: bool
+
+
+class Builder:
+    """Compiles kernels with nvcc into a content-addressed, multi-process-safe cache."""
+
+    def __init__(
+        self,
+        cache_dir: Path | None = None,
+        arch: str = "sm_90",
+        extra_flags: Sequence[str] = (),
+        nvcc: str = "nvcc",
+        timeout_s: float = 300,
+    ) -> None:
+        if isinstance(extra_flags, str):
+            raise TypeError("extra_flags must be a sequence of flags, not one string")
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.arch = arch
+        self._arch_flags = arch_flags(arch)  # validates early
+        self.extra_flags: tuple[str, ...] = tuple(extra_flags)
+        self.nvcc = nvcc
+        self.timeout_s = float(timeout_s)
+        self._nvcc_path: str | None = None
+        self._nvcc_version: str | None = None
+        self._version_lock = threading.Lock()
+
+    # ----------------------------------------------------------------- configuration
+
+    @property
+    def flags(self) -> list[str]:
+        """All nvcc flags except the output and input file names."""
+        return [*BASE_FLAGS, *self._arch_flags, *SHARED_FLAGS, *self.extra_flags]
+
+    @property
+    def command(self) -> list[str]:
+        """The nvcc command line as run inside the work dir."""
+        return [self.nvcc, *self.flags, "-o", LIBRARY_FILE, SOURCE_FILE]
+
+    @property
+    def nvcc_version(self) -> str:
+        """Last line of ``nvcc --version``; computed once per Builder."""
+        with self._version_lock:
+            if self._nvcc_version is None:
+                self._nvcc_path, self._nvcc_version = _probe_nvcc(self.nvcc)
+            return self._nvcc_version
+
+    def _executable(self) -> str:
+        """Resolved path of nvcc (raises BuildToolError when it is missing)."""
+        _ = self.nvcc_version
+        return self._nvcc_path or self.nvcc
+
+    def key(self, source: str) -> str:
+        """Cache key of ``source`` under this Builder's configuration."""
+        payload = {
+            "schema": CACHE_SCHEMA,
+            "source": source,
+            "flags": self.flags,
+            "nvcc": self.nvcc_version,
+            "arch": self.arch,
+        }
+        blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
+        return hashlib.sha256(blob).hexdigest()
+
+    def entry_dir(self, key: str) -> Path:
+        """Directory of the cache entry for ``key`` (it may not exist)."""
+        return self.cache_dir / key[:2] / key
+
+    # ----------------------------------------------------------------------- building
+
+    def build(self, source: str, name: str = SOURCE_FILE) -> BuildResult:
+        """Build ``source``; ``name`` is only the display name used in error messages."""
+        key = self.key(source)
+        hit = self._lookup(key, source, name)
+        if hit is not None:
+            return hit
+        with self._key_lock(key):
+            # Another process may have built it while we waited for the lock.
+            hit = self._lookup(key, source, name)
+            if hit is not None:
+                return hit
+            return self._compile_and_publish(key, source, name)
+
+    def build_many(
+        self,
+        sources: Sequence[tuple[str, str]] | Sequence[str],
+        jobs: int | None = None,
+        on_done: Callable[[int, BuildResult], None] | None = None,
+    ) -> list[BuildResult]:
+        """Build many sources in parallel; results come back in input order.
+
+        Items are either source strings or ``(source, name)`` pairs. ``on_done(index, result)``
+        is called from the calling thread as each build finishes.
+        """
+        items = [_as_item(item) for item in sources]
+        if not items:
+            return []
+        _ = self.nvcc_version  # fail fast (BuildToolError) before starting threads
+        workers = max(1, min(jobs or os.cpu_count() or 1, len(items)))
+        results: list[BuildResult | None] = [None] * len(items)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(self.build, src, nm): i for i, (src, nm) in enumerate(items)}
+            try:
+                for future in as_completed(futures):
+                    index = futures[future]
+                    results[index] = future.result()
+                    if on_done is not None:
+                        on_done(index, results[index])
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+        return [r for r in results if r is not None]
+
+    # -------------------------------------------------------------------------- cache
+
+    def _lookup(self, key: str, source: str, name: str) -> BuildResult | None:
+        """A valid cache entry as a hit, or None (missing, partial or corrupt = miss)."""
+        entry = self.entry_dir(key)
+        try:
+            stored = BuildResult.model_validate_json((entry / RESULT_FILE).read_bytes())
+        except (OSError, ValueError, ValidationError):
+            return None
+        if stored.key != key:
+            return None
+        library = entry / stored.library if stored.library is not None else None
+        if stored.ok and (library is None or not library.is_file()):
+            return None
+        message = stored.message
+        if stored.source_name != name:
+            message = _rerender_message(stored, source, name)
+        return stored.model_copy(
+            update={
+                "library": library,
+                "cached": True,
+                "seconds": 0.0,
+                "message": message,
+                "source_name": name,
+            }
+        )
+
+    @contextmanager
+    def _key_lock(self, key: str) -> Iterator[None]:
+        # flock locks belong to the open file description, so they also exclude threads
+        # of this process that opened the file separately.
+        path = self.cache_dir / key[:2] / f"{key}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _compile_and_publish(self, key: str, source: str, name: str) -> BuildResult:
+        tmp_root = self.cache_dir / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f"{key[:16]}-", dir=tmp_root))
+        try:
+            result = self._compile(work, key, source, name)
+            if result.failure is FailureKind.TIMEOUT:
+                return result  # not cached: depends on machine load, not on the source
+            self._finalize_work_dir(work, result)
+            entry = self.entry_dir(key)
+            _publish(work, entry, tmp_root)
+            if result.ok:
+                result.library = entry / LIBRARY_FILE
+            return result
+        finally:
+            shutil.rmtree(work, ignore_errors=True)  # no-op once published
+
+    def _finalize_work_dir(self, work: Path, result: BuildResult) -> None:
+        """Leave only what the entry should hold, and write result.json last."""
+        shutil.rmtree(work / "nvcc-tmp", ignore_errors=True)
+        library = work / LIBRARY_FILE
+        if not result.ok:
+            library.unlink(missing_ok=True)
+        elif library.exists():
+            _fsync_file(library)
+        stored = result.model_copy(update={"library": Path(LIBRARY_FILE) if result.ok else None})
+        result_path = work / RESULT_FILE
+        result_path.write_text(stored.model_dump_json(indent=1), encoding="utf-8")
+        _fsync_file(result_path)
+
+    # ------------------------------------------------------------------------ compile
+
+    def _compile(self, work: Path, key: str, source: str, name: str) -> BuildResult:
+        run = self._run_nvcc(work, source)
+        result = BuildResult(
+            status=BuildStatus.COMPILE_ERROR,
+            key=key,
+            log=run.log,
+            seconds=run.seconds,
+            compile_seconds=run.seconds,
+            command=self.command,
+            nvcc_version=self.nvcc_version,
+            arch=self.arch,
+            source_name=name,
+        )
+        if run.timed_out:
+            result.failure = FailureKind.TIMEOUT
+            result.message = (
+                f"{name}: nvcc timed out after {self.timeout_s:g} s and was killed "
+                "(raise Builder(timeout_s=...) if the kernel really needs longer)"
+            )
+            return result
+        report = parse_ptxas(run.log)
+        if run.returncode != 0:
+            result.failure = FailureKind.NVCC
+            result.message = render_compile_errors(run.log, source, name, run.returncode)
+            result.report = report if report.kernels else None
+            return result
+        result.report = report
+        missing = _missing_run_message(work / LIBRARY_FILE, name)
+        if missing is not None:
+            result.failure = FailureKind.MISSING_RUN
+            result.message = missing
+            return result
+        result.status = BuildStatus.OK
+        return result
+
+    def _run_nvcc(self, work: Path, source: str) -> _NvccRun:
+        executable = self._executable()
+        (work / SOURCE_FILE).write_text(source, encoding="utf-8")
+        # nvcc's own intermediates go into the work dir so a killed build leaves nothing behind.
+        nvcc_tmp = work / "nvcc-tmp"
+        nvcc_tmp.mkdir()
+        env = {**os.environ, "TMPDIR": str(nvcc_tmp)}
+        command = [executable, *self.command[1:]]
+        start = time.perf_counter()
+        # A new session lets a timeout kill nvcc's children (cicc, ptxas, gcc) as well.
+        proc = subprocess.Popen(
+            command,
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            out, _ = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            out, _ = proc.communicate()
+        seconds = time.perf_counter() - start
+        log = _strip_dir(out.decode("utf-8", errors="replace"), work)
+        return _NvccRun(proc.returncode, log, seconds, timed_out)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _probe_nvcc(nvcc: str) -> tuple[str, str]:
+    """Resolve ``nvcc`` and return (path, last line of ``nvcc --version``)."""
+    path = shutil.which(nvcc)
+    if path is None:
+        raise BuildToolError(
+            f"nvcc was not found: {nvcc!r} is not on PATH or not executable. Install the CUDA "
+            "toolkit and put its bin/ directory on PATH, or pass Builder(nvcc='/path/to/nvcc')."
+        )
+    try:
+        proc = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BuildToolError(f"could not run {path} --version: {exc}") from exc
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines:
+        raise BuildToolError(
+            f"{path} --version failed (exit {proc.returncode}): {proc.stderr.strip()}"
+        )
+    return path, lines[-1]
+
+
+def _as_item(item: str | tuple[str, str]) -> tuple[str, str]:
+    if isinstance(item, str):
+        return item, SOURCE_FILE
+    if len(item) != 2 or not all(isinstance(x, str) for x in item):
+        raise TypeError("build_many items must be source strings or (source, name) pairs")
+    return item[0], item[1]
+
+
+def _publish(work: Path, entry: Path, tmp_root: Path) -> None:
+    """Atomically make ``work`` the entry; caller holds the key lock."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    if entry.exists():
+        # A corrupt or partial entry: move it aside first (rename cannot replace a
+        # non-empty dir), so readers see either the old dir or the complete new one.
+        trash = Path(tempfile.mkdtemp(prefix="trash-", dir=tmp_root))
+        os.rename(entry, trash / "old")
+        shutil.rmtree(trash, ignore_errors=True)
+    os.rename(work, entry)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def _strip_dir(text: str, directory: Path) -> str:
+    """Drop the work dir prefix (and its resolved form) from paths in nvcc's output."""
+    for form in {str(directory), os.path.realpath(directory)}:
+        text = text.replace(form + os.sep, "").replace(form, ".")
+    return text
+
+
+def _missing_run_message(library: Path, name: str) -> str | None:
+    """Message if the library lacks a dynamic ``run`` symbol; None if fine or unknowable."""
+    nm = shutil.which("nm")
+    if nm is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [nm, "-D", "--defined-only", str(library)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    symbols = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            symbols[parts[-1]] = parts[-2]
+    if symbols.get("run") in {"T", "W", "i"}:
+        return None
+    message = f'{name} does not export extern "C" run(...)'
+    mangled = sorted(s for s in symbols if s.startswith("_Z3run"))
+    if mangled:
+        shown = ", ".join(demangle(mangled))
+        message += f'\n  found C++-mangled {shown}: declare it extern "C"'
+    return message
+
+
+def _rerender_message(stored: BuildResult, source: str, name: str) -> str:
+    """The stored message for another display name (the cache key ignores the name)."""
+    if stored.failure is FailureKind.NVCC:
+        return render_compile_errors(stored.log, source, name)
+    if stored.failure is FailureKind.MISSING_RUN:
+        rest = stored.message.partition("\n")[2]
+        first = f'{name} does not export extern "C" run(...)'
+        return f"{first}\n{rest}" if rest else first
+    return stored.message
+
+
+# ------------------------------------------------------------------- error rendering
+
+# EDG front end: kernel.cu(12): error #20: identifier "y" is undefined
+_EDG_HEADER = re.compile(
+    r"^(?P<file>\S.*?)\((?P<line>\d+)\): (?P<sev>catastrophic error|internal error|error|"
+    r"warning|remark|note)(?: #[\w-]+)?: (?P<msg>.*)$"
+)
+# Host compiler (gcc/clang): kernel.cu:1:10: fatal error: nothere.h: No such file
+_GCC_HEADER = re.compile(
+    r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)? (?P<sev>fatal error|error|"
+    r"warning|note): (?P<msg>.*)$"
+)
+_GCC_CONTEXT = re.compile(r"^\s*\d*\s*\|")  # gcc's own "  12 | code" / "     |  ^~~" lines
+_PTXAS_DIAG = re.compile(
+    r"^ptxas (?:(?P<file>\S+), line (?P<line>\d+); )?(?P<sev>error|fatal)\s*: (?P<msg>.*)$"
+)
+_TOOL_ERROR = re.compile(
+    r"^(?:\S*/)?(?:nvlink|fatbinary|collect2|ld)\b.*\b(?:error|fatal|undefined reference)\b",
+    re.IGNORECASE,
+)
+_NVCC_FATAL = re.compile(r"^nvcc (?:fatal|error)\s*: (?P<msg>.*)$")
+_CARET = re.compile(r"^\s*\^\s*$")
+_TMPXFT = re.compile(r"(?:[^\s'\"(]*/)?tmpxft_[0-9a-f]+_[0-9a-f]+-\d+_")
+_MANGLED = re.compile(r"'(_Z[\w$.]+)'")
+_ERROR_SEVERITIES = {"catastrophic error", "internal error", "error", "fatal error"}
+
+
+@dataclass
+class _Diag:
+    file: str
+    line: int
+    severity: str
+    message: str
+    col: int | None = None  # 0-based column, when known exactly (gcc)
+    echo: str | None = None  # nvcc's echo of the (preprocessed) source line
+    caret: int | None = None  # caret column within `echo`
+    extra: list[str] = field(default_factory=list)  # continuation lines before the echo
+    post: list[str] = field(default_factory=list)  # e.g. "detected during instantiation ..."
+    notes: list[_Diag] = field(default_factory=list)
+
+
+def render_compile_errors(log: str, source: str, name: str, returncode: int | None = None) -> str:
+    """Render nvcc's errors as ``name:line: error: ...`` plus the source line and a caret.
+
+    ``log`` is nvcc's output for a file compiled as ``kernel.cu``; temp paths are removed so
+    the message only refers to ``name``. At most MAX_ERRORS errors are shown.
+    """
+    log = _TMPXFT.sub("", log)
+    lines = source.splitlines()
+    blocks = _render_source_diags(log, lines, name) + _render_tool_errors(log)
+    blocks = list(dict.fromkeys(blocks))  # multi-target builds repeat front-end errors
+    if not blocks:
+        code = f" {returncode}" if returncode is not None else ""
+        tail = "\n".join(log.strip().splitlines()[-30:])
+        return f"{name}: nvcc failed (exit{code}) without a recognised error\n{tail}".rstrip()
+    shown = blocks[:MAX_ERRORS]
+    if len(blocks) > MAX_ERRORS:
+        shown.append(f"... and {len(blocks) - MAX_ERRORS} more errors")
+    return "\n\n".join(shown)
+
+
+def _render_source_diags(log: str, source_lines: list[str], name: str) -> list[str]:
+    diags = [d for d in _parse_source_diags(log) if d.severity in _ERROR_SEVERITIES]
+    return [_render_diag(d, source_lines, name) for d in diags]
+
+
+def _parse_source_diags(log: str) -> list[_Diag]:
+    """Group front-end / host-compiler diagnostics; notes attach to the preceding error."""
+    diags: list[_Diag] = []
+    current: _Diag | None = None
+    for raw in log.splitlines():
+        line = raw.rstrip()
+        diag = _parse_header(line)
+        if diag is not None:
+            if diag.severity == "note" and diags and diags[-1].severity != "note":
+                diags[-1].notes.append(diag)
+            else:
+                diags.append(diag)
+            current = diag
+        elif not line.strip() or _GCC_CONTEXT.match(line):
+            continue
+        elif current is not None and current.col is None and _CARET.match(line):
+            _attach_caret(current, line)
+        elif current is not None and line.startswith(" "):
+            (current.extra if current.echo is None else current.post).append(line)
+        else:
+            current = None  # an unrelated line (e.g. "3 errors detected ...") ends the block
+    return diags
+
+
+def _parse_header(line: str) -> _Diag | None:
+    if m := _EDG_HEADER.match(line):
+        return _Diag(m["file"], int(m["line"]), m["sev"], m["msg"])
+    if m := _GCC_HEADER.match(line):
+        col = int(m["col"]) - 1 if m["col"] else None
+        return _Diag(m["file"], int(m["line"]), m["sev"], m["msg"], col=col)
+    return None
+
+
+def _attach_caret(diag: _Diag, caret_line: str) -> None:
+    # The line just before the caret is nvcc's echo of the source line.
+    if diag.extra:
+        diag.echo = diag.extra.pop()
+        diag.caret = caret_line.index("^")
+
+
+def _render_diag(diag: _Diag, source_lines: list[str], name: str) -> str:
+    ours = _is_our_file(diag.file)
+    where = name if ours else diag.file
+    out = [f"{where}:{diag.line}: {diag.severity}: {diag.message}"]
+    out += [f"  {text.strip()}" for text in diag.extra]
+    if ours and 1 <= diag.line <= len(source_lines):
+        out += _source_context(diag, source_lines[diag.line - 1])
+    elif diag.echo is not None and diag.caret is not None:
+        out += [f"      | {diag.echo[2:]}", f"      | {' ' * max(diag.caret - 2, 0)}^"]
+    out += [f"  {text.strip()}" for text in diag.post]
+    for note in diag.notes[:MAX_NOTES]:
+        note_where = name if _is_our_file(note.file) else note.file
+        out.append(f"  note: {note_where}:{note.line}: {note.message}")
+    return "\n".join(out)
+
+
+def _source_context(diag: _Diag, original: str) -> list[str]:
+    gutter = f"{diag.line:>5} | "
+    blank = "      | "
+    out = [f"{gutter}{original}".rstrip()]
+    col = diag.col
+    if col is None and diag.echo is not None and diag.caret is not None:
+        col = _map_caret(original, diag.echo, diag.caret)
+        if col is None:
+            # Could not line the preprocessed echo up with the original: show both.
+            out.append(f"{blank}as seen by nvcc: {diag.echo[2:]}")
+            out.append(f"{blank}{' ' * (len('as seen by nvcc: ') + diag.caret - 2)}^")
+            return out
+    if col is not None and col <= len(original):
+        # Keep tabs so the caret lines up however the terminal expands them.
+        pad = "".join("\t" if ch == "\t" else " " for ch in original[:col])
+        out.append(f"{blank}{pad}^")
+    return out
+
+
+def _map_caret(original: str, echo: str, caret: int) -> int | None:
+    """Column in ``original`` of nvcc's caret, which points into the preprocessed echo.
+
+    nvcc indents the echo by two spaces, prints tabs as single spaces and shows the line
+    after cudafe's rewrites (``__global__`` -> ``__attribute__((global))``, macros expanded).
+    Text after the caret is usually untouched, so a matching suffix pins the column.
+    """
+    if echo.startswith("  "):
+        echo, caret = echo[2:], caret - 2
+    flat = original.replace("\t", " ").rstrip()
+    if caret < 0:
+        return None
+    if echo.rstrip() == flat:
+        return caret
+    suffix = echo[caret:].rstrip()
+    if suffix and flat.endswith(suffix):
+        return len(flat) - len(suffix)
+    return None
+
+
+def _is_our_file(path: str) -> bool:
+    return path in (SOURCE_FILE, f"./{SOURCE_FILE}")
+
+
+def _render_tool_errors(log: str) -> list[str]:
+    """ptxas / nvcc / linker errors, which carry no source line of the kernel."""
+    ptxas_errors: list[str] = []
+    ptxas_fatal: list[str] = []
+    tools: list[str] = []
+    for raw in log.splitlines():
+        line = raw.rstrip()  # tool lines start at column 0; indented lines are source echoes
+        if m := _PTXAS_DIAG.match(line):
+            where = f" (generated PTX line {m['line']})" if m["line"] else ""
+            text = f"ptxas {m['sev']}: {m['msg'].strip()}{where}"
+            (ptxas_errors if m["sev"] == "error" else ptxas_fatal).append(text)
+        elif m := _NVCC_FATAL.match(line):
+            tools.append(f"nvcc fatal: {m['msg'].strip()}")
+        elif _TOOL_ERROR.match(line):
+            tools.append(line)
+    # "ptxas fatal: Ptx assembly aborted due to errors" only repeats the errors above it.
+    found = ptxas_errors or ptxas_fatal
+    return [_annotate_mangled(text) for text in found] + tools
+
+
+def _annotate_mangled(text: str) -> str:
+    names = _MANGLED.findall(text)
+    if not names:
+        return text
+    for mangled, pretty in zip(names, demangle(names), strict=True):
+        if pretty != mangled:
+            text = text.replace(f"'{mangled}'", f"'{mangled}' ({pretty})", 1)
+    return text

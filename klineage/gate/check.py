@@ -1,0 +1,108 @@
+"""The element rule: how an output is compared with the reference.
+
+An element fails only if `|err| > atol` and `|err| > rtol * |ref|`; a NaN or Inf in the output
+fails unless the reference has the same non-finite value there. Pure tensor code, so it runs
+(and is tested) on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from klineage.problem import Tolerance
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """How one output tensor compares with the reference."""
+
+    name: str
+    total: int
+    bad: int
+    unwritten: int
+    """Elements still holding the poison value (NaN or the integer minimum)."""
+    max_abs: float
+    max_rel: float
+    first_bad: tuple[int, ...] | None
+    first_bad_value: float | None
+    first_bad_expected: float | None
+
+    @property
+    def ok(self) -> bool:
+        return self.bad == 0
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"{self.name}: ok"
+        where = ""
+        if self.first_bad is not None:
+            where = (
+                f"; first at {list(self.first_bad)}: got {self.first_bad_value!r}, "
+                f"expected {self.first_bad_expected!r}"
+            )
+        unwritten = f", {self.unwritten} never written (still poison)" if self.unwritten else ""
+        return (
+            f"{self.name}: {self.bad} of {self.total} elements wrong{unwritten}; "
+            f"max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}{where}"
+        )
+
+
+def compare_output(
+    name: str, out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance
+) -> OutputComparison:
+    """Apply the element rule to one output."""
+    import torch
+
+    wide = torch.float64 if torch.float64 in (out.dtype, ref.dtype) else torch.float32
+    if out.dtype.is_floating_point:
+        unwritten = int(torch.isnan(out).sum())
+    elif out.dtype == torch.bool:
+        unwritten = 0  # bool has no spare poison value
+    else:
+        unwritten = int((out == torch.iinfo(out.dtype).min).sum())
+    o = out.to(wide)
+    r = ref.to(wide)
+    err = (o - r).abs()
+    bad = (err > tolerance.atol) & (err > tolerance.rtol * r.abs())
+    # a non-finite output passes only where the reference holds the same non-finite value
+    out_nonfinite = ~torch.isfinite(o)
+    same = (torch.isnan(o) & torch.isnan(r)) | (o == r)
+    bad |= out_nonfinite & ~same
+    finite = torch.isfinite(err)
+    max_abs = float(err[finite].max()) if bool(finite.any()) else 0.0
+    rel = err / r.abs()
+    rel_ok = finite & (r != 0)
+    max_rel = float(rel[rel_ok].max()) if bool(rel_ok.any()) else 0.0
+    n_bad = int(bad.sum())
+    first = first_value = first_expected = None
+    if n_bad:
+        index = torch.nonzero(bad)[0]
+        first = tuple(int(i) for i in index)
+        first_value = float(o[first])
+        first_expected = float(r[first])
+    return OutputComparison(
+        name=name,
+        total=out.numel(),
+        bad=n_bad,
+        unwritten=unwritten,
+        max_abs=max_abs,
+        max_rel=max_rel,
+        first_bad=first,
+        first_bad_value=first_value,
+        first_bad_expected=first_expected,
+    )
+
+
+def changed_elements(before: torch.Tensor, after: torch.Tensor) -> int:
+    """How many elements differ bitwise (NaN == NaN), for the inputs-unchanged check."""
+    import torch
+
+    if before.dtype.is_floating_point:
+        same = (before == after) | (torch.isnan(before) & torch.isnan(after))
+    else:
+        same = before == after
+    return int((~same).sum())

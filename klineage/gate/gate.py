@@ -1,0 +1,233 @@
+"""The gate: build -> check -> time, one verdict per kernel.
+
+    with Gate() as gate:
+        verdict = gate.run(problem, KernelSource.from_file("kernel.cu"))
+
+The build runs here (no GPU needed); check and time run in a GPU worker process that is
+restarted after a crash and killed on a timeout, so one bad kernel never ends a run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from klineage.gate.build import Builder, BuildResult
+from klineage.gate.result import (
+    Comparison,
+    GateVerdict,
+    Status,
+    WorkloadVerdict,
+)
+from klineage.gate.timing import TimingConfig
+from klineage.gate.worker import (
+    REFERENCE,
+    CheckReply,
+    CheckRequest,
+    ErrorReply,
+    GpuWorker,
+    TimeReply,
+    TimeRequest,
+    WorkerCrashed,
+    WorkerTimeout,
+)
+from klineage.kernel import KernelSource
+from klineage.problem import Problem, Workload
+
+CHECK_TRIALS = 3
+"""Seeded input sets per workload in the check stage (the contract asks for at least 3)."""
+
+
+class GateSetupError(RuntimeError):
+    """The gate cannot judge kernels for this problem (no GPU, a broken reference, ...)."""
+
+
+@dataclass(frozen=True)
+class GateEvent:
+    """Progress report: `stage` is build, check, time or done; `index` counts workloads."""
+
+    stage: str
+    kernel: str
+    workload: str = ""
+    index: int = 0
+    total: int = 0
+    verdict: WorkloadVerdict | None = None
+
+
+ProgressHook = Callable[[GateEvent], None]
+
+
+class Gate:
+    """Judges kernels: compile, correctness on every workload, timing against the reference."""
+
+    def __init__(
+        self,
+        builder: Builder | None = None,
+        *,
+        device: int = 0,
+        timing: TimingConfig | None = None,
+        check_trials: int = CHECK_TRIALS,
+        check_timeout_s: float = 60.0,
+        time_timeout_s: float = 300.0,
+        seed: int = 0,
+        worker_runner: str | None = None,
+    ) -> None:
+        if check_trials < CHECK_TRIALS:
+            raise ValueError(f"check_trials must be at least {CHECK_TRIALS} (the gate's contract)")
+        self.builder = builder or Builder()
+        self.timing = timing or TimingConfig()
+        self.check_trials = check_trials
+        self.check_timeout_s = check_timeout_s
+        self.time_timeout_s = time_timeout_s
+        self.seed = seed
+        worker_args: dict[str, Any] = {"device": device}
+        if worker_runner is not None:
+            worker_args["runner"] = worker_runner
+        self.worker = GpuWorker(**worker_args)
+
+    def __enter__(self) -> Gate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.worker.close()
+
+    # ---- stages -----------------------------------------------------------------------------
+
+    def build(self, kernel: KernelSource) -> BuildResult:
+        return self.builder.build(kernel.text, name=kernel.name)
+
+    def run(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        *,
+        workloads: Sequence[Workload] | None = None,
+        time_it: bool = True,
+        against: KernelSource | None = None,
+        on_event: ProgressHook | None = None,
+    ) -> GateVerdict:
+        """Build, check on every workload, and (if `time_it`) time against the reference and,
+        when `against` is given, against that baseline kernel in the same interleaved loop.
+        The baseline is built and timed but not checked: it is the state being compared to."""
+        notify = on_event or (lambda event: None)
+        chosen = list(problem.workloads if workloads is None else workloads)
+        notify(GateEvent("build", kernel.name, total=len(chosen)))
+        build = self.build(kernel)
+        verdict = GateVerdict(
+            problem=problem.name,
+            kernel=kernel.name,
+            fingerprint=kernel.fingerprint,
+            build=build,
+            baseline_fingerprint=against.fingerprint if against else None,
+        )
+        baseline_library: str | None = None
+        if against is not None and build.ok and time_it:
+            baseline_build = self.build(against)
+            if not baseline_build.ok:
+                raise GateSetupError(
+                    f"the baseline {against.name} does not build:\n{baseline_build.message}"
+                )
+            baseline_library = str(baseline_build.library)
+        if build.ok:
+            hello = self._start_worker()
+            verdict.hardware = hello.hardware
+            verdict.libs = {**hello.libs, "nvcc": build.nvcc_version}
+            for index, workload in enumerate(chosen):
+                notify(GateEvent("check", kernel.name, workload.label, index, len(chosen)))
+                result = self._gate_workload(
+                    problem,
+                    str(build.library),
+                    workload,
+                    time_it,
+                    baseline_library,
+                    notify,
+                    kernel.name,
+                    index,
+                    len(chosen),
+                )
+                verdict.workloads.append(result)
+                notify(GateEvent("done", kernel.name, workload.label, index, len(chosen), result))
+        verdict.timestamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        return verdict
+
+    def _start_worker(self) -> Any:
+        try:
+            return self.worker.start()
+        except (WorkerCrashed, WorkerTimeout) as err:
+            tail = getattr(err, "log_tail", "")
+            raise GateSetupError(
+                f"the GPU worker could not start: {err}\n{tail}\n"
+                "Is there a CUDA GPU and a CUDA build of torch? Use build-only mode without one."
+            ) from err
+
+    def _gate_workload(
+        self,
+        problem: Problem,
+        library: str,
+        workload: Workload,
+        time_it: bool,
+        baseline_library: str | None,
+        notify: ProgressHook,
+        kernel_name: str,
+        index: int,
+        total: int,
+    ) -> WorkloadVerdict:
+        started = time.perf_counter()
+        verdict = WorkloadVerdict(
+            workload_uuid=workload.uuid, label=workload.label, status=Status.PASSED
+        )
+        seeds = [self.seed + trial for trial in range(self.check_trials)]
+        check = CheckRequest(library, problem.definition, workload, seeds)
+        reply = self._ask(check, self.check_timeout_s, verdict, "check")
+        if isinstance(reply, CheckReply):
+            verdict.status, verdict.message = reply.status, reply.message
+            verdict.correctness = reply.correctness
+        if verdict.passed and time_it:
+            notify(GateEvent("time", kernel_name, workload.label, index, total))
+            targets = [library, *([baseline_library] if baseline_library else []), REFERENCE]
+            timing = TimeRequest(targets, problem.definition, workload, self.seed, self.timing)
+            reply = self._ask(timing, self.time_timeout_s, verdict, "time")
+            if isinstance(reply, TimeReply):
+                verdict.timing = reply.timings[0]
+                verdict.reference_timing = reply.timings[-1]
+                if baseline_library:
+                    verdict.comparison = Comparison.of(reply.timings[0], reply.timings[1])
+        verdict.seconds = time.perf_counter() - started
+        return verdict
+
+    def _ask(
+        self,
+        request: CheckRequest | TimeRequest,
+        timeout_s: float,
+        verdict: WorkloadVerdict,
+        stage: str,
+    ) -> Any:
+        """Send a request; turn timeouts, crashes and errors into the verdict's status."""
+        try:
+            reply = self.worker.request(request, timeout_s)
+        except WorkerTimeout:
+            verdict.status = Status.TIMEOUT
+            verdict.message = (
+                f"{stage}: no answer within {timeout_s:g} s; the worker was killed and restarted"
+            )
+            return None
+        except WorkerCrashed as err:
+            verdict.status = Status.RUNTIME_ERROR
+            verdict.message = f"{stage}: {err}\n{err.log_tail[-800:]}".rstrip()
+            return None
+        if isinstance(reply, ErrorReply):
+            if reply.kind == "reference":
+                raise GateSetupError(f"{verdict.label}: {reply.message}")
+            verdict.status = Status.RUNTIME_ERROR
+            restarted = (
+                "; the CUDA context was poisoned, the worker restarted" if (reply.poisoned) else ""
+            )
+            verdict.message = f"{stage}: {reply.message}{restarted}"
+            return None
+        return reply

@@ -1,0 +1,234 @@
+"""The check and time stages, as run inside a GPU worker process.
+
+The check follows the gate's contract (DESIGN.md section 5): per workload, several seeded input
+sets written into the same buffers (a kernel that returns an earlier call's answer fails the
+second trial), outputs poisoned before each call, inputs compared with a pristine copy after
+it, outputs snapshotted as soon as the given stream is done (work left running on another
+stream shows up as outputs that change afterwards), and the FlashInfer element rule.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from klineage.gate.check import OutputComparison, changed_elements, compare_output
+from klineage.gate.result import Correctness, Status, Timing
+from klineage.gate.timing import flush_buffer, sample_interleaved
+from klineage.gate.worker import (
+    REFERENCE,
+    CheckReply,
+    CheckRequest,
+    ErrorReply,
+    HelloReply,
+    TimeReply,
+    TimeRequest,
+)
+from klineage.inputs import (
+    ReferenceFailure,
+    allocate_outputs,
+    check_reference_outputs,
+    load_reference,
+    make_inputs,
+    poison,
+    refill_inputs,
+    run_reference,
+)
+from klineage.kernel import KernelAbi
+from klineage.problem import Definition, Workload
+
+
+class KernelFailure(RuntimeError):
+    """run() returned an error code or a CUDA call failed around it."""
+
+
+def _error_name(code: int) -> str:
+    try:
+        return str(torch.cuda.CudaError(code))
+    except Exception:  # the name is a courtesy; never let it hide the code
+        return "unknown error"
+
+
+class DeviceRunner:
+    """Serves CheckRequest and TimeRequest on the worker's one visible GPU."""
+
+    def __init__(self) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("the GPU worker found no CUDA device")
+        torch.cuda.init()
+        self.props = torch.cuda.get_device_properties(0)
+        # torch's pool streams are non-blocking: a kernel that launches on the legacy default
+        # stream or a stream of its own is not silently ordered before our reads
+        self.stream = torch.cuda.Stream()
+        self.flush = flush_buffer(int(getattr(self.props, "L2_cache_size", 0)))
+        self._libraries: dict[str, ctypes.CDLL] = {}
+
+    def hello(self) -> HelloReply:
+        return HelloReply(
+            hardware=self.props.name,
+            libs={"torch": torch.__version__, "cuda": str(torch.version.cuda)},
+            l2_bytes=int(getattr(self.props, "L2_cache_size", 0)),
+        )
+
+    def handle(self, request: CheckRequest | TimeRequest) -> Any:
+        try:
+            if isinstance(request, CheckRequest):
+                return self.check(request)
+            return self.time(request)
+        except ReferenceFailure as err:
+            return ErrorReply("reference", str(err), poisoned=self._poisoned())
+        except Exception as err:
+            return ErrorReply("kernel", f"{type(err).__name__}: {err}", poisoned=self._poisoned())
+
+    def _poisoned(self) -> bool:
+        try:
+            torch.cuda.synchronize()
+            probe = torch.ones(4, device="cuda")
+            return float((probe + 1).sum()) != 8.0
+        except Exception:
+            return True
+
+    # ---- the kernel ABI -------------------------------------------------------------------
+
+    def kernel_call(
+        self,
+        library: str,
+        definition: Definition,
+        workload: Workload,
+        inputs: dict[str, Any],
+        outputs: dict[str, torch.Tensor],
+    ) -> Callable[[], None]:
+        """A no-argument closure that calls run(...) on the worker's stream and checks its code."""
+        if library not in self._libraries:
+            self._libraries[library] = ctypes.CDLL(library, mode=ctypes.RTLD_LOCAL)
+        abi = KernelAbi.from_definition(definition)
+        fn = abi.bind(self._libraries[library])
+        axis_values = definition.axis_values(workload)
+        args: list[Any] = []
+        for param in abi.params:
+            if param.role == "input":
+                value = inputs[param.name]
+                args.append(value.data_ptr() if param.is_pointer else value)
+            elif param.role == "output":
+                args.append(outputs[param.name].data_ptr())
+            elif param.role == "axis":
+                args.append(axis_values[param.name])
+            else:
+                args.append(self.stream.cuda_stream)
+
+        def call() -> None:
+            code = fn(*args)
+            if code != 0:
+                raise KernelFailure(f"run() returned cudaError {code} ({_error_name(code)})")
+
+        return call
+
+    # ---- check ----------------------------------------------------------------------------
+
+    def check(self, request: CheckRequest) -> CheckReply:
+        definition, workload = request.definition, request.workload
+        inputs = make_inputs(definition, workload, request.seeds[0], "cuda")
+        outputs = allocate_outputs(definition, workload, "cuda")
+        call = self.kernel_call(request.library, definition, workload, inputs, outputs)
+        tensors_in = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        totals = Correctness()
+        previous_ref: dict[str, torch.Tensor] | None = None
+        for trial, seed in enumerate(request.seeds):
+            if trial > 0:
+                refill_inputs(definition, workload, inputs, seed)
+            torch.cuda.synchronize()
+            pristine = {k: v.clone() for k, v in tensors_in.items()}
+            ref = run_reference(definition, inputs)
+            if trial == 0:
+                check_reference_outputs(definition, workload, ref)
+            for out in outputs.values():
+                poison(out)
+            torch.cuda.synchronize()
+            with torch.cuda.stream(self.stream):
+                call()
+                self.stream.synchronize()
+                snapshot = {k: v.clone() for k, v in outputs.items()}
+                self.stream.synchronize()
+            torch.cuda.synchronize()
+            where = f"trial {trial + 1} of {len(request.seeds)} (seed {seed})"
+            late = [k for k in outputs if changed_elements(snapshot[k], outputs[k])]
+            if late:
+                return CheckReply(
+                    Status.RUNTIME_ERROR,
+                    f"{where}: output {', '.join(late)} changed after run() returned and its "
+                    "stream finished: the kernel left work running on another stream",
+                    None,
+                )
+            changed = {k: changed_elements(pristine[k], v) for k, v in tensors_in.items()}
+            written = {k: n for k, n in changed.items() if n}
+            if written:
+                detail = ", ".join(f"{k} ({n} elements)" for k, n in written.items())
+                return CheckReply(
+                    Status.RUNTIME_ERROR,
+                    f"{where}: the kernel wrote to its input {detail}; inputs must be unchanged",
+                    None,
+                )
+            comparisons = [
+                compare_output(name, snapshot[name], ref[name], definition.tolerance_for(name))
+                for name in definition.outputs
+            ]
+            _accumulate(totals, comparisons)
+            failing = [c for c in comparisons if not c.ok]
+            if failing:
+                message = f"{where}: " + "; ".join(c.describe() for c in failing)
+                if previous_ref is not None and _matches(definition, snapshot, previous_ref):
+                    message = (
+                        f"{where}: the outputs equal the previous call's answer: the kernel "
+                        "returned a cached result for fresh inputs at the same addresses"
+                    )
+                return CheckReply(Status.INCORRECT_NUMERICAL, message, totals)
+            previous_ref = ref
+        return CheckReply(Status.PASSED, "", totals)
+
+    # ---- time -----------------------------------------------------------------------------
+
+    def time(self, request: TimeRequest) -> TimeReply:
+        definition, workload = request.definition, request.workload
+        inputs = make_inputs(definition, workload, request.seed, "cuda")
+        reference = load_reference(definition)
+        calls: list[Callable[[], None]] = []
+        for target in request.targets:
+            if target == REFERENCE:
+                args = list(inputs.values())
+                calls.append(_reference_call(reference, args))
+            else:
+                outputs = allocate_outputs(definition, workload, "cuda")
+                calls.append(self.kernel_call(target, definition, workload, inputs, outputs))
+        torch.cuda.synchronize()
+        samples = sample_interleaved(calls, self.stream, self.flush, request.config)
+        torch.cuda.synchronize()
+        return TimeReply([Timing(samples_ms=s) for s in samples])
+
+
+def _reference_call(reference: Callable[..., Any], args: list[Any]) -> Callable[[], None]:
+    def call() -> None:
+        with torch.no_grad():
+            reference(*args)
+
+    return call
+
+
+def _accumulate(totals: Correctness, comparisons: list[OutputComparison]) -> None:
+    totals.trials += 1
+    for c in comparisons:
+        totals.max_absolute_error = max(totals.max_absolute_error, c.max_abs)
+        totals.max_relative_error = max(totals.max_relative_error, c.max_rel)
+        totals.bad_elements += c.bad
+        totals.total_elements += c.total
+
+
+def _matches(
+    definition: Definition, outputs: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
+) -> bool:
+    return all(
+        compare_output(name, outputs[name], ref[name], definition.tolerance_for(name)).ok
+        for name in definition.outputs
+    )

@@ -1,0 +1,35 @@
+"""Shared test set-up: GPU tests skip cleanly on machines without a CUDA GPU."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    has_gpu = _gpu_available()
+    has_nvcc = shutil.which("nvcc") is not None
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "nvcc" in item.keywords and not has_nvcc:
+            item.add_marker(pytest.mark.skip(reason="needs nvcc on PATH"))
+
+
+@pytest.fixture
+def build_cache(tmp_path: Path) -> Path:
+    """A private build cache per test, so cache hits are never borrowed from another test."""
+    return tmp_path / "build-cache"

@@ -1,0 +1,68 @@
+"""The element rule, on CPU tensors."""
+
+from __future__ import annotations
+
+import torch
+
+from klineage.gate.check import changed_elements, compare_output
+from klineage.problem import Tolerance
+
+TOL = Tolerance(atol=1e-4, rtol=1e-4)
+
+
+def test_identical_outputs_pass() -> None:
+    ref = torch.randn(64, 32)
+    result = compare_output("y", ref.clone(), ref, TOL)
+    assert result.ok and result.max_abs == 0 and result.total == 64 * 32
+
+
+def test_element_fails_only_beyond_both_tolerances() -> None:
+    ref = torch.tensor([1000.0, 1.0, 0.0])
+    # 0.05 > atol but < rtol*1000: passes; 0.05 on 1.0 fails both; 5e-5 on 0 is within atol
+    out = torch.tensor([1000.05, 1.05, 5e-5])
+    result = compare_output("y", out, ref, Tolerance(atol=1e-2, rtol=1e-4))
+    assert result.bad == 1 and result.first_bad == (1,)
+    assert abs(result.first_bad_value - 1.05) < 1e-6
+    assert "1 of 3 elements wrong" in result.describe()
+
+
+def test_nan_poison_left_behind_is_reported_as_unwritten() -> None:
+    ref = torch.ones(10)
+    out = ref.clone()
+    out[5:] = float("nan")
+    result = compare_output("y", out, ref, TOL)
+    assert result.bad == 5 and result.unwritten == 5
+    assert "5 never written" in result.describe()
+
+
+def test_non_finite_output_passes_only_where_the_reference_has_it() -> None:
+    ref = torch.tensor([float("inf"), float("nan"), 1.0])
+    assert compare_output("y", ref.clone(), ref, TOL).ok
+    out = torch.tensor([float("inf"), float("nan"), float("inf")])
+    assert compare_output("y", out, ref, TOL).bad == 1
+    out = torch.tensor([-float("inf"), float("nan"), 1.0])
+    assert compare_output("y", out, ref, TOL).bad == 1
+
+
+def test_half_precision_is_compared_in_float32() -> None:
+    ref = torch.randn(1000).to(torch.bfloat16)
+    out = (ref.float() * 1.001).to(torch.bfloat16)
+    assert compare_output("y", out, ref, Tolerance(atol=1e-2, rtol=1e-2)).ok
+    assert not compare_output("y", out + 1, ref, Tolerance(atol=1e-2, rtol=1e-2)).ok
+
+
+def test_integers_are_exact_and_poison_counts() -> None:
+    ref = torch.arange(8, dtype=torch.int64)
+    out = ref.clone()
+    out[3] = torch.iinfo(torch.int64).min
+    result = compare_output("idx", out, ref, Tolerance(atol=0, rtol=0))
+    assert result.bad == 1 and result.unwritten == 1
+    assert compare_output("idx", ref.clone(), ref, Tolerance(atol=0, rtol=0)).ok
+
+
+def test_changed_elements_is_bitwise_and_nan_aware() -> None:
+    before = torch.tensor([1.0, float("nan"), 3.0])
+    assert changed_elements(before, before.clone()) == 0
+    after = before.clone()
+    after[2] = 0.0
+    assert changed_elements(before, after) == 1

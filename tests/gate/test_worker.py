@@ -1,0 +1,53 @@
+"""The worker process machinery, driven through a CPU stand-in runner (no GPU needed)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from klineage.gate.worker import DebugRequest, GpuWorker, WorkerCrashed, WorkerTimeout
+
+STAND_IN = "tests.gate.cpu_stand_in:CpuStandInRunner"
+
+
+@pytest.fixture
+def worker():
+    handle = GpuWorker(runner=STAND_IN)
+    yield handle
+    handle.close()
+
+
+def test_worker_starts_and_answers(worker: GpuWorker) -> None:
+    hello = worker.start()
+    assert hello.hardware == "cpu stand-in"
+    assert worker.request(DebugRequest("echo", {"x": 1}), timeout_s=10) == {"x": 1}
+    assert worker.starts == 1
+
+
+def test_crash_is_reported_and_the_next_request_restarts(worker: GpuWorker) -> None:
+    first_pid = worker.start().libs["pid"]
+    with pytest.raises(WorkerCrashed, match="SIGSEGV"):
+        worker.request(DebugRequest("crash"), timeout_s=10)
+    assert not worker.alive
+    assert worker.request(DebugRequest("echo", 7), timeout_s=10) == 7
+    assert worker.starts == 2
+    assert worker.hello is not None and worker.hello.libs["pid"] != first_pid
+
+
+def test_hang_is_killed_within_the_timeout(worker: GpuWorker) -> None:
+    worker.start()
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeout, match=r"within 1\.5 s"):
+        worker.request(DebugRequest("hang"), timeout_s=1.5)
+    assert time.monotonic() - started < 5
+    assert not worker.alive
+    assert worker.request(DebugRequest("echo", "again"), timeout_s=10) == "again"
+
+
+def test_a_worker_that_cannot_start_says_why() -> None:
+    broken = GpuWorker(runner="klineage.no_such_module:Runner", start_timeout_s=30)
+    with pytest.raises(WorkerCrashed) as info:
+        broken.start()
+    assert "no_such_module" in info.value.log_tail
+    broken.close()
