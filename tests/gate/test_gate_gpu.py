@@ -113,3 +113,18 @@ def test_cli_gate_end_to_end(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "PASSED" in result.output
     assert out.is_file() and traces.read_text().count("\n") >= 1
+
+
+def test_pool_gates_many_kernels_in_order(tmp_path: Path) -> None:
+    from klineage.gate.pool import GatePool
+
+    problem = load_problem(FIXTURES / "problems" / "scale_rows")
+    kernels = [_kernel("correct.cu"), _kernel("wrong_answer.cu"), _kernel("partial_write.cu")]
+    with GatePool(builder=Builder(cache_dir=tmp_path / "cache")) as pool:
+        verdicts = pool.run_many(problem, kernels, workloads=problem.workloads[:1], time_it=False)
+    assert [v.kernel for v in verdicts] == ["correct.cu", "wrong_answer.cu", "partial_write.cu"]
+    assert [v.status for v in verdicts] == [
+        Status.PASSED,
+        Status.INCORRECT_NUMERICAL,
+        Status.INCORRECT_NUMERICAL,
+    ]

@@ -1,0 +1,86 @@
+"""Several GPUs, one gate each: judge many kernels at once.
+
+Builds run first, in parallel on the CPU (nvcc), then each GPU's worker takes the next kernel
+from a shared queue. Verdicts come back in input order.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from klineage.gate.build import Builder
+from klineage.gate.gate import Gate
+from klineage.gate.result import GateVerdict
+from klineage.kernel import KernelSource
+from klineage.problem import Problem
+
+
+def visible_gpus() -> int:
+    """How many CUDA GPUs this process can see (0 without torch or a GPU)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+class GatePool:
+    """One Gate (and so one worker process) per GPU, sharing one build cache."""
+
+    def __init__(
+        self,
+        devices: Sequence[int] | None = None,
+        builder: Builder | None = None,
+        **gate_options: Any,
+    ) -> None:
+        chosen = list(devices) if devices is not None else list(range(visible_gpus()))
+        if not chosen:
+            raise RuntimeError("no CUDA GPU is visible; the check and time stages need one")
+        self.builder = builder or Builder()
+        self.gates = [Gate(self.builder, device=d, **gate_options) for d in chosen]
+
+    def __enter__(self) -> GatePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for gate in self.gates:
+            gate.close()
+
+    def run_many(
+        self, problem: Problem, kernels: Sequence[KernelSource], **run_options: Any
+    ) -> list[GateVerdict]:
+        """Gate every kernel; same options as Gate.run. Verdicts in input order."""
+        # compile everything up front so GPUs never wait on nvcc
+        self.builder.build_many([(k.text, k.name) for k in kernels])
+        todo: queue.Queue[int] = queue.Queue()
+        for index in range(len(kernels)):
+            todo.put(index)
+        verdicts: list[GateVerdict | None] = [None] * len(kernels)
+        failures: list[BaseException] = []
+
+        def serve(gate: Gate) -> None:
+            while not failures:
+                try:
+                    index = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    verdicts[index] = gate.run(problem, kernels[index], **run_options)
+                except BaseException as err:  # surfaced in the caller's thread below
+                    failures.append(err)
+                    return
+
+        threads = [threading.Thread(target=serve, args=(g,), daemon=True) for g in self.gates]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+        return [v for v in verdicts if v is not None]
