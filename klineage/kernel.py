@@ -5,6 +5,8 @@ A kernel is one `.cu` file exporting, in destination-passing style::
     extern "C" int run(<inputs...>, <outputs...>, <var axes as int64_t...>, cudaStream_t stream);
 
 Inputs and outputs come in definition order: tensors as typed device pointers, scalars by value.
+An output declared `inplace_of` an input gets no pointer of its own: the kernel writes it into
+that input's buffer, which is then passed as `T*` rather than `const T*`.
 Each var axis follows as `int64_t`, in definition order, then the stream. The return value is a
 `cudaError_t` cast to int. `KernelAbi` derives the `ctypes` signature from a definition, so
 nobody writes glue by hand.
@@ -106,6 +108,9 @@ class AbiParam:
     """Definition dtype for tensors and scalars; None for axes and the stream."""
     is_pointer: bool
     """True for tensors (device pointers) and the stream handle."""
+    mutable: bool = False
+    """An input the kernel overwrites with an output (`inplace_of`): passed as `T*`, not
+    `const T*`."""
 
     @property
     def ctype(self) -> type:
@@ -126,7 +131,7 @@ class AbiParam:
         ctype = _C_TYPES[self.dtype]
         if not self.is_pointer:
             return f"{ctype} {self.name}"
-        const = "const " if self.role == "input" else ""
+        const = "const " if self.role == "input" and not self.mutable else ""
         return f"{const}{ctype}* {self.name}"
 
 
@@ -139,8 +144,12 @@ class KernelAbi:
     @classmethod
     def from_definition(cls, definition: Definition) -> KernelAbi:
         params: list[AbiParam] = []
+        updated_in_place = set(definition.inplace_outputs().values())
         for role, specs in (("input", definition.inputs), ("output", definition.outputs)):
             for name, spec in specs.items():
+                if role == "output" and spec.inplace_of is not None:
+                    continue  # written through the input's pointer
+
                 if spec.is_scalar:
                     if role == "output":
                         raise AbiError(
@@ -152,7 +161,15 @@ class KernelAbi:
                             f"scalar input {name!r} has dtype {spec.dtype}, which cannot be "
                             f"passed by value; use one of {', '.join(_CTYPES_SCALARS)}"
                         )
-                params.append(AbiParam(name, role, spec.dtype, is_pointer=not spec.is_scalar))
+                params.append(
+                    AbiParam(
+                        name,
+                        role,
+                        spec.dtype,
+                        is_pointer=not spec.is_scalar,
+                        mutable=name in updated_in_place,
+                    )
+                )
         for axis in definition.var_axes():
             params.append(AbiParam(axis, "axis", None, is_pointer=False))
         params.append(AbiParam("stream", "stream", None, is_pointer=True))

@@ -249,6 +249,19 @@ Axis = Annotated[ConstAxis | VarAxis, Field(discriminator="type")]
 Bound = StrictInt | StrictFloat | str
 
 
+class IndicesOf(_Model):
+    """Checks an index output by what it points at, so ties and order do not matter (top-k,
+    argmax): every index in range, unique along the last dimension, and
+    ``source.gather(-1, indices)`` bitwise equal to the kernel's own ``values`` output."""
+
+    kind: Literal["indices_of"] = Field(default="indices_of", description="always 'indices_of'")
+    source: str = Field(description="the input tensor the indices select from")
+    values: str = Field(description="the output holding the selected values")
+
+
+Compare = Literal["elementwise", "sorted"] | IndicesOf
+
+
 class TensorSpec(_Model):
     """Shape and dtype of one input or output."""
 
@@ -260,6 +273,17 @@ class TensorSpec(_Model):
     range: tuple[Bound, Bound] | None = Field(
         default=None,
         description="[low, high) for random generation; each bound a number or an axis name",
+    )
+
+    inplace_of: str | None = Field(
+        default=None,
+        description="outputs only: the input whose buffer the kernel overwrites with this "
+        "output (run() then gets no pointer of its own for it)",
+    )
+    compare: Compare = Field(
+        default="elementwise",
+        description="outputs only: 'elementwise' (the element rule), 'sorted' (sort both "
+        "along the last dimension first: order-insensitive), or an indices_of check",
     )
 
     @property
@@ -424,8 +448,55 @@ class Definition(_Model):
                     "distinct input and output names",
                 )
         self._check_tolerance()
+        self._check_output_extensions()
         _check_reference(self.reference, list(self.inputs))
         return self
+
+    def _check_output_extensions(self) -> None:
+        for name, spec in self.inputs.items():
+            if spec.inplace_of is not None or spec.compare != "elementwise":
+                _fail(
+                    ("inputs", name),
+                    "inplace_of and compare apply to outputs only",
+                    "these keys on outputs",
+                )
+        taken: set[str] = set()
+        for name, spec in self.outputs.items():
+            target = spec.inplace_of
+            if target is not None:
+                source = self.inputs.get(target)
+                if source is None or source.is_scalar:
+                    _fail(
+                        ("outputs", name, "inplace_of"),
+                        f"inplace_of names {target!r}, which is not an input tensor",
+                        f"one of the input tensors: {_names(self.inputs)}",
+                    )
+                if (source.shape, source.dtype) != (spec.shape, spec.dtype) or target in taken:
+                    _fail(
+                        ("outputs", name, "inplace_of"),
+                        f"output {name!r} cannot live in input {target!r}",
+                        "an input of the same shape and dtype, used by one output only",
+                    )
+                taken.add(target)
+            if isinstance(spec.compare, IndicesOf):
+                check = spec.compare
+                if check.source not in self.inputs or check.values not in self.outputs:
+                    _fail(
+                        ("outputs", name, "compare"),
+                        f"indices_of needs an input {check.source!r} and an output "
+                        f"{check.values!r}",
+                        f"inputs: {_names(self.inputs)}; outputs: {_names(self.outputs)}",
+                    )
+                if spec.dtype not in ("int64", "int32"):
+                    _fail(
+                        ("outputs", name, "dtype"),
+                        f"indices_of output has dtype {spec.dtype}",
+                        "int64 or int32",
+                    )
+
+    def inplace_outputs(self) -> dict[str, str]:
+        """Output name -> the input it is written into, for outputs updated in place."""
+        return {n: s.inplace_of for n, s in self.outputs.items() if s.inplace_of is not None}
 
     def _check_axes(self) -> None:
         for name, axis in self.axes.items():

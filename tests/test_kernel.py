@@ -96,3 +96,23 @@ def test_bind_sets_the_signature_on_a_real_library() -> None:
     definition = load_definition(FIXTURES / "problems" / "scale_rows")
     with pytest.raises(AbiError, match="does not export"):
         KernelAbi.from_definition(definition).bind(libc)
+
+
+def test_inplace_output_has_no_pointer_and_its_input_is_mutable(tmp_path: Path) -> None:
+    definition = _definition_with(
+        tmp_path,
+        inputs={
+            "x": {"shape": ["rows", "cols"], "dtype": "float32"},
+            "alpha": {"shape": None, "dtype": "float32"},
+        },
+        outputs={
+            "y": {"shape": ["rows", "cols"], "dtype": "float32"},
+            "x_out": {"shape": ["rows", "cols"], "dtype": "float32", "inplace_of": "x"},
+        },
+        reference="def run(x, alpha):\n    return x * alpha, x + 1\n",
+    )
+    abi = KernelAbi.from_definition(definition)
+    assert abi.prototype == (
+        'extern "C" int run(float* x, float alpha, float* y, int64_t rows, int64_t cols, '
+        "cudaStream_t stream)"
+    )

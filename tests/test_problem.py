@@ -773,7 +773,7 @@ def test_unknown_nested_key(root: Path) -> None:
     assert err.line == line_of(text, '"shap"')
     assert err.field == "inputs.x.shap"
     assert err.message == "unknown key 'shap'"
-    assert err.expected == "one of the keys: shape, dtype, description, range"
+    assert err.expected == "one of the keys: shape, dtype, description, range, inplace_of, compare"
 
 
 def test_unknown_key_in_axis(root: Path) -> None:
@@ -829,3 +829,49 @@ def test_wrong_type_uses_field_description(root: Path) -> None:
     assert err.field == "inputs.x.shape"
     assert err.message == "invalid value 'rows'"
     assert err.expected == "a valid list (axis names, one per dimension; null for a scalar)"
+
+
+def _softmax_with_outputs(tmp_path, outputs, inputs=None):
+    import json
+
+    from tests.conftest import REPO
+
+    data = json.loads((REPO / "expert_kernels" / "softmax" / "definition.json").read_text())
+    data["outputs"] = outputs
+    if inputs is not None:
+        data["inputs"] = inputs
+    (tmp_path / "definition.json").write_text(json.dumps(data))
+    return tmp_path / "definition.json"
+
+
+def test_inplace_of_must_name_a_matching_input(tmp_path) -> None:
+    path = _softmax_with_outputs(
+        tmp_path, {"y": {"shape": ["rows"], "dtype": "float32", "inplace_of": "x"}}
+    )
+    with pytest.raises(ProblemError) as info:
+        load_definition(path)
+    assert info.value.field == "outputs.y.inplace_of"
+    assert "same shape and dtype" in str(info.value)
+    path = _softmax_with_outputs(
+        tmp_path, {"y": {"shape": ["rows", "cols"], "dtype": "float32", "inplace_of": "nope"}}
+    )
+    with pytest.raises(ProblemError, match="not an input tensor"):
+        load_definition(path)
+
+
+def test_indices_of_needs_its_source_and_values(tmp_path) -> None:
+    path = _softmax_with_outputs(
+        tmp_path,
+        {
+            "y": {"shape": ["rows", "cols"], "dtype": "float32"},
+            "i": {
+                "shape": ["rows", "cols"],
+                "dtype": "int64",
+                "compare": {"kind": "indices_of", "source": "x", "values": "missing"},
+            },
+        },
+    )
+    with pytest.raises(ProblemError) as info:
+        load_definition(path)
+    assert info.value.field == "outputs.i.compare"
+    assert "indices_of needs" in str(info.value)

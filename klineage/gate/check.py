@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from klineage.problem import Tolerance
+    from klineage.problem import Definition, Tolerance
 
 
 @dataclass(frozen=True)
@@ -106,3 +106,62 @@ def changed_elements(before: torch.Tensor, after: torch.Tensor) -> int:
     else:
         same = before == after
     return int((~same).sum())
+
+
+def compare_indices(
+    name: str, indices: torch.Tensor, source: torch.Tensor, values: torch.Tensor
+) -> OutputComparison:
+    """Check an index output by what it selects: in range, unique along the last dimension,
+    and `source.gather(-1, indices)` bitwise equal to the kernel's `values` output."""
+    import torch
+
+    length = source.shape[-1]
+    idx = indices.to(torch.int64)
+    in_range = (idx >= 0) & (idx < length)
+    unwritten = int((indices == torch.iinfo(indices.dtype).min).sum())
+    safe = torch.where(in_range, idx, torch.zeros_like(idx))
+    picked = source.expand(*idx.shape[:-1], length).gather(-1, safe)
+    same = (picked == values) | (torch.isnan(picked) & torch.isnan(values))
+    ordered = torch.sort(safe, dim=-1).values
+    repeated = torch.zeros_like(in_range)
+    repeated[..., 1:] = ordered[..., 1:] == ordered[..., :-1]
+    bad = ~in_range | ~same | repeated
+    n_bad = int(bad.sum())
+    first = first_value = None
+    if n_bad:
+        first = tuple(int(i) for i in torch.nonzero(bad)[0])
+        first_value = float(idx[first])
+    return OutputComparison(
+        name=name,
+        total=indices.numel(),
+        bad=n_bad,
+        unwritten=unwritten,
+        max_abs=0.0,
+        max_rel=0.0,
+        first_bad=first,
+        first_bad_value=first_value,
+        first_bad_expected=None,
+    )
+
+
+def compare_by_spec(
+    definition: Definition,
+    name: str,
+    outputs: dict[str, torch.Tensor],
+    reference: dict[str, torch.Tensor],
+    inputs: dict[str, torch.Tensor],
+) -> OutputComparison:
+    """Compare one output the way its spec asks: elementwise, sorted, or indices_of."""
+    import torch
+
+    from klineage.problem import IndicesOf
+
+    spec = definition.outputs[name]
+    tolerance = definition.tolerance_for(name)
+    out, ref = outputs[name], reference[name]
+    if isinstance(spec.compare, IndicesOf):
+        return compare_indices(name, out, inputs[spec.compare.source], outputs[spec.compare.values])
+    if spec.compare == "sorted":
+        out = torch.sort(out, dim=-1).values
+        ref = torch.sort(ref, dim=-1).values
+    return compare_output(name, out, ref, tolerance)

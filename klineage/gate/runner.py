@@ -15,7 +15,12 @@ from typing import Any
 
 import torch
 
-from klineage.gate.check import OutputComparison, changed_elements, compare_output
+from klineage.gate.check import (
+    OutputComparison,
+    changed_elements,
+    compare_by_spec,
+    compare_output,
+)
 from klineage.gate.result import Correctness, Status, Timing
 from klineage.gate.timing import flush_buffer, sample_interleaved
 from klineage.gate.worker import (
@@ -131,21 +136,29 @@ class DeviceRunner:
     def check(self, request: CheckRequest) -> CheckReply:
         definition, workload = request.definition, request.workload
         inputs = make_inputs(definition, workload, request.seeds[0], "cuda")
-        outputs = allocate_outputs(definition, workload, "cuda")
-        call = self.kernel_call(request.library, definition, workload, inputs, outputs)
-        tensors_in = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        fresh = allocate_outputs(definition, workload, "cuda")
+        call = self.kernel_call(request.library, definition, workload, inputs, fresh)
+        # an output updated in place lives in its input's buffer
+        updated = definition.inplace_outputs()
+        outputs = {name: inputs.get(updated.get(name, ""), fresh[name]) for name in fresh}
+        must_not_change = {
+            k: v
+            for k, v in inputs.items()
+            if isinstance(v, torch.Tensor) and k not in updated.values()
+        }
         totals = Correctness()
         previous_ref: dict[str, torch.Tensor] | None = None
         for trial, seed in enumerate(request.seeds):
             if trial > 0:
                 refill_inputs(definition, workload, inputs, seed)
             torch.cuda.synchronize()
-            pristine = {k: v.clone() for k, v in tensors_in.items()}
+            pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
             ref = run_reference(definition, inputs)
             if trial == 0:
                 check_reference_outputs(definition, workload, ref)
-            for out in outputs.values():
-                poison(out)
+            for name, out in fresh.items():
+                if name not in updated:
+                    poison(out)
             torch.cuda.synchronize()
             with torch.cuda.stream(self.stream):
                 call()
@@ -162,7 +175,7 @@ class DeviceRunner:
                     "stream finished: the kernel left work running on another stream",
                     None,
                 )
-            changed = {k: changed_elements(pristine[k], v) for k, v in tensors_in.items()}
+            changed = {k: changed_elements(pristine[k], v) for k, v in must_not_change.items()}
             written = {k: n for k, n in changed.items() if n}
             if written:
                 detail = ", ".join(f"{k} ({n} elements)" for k, n in written.items())
@@ -172,7 +185,7 @@ class DeviceRunner:
                     None,
                 )
             comparisons = [
-                compare_output(name, snapshot[name], ref[name], definition.tolerance_for(name))
+                compare_by_spec(definition, name, snapshot, ref, pristine)
                 for name in definition.outputs
             ]
             _accumulate(totals, comparisons)

@@ -66,3 +66,35 @@ def test_changed_elements_is_bitwise_and_nan_aware() -> None:
     after = before.clone()
     after[2] = 0.0
     assert changed_elements(before, after) == 1
+
+
+def test_indices_are_checked_by_what_they_select() -> None:
+    from klineage.gate.check import compare_indices
+
+    source = torch.tensor([[5.0, 1.0, 5.0, 3.0]])
+    values = torch.tensor([[5.0, 5.0]])
+    # a tie: either order of the two 5.0s is right
+    assert compare_indices("i", torch.tensor([[2, 0]]), source, values).ok
+    assert compare_indices("i", torch.tensor([[0, 2]]), source, values).ok
+    repeated = compare_indices("i", torch.tensor([[0, 0]]), source, values)
+    assert repeated.bad == 1
+    wrong = compare_indices("i", torch.tensor([[0, 3]]), source, values)
+    assert wrong.bad == 1 and wrong.first_bad == (0, 1)
+    out_of_range = compare_indices("i", torch.tensor([[0, 4]]), source, values)
+    assert out_of_range.bad == 1
+
+
+def test_sorted_comparison_ignores_order(tmp_path) -> None:
+    import json
+
+    from klineage.gate.check import compare_by_spec
+    from klineage.problem import load_definition
+    from tests.conftest import FIXTURES
+
+    data = json.loads((FIXTURES / "problems" / "scale_rows" / "definition.json").read_text())
+    data["outputs"]["y"]["compare"] = "sorted"
+    (tmp_path / "definition.json").write_text(json.dumps(data))
+    definition = load_definition(tmp_path)
+    ref = {"y": torch.tensor([[1.0, 2.0, 3.0]])}
+    assert compare_by_spec(definition, "y", {"y": torch.tensor([[3.0, 1.0, 2.0]])}, ref, {}).ok
+    assert not compare_by_spec(definition, "y", {"y": torch.tensor([[3.0, 1.0, 1.0]])}, ref, {}).ok
