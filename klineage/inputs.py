@@ -7,6 +7,7 @@ reproduced, and a second trial writes fresh values into the same buffers.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -134,15 +135,34 @@ def poison(tensor: torch.Tensor) -> None:
         tensor.fill_(torch.iinfo(tensor.dtype).min)
 
 
-def run_reference(definition: Definition, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Call the reference on copies of the inputs; check its outputs against the definition."""
+def axis_keywords(
+    definition: Definition, axis_values: dict[str, int] | None
+) -> dict[str, int]:
+    """Values for the reference's keyword-only parameters that are named after axes."""
+    run = load_reference(definition)
+    wanted = [
+        p.name
+        for p in inspect.signature(run).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name in definition.axes
+    ]
+    if wanted and axis_values is None:
+        raise ReferenceFailure(f"the reference wants axis values {wanted}; none were given")
+    return {name: (axis_values or {})[name] for name in wanted}
+
+
+def run_reference(
+    definition: Definition, inputs: dict[str, Any], axis_values: dict[str, int] | None = None
+) -> dict[str, torch.Tensor]:
+    """Call the reference on copies of the inputs (and the axis values its keyword-only
+    parameters name); check how many outputs it returns."""
     import torch
 
     run = load_reference(definition)
     args = [v.clone() if isinstance(v, torch.Tensor) else v for v in inputs.values()]
+    keywords = axis_keywords(definition, axis_values)
     try:
         with torch.no_grad():
-            result = run(*args)
+            result = run(*args, **keywords)
     except Exception as err:
         raise ReferenceFailure(f"the reference of {definition.name} raised {err!r}") from err
     outputs = result if isinstance(result, (tuple, list)) else (result,)

@@ -449,7 +449,7 @@ class Definition(_Model):
                 )
         self._check_tolerance()
         self._check_output_extensions()
-        _check_reference(self.reference, list(self.inputs))
+        _check_reference(self.reference, list(self.inputs), list(self.axes))
         return self
 
     def _check_output_extensions(self) -> None:
@@ -652,7 +652,7 @@ class Problem(_Model):
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_reference(source: str, input_names: list[str]) -> None:
+def _check_reference(source: str, input_names: list[str], axis_names: list[str]) -> None:
     try:
         tree = ast.parse(source, filename="<reference>")
     except SyntaxError as err:
@@ -673,7 +673,10 @@ def _check_reference(source: str, input_names: list[str]) -> None:
     # Extra trailing parameters are fine when they have defaults (e.g. run(x, dim=-1)).
     n_required = len(params) - len(run.args.defaults)
     kw_pairs = zip(run.args.kwonlyargs, run.args.kw_defaults, strict=True)
-    kw_required = [arg.arg for arg, default in kw_pairs if default is None]
+    # keyword-only parameters named after axes receive the axis values (e.g. run(x, *, k))
+    kw_required = [
+        arg.arg for arg, default in kw_pairs if default is None and arg.arg not in axis_names
+    ]
     if params[: len(input_names)] != input_names or n_required > len(input_names) or kw_required:
         got = ", ".join(params + [f"*, {name}" for name in kw_required])
         _fail(

@@ -35,6 +35,7 @@ from klineage.gate.worker import (
 from klineage.inputs import (
     ReferenceFailure,
     allocate_outputs,
+    axis_keywords,
     check_reference_outputs,
     load_reference,
     make_inputs,
@@ -153,7 +154,7 @@ class DeviceRunner:
                 refill_inputs(definition, workload, inputs, seed)
             torch.cuda.synchronize()
             pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-            ref = run_reference(definition, inputs)
+            ref = run_reference(definition, inputs, definition.axis_values(workload))
             if trial == 0:
                 check_reference_outputs(definition, workload, ref)
             for name, out in fresh.items():
@@ -207,11 +208,12 @@ class DeviceRunner:
         definition, workload = request.definition, request.workload
         inputs = make_inputs(definition, workload, request.seed, "cuda")
         reference = load_reference(definition)
+        keywords = axis_keywords(definition, definition.axis_values(workload))
         calls: list[Callable[[], None]] = []
         for target in request.targets:
             if target == REFERENCE:
                 args = list(inputs.values())
-                calls.append(_reference_call(reference, args))
+                calls.append(_reference_call(reference, args, keywords))
             else:
                 outputs = allocate_outputs(definition, workload, "cuda")
                 calls.append(self.kernel_call(target, definition, workload, inputs, outputs))
@@ -221,10 +223,12 @@ class DeviceRunner:
         return TimeReply([Timing(samples_ms=s) for s in samples])
 
 
-def _reference_call(reference: Callable[..., Any], args: list[Any]) -> Callable[[], None]:
+def _reference_call(
+    reference: Callable[..., Any], args: list[Any], keywords: dict[str, int]
+) -> Callable[[], None]:
     def call() -> None:
         with torch.no_grad():
-            reference(*args)
+            reference(*args, **keywords)
 
     return call
 
