@@ -1,0 +1,66 @@
+"""The expert problems: they validate, build, run their references on the CPU (CI), and pass
+their gate on every workload (GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.inputs import check_reference_outputs, make_inputs, run_reference
+from klineage.kernel import KernelSource
+from klineage.problem import Problem, load_problem
+from tests.conftest import REPO
+
+EXPERTS = sorted(
+    p for p in (REPO / "expert_kernels").iterdir() if (p / "definition.json").is_file()
+)
+
+
+def _smallest_probe(problem: Problem):
+    def size(workload) -> int:
+        total = 1
+        for value in problem.definition.axis_values(workload).values():
+            total *= value
+        return total
+
+    return min(problem.probes or problem.workloads, key=size)
+
+
+def test_the_three_memory_bound_experts_exist() -> None:
+    names = {p.name for p in EXPERTS}
+    assert {"softmax", "fused_add_rmsnorm", "topk"} <= names
+
+
+@pytest.mark.parametrize("folder", EXPERTS, ids=lambda p: p.name)
+def test_expert_validates_and_reference_runs_on_cpu(folder: Path) -> None:
+    problem = load_problem(folder)
+    assert problem.kernel_path is not None and problem.probes
+    workload = _smallest_probe(problem)
+    axis_values = problem.definition.axis_values(workload)
+    inputs = make_inputs(problem.definition, workload, seed=0, device="cpu")
+    outputs = run_reference(problem.definition, inputs, axis_values)
+    check_reference_outputs(problem.definition, workload, outputs)
+
+
+@pytest.mark.nvcc
+def test_every_expert_builds_without_spills(tmp_path: Path) -> None:
+    builder = Builder(cache_dir=tmp_path)
+    results = builder.build_many([((p / "kernel.cu").read_text(), p.name) for p in EXPERTS])
+    for folder, result in zip(EXPERTS, results, strict=True):
+        assert result.ok, f"{folder.name}: {result.message}"
+        assert result.report is not None and result.report.kernels
+        assert result.report.total_spills == 0, folder.name
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("folder", EXPERTS, ids=lambda p: p.name)
+def test_expert_passes_its_gate_on_every_workload(folder: Path, tmp_path: Path) -> None:
+    from klineage.gate.gate import Gate
+
+    problem = load_problem(folder)
+    with Gate(Builder(cache_dir=tmp_path)) as gate:
+        verdict = gate.run(problem, KernelSource.from_file(problem.kernel_path), time_it=False)
+    assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
