@@ -1,0 +1,31 @@
+"""Every held-out naive kernel passes its gate on all its workloads (GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.problem import load_problem
+from tests.conftest import REPO
+
+HELDOUT = sorted(p for p in (REPO / "heldout").iterdir() if (p / "definition.json").is_file())
+
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory):
+    from klineage.gate.gate import Gate
+
+    with Gate(Builder(cache_dir=tmp_path_factory.mktemp("cache"))) as judge:
+        yield judge
+
+
+@pytest.mark.parametrize("folder", HELDOUT, ids=lambda p: p.name)
+def test_naive_kernel_passes_its_gate(gate, folder: Path) -> None:
+    problem = load_problem(folder)
+    verdict = gate.run(problem, KernelSource.from_file(problem.kernel_path), time_it=False)
+    assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
