@@ -1,8 +1,8 @@
 """Markdown tables for the README from the benchmark results in bench/results/.
 
-    python bench/tables.py experts      # expert kernels: every workload
-    python bench/tables.py heldout      # held-out naive kernels: one line per problem
-    python bench/tables.py overhead     # gate overhead
+python bench/tables.py experts      # expert kernels: every workload
+python bench/tables.py heldout      # held-out naive kernels: one line per problem
+python bench/tables.py overhead     # gate overhead
 """
 
 from __future__ import annotations
