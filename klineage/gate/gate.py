@@ -161,9 +161,10 @@ class Gate:
             return self.worker.start()
         except (WorkerCrashed, WorkerTimeout) as err:
             tail = getattr(err, "log_tail", "")
+            detail = f"{err}\n{tail}".rstrip()
             raise GateSetupError(
-                f"the GPU worker could not start: {err}\n{tail}\n"
-                "Is there a CUDA GPU and a CUDA build of torch? Use build-only mode without one."
+                f"{detail}\nThe check and time stages need a CUDA GPU and a CUDA build of torch; "
+                "without them, pass --build-only (Gate.build in Python)."
             ) from err
 
     def _gate_workload(

@@ -5,7 +5,8 @@ illegal address poisons a CUDA context for good, an endless loop never returns, 
 takes the process down: the parent survives all three. It kills the worker on a timeout,
 notices a crash, and starts a new worker for the next request.
 
-Run as `python -m klineage.gate.worker FD`, talking over the socket inherited as FD.
+The child runs `python -m klineage.gate.worker_main FD RUNNER`, talking over the socket it
+inherits as FD.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ class HelloReply:
     hardware: str
     libs: dict[str, str]
     l2_bytes: int
+
+
+@dataclass
+class StartupFailure:
+    """Sent instead of a hello by a worker whose runner could not start (no GPU, ...)."""
+
+    message: str
 
 
 @dataclass
@@ -147,7 +155,7 @@ class GpuWorker:
         self._log = tempfile.TemporaryFile(prefix="klineage-worker-")  # noqa: SIM115 (kept open)
         child_fd = child_sock.fileno()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "klineage.gate.worker", str(child_fd), self.runner],
+            [sys.executable, "-m", "klineage.gate.worker_main", str(child_fd), self.runner],
             pass_fds=(child_fd,),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -159,6 +167,9 @@ class GpuWorker:
         self._conn = Connection(parent_sock.detach())
         self.starts += 1
         reply = self._receive(self.start_timeout_s, what="start")
+        if isinstance(reply, StartupFailure):
+            self._reap()
+            raise WorkerCrashed(f"the GPU worker could not start: {reply.message}", "")
         if not isinstance(reply, HelloReply):
             self.kill()
             raise WorkerCrashed(f"worker sent {reply!r} instead of its hello", self.log_tail())
@@ -279,9 +290,14 @@ def _load_runner(spec: str) -> Any:
     return getattr(module, class_name)()
 
 
-def _serve(fd: int, runner_spec: str) -> None:
+def serve(fd: int, runner_spec: str) -> None:
+    """The worker's main loop (run by `python -m klineage.gate.worker_main`)."""
     conn = Connection(fd)
-    runner = _load_runner(runner_spec)
+    try:
+        runner = _load_runner(runner_spec)
+    except Exception as err:  # tell the parent why, in one line, instead of a traceback
+        conn.send(StartupFailure(f"{type(err).__name__}: {err}"))
+        return
     conn.send(runner.hello())
     while True:
         try:
@@ -310,9 +326,3 @@ def _debug(conn: Connection, message: DebugRequest) -> None:
         conn.send(message.payload)
 
 
-if __name__ == "__main__":
-    # serve from the importable module, not __main__, so unpickled messages are the same
-    # classes the parent sent (klineage.gate.worker.DebugRequest, not __main__.DebugRequest)
-    from klineage.gate import worker as _worker_module
-
-    _worker_module._serve(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else DEFAULT_RUNNER)

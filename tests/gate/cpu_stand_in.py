@@ -20,3 +20,10 @@ class CpuStandInRunner:
 
     def handle(self, request: Any) -> ErrorReply:
         return ErrorReply("kernel", f"cpu stand-in cannot run {type(request).__name__}", False)
+
+
+class NoGpuRunner:
+    """Fails to start the way the real runner does on a machine without a CUDA device."""
+
+    def __init__(self) -> None:
+        raise RuntimeError("the GPU worker found no CUDA device")

@@ -45,9 +45,29 @@ def test_hang_is_killed_within_the_timeout(worker: GpuWorker) -> None:
     assert worker.request(DebugRequest("echo", "again"), timeout_s=10) == "again"
 
 
-def test_a_worker_that_cannot_start_says_why() -> None:
+def test_a_worker_that_cannot_start_says_why_in_one_line() -> None:
     broken = GpuWorker(runner="klineage.no_such_module:Runner", start_timeout_s=30)
     with pytest.raises(WorkerCrashed) as info:
         broken.start()
-    assert "no_such_module" in info.value.log_tail
+    message = str(info.value)
+    assert "could not start" in message and "No module named 'klineage.no_such_module'" in message
+    assert "Traceback" not in message
+    assert not broken.alive
     broken.close()
+
+
+@pytest.mark.nvcc
+def test_gate_without_a_gpu_says_what_to_do(tmp_path) -> None:
+    from klineage.gate.build import Builder
+    from klineage.gate.gate import Gate, GateSetupError
+    from klineage.kernel import KernelSource
+    from klineage.problem import load_problem
+    from tests.conftest import FIXTURES
+
+    problem = load_problem(FIXTURES / "problems" / "scale_rows")
+    kernel = KernelSource.from_file(FIXTURES / "kernels" / "scale_rows" / "correct.cu")
+    # the stand-in refuses to start, as the real runner does on a machine without a GPU
+    runner = "tests.gate.cpu_stand_in:NoGpuRunner"
+    with Gate(Builder(cache_dir=tmp_path), worker_runner=runner) as gate:
+        with pytest.raises(GateSetupError, match="pass --build-only"):
+            gate.run(problem, kernel)
