@@ -68,6 +68,8 @@ def test_gate_without_a_gpu_says_what_to_do(tmp_path) -> None:
     kernel = KernelSource.from_file(FIXTURES / "kernels" / "scale_rows" / "correct.cu")
     # the stand-in refuses to start, as the real runner does on a machine without a GPU
     runner = "tests.gate.cpu_stand_in:NoGpuRunner"
-    with Gate(Builder(cache_dir=tmp_path), worker_runner=runner) as gate:
-        with pytest.raises(GateSetupError, match="pass --build-only"):
-            gate.run(problem, kernel)
+    with (
+        Gate(Builder(cache_dir=tmp_path), worker_runner=runner) as gate,
+        pytest.raises(GateSetupError, match="pass --build-only"),
+    ):
+        gate.run(problem, kernel)
