@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from klineage.cli_mechanisms import mechanisms_app
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.gate import Gate, GateEvent, GateSetupError
 from klineage.gate.result import GateVerdict, Status
@@ -20,6 +21,7 @@ from klineage.kernel import KernelSource
 from klineage.problem import Problem, ProblemError, load_problem
 
 app = typer.Typer(help="Mine verified GPU-kernel optimization skills.", no_args_is_help=True)
+app.add_typer(mechanisms_app, name="mechanisms")
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 

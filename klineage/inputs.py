@@ -135,9 +135,7 @@ def poison(tensor: torch.Tensor) -> None:
         tensor.fill_(torch.iinfo(tensor.dtype).min)
 
 
-def axis_keywords(
-    definition: Definition, axis_values: dict[str, int] | None
-) -> dict[str, int]:
+def axis_keywords(definition: Definition, axis_values: dict[str, int] | None) -> dict[str, int]:
     """Values for the reference's keyword-only parameters that are named after axes."""
     run = load_reference(definition)
     wanted = [

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from klineage.problem import Definition
+    from klineage.source import ParsedSource
 
 FINGERPRINT_LENGTH = 16
 
@@ -91,6 +92,16 @@ class KernelSource:
     @cached_property
     def fingerprint(self) -> str:
         return fingerprint_of(self.text)
+
+    @cached_property
+    def parsed(self) -> ParsedSource:
+        """The tree-sitter source model (:mod:`klineage.source`), parsed on first use.
+
+        Imported lazily so that ``import klineage`` stays fast and works without tree-sitter.
+        """
+        from klineage.source import ParsedSource
+
+        return ParsedSource(self)
 
     def __repr__(self) -> str:
         return f"KernelSource({self.name!r}, fingerprint={self.fingerprint})"

@@ -324,5 +324,3 @@ def _debug(conn: Connection, message: DebugRequest) -> None:
             time.sleep(1)
     else:
         conn.send(message.payload)
-
-

@@ -1,0 +1,58 @@
+"""The pragma_unroll mechanism: fixtures both ways, candidates, carriers."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, MechanismRefused, get
+from tests.mechanisms.roundtrip import RoundTripSuite
+
+mechanism = get("pragma_unroll")
+
+LOOPS = """\
+__global__ void k(float* x, int n) {
+  for (int i = 0; i < 4; ++i) x[i] = 0.0f;
+  if (n > 0)
+    for (int i = 0; i < 4; ++i) x[i] = 1.0f;
+#pragma unroll 1
+  for (int i = 0; i < n; ++i) x[i] += 1.0f;
+  _Pragma("unroll") for (int i = 0; i < 4; ++i) x[i] *= 2.0f;
+  while (n-- > 0) {}
+}
+void host(float* x) { for (int i = 0; i < 4; ++i) x[i] = 0.0f; }
+"""
+
+
+class TestPragmaUnroll(RoundTripSuite):
+    mechanism = "pragma_unroll"
+
+
+def test_candidates_are_loops_directly_in_device_blocks_without_a_pragma() -> None:
+    source = KernelSource(LOOPS)
+    (candidate,) = mechanism.candidates(source)
+    assert candidate.start_line == 2 and candidate.snippet == "for (int i = 0; i < 4; ++i)"
+    assert mechanism.detect(source) == []  # `#pragma unroll 1` forbids unrolling: not a site
+
+
+def test_carrier_sets_the_factor() -> None:
+    source = KernelSource(LOOPS)
+    candidate = mechanism.candidates(source)[0]
+    applied = mechanism.apply(source, candidate, Carrier(unroll=4))
+    assert "{\n  #pragma unroll 4\n  for (int i = 0; i < 4; ++i) x[i] = 0.0f;" in applied.text
+    (site,) = mechanism.detect(applied)
+    assert mechanism.carrier_of(applied, site) == Carrier(unroll=4)
+    with pytest.raises(MechanismRefused, match="forbids unrolling"):
+        mechanism.apply(source, candidate, Carrier(unroll=1))
+    named = mechanism.apply(source, candidate, Carrier.from_pairs(["factor=kVec"]))
+    assert "#pragma unroll kVec" in named.text
+    with pytest.raises(ValidationError):  # a typed carrier field
+        Carrier.from_pairs(["unroll=four"])
+
+
+def test_a_loop_sharing_its_line_gets_the_pragma_on_a_line_of_its_own() -> None:
+    source = KernelSource("__device__ void f(float* x) { for (int i = 0; i < 2; ++i) x[i] = 0; }\n")
+    applied = mechanism.apply(source, mechanism.candidates(source)[0])
+    assert applied.text.splitlines()[1] == "#pragma unroll"
+    assert len(mechanism.detect(applied)) == 1
