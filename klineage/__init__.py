@@ -14,6 +14,27 @@ from klineage.problem import Problem, ProblemError, load_problem
 
 __version__ = "0.1.0"
 
+# Mining pulls in the tree-sitter source model; load it only when asked for, so that
+# `import klineage` stays fast for scripts that only gate kernels.
+_LAZY = {
+    "mine": ("klineage.mine", "mine"),
+    "MineReport": ("klineage.mine", "MineReport"),
+    "MiningBudget": ("klineage.lineage", "MiningBudget"),
+    "LineageGraph": ("klineage.lineage", "LineageGraph"),
+    "Skill": ("klineage.skills", "Skill"),
+    "SkillLibrary": ("klineage.skills", "SkillLibrary"),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module 'klineage' has no attribute {name!r}")
+
+
 __all__ = [
     "BuildResult",
     "Builder",
@@ -23,9 +44,15 @@ __all__ = [
     "GateVerdict",
     "KernelAbi",
     "KernelSource",
+    "LineageGraph",
+    "MineReport",
+    "MiningBudget",
     "Problem",
     "ProblemError",
+    "Skill",
+    "SkillLibrary",
     "Status",
     "WorkloadVerdict",
     "load_problem",
+    "mine",
 ]

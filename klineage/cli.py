@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from klineage.cli_mechanisms import mechanisms_app
+from klineage.cli_mine import lineage_app, mine_command, skills_app
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.gate import Gate, GateEvent, GateSetupError
 from klineage.gate.result import GateVerdict, Status
@@ -22,6 +23,9 @@ from klineage.problem import Problem, ProblemError, load_problem
 
 app = typer.Typer(help="Mine verified GPU-kernel optimization skills.", no_args_is_help=True)
 app.add_typer(mechanisms_app, name="mechanisms")
+app.command("mine")(mine_command)
+app.add_typer(skills_app, name="skills")
+app.add_typer(lineage_app, name="lineage")
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 

@@ -1,0 +1,213 @@
+"""`klineage mine`, `klineage skills list|show`, `klineage lineage show`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, WalkEvent
+from klineage.mine import MineReport, mine
+from klineage.skills import SkillLibrary, render_skill_md
+
+console = Console()
+errors = Console(stderr=True, soft_wrap=True)
+
+skills_app = typer.Typer(help="Read mined skills.", no_args_is_help=True)
+lineage_app = typer.Typer(help="Read mined lineages.", no_args_is_help=True)
+
+OutOption = Annotated[Path, typer.Option("--out", help="The skills folder.")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    errors.print(Text(message, style="red"))
+    raise typer.Exit(code)
+
+
+class WalkView:
+    """A live summary of the walk: state, attempts, accepted, rejected, ratios."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        self.step = 0
+        self.state = ""
+        self.runs = 0
+        self.accepted = 0
+        self.rejected = 0
+        self.ratios: list[float] = []
+        self.last = ""
+
+    def update(self, event: WalkEvent) -> None:
+        self.step, self.runs = event.step, event.gate_runs
+        self.state = event.state[:10]
+        if event.attempt is not None:
+            a = event.attempt
+            if a.status is AttemptStatus.ACCEPTED:
+                self.accepted += 1
+                if a.ratio is not None:
+                    self.ratios.append(a.ratio)
+            else:
+                self.rejected += 1
+            ratio = f"{a.ratio:.3f}" if a.ratio is not None else "-"
+            self.last = f"{a.mechanism}: {a.status.value} (ratio {ratio})"
+
+    def render(self) -> Table:
+        table = Table(title=f"mining {self.problem}", show_header=False)
+        best = f"{max(self.ratios):.3f}" if self.ratios else "-"
+        worst = f"{min(self.ratios):.3f}" if self.ratios else "-"
+        rows = [
+            ("step", str(self.step)),
+            ("state", self.state),
+            ("gate runs", str(self.runs)),
+            ("accepted / rejected", f"{self.accepted} / {self.rejected}"),
+            ("best / worst ratio", f"{best} / {worst}"),
+            ("last attempt", self.last),
+        ]
+        for key, value in rows:
+            table.add_row(key, value)
+        return table
+
+
+def mine_command(
+    problems: Annotated[list[Path], typer.Argument(help="Expert problem folders.")],
+    out: Annotated[Path, typer.Option(help="Where skills and lineages go.")] = Path("skills_out"),
+    budget: Annotated[int, typer.Option(help="Gate runs the walk may spend per problem.")] = 300,
+    wall: Annotated[float, typer.Option(help="Wall seconds per problem's walk.")] = 3600.0,
+    resume: Annotated[
+        bool, typer.Option("--resume/--fresh", help="Reuse verdicts already in the gate log.")
+    ] = True,
+    report: Annotated[
+        Path | None, typer.Option(help="Write the per-problem report as JSON here.")
+    ] = None,
+) -> None:
+    """Walk each expert kernel backward through the gate and write verified skills."""
+    from klineage.gate.gate import Gate, GateSetupError
+
+    limits = MiningBudget(gate_runs=budget, wall_seconds=wall)
+    reports: list[MineReport] = []
+    try:
+        with Gate() as gate:
+            for folder in problems:
+                view = WalkView(folder.name)
+                with Live(view.render(), console=console, refresh_per_second=4) as live:
+
+                    def on_event(
+                        event: WalkEvent, view: WalkView = view, live: Live = live
+                    ) -> None:
+                        view.update(event)
+                        live.update(view.render())
+
+                    result = mine(
+                        folder, out, gate=gate, budget=limits, resume=resume, on_event=on_event
+                    )
+                reports.append(result)
+                _print_report(result)
+    except GateSetupError as err:
+        _fail(f"gate error: {err}")
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err))
+    if report is not None:
+        data = {"problems": [r.model_dump(mode="json") for r in reports]}
+        report.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _print_report(r: MineReport) -> None:
+    recall = f"{r.recall:.0%}" if r.recall is not None else "-"
+    console.print(
+        f"[bold]{r.problem}[/bold]: {r.termination}, {r.steps} steps, "
+        f"{r.walk_gate_runs} walk + {r.probe_gate_runs} probe + "
+        f"{r.round_trip_gate_runs} round-trip gate runs, "
+        f"{r.accepted} accepted / {r.rejected} rejected, {r.skills} skills "
+        f"({r.verified} verified), recall {recall}, {r.wall_seconds:.0f} s"
+    )
+    if r.missed:
+        console.print(f"  no skill for: {', '.join(r.missed)}")
+
+
+def _library(out: Path) -> SkillLibrary:
+    library = SkillLibrary.load(out)
+    if not len(library):
+        _fail(f"{out}: no skills.jsonl here; run `klineage mine` first or pass --out")
+    return library
+
+
+@skills_app.command("list")
+def skills_list(out: OutOption = Path("skills_out")) -> None:
+    """One line per skill: id, mechanism, gain, conditions, verified."""
+    table = Table()
+    table.add_column("id", no_wrap=True)
+    table.add_column("gain", no_wrap=True)
+    table.add_column("verified", no_wrap=True)
+    table.add_column("conditions", overflow="ellipsis", no_wrap=True, max_width=60)
+    for skill in _library(out):
+        gain = skill.effect.geomean_speedup
+        table.add_row(
+            skill.id,
+            f"{gain:.2f}x" if gain else "-",
+            {True: "yes", False: "no", None: "-"}[skill.verified],
+            "; ".join(skill.condition_prose)[:80],
+        )
+    console.print(table)
+
+
+@skills_app.command("show")
+def skills_show(
+    skill_id: Annotated[str, typer.Argument(help="A skill id (or a unique prefix).")],
+    out: OutOption = Path("skills_out"),
+) -> None:
+    """Print a skill's card (the SKILL.md text)."""
+    try:
+        skill = _library(out).get(skill_id)
+    except KeyError as err:
+        _fail(str(err.args[0]))
+        return
+    console.print(render_skill_md(skill), markup=False, highlight=False)
+
+
+@lineage_app.command("show")
+def lineage_show(
+    problem: Annotated[str, typer.Argument(help="The problem's definition name.")],
+    out: OutOption = Path("skills_out"),
+    png: Annotated[Path | None, typer.Option(help="Also draw the DAG to this PNG.")] = None,
+) -> None:
+    """The main path as a table, and optionally a drawing of the whole DAG."""
+    path = out / "lineages" / f"{problem}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in (out / "lineages").glob("*.json"))
+        _fail(f"{path}: no lineage for {problem!r}; known: {', '.join(known) or '(none)'}")
+    lineage = LineageGraph.load(path)
+    table = Table(
+        "step",
+        "mechanism",
+        "ratio",
+        "trials",
+        "parent",
+        "child",
+        title=(f"{lineage.problem}: {lineage.termination.value if lineage.termination else '?'}"),
+    )
+    for attempt in lineage.main_path():
+        table.add_row(
+            str(attempt.step),
+            attempt.mechanism,
+            f"{attempt.ratio:.3f}" if attempt.ratio is not None else "-",
+            ", ".join(f"{r:.3f}" for r in attempt.trial_ratios),
+            attempt.parent[:10],
+            attempt.child[:10],
+        )
+    rejected = [a for a in lineage.attempts() if a.status is AttemptStatus.REJECTED]
+    notes = Text(
+        f"{len(lineage.attempts())} attempts, {len(rejected)} rejected, "
+        f"{len(lineage.graph.graph['refusals'])} refusals"
+    )
+    console.print(Group(table, notes))
+    if png is not None:
+        from klineage.drawing import draw_lineage
+
+        draw_lineage(lineage, png)
+        console.print(f"drew {png}")

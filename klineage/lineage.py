@@ -1,0 +1,404 @@
+"""The lineage DAG and the Simplifier that walks an expert kernel backward.
+
+A node is a kernel state keyed by fingerprint; an edge (optimized -> simplified) is one
+attempt to remove one mechanism (every removable site of it), accepted when the simplified
+kernel is correct on every workload, rejected otherwise, with the gate's evidence on the
+edge. Attempts the rules could not even write (refusals) are kept in the graph's `refusals`.
+
+The walk's policy, at each state:
+1. try to remove every mechanism the catalog detects, each as one attempt (built in parallel,
+   then gated: correct on every workload, timed interleaved against the current state);
+2. among the accepted removals, prefer mechanisms that no other mechanism still present
+   `requires` (dependents go before their prerequisites); among those, peel the one that costs
+   least speed first (highest current/simplified latency ratio); ties by name;
+3. go on from that state until nothing removable is detected (`complete`), nothing removable
+   passes the gate (`stuck`), or the budget of gate runs or wall time is spent (`budget`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+from pydantic import BaseModel, Field
+
+from klineage.gate.result import GateVerdict
+from klineage.gatelog import GateLog
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Mechanism, all_mechanisms
+from klineage.problem import Problem
+from klineage.removal import Removal, remove_mechanism
+
+
+class AttemptStatus(str, Enum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+class Termination(str, Enum):
+    COMPLETE = "complete"
+    BUDGET = "budget"
+    STUCK = "stuck"
+
+
+class MiningBudget(BaseModel):
+    """When the walk stops even if mechanisms remain."""
+
+    gate_runs: int = Field(default=300, ge=1, description="gate runs the walk may spend")
+    wall_seconds: float = Field(default=3600.0, gt=0, description="wall time for the walk")
+
+
+class WorkloadRatio(BaseModel):
+    """Paired timing of a parent state against a child state on one workload."""
+
+    label: str = Field(description="the workload's axis values")
+    parent_ms: float = Field(description="the parent (more optimized) state's latency")
+    child_ms: float = Field(description="the child (simpler) state's latency")
+    ratio: float = Field(description="parent_ms / child_ms: below 1 when the child is slower")
+    trial_ratios: list[float] = Field(description="the same ratio per trial")
+
+
+class Attempt(BaseModel):
+    """One removal attempt: an edge of the lineage."""
+
+    id: str = Field(description="stable id: parent fingerprint and mechanism")
+    parent: str = Field(description="fingerprint of the state the mechanism was removed from")
+    child: str = Field(description="fingerprint of the simplified state")
+    mechanism: str = Field(description="registry name of the removed mechanism")
+    origin: str = Field(default="rule", description="'rule' (the catalog) or 'llm:...'")
+    sites: list[dict[str, Any]] = Field(description="the removed sites, in removal order")
+    carriers: list[dict[str, Any]] = Field(description="the instance choices of each site")
+    refused_sites: list[dict[str, Any]] = Field(
+        default_factory=list, description="sites detected but not removable, with reasons"
+    )
+    status: AttemptStatus = Field(description="accepted: correct on every workload")
+    gate_status: str = Field(description="the gate's overall status of the simplified kernel")
+    message: str = Field(default="", description="why it was rejected, from the gate")
+    ratio: float | None = Field(
+        default=None, description="pooled parent/child latency ratio (geometric mean)"
+    )
+    trial_ratios: list[float] = Field(default_factory=list, description="pooled, per trial")
+    workloads: list[WorkloadRatio] = Field(default_factory=list, description="per workload")
+    step: int = Field(description="the walk step at which it was tried")
+    chosen: bool = Field(default=False, description="whether the walk continued from it")
+
+
+class StateInfo(BaseModel):
+    """A kernel state: a node of the lineage."""
+
+    fingerprint: str = Field(description="the kernel's fingerprint (node key)")
+    source: str = Field(description="the kernel's full source")
+    depth: int = Field(description="removals from the expert along the walk")
+    status: str = Field(description="the gate's overall status on the workloads")
+    latency_ms: dict[str, float] = Field(
+        default_factory=dict, description="workload label -> latency, when timed"
+    )
+    reference_ms: dict[str, float] = Field(
+        default_factory=dict, description="workload label -> PyTorch reference latency"
+    )
+    resources: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="kernel name -> registers, shared_bytes, spill_bytes, stack_bytes",
+    )
+    detected: list[str] = Field(default_factory=list, description="mechanisms detected here")
+
+
+def state_info(kernel: KernelSource, verdict: GateVerdict, depth: int) -> StateInfo:
+    resources = {}
+    if verdict.build.report is not None:
+        for k in verdict.build.report.kernels:
+            resources[k.name] = {
+                "registers": k.registers,
+                "shared_bytes": k.shared_bytes,
+                "spill_bytes": k.spill_store_bytes + k.spill_load_bytes,
+                "stack_bytes": k.stack_bytes,
+            }
+    return StateInfo(
+        fingerprint=kernel.fingerprint,
+        source=kernel.text,
+        depth=depth,
+        status=verdict.status.value,
+        latency_ms={w.label: w.latency_ms for w in verdict.workloads if w.latency_ms},
+        reference_ms={
+            w.label: w.reference_latency_ms for w in verdict.workloads if w.reference_latency_ms
+        },
+        resources=resources,
+    )
+
+
+class LineageGraph:
+    """A networkx DiGraph of states and attempts, with JSON (node-link) persistence."""
+
+    def __init__(self, problem: str, graph: nx.DiGraph | None = None) -> None:
+        self.graph = graph if graph is not None else nx.DiGraph()
+        self.graph.graph.setdefault("problem", problem)
+        self.graph.graph.setdefault("refusals", [])
+        self.graph.graph.setdefault("termination", None)
+
+    # ---- building ---------------------------------------------------------------------------
+
+    def add_state(self, info: StateInfo, *, root: bool = False) -> None:
+        if info.fingerprint not in self.graph:
+            self.graph.add_node(info.fingerprint, **info.model_dump(mode="json"))
+        if root:
+            self.graph.graph["root"] = info.fingerprint
+
+    def add_attempt(self, attempt: Attempt) -> None:
+        self.graph.add_edge(attempt.parent, attempt.child, **attempt.model_dump(mode="json"))
+
+    def add_refusal(self, parent: str, mechanism: str, reason: str, step: int) -> None:
+        entry = {"parent": parent, "mechanism": mechanism, "reason": reason, "step": step}
+        self.graph.graph["refusals"].append(entry)
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    @property
+    def problem(self) -> str:
+        return str(self.graph.graph["problem"])
+
+    @property
+    def root(self) -> str | None:
+        return self.graph.graph.get("root")
+
+    @property
+    def termination(self) -> Termination | None:
+        value = self.graph.graph.get("termination")
+        return Termination(value) if value else None
+
+    def state(self, fingerprint: str) -> StateInfo:
+        return StateInfo.model_validate(self.graph.nodes[fingerprint])
+
+    def attempts(self) -> list[Attempt]:
+        return [Attempt.model_validate(d) for _, _, d in self.graph.edges(data=True)]
+
+    def attempts_from(self, fingerprint: str) -> list[Attempt]:
+        return [
+            Attempt.model_validate(d) for _, _, d in self.graph.out_edges(fingerprint, data=True)
+        ]
+
+    def main_path(self) -> list[Attempt]:
+        """The chosen attempts from the expert down, in walk order."""
+        chosen = [a for a in self.attempts() if a.chosen]
+        return sorted(chosen, key=lambda a: a.step)
+
+    # ---- persistence ------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return nx.node_link_data(self.graph, edges="edges")
+
+    def save(self, path: str | Path) -> Path:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+        tmp.replace(target)
+        return target
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LineageGraph:
+        graph = nx.node_link_graph(data, directed=True, edges="edges")
+        return cls(str(graph.graph.get("problem", "")), graph)
+
+    @classmethod
+    def load(cls, path: str | Path) -> LineageGraph:
+        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+@dataclass(frozen=True)
+class WalkEvent:
+    """Progress of the walk, for live displays."""
+
+    kind: str  # state, attempt, done
+    step: int
+    gate_runs: int
+    state: str = ""
+    attempt: Attempt | None = None
+    message: str = ""
+
+
+def _pooled(verdict: GateVerdict) -> tuple[float | None, list[float], list[WorkloadRatio]]:
+    rows = []
+    for w in verdict.workloads:
+        c = w.comparison
+        if c is None:
+            continue
+        rows.append(
+            WorkloadRatio(
+                label=w.label,
+                parent_ms=c.baseline_ms,
+                child_ms=c.candidate_ms,
+                ratio=c.ratio,
+                trial_ratios=c.trial_ratios,
+            )
+        )
+    pooled = verdict.comparison
+    if pooled is None:
+        return None, [], rows
+    return pooled.ratio, pooled.trial_ratios, rows
+
+
+class Simplifier:
+    """Walks an expert kernel backward through the gate, one mechanism at a time."""
+
+    def __init__(
+        self,
+        log: GateLog,
+        mechanisms: Sequence[Mechanism] | None = None,
+        *,
+        on_event: Callable[[WalkEvent], None] | None = None,
+    ) -> None:
+        self.log = log
+        self.mechanisms = list(mechanisms) if mechanisms is not None else all_mechanisms()
+        self.on_event = on_event or (lambda event: None)
+        self.removals: dict[str, Removal] = {}
+        """Attempt id -> its removal record (sites, carriers, states), for skills."""
+
+    def _builder(self) -> Any:
+        return getattr(self.log.gate, "builder", None)
+
+    def walk(
+        self, problem: Problem, expert: KernelSource, budget: MiningBudget | None = None
+    ) -> LineageGraph:
+        limits = budget or MiningBudget()
+        started = time.monotonic()
+        lineage = LineageGraph(problem.name)
+        runs_at_start = self.log.runs
+        verdict = self.log.run(problem, expert)
+        if not verdict.passed:
+            raise ValueError(
+                f"{problem.name}: the expert kernel does not pass its own gate "
+                f"({verdict.status.value}): "
+                + "; ".join(w.message for w in verdict.workloads if not w.passed)[:2000]
+                + (verdict.build.message if not verdict.build.ok else "")
+            )
+        lineage.graph.graph["hardware"] = verdict.hardware
+        current = expert
+        info = state_info(expert, verdict, 0)
+        info.detected = self._detected(expert)
+        lineage.add_state(info, root=True)
+        step = 0
+
+        def spent() -> bool:
+            return (
+                self.log.runs - runs_at_start >= limits.gate_runs
+                or time.monotonic() - started >= limits.wall_seconds
+            )
+
+        while True:
+            self.on_event(WalkEvent("state", step, self.log.runs, current.fingerprint))
+            removals = self._removals(lineage, current, step)
+            if not removals:
+                lineage.graph.graph["termination"] = Termination.COMPLETE.value
+                break
+            self._prebuild([r.simplified for r in removals])
+            accepted: list[tuple[Attempt, Removal]] = []
+            out_of_budget = False
+            for removal in removals:
+                if spent():
+                    out_of_budget = True
+                    break
+                attempt = self._attempt(lineage, problem, current, removal, step)
+                if attempt.status is AttemptStatus.ACCEPTED:
+                    accepted.append((attempt, removal))
+            if out_of_budget and not accepted:
+                lineage.graph.graph["termination"] = Termination.BUDGET.value
+                break
+            if not accepted:
+                lineage.graph.graph["termination"] = Termination.STUCK.value
+                break
+            chosen, removal = self._choose(accepted, current)
+            lineage.graph.edges[chosen.parent, chosen.child]["chosen"] = True
+            current = removal.simplified
+            step += 1
+            if out_of_budget or spent():
+                lineage.graph.graph["termination"] = Termination.BUDGET.value
+                break
+        lineage.graph.graph["gate_runs"] = self.log.runs - runs_at_start
+        lineage.graph.graph["wall_seconds"] = time.monotonic() - started
+        lineage.graph.graph["final"] = current.fingerprint
+        self.on_event(WalkEvent("done", step, self.log.runs, current.fingerprint))
+        return lineage
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    def _detected(self, kernel: KernelSource) -> list[str]:
+        return [m.name for m in self.mechanisms if any(s.supported for s in m.detect(kernel))]
+
+    def _removals(self, lineage: LineageGraph, current: KernelSource, step: int) -> list[Removal]:
+        removals = []
+        for mechanism in self.mechanisms:
+            removal = remove_mechanism(current, mechanism)
+            for site, reason in removal.refused:
+                lineage.add_refusal(current.fingerprint, mechanism.name, f"{site}: {reason}", step)
+            if removal.changed:
+                removals.append(removal)
+        return removals
+
+    def _prebuild(self, kernels: list[KernelSource]) -> None:
+        builder = self._builder()
+        if builder is not None and len(kernels) > 1:
+            builder.build_many([(k.text, k.name) for k in kernels])
+
+    def _attempt(
+        self,
+        lineage: LineageGraph,
+        problem: Problem,
+        current: KernelSource,
+        removal: Removal,
+        step: int,
+    ) -> Attempt:
+        child = removal.simplified
+        verdict = self.log.run(problem, child, against=current)
+        ratio, trials, rows = _pooled(verdict)
+        accepted = verdict.passed
+        parent_depth = lineage.state(current.fingerprint).depth
+        info = state_info(child, verdict, parent_depth + 1)
+        if accepted:
+            info.detected = self._detected(child)
+        lineage.add_state(info)
+        failing = [w for w in verdict.workloads if not w.passed]
+        message = verdict.build.message if not verdict.build.ok else ""
+        if failing:
+            message = f"{failing[0].label}: {failing[0].message}"
+        attempt = Attempt(
+            id=f"{current.fingerprint[:8]}-{removal.mechanism.name}",
+            parent=current.fingerprint,
+            child=child.fingerprint,
+            mechanism=removal.mechanism.name,
+            sites=[s.model_dump(mode="json") for s in removal.sites],
+            carriers=[c.model_dump(mode="json") for c in removal.carriers],
+            refused_sites=[
+                {"site": s.model_dump(mode="json"), "reason": r} for s, r in removal.refused
+            ],
+            status=AttemptStatus.ACCEPTED if accepted else AttemptStatus.REJECTED,
+            gate_status=verdict.status.value,
+            message=message[:4000],
+            ratio=ratio,
+            trial_ratios=trials,
+            workloads=rows,
+            step=step,
+        )
+        lineage.add_attempt(attempt)
+        self.removals[attempt.id] = removal
+        self.on_event(WalkEvent("attempt", step, self.log.runs, current.fingerprint, attempt))
+        return attempt
+
+    def _choose(
+        self, accepted: list[tuple[Attempt, Removal]], current: KernelSource
+    ) -> tuple[Attempt, Removal]:
+        present = {m.name for m in self.mechanisms if m.detect(current)}
+        required = {need for m in self.mechanisms if m.name in present for need in m.requires}
+
+        def rank(pair: tuple[Attempt, Removal]) -> tuple[int, float, str]:
+            attempt = pair[0]
+            is_prerequisite = 1 if attempt.mechanism in required else 0
+            cost = -(attempt.ratio if attempt.ratio is not None else 0.0)
+            return (is_prerequisite, cost, attempt.mechanism)
+
+        return min(accepted, key=rank)

@@ -1,0 +1,293 @@
+"""`mine`: expert kernel -> lineage -> conditions -> skills -> round trip -> skills_out/.
+
+    from klineage import mine
+    report = mine("expert_kernels/softmax", out="skills_out")
+
+Every gate verdict goes through an append-only log under `out/gatelog/`, so a killed run
+resumes (`resume=True`) without repeating finished work.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from klineage.conditions import Prose, conditions_to_json, merge_conditions, parse_condition
+from klineage.gatelog import GateLike, GateLog
+from klineage.inference import infer_condition
+from klineage.kernel import KernelSource
+from klineage.lineage import (
+    Attempt,
+    AttemptStatus,
+    LineageGraph,
+    MiningBudget,
+    Simplifier,
+    WalkEvent,
+)
+from klineage.mechanisms import MechanismRefused, Site
+from klineage.mechanisms.recall import MECHANISMS_FILE
+from klineage.problem import Problem, load_problem
+from klineage.removal import Removal, reapply
+from klineage.skills import (
+    Anchor,
+    Evidence,
+    Risk,
+    Scope,
+    Skill,
+    SkillLibrary,
+    anchor_of,
+    effect_of,
+    unified_diff,
+)
+
+
+class MineReport(BaseModel):
+    """What mining one problem did."""
+
+    problem: str = Field(description="definition name")
+    folder: str = Field(description="the problem folder")
+    termination: str = Field(description="complete, budget or stuck")
+    walk_gate_runs: int = Field(description="gate runs spent by the walk")
+    probe_gate_runs: int = Field(description="gate runs spent checking probes")
+    round_trip_gate_runs: int = Field(description="gate runs spent on round trips")
+    cached_verdicts: int = Field(description="verdicts served from the log (resume)")
+    wall_seconds: float = Field(description="wall time of the whole mining")
+    accepted: int = Field(description="accepted attempts")
+    rejected: int = Field(description="rejected attempts")
+    refusals: int = Field(description="sites the rules could not rewrite")
+    steps: int = Field(description="removals on the main path")
+    skills: int = Field(description="skills written")
+    verified: int = Field(description="skills verified by round trip")
+    recall: float | None = Field(description="share of mechanisms.json entries that became skills")
+    missed: list[str] = Field(default_factory=list, description="listed mechanisms with no skill")
+
+
+def mine(
+    problem_dir: str | Path,
+    out: str | Path = "skills_out",
+    *,
+    gate: GateLike | None = None,
+    budget: MiningBudget | None = None,
+    resume: bool = True,
+    on_event: Callable[[WalkEvent], None] | None = None,
+) -> MineReport:
+    """Mine one expert problem folder into `out`. Without `gate`, a GPU Gate is opened."""
+    if gate is None:
+        from klineage.gate.gate import Gate
+
+        with Gate() as real:
+            return mine(
+                problem_dir, out, gate=real, budget=budget, resume=resume, on_event=on_event
+            )
+    started = time.monotonic()
+    problem = load_problem(problem_dir)
+    if problem.kernel_path is None:
+        raise FileNotFoundError(f"{problem.root}: no kernel.cu to mine")
+    expert = KernelSource.from_file(problem.kernel_path)
+    root = Path(out)
+    log = GateLog(root / "gatelog" / f"{problem.name}.jsonl", gate, resume=resume)
+    simplifier = Simplifier(log, on_event=on_event)
+    lineage = simplifier.walk(problem, expert, budget)
+    walk_runs = log.runs
+
+    skills, probe_runs, trip_runs = _skills(problem, lineage, simplifier, log)
+    lineage.save(root / "lineages" / f"{problem.name}.json")
+    library = SkillLibrary.load(root)
+    library.replace_problem(problem.name, skills)
+    library.save()
+
+    attempts = lineage.attempts()
+    recall, missed = _recall(problem, skills)
+    return MineReport(
+        problem=problem.name,
+        folder=str(problem_dir),
+        termination=lineage.termination.value if lineage.termination else "unknown",
+        walk_gate_runs=walk_runs,
+        probe_gate_runs=probe_runs,
+        round_trip_gate_runs=trip_runs,
+        cached_verdicts=log.hits,
+        wall_seconds=time.monotonic() - started,
+        accepted=sum(a.status is AttemptStatus.ACCEPTED for a in attempts),
+        rejected=sum(a.status is AttemptStatus.REJECTED for a in attempts),
+        refusals=len(lineage.graph.graph["refusals"]),
+        steps=len(lineage.main_path()),
+        skills=len(skills),
+        verified=sum(bool(s.verified) for s in skills),
+        recall=recall,
+        missed=missed,
+    )
+
+
+def _recall(problem: Problem, skills: list[Skill]) -> tuple[float | None, list[str]]:
+    listed_path = problem.root / MECHANISMS_FILE
+    if not listed_path.is_file():
+        return None, []
+    listed = {entry["mechanism"] for entry in json.loads(listed_path.read_text())}
+    found = {s.mechanism for s in skills}
+    missed = sorted(listed - found)
+    return (len(listed) - len(missed)) / len(listed) if listed else None, missed
+
+
+def _skills(
+    problem: Problem, lineage: LineageGraph, simplifier: Simplifier, log: GateLog
+) -> tuple[list[Skill], int, int]:
+    runs_before = log.runs
+    main = lineage.main_path()
+    on_path = {a.mechanism for a in main}
+    extra: dict[str, Attempt] = {}
+    others: dict[str, list[str]] = {}
+    for attempt in lineage.attempts():
+        if attempt.status is not AttemptStatus.ACCEPTED or attempt.chosen:
+            continue
+        others.setdefault(attempt.mechanism, []).append(attempt.id)
+        if attempt.mechanism not in on_path:
+            extra.setdefault(attempt.mechanism, attempt)
+    chosen = main + sorted(extra.values(), key=lambda a: a.step)
+    skills = []
+    for attempt in chosen:
+        skill = _skill_of(problem, lineage, simplifier.removals[attempt.id], attempt, log)
+        skill.evidence.other_edges = [
+            e for e in others.get(attempt.mechanism, []) if e != attempt.id
+        ]
+        skills.append(skill)
+    probe_runs = log.runs - runs_before
+    trip_start = log.runs
+    for skill, attempt in zip(skills, chosen, strict=True):
+        _round_trip(problem, lineage, simplifier.removals[attempt.id], skill, log)
+    return skills, probe_runs, log.runs - trip_start
+
+
+def _static_conditions(removal: Removal, problem: Problem) -> list[Any]:
+    groups = []
+    for state, site in zip(removal.states, removal.sites, strict=False):
+        groups.append(removal.mechanism.conditions(state, site, problem))
+    return merge_conditions(*groups)
+
+
+def _skill_of(
+    problem: Problem, lineage: LineageGraph, removal: Removal, attempt: Attempt, log: GateLog
+) -> Skill:
+    mechanism = removal.mechanism
+    parent = lineage.state(attempt.parent)
+    child = lineage.state(attempt.child)
+    optimized = KernelSource(parent.source, name=f"{problem.name}.cu")
+    simplified = KernelSource(child.source, name=f"{problem.name}.cu")
+    conditions = _static_conditions(removal, problem)
+    risks: list[Risk] = []
+    probe_evidence: list[dict[str, Any]] = []
+    if problem.probes:
+        opt = log.run(problem, optimized, workloads=problem.probes, time_it=False)
+        simple = log.run(problem, simplified, workloads=problem.probes, time_it=False)
+        inferred = infer_condition(problem, opt, simple)
+        if inferred is not None:
+            conditions = merge_conditions(conditions, [parse_condition(inferred.condition)])
+            probe_evidence = [p.model_dump() for p in inferred.supporting]
+            risks += [
+                Risk(
+                    kind="failing_probe",
+                    mechanism=mechanism.name,
+                    workload=p.workload,
+                    status=p.status,
+                    message=p.message,
+                )
+                for p in inferred.supporting
+            ]
+    if not conditions:
+        # say so rather than leave the card silent: a reader must know nothing was found
+        conditions = [
+            Prose(
+                text="no condition found: the rewrite is valid for every size",
+                why=("the mechanism states none and no probe failed"),
+            )
+        ]
+    for sibling in lineage.attempts_from(attempt.parent):
+        if sibling.status is AttemptStatus.REJECTED:
+            risks.append(
+                Risk(
+                    kind="rejected_sibling",
+                    mechanism=sibling.mechanism,
+                    status=sibling.gate_status,
+                    message=sibling.message[:800],
+                )
+            )
+    first: Site | None = removal.sites[0] if removal.sites else None
+    before, after = anchor_of(child.source, parent.source, None)
+    dtypes = sorted(
+        {
+            s.dtype
+            for s in [*problem.definition.inputs.values(), *problem.definition.outputs.values()]
+        }
+    )
+    return Skill(
+        id=f"{mechanism.name}--{problem.name}--{attempt.parent[:8]}",
+        intent=mechanism.intent,
+        mechanism=mechanism.name,
+        category=mechanism.category,
+        family=mechanism.family,
+        origin=attempt.origin,
+        anchor=Anchor(
+            function=first.function if first else "",
+            node_kind=first.node_kind if first else "",
+            lines=first.lines if first else "",
+            before=before,
+            after=after,
+        ),
+        carrier=attempt.carriers[0] if attempt.carriers else {},
+        conditions=conditions_to_json(conditions),
+        condition_prose=[c.prose for c in conditions],
+        probe_evidence=probe_evidence,
+        effect=effect_of(
+            [w.model_dump() for w in attempt.workloads], child.resources, parent.resources
+        ),
+        risks=risks,
+        evidence=Evidence(
+            problem=problem.name,
+            edge=attempt.id,
+            optimized=attempt.parent,
+            simplified=attempt.child,
+            sites=attempt.sites,
+            gate_status=attempt.gate_status,
+            hardware=str(lineage.graph.graph.get("hardware", "")),
+        ),
+        scope=Scope(op_type=problem.definition.op_type, dtypes=dtypes),
+        requires=list(mechanism.requires),
+        conflicts=list(mechanism.conflicts),
+        diff=unified_diff(child.source, parent.source, f"{problem.name}/kernel.cu"),
+    )
+
+
+def _round_trip(
+    problem: Problem, lineage: LineageGraph, removal: Removal, skill: Skill, log: GateLog
+) -> None:
+    """Re-apply the mechanism to the simplified state; it must recover the optimized speed."""
+    optimized = KernelSource(lineage.state(skill.evidence.optimized).source)
+    try:
+        reapplied = reapply(removal)
+    except MechanismRefused as err:
+        skill.verified = False
+        skill.round_trip_note = f"re-applying was refused: {err.reason}"
+        return
+    verdict = log.run(problem, reapplied, against=optimized)
+    comparison = verdict.comparison
+    if not verdict.passed or comparison is None:
+        skill.verified = False
+        failing = [w for w in verdict.workloads if not w.passed]
+        reason = failing[0].message if failing else verdict.build.message
+        skill.round_trip_note = f"the re-applied kernel failed the gate: {reason[:400]}"
+        return
+    skill.round_trip_ratio = comparison.ratio
+    skill.round_trip_trial_ratios = comparison.trial_ratios
+    skill.verified = comparison.not_slower
+    if not skill.verified:
+        skill.round_trip_note = "the re-applied kernel is slower than the optimized one"
+    identical = reapplied.fingerprint == optimized.fingerprint
+    skill.round_trip_note = (skill.round_trip_note + " " if skill.round_trip_note else "") + (
+        "re-applying restored the optimized source exactly"
+        if identical
+        else "re-applying gave a different source than the optimized one"
+    )

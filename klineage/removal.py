@@ -1,0 +1,123 @@
+"""Removing a mechanism everywhere in a kernel, and putting it back.
+
+Mining takes one mechanism out of a kernel at a time: every removable site of it, one site per
+edit, recording each site and its carrier (`#pragma unroll 4` -> unroll=4). The record is
+enough to walk the same chain forward again: each application happens at the candidate the
+matching removal created, with the carrier read from the removed site. That forward walk is
+what a skill's round trip replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site
+
+REMOVAL_LIMIT = 500
+"""More removals than this of one mechanism means the mechanism is broken, not the kernel."""
+
+
+@dataclass
+class Removal:
+    """A mechanism taken out of a kernel, site by site."""
+
+    mechanism: Mechanism
+    states: list[KernelSource]
+    """states[0] is the kernel given; states[-1] has no removable site left."""
+    sites: list[Site] = field(default_factory=list)
+    """The site removed at each step (in the state before that step)."""
+    carriers: list[Carrier] = field(default_factory=list)
+    """The instance choices read from each removed site."""
+    refused: list[tuple[Site, str]] = field(default_factory=list)
+    """Detected sites that could not be removed, with the reason."""
+
+    @property
+    def original(self) -> KernelSource:
+        return self.states[0]
+
+    @property
+    def simplified(self) -> KernelSource:
+        return self.states[-1]
+
+    @property
+    def changed(self) -> bool:
+        return len(self.states) > 1
+
+
+def remove_mechanism(kernel: KernelSource, mechanism: Mechanism) -> Removal:
+    """Remove every supported site of `mechanism`, recording sites, carriers and refusals."""
+    removal = Removal(mechanism=mechanism, states=[kernel])
+    refused_ids: set[str] = set()
+    for _ in range(REMOVAL_LIMIT):
+        current = removal.states[-1]
+        chosen = None
+        for site in mechanism.detect(current):
+            if site.id in refused_ids:
+                continue
+            if not site.supported:
+                removal.refused.append((site, site.refusal or "unsupported"))
+                refused_ids.add(site.id)
+                continue
+            try:
+                following = mechanism.remove(current, site)
+            except MechanismRefused as err:
+                removal.refused.append((site, err.reason))
+                refused_ids.add(site.id)
+                continue
+            chosen = (site, following)
+            break
+        if chosen is None:
+            return removal
+        site, following = chosen
+        removal.carriers.append(mechanism.carrier_of(current, site))
+        removal.sites.append(site)
+        removal.states.append(following)
+    raise RuntimeError(f"{mechanism.name}: more than {REMOVAL_LIMIT} removals in one kernel")
+
+
+def changed_region(old: str, new: str) -> tuple[int, int]:
+    """The byte range of `new` that differs from `old` (common prefix and suffix cut off)."""
+    a, b = old.encode(), new.encode()
+    prefix = 0
+    limit = min(len(a), len(b))
+    while prefix < limit and a[prefix] == b[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < limit - prefix and a[-1 - suffix] == b[-1 - suffix]:
+        suffix += 1
+    return prefix, len(b) - suffix
+
+
+def matching_candidate(
+    mechanism: Mechanism, before: KernelSource, after: KernelSource
+) -> Site | None:
+    """The candidate of `after` where the removal that led from `before` happened: the smallest
+    candidate containing the changed bytes, else the nearest one; None without candidates."""
+    start, end = changed_region(before.text, after.text)
+    candidates = [c for c in mechanism.candidates(after) if c.supported]
+    if not candidates:
+        return None
+    containing = [c for c in candidates if c.start_byte <= start and end <= c.end_byte]
+    if containing:
+        return min(containing, key=lambda c: c.end_byte - c.start_byte)
+    return min(candidates, key=lambda c: min(abs(c.start_byte - start), abs(c.end_byte - end)))
+
+
+def reapply(removal: Removal) -> KernelSource:
+    """Walk the removal forward again from its simplified state: apply the mechanism at the
+    candidate each removal created, with the carrier read from the removed site. Raises
+    MechanismRefused when a step cannot be applied."""
+    current = removal.simplified
+    mechanism = removal.mechanism
+    for i in reversed(range(len(removal.sites))):
+        target = removal.states[i]
+        candidate = matching_candidate(mechanism, target, removal.states[i + 1])
+        if candidate is None:
+            raise MechanismRefused(
+                f"{mechanism.name}: no candidate to re-apply the removal at {removal.sites[i]}"
+            )
+        # candidates are found on the state the removal produced; after earlier re-applications
+        # the current text equals that state, so the site is valid here
+        current = mechanism.apply(current, candidate, removal.carriers[i])
+    return current

@@ -1,0 +1,329 @@
+"""Skills: accepted removals, reversed into optimizations with their evidence.
+
+A skill says what to do (the mechanism, its carrier, a before/after anchor), where (the
+function and code shape), when (conditions: the mechanism's static ones merged with those
+learned from probes), what it gained (measured speedup per workload, register and
+shared-memory deltas), what went wrong nearby (risks: rejected siblings and failing probes,
+each with the gate's status and message) and the evidence behind all of it. Skills are kept
+as JSONL (`skills.jsonl`) and as one `SKILL.md` per skill, the format agent tools load.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from klineage.removal import changed_region
+
+SNIPPET_LIMIT = 1600
+
+
+class Anchor(BaseModel):
+    """Where the skill applies, shown as code."""
+
+    function: str = Field(description="the function the (first) site is in")
+    node_kind: str = Field(description="tree-sitter node kind of the (first) site")
+    lines: str = Field(description="line range of the first site in the optimized kernel")
+    before: str = Field(description="the simpler code, before applying the skill")
+    after: str = Field(description="the optimized code, after applying it")
+
+
+class WorkloadEffect(BaseModel):
+    """What applying the skill did on one workload (simplified -> optimized)."""
+
+    label: str = Field(description="the workload's axis values")
+    speedup: float = Field(description="simplified latency / optimized latency")
+    trial_speedups: list[float] = Field(description="the same per trial")
+    spread: float = Field(description="(max - min) / median of the trial speedups")
+    before_ms: float = Field(description="latency of the simpler kernel")
+    after_ms: float = Field(description="latency of the optimized kernel")
+
+
+class Effect(BaseModel):
+    """Measured effect of the skill, from paired interleaved timing on the H200."""
+
+    workloads: list[WorkloadEffect] = Field(description="per workload")
+    geomean_speedup: float | None = Field(description="geometric mean over workloads")
+    registers_delta: dict[str, int] = Field(
+        default_factory=dict, description="kernel -> registers after minus before"
+    )
+    shared_bytes_delta: dict[str, int] = Field(
+        default_factory=dict, description="kernel -> static shared memory after minus before"
+    )
+    spill_bytes_delta: dict[str, int] = Field(
+        default_factory=dict, description="kernel -> spill bytes after minus before"
+    )
+
+
+class Risk(BaseModel):
+    """Something the gate rejected near this skill."""
+
+    kind: str = Field(description="'rejected_sibling' or 'failing_probe'")
+    mechanism: str = Field(default="", description="the mechanism involved")
+    workload: str = Field(default="", description="the workload or probe, when there is one")
+    status: str = Field(description="the gate's status")
+    message: str = Field(description="the gate's message")
+
+
+class Evidence(BaseModel):
+    """Where the skill's claims come from."""
+
+    problem: str = Field(description="the expert problem it was mined from")
+    edge: str = Field(description="the lineage edge (attempt id)")
+    optimized: str = Field(description="fingerprint of the optimized state")
+    simplified: str = Field(description="fingerprint of the simplified state")
+    sites: list[dict[str, Any]] = Field(description="the removed sites")
+    gate_status: str = Field(description="the simplified state's gate status")
+    hardware: str = Field(default="", description="the GPU the evidence was gathered on")
+    other_edges: list[str] = Field(
+        default_factory=list,
+        description="accepted removals of the same mechanism off the main path",
+    )
+
+
+class Scope(BaseModel):
+    """Which kernels the skill was learned on."""
+
+    op_type: str = Field(description="the problem's op_type")
+    language: str = Field(default="cuda", description="source language")
+    arch: str = Field(default="sm_90", description="architecture it was measured on")
+    dtypes: list[str] = Field(default_factory=list, description="dtypes of the tensors")
+
+
+class Skill(BaseModel):
+    """One verified optimization skill."""
+
+    id: str = Field(description="stable id: mechanism, problem, optimized state")
+    intent: str = Field(description="what the optimization does and why, one sentence")
+    mechanism: str = Field(description="the catalog mechanism that applies it")
+    category: str = Field(default="", description="memory, compute, synchronization, ...")
+    family: str = Field(default="", description="DESIGN.md family")
+    origin: str = Field(default="rule", description="'rule' or 'llm:...'")
+    anchor: Anchor = Field(description="where, as code")
+    carrier: dict[str, Any] = Field(
+        default_factory=dict, description="instance choices (vector width, unroll, ...)"
+    )
+    conditions: list[dict[str, Any]] = Field(
+        default_factory=list, description="machine-checkable conditions (JSON form)"
+    )
+    condition_prose: list[str] = Field(
+        default_factory=list, description="the same conditions in words, with reasons"
+    )
+    probe_evidence: list[dict[str, Any]] = Field(
+        default_factory=list, description="probes behind conditions learned empirically"
+    )
+    effect: Effect = Field(description="measured effect")
+    risks: list[Risk] = Field(default_factory=list, description="rejections nearby")
+    evidence: Evidence = Field(description="edges, fingerprints, gate results")
+    scope: Scope = Field(description="where it was learned")
+    requires: list[str] = Field(default_factory=list, description="mechanisms it needs")
+    provides: list[str] = Field(default_factory=list, description="what it establishes")
+    conflicts: list[str] = Field(default_factory=list, description="mechanisms it excludes")
+    verified: bool | None = Field(
+        default=None, description="round trip recovered the optimized speed (None: not tried)"
+    )
+    round_trip_ratio: float | None = Field(
+        default=None, description="optimized / re-applied latency (>= 0.99 to verify)"
+    )
+    round_trip_trial_ratios: list[float] = Field(default_factory=list, description="per trial")
+    round_trip_note: str = Field(default="", description="why it was not verified, if not")
+    diff: str = Field(default="", description="unified diff, simplified -> optimized")
+
+
+def anchor_of(simplified: str, optimized: str, site: dict[str, Any] | None) -> tuple[str, str]:
+    """The changed region of each side, trimmed to whole lines."""
+    start_opt, end_opt = changed_region(simplified, optimized)
+    start_simple, end_simple = changed_region(optimized, simplified)
+    return _lines_around(simplified, start_simple, end_simple), _lines_around(
+        optimized, start_opt, end_opt
+    )
+
+
+def _lines_around(text: str, start: int, end: int) -> str:
+    data = text.encode()
+    first = data.rfind(b"\n", 0, start) + 1
+    last = data.find(b"\n", end)
+    chunk = data[first : len(data) if last < 0 else last].decode("utf-8", "replace")
+    return chunk if len(chunk) <= SNIPPET_LIMIT else chunk[:SNIPPET_LIMIT] + "\n..."
+
+
+def unified_diff(simplified: str, optimized: str, name: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            simplified.splitlines(keepends=True),
+            optimized.splitlines(keepends=True),
+            f"{name} (before)",
+            f"{name} (after)",
+            n=2,
+        )
+    )
+
+
+def effect_of(rows: Sequence[dict[str, Any]], before: dict, after: dict) -> Effect:
+    """Effect from an attempt's per-workload ratios (parent = optimized, child = simplified)."""
+    workloads = []
+    for row in rows:
+        trials = list(row["trial_ratios"])
+        median = statistics.median(trials) if trials else row["ratio"]
+        workloads.append(
+            WorkloadEffect(
+                label=row["label"],
+                speedup=1.0 / row["ratio"],
+                trial_speedups=[1.0 / r for r in trials],
+                spread=(max(trials) - min(trials)) / median if trials else 0.0,
+                before_ms=row["child_ms"],
+                after_ms=row["parent_ms"],
+            )
+        )
+    geo = (
+        math.exp(sum(math.log(w.speedup) for w in workloads) / len(workloads))
+        if workloads
+        else None
+    )
+    deltas: dict[str, dict[str, int]] = {"registers": {}, "shared_bytes": {}, "spill_bytes": {}}
+    for kernel in sorted(set(before) | set(after)):
+        for key in deltas:
+            deltas[key][kernel] = after.get(kernel, {}).get(key, 0) - before.get(kernel, {}).get(
+                key, 0
+            )
+    return Effect(
+        workloads=workloads,
+        geomean_speedup=geo,
+        registers_delta={k: v for k, v in deltas["registers"].items() if v},
+        shared_bytes_delta={k: v for k, v in deltas["shared_bytes"].items() if v},
+        spill_bytes_delta={k: v for k, v in deltas["spill_bytes"].items() if v},
+    )
+
+
+# ---- the library on disk ---------------------------------------------------------------------
+
+
+class SkillLibrary:
+    """Skills in a folder: `skills.jsonl` plus `<id>/SKILL.md` for each."""
+
+    def __init__(self, root: str | Path, skills: Iterable[Skill] = ()) -> None:
+        self.root = Path(root)
+        self.skills: dict[str, Skill] = {s.id: s for s in skills}
+
+    @classmethod
+    def load(cls, root: str | Path) -> SkillLibrary:
+        folder = Path(root)
+        path = folder / "skills.jsonl"
+        if not path.is_file():
+            return cls(folder)
+        skills = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                skills.append(Skill.model_validate_json(line))
+            except ValueError as err:
+                raise ValueError(f"{path}:{number}: not a skill ({err})") from err
+        return cls(folder, skills)
+
+    def __len__(self) -> int:
+        return len(self.skills)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(sorted(self.skills.values(), key=lambda s: s.id))
+
+    def get(self, skill_id: str) -> Skill:
+        if skill_id in self.skills:
+            return self.skills[skill_id]
+        matches = [s for s in self.skills.values() if s.id.startswith(skill_id)]
+        if len(matches) == 1:
+            return matches[0]
+        known = ", ".join(sorted(self.skills)[:20])
+        raise KeyError(f"no skill {skill_id!r} in {self.root}; known: {known}")
+
+    def replace_problem(self, problem: str, skills: Iterable[Skill]) -> None:
+        """Drop the skills mined from `problem` and add `skills` in their place."""
+        self.skills = {k: s for k, s in self.skills.items() if s.evidence.problem != problem}
+        for skill in skills:
+            self.skills[skill.id] = skill
+
+    def save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        lines = [s.model_dump_json() for s in self]
+        tmp = self.root / "skills.jsonl.tmp"
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        tmp.replace(self.root / "skills.jsonl")
+        for skill in self:
+            folder = self.root / skill.id
+            folder.mkdir(exist_ok=True)
+            (folder / "SKILL.md").write_text(render_skill_md(skill), encoding="utf-8")
+
+
+def _yaml_value(value: Any) -> str:
+    # JSON scalars and lists are valid YAML flow values: no YAML library needed
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_skill_md(skill: Skill) -> str:
+    """YAML front matter (id, intent, conditions, scope) then the card in Markdown."""
+    when = "; ".join(skill.condition_prose) or "no conditions were found"
+    speed = f"{skill.effect.geomean_speedup:.2f}x" if skill.effect.geomean_speedup else "unmeasured"
+    description = (
+        f"{skill.intent} Use when: {when}. Measured gain: {speed} ({skill.scope.op_type})."
+    )
+    front = {
+        "name": skill.id,
+        "description": description,
+        "id": skill.id,
+        "intent": skill.intent,
+        "mechanism": skill.mechanism,
+        "conditions": skill.condition_prose,
+        "scope": skill.scope.model_dump(),
+        "verified": skill.verified,
+    }
+    lines = ["---"] + [f"{k}: {_yaml_value(v)}" for k, v in front.items()] + ["---", ""]
+    lines += [f"# {skill.id}", "", "## Overview", "", skill.intent, ""]
+    lines += [
+        f"Mechanism `{skill.mechanism}` ({skill.category}, {skill.family}), learned from "
+        f"`{skill.evidence.problem}` on {skill.evidence.hardware or 'the GPU'}. "
+        f"Apply it in `{skill.anchor.function}` where the code looks like *Before* below.",
+        "",
+    ]
+    if skill.carrier:
+        lines += [f"Carrier (instance choices): `{json.dumps(skill.carrier)}`", ""]
+    lines += ["## When it is valid", ""]
+    lines += [f"- {c}" for c in skill.condition_prose] or ["- no conditions were found"]
+    for probe in skill.probe_evidence:
+        lines.append(f"  - probe {probe['workload']}: {probe['status']} ({probe['message'][:160]})")
+    lines += ["", "## Effect", ""]
+    lines += ["| workload | speedup | trials | before (ms) | after (ms) |", "|---|---|---|---|---|"]
+    for w in skill.effect.workloads:
+        trials = ", ".join(f"{t:.3f}" for t in w.trial_speedups)
+        lines.append(
+            f"| {w.label} | {w.speedup:.3f}x | {trials} | {w.before_ms:.4f} | {w.after_ms:.4f} |"
+        )
+    deltas = []
+    for name, values in (
+        ("registers", skill.effect.registers_delta),
+        ("shared memory (bytes)", skill.effect.shared_bytes_delta),
+        ("spills (bytes)", skill.effect.spill_bytes_delta),
+    ):
+        for kernel, delta in values.items():
+            deltas.append(f"- {name}: {delta:+d} in `{kernel}`")
+    lines += ["", *deltas] if deltas else []
+    if skill.verified is not None:
+        verdict = "verified" if skill.verified else "NOT verified"
+        ratio = f"{skill.round_trip_ratio:.3f}" if skill.round_trip_ratio else "-"
+        lines += ["", f"Round trip: {verdict} (optimized / re-applied latency {ratio})"]
+        if skill.round_trip_note:
+            lines.append(f"{skill.round_trip_note}")
+    lines += ["", "## Risks", ""]
+    lines += [
+        f"- {r.kind}: {r.mechanism} {r.workload} -> {r.status}: {r.message[:240]}"
+        for r in skill.risks
+    ] or ["- none observed"]
+    lines += ["", "## Before", "", "```cuda", skill.anchor.before, "```", ""]
+    lines += ["## After", "", "```cuda", skill.anchor.after, "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""STAND-IN for the gate's GPU stages (a labelled test double at the GPU boundary).
+
+The build stage is real (nvcc through Builder: compile errors and ptxas reports are real).
+The check and time stages are synthesized from the kernel's source by explicit rules, so the
+mining logic (walk, graph, conditions, skills, persistence, resume) runs on a CPU-only CI:
+
+- latency = base * product of `cost[m]` over catalog mechanisms NOT present in the kernel
+  (removing mechanism m makes the kernel `cost[m]` times slower);
+- `breaks`: mechanisms whose removal makes the kernel wrong (INCORRECT_NUMERICAL);
+- `probe_failures`: mechanism -> predicate over axis values; while the mechanism is present,
+  workloads where the predicate holds fail with RUNTIME_ERROR (misaligned address).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from klineage.gate.build import Builder, BuildResult
+from klineage.gate.result import (
+    Comparison,
+    Correctness,
+    GateVerdict,
+    Status,
+    Timing,
+    WorkloadVerdict,
+)
+from klineage.kernel import KernelSource
+from klineage.mechanisms import all_mechanisms
+from klineage.problem import Problem, Workload
+
+BASE_MS = 0.010
+
+
+class StandInGate:
+    """Real builds, synthetic verdicts. Counts the verdicts it makes in `runs`."""
+
+    def __init__(
+        self,
+        builder: Builder,
+        *,
+        cost: dict[str, float] | None = None,
+        breaks: Sequence[str] = (),
+        probe_failures: dict[str, Callable[[dict[str, int]], bool]] | None = None,
+        expert_mechanisms: Sequence[str] = (),
+    ) -> None:
+        self.builder = builder
+        self.cost = cost or {}
+        self.breaks = set(breaks)
+        self.probe_failures = probe_failures or {}
+        self.expert_mechanisms = set(expert_mechanisms)
+        self.runs = 0
+
+    def build(self, kernel: KernelSource) -> BuildResult:
+        return self.builder.build(kernel.text, name=kernel.name)
+
+    def present(self, kernel: KernelSource) -> set[str]:
+        return {m.name for m in all_mechanisms() if any(s.supported for s in m.detect(kernel))}
+
+    def latency(self, present: set[str]) -> float:
+        latency = BASE_MS
+        for mechanism, factor in self.cost.items():
+            if mechanism not in present:
+                latency *= factor
+        return latency
+
+    def run(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        *,
+        workloads: Sequence[Workload] | None = None,
+        time_it: bool = True,
+        against: KernelSource | None = None,
+    ) -> GateVerdict:
+        self.runs += 1
+        build = self.build(kernel)
+        verdict = GateVerdict(
+            problem=problem.name,
+            kernel=kernel.name,
+            fingerprint=kernel.fingerprint,
+            build=build,
+            hardware="stand-in (no GPU)",
+            timestamp="2026-01-01T00:00:00+00:00",
+        )
+        if not build.ok:
+            return verdict
+        present = self.present(kernel)
+        base = self.present(against) if against is not None else set()
+        for workload in problem.workloads if workloads is None else workloads:
+            verdict.workloads.append(self._one(workload, present, base, time_it, against))
+        return verdict
+
+    def _one(
+        self,
+        workload: Workload,
+        present: set[str],
+        base: set[str],
+        time_it: bool,
+        against: KernelSource | None,
+    ) -> WorkloadVerdict:
+        result = WorkloadVerdict(
+            workload_uuid=workload.uuid, label=workload.label, status=Status.PASSED
+        )
+        broken = (self.expert_mechanisms - present) & self.breaks
+        failing_probe = [
+            m for m, rule in self.probe_failures.items() if m in present and rule(workload.axes)
+        ]
+        if broken:
+            result.status = Status.INCORRECT_NUMERICAL
+            result.message = f"y: 12 of 4096 elements wrong (stand-in: {sorted(broken)} removed)"
+            result.correctness = Correctness(max_absolute_error=0.5, bad_elements=12, trials=1)
+            return result
+        if failing_probe:
+            result.status = Status.RUNTIME_ERROR
+            result.message = f"check: misaligned address (stand-in: {failing_probe[0]})"
+            return result
+        result.correctness = Correctness(trials=3, total_elements=1)
+        if time_it:
+            result.timing = _timing(self.latency(present))
+            result.reference_timing = _timing(BASE_MS * 3)
+            if against is not None:
+                result.comparison = Comparison.of(result.timing, _timing(self.latency(base)))
+        return result
+
+
+def _timing(ms: float) -> Timing:
+    return Timing(samples_ms=[[ms] * 5, [ms * 1.002] * 5, [ms * 0.998] * 5])

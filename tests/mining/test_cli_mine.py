@@ -1,0 +1,53 @@
+"""`klineage skills` and `klineage lineage` on skills mined with the stand-in gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from klineage.cli import app
+from klineage.gate.build import Builder
+from klineage.mine import mine
+from tests.mining.test_mine import PROBLEM, _gate
+
+pytestmark = pytest.mark.nvcc
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def mined(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("skills_out")
+    builder = Builder(cache_dir=tmp_path_factory.mktemp("cache"))
+    mine(PROBLEM, out, gate=_gate(builder))
+    return out
+
+
+def test_skills_list_and_show(mined: Path) -> None:
+    listed = runner.invoke(app, ["skills", "list", "--out", str(mined)])
+    assert listed.exit_code == 0, listed.output
+    assert "fast_math--exp_scale_f32" in listed.output
+    shown = runner.invoke(app, ["skills", "show", "fast_math--exp", "--out", str(mined)])
+    assert shown.exit_code == 0, shown.output
+    assert "## When it is valid" in shown.output and "__expf" in shown.output
+    missing = runner.invoke(app, ["skills", "show", "nope", "--out", str(mined)])
+    assert missing.exit_code == 2 and "no skill 'nope'" in missing.output
+
+
+def test_lineage_show_draws_the_dag(mined: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "dag.png"
+    shown = runner.invoke(
+        app, ["lineage", "show", "exp_scale_f32", "--out", str(mined), "--png", str(png)]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "complete" in shown.output and "fast_math" in shown.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    unknown = runner.invoke(app, ["lineage", "show", "nope", "--out", str(mined)])
+    assert unknown.exit_code == 2 and "exp_scale_f32" in unknown.output
+
+
+def test_skills_list_without_skills_says_what_to_do(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["skills", "list", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "run `klineage mine` first" in result.output

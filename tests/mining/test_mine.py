@@ -1,0 +1,125 @@
+"""Mining through the real build stage with a labelled stand-in for the GPU stages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Termination
+from klineage.mine import mine
+from klineage.skills import SkillLibrary
+from tests.conftest import FIXTURES
+from tests.mining.stand_in_gate import StandInGate
+
+pytestmark = pytest.mark.nvcc
+
+PROBLEM = FIXTURES / "mining" / "exp_scale"
+EXPERT = ["restrict_pointers", "readonly_ldg", "fast_math", "launch_bounds", "pragma_unroll"]
+# what removing each mechanism costs (slowdown factor): the walk peels the cheapest first
+COST = {
+    "restrict_pointers": 1.01,
+    "readonly_ldg": 1.05,
+    "fast_math": 1.20,
+    "launch_bounds": 1.02,
+    "pragma_unroll": 1.10,
+}
+
+
+@pytest.fixture(scope="module")
+def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
+    return Builder(cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+def _gate(builder: Builder, **rules) -> StandInGate:
+    return StandInGate(builder, cost=COST, expert_mechanisms=EXPERT, **rules)
+
+
+def test_complete_walk_peels_cheapest_first_and_verifies_every_skill(
+    builder: Builder, tmp_path: Path
+) -> None:
+    report = mine(PROBLEM, tmp_path, gate=_gate(builder))
+    assert report.termination == "complete"
+    assert report.steps == 5 and report.skills == 5 and report.verified == 5
+    assert report.recall == 1.0 and report.missed == []
+    lineage = LineageGraph.load(tmp_path / "lineages" / "exp_scale_f32.json")
+    order = [a.mechanism for a in lineage.main_path()]
+    assert order == sorted(COST, key=COST.get)
+    final = lineage.state(lineage.graph.graph["final"])
+    assert "__restrict__" not in final.source and "__ldg" not in final.source
+    assert "__expf" not in final.source and "#pragma unroll" not in final.source
+    # at step 0 every mechanism was tried: 5 attempts, one chosen
+    assert len(lineage.attempts_from(lineage.root)) == 5
+    library = SkillLibrary.load(tmp_path)
+    fast_math = next(s for s in library if s.mechanism == "fast_math")
+    assert fast_math.effect.geomean_speedup == pytest.approx(1.20, rel=1e-3)
+    assert fast_math.verified and fast_math.round_trip_ratio == pytest.approx(1.0, rel=1e-3)
+    assert "__expf" in fast_math.anchor.after and "expf" in fast_math.anchor.before
+    for skill in library:
+        assert skill.conditions, f"{skill.id} has no condition"
+        assert skill.effect.workloads, f"{skill.id} has no measured effect"
+        card = (tmp_path / skill.id / "SKILL.md").read_text()
+        assert card.startswith("---\nname: ") and "## When it is valid" in card
+
+
+def test_lineage_and_skills_round_trip_exactly(builder: Builder, tmp_path: Path) -> None:
+    mine(PROBLEM, tmp_path, gate=_gate(builder))
+    path = tmp_path / "lineages" / "exp_scale_f32.json"
+    lineage = LineageGraph.load(path)
+    assert lineage.to_json() == json.loads(path.read_text())
+    first = (tmp_path / "skills.jsonl").read_text()
+    SkillLibrary.load(tmp_path).save()
+    assert (tmp_path / "skills.jsonl").read_text() == first
+
+
+def test_a_removal_that_breaks_is_rejected_and_the_walk_gets_stuck(
+    builder: Builder, tmp_path: Path
+) -> None:
+    report = mine(PROBLEM, tmp_path, gate=_gate(builder, breaks=["pragma_unroll"]))
+    assert report.termination == "stuck"
+    assert report.steps == 4 and report.rejected >= 1
+    lineage = LineageGraph.load(tmp_path / "lineages" / "exp_scale_f32.json")
+    rejected = [a for a in lineage.attempts() if a.status is AttemptStatus.REJECTED]
+    assert {a.mechanism for a in rejected} == {"pragma_unroll"}
+    assert all(
+        a.gate_status == "INCORRECT_NUMERICAL" and "elements wrong" in a.message for a in rejected
+    )
+    library = SkillLibrary.load(tmp_path)
+    assert "pragma_unroll" not in {s.mechanism for s in library}
+    assert report.missed == ["pragma_unroll"]
+    risky = next(s for s in library if s.mechanism == "restrict_pointers")
+    assert any(r.kind == "rejected_sibling" and r.mechanism == "pragma_unroll" for r in risky.risks)
+
+
+def test_conditions_are_inferred_from_probes(builder: Builder, tmp_path: Path) -> None:
+    # while __launch_bounds__ is present, probes with cols % 4 != 0 fail (the stand-in's rule)
+    rules = {"probe_failures": {"launch_bounds": lambda axes: axes["cols"] % 4 != 0}}
+    mine(PROBLEM, tmp_path, gate=_gate(builder, **rules))
+    skill = next(s for s in SkillLibrary.load(tmp_path) if s.mechanism == "launch_bounds")
+    kinds = {(c["kind"], c.get("axis"), c.get("k")) for c in skill.conditions}
+    assert ("axis_divisible", "cols", 4) in kinds
+    assert {p["workload"] for p in skill.probe_evidence} == {
+        "rows=1,cols=1",
+        "rows=3,cols=33",
+        "rows=4,cols=33",
+        "rows=2,cols=34",
+    }
+    assert any(r.kind == "failing_probe" for r in skill.risks)
+    others = [s for s in SkillLibrary.load(tmp_path) if s.mechanism != "launch_bounds"]
+    assert all(not s.probe_evidence for s in others)
+
+
+def test_budget_stops_the_walk_and_resume_repeats_nothing(builder: Builder, tmp_path: Path) -> None:
+    gate = _gate(builder)
+    first = mine(PROBLEM, tmp_path, gate=gate, budget=MiningBudget(gate_runs=3))
+    assert first.termination == Termination.BUDGET.value
+    runs_first = gate.runs
+    second = mine(PROBLEM, tmp_path, gate=gate, resume=True)
+    assert second.termination == "complete"
+    # no verdict was made twice: every one the first run made was served from the log
+    log = tmp_path / "gatelog" / "exp_scale_f32.jsonl"
+    keys = [json.loads(line)["key"] for line in log.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == gate.runs
+    assert second.cached_verdicts >= 1 and gate.runs > runs_first
