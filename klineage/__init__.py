@@ -22,6 +22,9 @@ _LAZY = {
     "MiningBudget": ("klineage.lineage", "MiningBudget"),
     "LineageGraph": ("klineage.lineage", "LineageGraph"),
     "Skill": ("klineage.skills", "Skill"),
+    "replay": ("klineage.replay", "replay"),
+    "ReplayReport": ("klineage.replay", "ReplayReport"),
+    "ReplayBudget": ("klineage.materialize", "ReplayBudget"),
     "SkillLibrary": ("klineage.skills", "SkillLibrary"),
 }
 
@@ -49,10 +52,13 @@ __all__ = [
     "MiningBudget",
     "Problem",
     "ProblemError",
+    "ReplayBudget",
+    "ReplayReport",
     "Skill",
     "SkillLibrary",
     "Status",
     "WorkloadVerdict",
     "load_problem",
     "mine",
+    "replay",
 ]

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from klineage.cli_mechanisms import mechanisms_app
 from klineage.cli_mine import lineage_app, mine_command, skills_app
+from klineage.cli_replay import replay_command
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.gate import Gate, GateEvent, GateSetupError
 from klineage.gate.result import GateVerdict, Status
@@ -24,6 +25,7 @@ from klineage.problem import Problem, ProblemError, load_problem
 app = typer.Typer(help="Mine verified GPU-kernel optimization skills.", no_args_is_help=True)
 app.add_typer(mechanisms_app, name="mechanisms")
 app.command("mine")(mine_command)
+app.command("replay")(replay_command)
 app.add_typer(skills_app, name="skills")
 app.add_typer(lineage_app, name="lineage")
 console = Console()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site
+from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Refusal, Site
 
 REMOVAL_LIMIT = 500
 """More removals than this of one mechanism means the mechanism is broken, not the kernel."""
@@ -115,7 +115,12 @@ def reapply(removal: Removal) -> KernelSource:
         candidate = matching_candidate(mechanism, target, removal.states[i + 1])
         if candidate is None:
             raise MechanismRefused(
-                f"{mechanism.name}: no candidate to re-apply the removal at {removal.sites[i]}"
+                Refusal(
+                    mechanism=mechanism.name,
+                    action="apply",
+                    site=str(removal.sites[i]),
+                    reason="no candidate site where the removal happened",
+                )
             )
         # candidates are found on the state the removal produced; after earlier re-applications
         # the current text equals that state, so the site is valid here

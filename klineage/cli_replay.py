@@ -1,0 +1,118 @@
+"""`klineage replay`: materialize skills on naive kernels, against two baselines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from klineage.materialize import METHODS, GateRunRecord, ReplayBudget
+from klineage.replay import ReplayReport, replay
+
+console = Console()
+errors = Console(stderr=True, soft_wrap=True)
+
+
+def replay_command(
+    problems: Annotated[list[Path], typer.Argument(help="Problem folders with a naive kernel.")],
+    skills: Annotated[Path, typer.Option(help="The mined skills folder.")] = Path("skills_out"),
+    budget: Annotated[int, typer.Option(help="Gate runs per problem and method.")] = 30,
+    baselines: Annotated[
+        str, typer.Option(help="Comma-separated baselines to run beside skills: blind,memory.")
+    ] = "blind,memory",
+    out: Annotated[Path, typer.Option(help="Where the report goes.")] = Path("replay_out"),
+    resume: Annotated[
+        bool, typer.Option("--resume/--fresh", help="Reuse verdicts already in the gate log.")
+    ] = True,
+) -> None:
+    """Replay mined skills on each problem's naive kernel, beside the baselines."""
+    from klineage.gate.gate import GateSetupError
+
+    chosen = ["skills"] + [b.strip() for b in baselines.split(",") if b.strip()]
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown:
+        errors.print(Text(f"unknown baseline {unknown[0]!r}; choose from blind, memory", "red"))
+        raise typer.Exit(2)
+
+    def on_run(problem: str, method: str, record: GateRunRecord) -> None:
+        ratio = f"{record.ratio:.3f}" if record.ratio is not None else "-"
+        style = {"kept": "green", "slower": "yellow"}.get(record.outcome, "red")
+        console.print(
+            Text(f"{problem} {method:6s} #{record.index:<3d} {record.action:24s} ")
+            + Text(f"{record.outcome:8s}", style=style)
+            + Text(f" ratio {ratio}  speedup {record.speedup:.2f}x")
+        )
+
+    try:
+        report = replay(
+            problems,
+            skills,
+            out,
+            methods=chosen,
+            budget=ReplayBudget(gate_runs=budget),
+            resume=resume,
+            on_run=on_run,
+        )
+    except GateSetupError as err:
+        errors.print(Text(f"gate error: {err}", "red"))
+        raise typer.Exit(2) from err
+    except (FileNotFoundError, ValueError) as err:
+        errors.print(Text(str(err), "red"))
+        raise typer.Exit(2) from err
+    print_report(report)
+    console.print(f"report: {out / 'replay.json'}, chart: {out / 'replay.png'}")
+
+
+def print_report(report: ReplayReport, out: Console | None = None) -> None:
+    show = out or console
+    table = Table(
+        "problem",
+        "method",
+        "start (ms)",
+        "best (ms)",
+        "vs naive",
+        "vs PyTorch",
+        "runs to 90%",
+        "wasted",
+        "skills used (from)",
+    )
+    for r in report.results:
+        start = sum(r.start_ms.values())
+        best = sum(r.best_ms.values())
+        used = ", ".join(f"{u['skill'].split('--')[0]} ({u['source']})" for u in r.skills_used)
+        table.add_row(
+            r.problem,
+            r.method,
+            f"{start:.4f}",
+            f"{best:.4f}",
+            f"{r.speedup:.2f}x",
+            f"{r.speedup_vs_reference:.2f}x",
+            str(r.runs_to_90),
+            str(r.wasted),
+            used,
+        )
+    show.print(table)
+    summary = Table(
+        "method",
+        "geomean vs naive",
+        "geomean vs PyTorch",
+        "fast_1.0",
+        "fast_1.5",
+        "mean runs to 90%",
+        "wasted",
+    )
+    for s in report.summary:
+        summary.add_row(
+            s.method,
+            f"{s.geomean_speedup:.2f}x",
+            f"{s.geomean_vs_reference:.2f}x",
+            f"{s.fast_p['1.0']:.0%}",
+            f"{s.fast_p['1.5']:.0%}",
+            f"{s.mean_runs_to_90:.1f}",
+            str(s.total_wasted),
+        )
+    show.print(summary)

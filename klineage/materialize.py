@@ -1,0 +1,376 @@
+"""The Materializer: walk a naive kernel forward, one mechanism at a time, under a gate budget.
+
+Three methods share the same gate, the same budget and the same keep rule (correct on every
+workload, and faster than the current state overall and in every trial, timed interleaved):
+
+- `skills`: retrieved skills in rank order (conditions checked before any gate run), each
+  mechanism applied at every candidate site with the carrier its evidence supports;
+- `blind`: every catalog mechanism at every candidate site, one site per run, no conditions,
+  no ordering beyond the catalog's;
+- `memory`: past before/after edits (the skills' anchors) retrieved by text similarity to the
+  current kernel and applied without conditions.
+
+Every gate run is recorded, in a forward lineage of the same format as mining's, and counted
+against the budget, whether or not the log served it from an earlier method's run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from klineage.gate.result import GateVerdict
+from klineage.gatelog import GateLog
+from klineage.kernel import KernelSource
+from klineage.lineage import Attempt, AttemptStatus, LineageGraph, state_info
+from klineage.mechanisms import (
+    Carrier,
+    Mechanism,
+    MechanismRefused,
+    Refusal,
+    all_mechanisms,
+    get,
+)
+from klineage.problem import Problem
+from klineage.retrieve import bm25_scores, retrieve
+from klineage.skills import Skill
+
+METHODS = ("skills", "blind", "memory")
+KEEP_RATIO = 1.01
+"""A change is kept when current/new latency exceeds this overall, and exceeds 1 per trial."""
+APPLY_LIMIT = 64
+
+
+class ReplayBudget(BaseModel):
+    """How much each method may spend on one problem."""
+
+    gate_runs: int = Field(default=30, ge=1, description="gate runs (the start excluded)")
+    wall_seconds: float = Field(default=1800.0, gt=0, description="wall time per method")
+
+
+class GateRunRecord(BaseModel):
+    """One gate run of a method."""
+
+    index: int = Field(description="1-based position in the method's budget")
+    action: str = Field(description="the mechanism applied")
+    origin: str = Field(description="'skill:<id>', 'memory:<id>' or 'blind'")
+    carrier: dict[str, Any] = Field(default_factory=dict, description="instance choices")
+    outcome: str = Field(description="kept, slower (correct, not faster) or rejected")
+    gate_status: str = Field(description="the gate's status")
+    ratio: float | None = Field(default=None, description="current / new latency (pooled)")
+    speedup: float = Field(description="speedup over the start after this run")
+    message: str = Field(default="", description="the gate's message when rejected")
+
+
+class MethodResult(BaseModel):
+    """What one method reached on one problem."""
+
+    method: str = Field(description="skills, blind or memory")
+    problem: str = Field(description="definition name")
+    runs: list[GateRunRecord] = Field(default_factory=list, description="every gate run")
+    refusals: list[str] = Field(default_factory=list, description="rewrites the rules refused")
+    start_ms: dict[str, float] = Field(description="naive kernel latency per workload")
+    best_ms: dict[str, float] = Field(description="best state's latency per workload")
+    reference_ms: dict[str, float] = Field(description="PyTorch reference per workload")
+    speedup: float = Field(description="geometric-mean speedup over the naive kernel")
+    speedup_vs_reference: float = Field(description="geometric mean of reference / best")
+    runs_to_90: int = Field(description="gate runs to reach 90% of the final speedup")
+    wasted: int = Field(description="gate runs rejected or not faster")
+    skills_used: list[dict[str, str]] = Field(
+        default_factory=list, description="kept skills and the expert each came from"
+    )
+    final: str = Field(description="fingerprint of the best state")
+    seconds: float = Field(description="wall time")
+
+
+@dataclass(frozen=True)
+class Move:
+    """One thing a method can try: a mechanism, where, with which choices, and why."""
+
+    mechanism: Mechanism
+    carrier: Carrier
+    origin: str
+    site: str | None = None
+    """Apply at this one candidate site (blind); None applies at every candidate."""
+
+
+def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrier) -> KernelSource:
+    """Apply the mechanism at every supported candidate, one at a time; refuse if none took."""
+    current = kernel
+    refused: set[str] = set()
+    reasons = []
+    for _ in range(APPLY_LIMIT):
+        site = next(
+            (s for s in mechanism.candidates(current) if s.supported and s.id not in refused), None
+        )
+        if site is None:
+            break
+        try:
+            current = mechanism.apply(current, site, carrier)
+        except MechanismRefused as err:
+            refused.add(site.id)
+            reasons.append(err.reason)
+    if current is kernel:
+        reason = reasons[0] if reasons else "no candidate site in this kernel"
+        raise MechanismRefused(Refusal(mechanism=mechanism.name, action="apply", reason=reason))
+    return current
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 1.0
+
+
+class Materializer:
+    """Runs one method on one problem from its naive kernel."""
+
+    def __init__(
+        self,
+        log: GateLog,
+        skills: Sequence[Skill],
+        budget: ReplayBudget | None = None,
+        *,
+        arch: str = "sm_90",
+        on_run: Callable[[str, GateRunRecord], None] | None = None,
+    ) -> None:
+        self.log = log
+        self.skills = {s.id: s for s in skills}
+        self.budget = budget or ReplayBudget()
+        self.arch = arch
+        self.on_run = on_run or (lambda method, record: None)
+
+    def run(
+        self, problem: Problem, naive: KernelSource, method: str
+    ) -> tuple[MethodResult, LineageGraph]:
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+        started = time.monotonic()
+        start = self.log.run(problem, naive)
+        if not start.passed:
+            raise ValueError(f"{problem.name}: the starting kernel fails its gate")
+        lineage = LineageGraph(problem.name)
+        lineage.add_state(state_info(naive, start, 0), root=True)
+        lineage.graph.graph["method"] = method
+        current, speedup, best_verdict = naive, 1.0, start
+        records: list[GateRunRecord] = []
+        refusals: list[str] = []
+        tried: set[tuple[str, str, str, str | None]] = set()
+        used: list[dict[str, str]] = []
+        improved = True
+        while improved and len(records) < self.budget.gate_runs:
+            improved = False
+            for move in self._moves(method, problem, current):
+                if len(records) >= self.budget.gate_runs:
+                    break
+                if time.monotonic() - started > self.budget.wall_seconds:
+                    break
+                key = (
+                    current.fingerprint,
+                    move.mechanism.name,
+                    move.carrier.model_dump_json(),
+                    move.site,
+                )
+                if key in tried:
+                    continue
+                tried.add(key)
+                try:
+                    new = self._apply(current, move)
+                except MechanismRefused as err:
+                    refusals.append(f"{move.origin} {move.mechanism.name}: {err.reason}")
+                    continue
+                verdict = self.log.run(problem, new, against=current)
+                record, kept = self._record(len(records) + 1, move, verdict, speedup)
+                self._add_edge(lineage, current, new, verdict, move, kept, len(records))
+                if kept:
+                    speedup = record.speedup
+                    current, best_verdict = new, verdict
+                    if move.origin.startswith("skill:"):
+                        skill = self.skills[move.origin.split(":", 1)[1]]
+                        used.append({"skill": skill.id, "source": skill.evidence.problem})
+                records.append(record)
+                self.on_run(method, record)
+                if kept:
+                    improved = True
+                    break  # re-rank from the new state
+        lineage.graph.graph["final"] = current.fingerprint
+        return self._result(
+            method,
+            problem,
+            start,
+            best_verdict,
+            records,
+            refusals,
+            used,
+            current,
+            time.monotonic() - started,
+        ), lineage
+
+    # ---- the three methods --------------------------------------------------------------------
+
+    def _moves(self, method: str, problem: Problem, current: KernelSource) -> Iterator[Move]:
+        if method == "skills":
+            yield from self._skill_moves(problem, current)
+        elif method == "blind":
+            yield from self._blind_moves(current)
+        else:
+            yield from self._memory_moves(problem, current)
+
+    def _carriers(self, skill: Skill) -> list[Carrier]:
+        """The skill's own carrier, then the others its mechanism was seen with."""
+        seen, carriers = set(), []
+        same = [skill] + [s for s in self.skills.values() if s.mechanism == skill.mechanism]
+        for candidate in same:
+            carrier = Carrier.model_validate(candidate.carrier or {})
+            key = carrier.model_dump_json()
+            if key not in seen:
+                seen.add(key)
+                carriers.append(carrier)
+        return carriers
+
+    def _skill_moves(self, problem: Problem, current: KernelSource) -> Iterator[Move]:
+        ranking = retrieve(list(self.skills.values()), problem, current, arch=self.arch)
+        for ranked in ranking.ranked:
+            skill = self.skills[ranked.skill]
+            for carrier in self._carriers(skill):
+                yield Move(get(skill.mechanism), carrier, f"skill:{skill.id}")
+
+    def _blind_moves(self, current: KernelSource) -> Iterator[Move]:
+        for mechanism in all_mechanisms():
+            for site in mechanism.candidates(current):
+                if site.supported:
+                    yield Move(mechanism, Carrier(), "blind", site=site.id)
+
+    def _memory_moves(self, problem: Problem, current: KernelSource) -> Iterator[Move]:
+        examples = [s for s in self.skills.values() if s.evidence.problem != problem.name]
+        scores = bm25_scores(current.text, [s.anchor.before for s in examples])
+        ordered = sorted(zip(scores, examples, strict=True), key=lambda p: (-p[0], p[1].id))
+        for _, skill in ordered:
+            yield Move(
+                get(skill.mechanism),
+                Carrier.model_validate(skill.carrier or {}),
+                f"memory:{skill.id}",
+            )
+
+    # ---- bookkeeping ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _apply(current: KernelSource, move: Move) -> KernelSource:
+        if move.site is None:
+            return apply_everywhere(current, move.mechanism, move.carrier)
+        site = next((s for s in move.mechanism.candidates(current) if s.id == move.site), None)
+        if site is None:
+            raise MechanismRefused(
+                Refusal(
+                    mechanism=move.mechanism.name,
+                    action="apply",
+                    site=move.site,
+                    reason="the site is no longer a candidate",
+                )
+            )
+        return move.mechanism.apply(current, site, move.carrier)
+
+    @staticmethod
+    def _record(
+        index: int, move: Move, verdict: GateVerdict, speedup: float
+    ) -> tuple[GateRunRecord, bool]:
+        comparison = verdict.comparison
+        kept = bool(
+            verdict.passed
+            and comparison is not None
+            and comparison.ratio > KEEP_RATIO
+            and all(r > 1.0 for r in comparison.trial_ratios)
+        )
+        failing = [w for w in verdict.workloads if not w.passed]
+        message = (
+            failing[0].message if failing else ("" if verdict.build.ok else verdict.build.message)
+        )
+        outcome = "kept" if kept else ("slower" if verdict.passed else "rejected")
+        new_speedup = speedup * comparison.ratio if kept and comparison else speedup
+        return GateRunRecord(
+            index=index,
+            action=move.mechanism.name,
+            origin=move.origin,
+            carrier=move.carrier.model_dump(mode="json", exclude_none=True),
+            outcome=outcome,
+            gate_status=verdict.status.value,
+            ratio=comparison.ratio if comparison else None,
+            speedup=new_speedup,
+            message=message[:600],
+        ), kept
+
+    @staticmethod
+    def _add_edge(
+        lineage: LineageGraph,
+        current: KernelSource,
+        new: KernelSource,
+        verdict: GateVerdict,
+        move: Move,
+        kept: bool,
+        step: int,
+    ) -> None:
+        depth = lineage.state(current.fingerprint).depth + 1
+        lineage.add_state(state_info(new, verdict, depth))
+        comparison = verdict.comparison
+        lineage.add_attempt(
+            Attempt(
+                id=f"{current.fingerprint[:8]}-{move.mechanism.name}-{step}",
+                parent=current.fingerprint,
+                child=new.fingerprint,
+                mechanism=move.mechanism.name,
+                origin=move.origin,
+                sites=[],
+                carriers=[move.carrier.model_dump(mode="json", exclude_none=True)],
+                status=AttemptStatus.ACCEPTED if verdict.passed else AttemptStatus.REJECTED,
+                gate_status=verdict.status.value,
+                ratio=comparison.ratio if comparison else None,
+                trial_ratios=comparison.trial_ratios if comparison else [],
+                step=step,
+                chosen=kept,
+            )
+        )
+
+    @staticmethod
+    def _result(
+        method: str,
+        problem: Problem,
+        start: GateVerdict,
+        best: GateVerdict,
+        records: list[GateRunRecord],
+        refusals: list[str],
+        used: list[dict[str, str]],
+        final: KernelSource,
+        seconds: float,
+    ) -> MethodResult:
+        start_ms = {w.label: w.latency_ms for w in start.workloads if w.latency_ms}
+        best_ms = {w.label: w.latency_ms for w in best.workloads if w.latency_ms}
+        reference_ms = {
+            w.label: w.reference_latency_ms for w in best.workloads if w.reference_latency_ms
+        }
+        speedup = records[-1].speedup if records else 1.0
+        if records:
+            speedup = max(r.speedup for r in records)
+        vs_reference = _geomean(
+            [reference_ms[k] / best_ms[k] for k in best_ms if k in reference_ms]
+        )
+        target = 1.0 + 0.9 * (speedup - 1.0)
+        runs_to_90 = next((r.index for r in records if r.speedup >= target), 0)
+        return MethodResult(
+            method=method,
+            problem=problem.name,
+            runs=records,
+            refusals=refusals,
+            start_ms=start_ms,
+            best_ms=best_ms,
+            reference_ms=reference_ms,
+            speedup=speedup,
+            speedup_vs_reference=vs_reference,
+            runs_to_90=runs_to_90 if speedup > 1.0 else 0,
+            wasted=sum(r.outcome != "kept" for r in records),
+            skills_used=used,
+            final=final.fingerprint,
+            seconds=seconds,
+        )

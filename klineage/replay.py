@@ -1,0 +1,170 @@
+"""`replay`: the experiment. Each held-out problem's naive kernel, each method, one budget.
+
+    from klineage import replay
+    report = replay(["heldout/gelu", "heldout/row_sum"], skills="skills_out", out="replay_out")
+
+Writes `out/replay.json` (per problem and method: start and best latency, speedups over the
+naive kernel and the PyTorch reference, gate runs to 90% of the final gain, wasted runs, the
+skills used and the expert each came from; a summary with geometric means and fast_p), the
+forward lineages under `out/lineages/`, and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from klineage.gatelog import GateLike, GateLog
+from klineage.kernel import KernelSource
+from klineage.materialize import GateRunRecord, Materializer, MethodResult, ReplayBudget
+from klineage.problem import load_problem
+from klineage.skills import SkillLibrary
+
+FAST_P = (1.0, 1.5)
+
+
+class MethodSummary(BaseModel):
+    """One method over all problems."""
+
+    method: str = Field(description="skills, blind or memory")
+    geomean_speedup: float = Field(description="over the naive kernels")
+    geomean_vs_reference: float = Field(description="reference latency / best latency")
+    fast_p: dict[str, float] = Field(
+        description="share of problems faster than the reference by p (keys '1.0', '1.5')"
+    )
+    mean_runs_to_90: float = Field(description="mean gate runs to 90% of the final gain")
+    total_wasted: int = Field(description="gate runs rejected or not faster, all problems")
+
+
+class ReplayReport(BaseModel):
+    """The whole experiment."""
+
+    budget: ReplayBudget = Field(description="per problem and method")
+    skills: str = Field(description="the skills folder used")
+    results: list[MethodResult] = Field(description="one per problem and method")
+    summary: list[MethodSummary] = Field(description="one per method")
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 1.0
+
+
+def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
+    methods = sorted({r.method for r in results}, key=["skills", "blind", "memory"].index)
+    summaries = []
+    for method in methods:
+        rows = [r for r in results if r.method == method]
+        summaries.append(
+            MethodSummary(
+                method=method,
+                geomean_speedup=_geomean([r.speedup for r in rows]),
+                geomean_vs_reference=_geomean([r.speedup_vs_reference for r in rows]),
+                fast_p={
+                    str(p): sum(r.speedup_vs_reference > p for r in rows) / len(rows)
+                    for p in FAST_P
+                },
+                mean_runs_to_90=sum(r.runs_to_90 for r in rows) / len(rows),
+                total_wasted=sum(r.wasted for r in rows),
+            )
+        )
+    return summaries
+
+
+def replay(
+    problems: Sequence[str | Path],
+    skills: str | Path = "skills_out",
+    out: str | Path = "replay_out",
+    *,
+    gate: GateLike | None = None,
+    methods: Sequence[str] = ("skills", "blind", "memory"),
+    budget: ReplayBudget | None = None,
+    resume: bool = True,
+    on_run: Callable[[str, str, GateRunRecord], None] | None = None,
+) -> ReplayReport:
+    """Run every method on every problem; write the report, lineages and chart to `out`."""
+    if gate is None:
+        from klineage.gate.gate import Gate
+
+        with Gate() as real:
+            return replay(
+                problems,
+                skills,
+                out,
+                gate=real,
+                methods=methods,
+                budget=budget,
+                resume=resume,
+                on_run=on_run,
+            )
+    library = SkillLibrary.load(skills)
+    if not len(library):
+        raise FileNotFoundError(f"{skills}: no skills.jsonl; run `klineage mine` first")
+    limits = budget or ReplayBudget()
+    root = Path(out)
+    results: list[MethodResult] = []
+    for folder in problems:
+        problem = load_problem(folder)
+        if problem.kernel_path is None:
+            raise FileNotFoundError(f"{problem.root}: no kernel.cu to start from")
+        naive = KernelSource.from_file(problem.kernel_path)
+        log = GateLog(root / "gatelog" / f"{problem.name}.jsonl", gate, resume=resume)
+        for method in methods:
+
+            def report_run(m: str, record: GateRunRecord, name: str = problem.name) -> None:
+                if on_run is not None:
+                    on_run(name, m, record)
+
+            materializer = Materializer(log, list(library), limits, on_run=report_run)
+            result, lineage = materializer.run(problem, naive, method)
+            lineage.save(root / "lineages" / f"{problem.name}.{method}.json")
+            results.append(result)
+    report = ReplayReport(
+        budget=limits, skills=str(skills), results=results, summary=summarize(results)
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "replay.json").write_text(report.model_dump_json(indent=1) + "\n")
+    with contextlib.suppress(RuntimeError):  # without matplotlib the JSON report stands alone
+        draw_chart(report, root / "replay.png")
+    return report
+
+
+def draw_chart(report: ReplayReport, path: str | Path) -> Path:
+    """Grouped bars: speedup over the naive kernel per problem and method (log scale)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise RuntimeError("the chart needs matplotlib: pip install 'klineage[viz]'") from err
+    problems = sorted({r.problem for r in report.results})
+    methods = [s.method for s in report.summary]
+    width = 0.8 / max(1, len(methods))
+    figure, axes = plt.subplots(figsize=(max(8, 0.6 * len(problems) + 3), 5))
+    for i, method in enumerate(methods):
+        values = []
+        for problem in problems:
+            match = [r for r in report.results if r.problem == problem and r.method == method]
+            values.append(match[0].speedup if match else 0.0)
+        positions = [p + i * width for p in range(len(problems))]
+        axes.bar(positions, values, width=width, label=method)
+    axes.set_xticks([p + width * (len(methods) - 1) / 2 for p in range(len(problems))])
+    axes.set_xticklabels(problems, rotation=60, ha="right", fontsize=8)
+    axes.set_yscale("log")
+    axes.set_ylabel("speedup over the naive kernel")
+    axes.axhline(1.0, color="gray", linewidth=0.8)
+    axes.legend()
+    axes.set_title(f"replay at a budget of {report.budget.gate_runs} gate runs")
+    target = Path(path)
+    figure.savefig(target, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    return target
+
+
+def load_replay(path: str | Path) -> ReplayReport:
+    return ReplayReport.model_validate(json.loads(Path(path).read_text()))

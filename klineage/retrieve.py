@@ -1,0 +1,219 @@
+"""Ranking skills for a target kernel, and dropping the ones whose conditions fail.
+
+A skill is ranked by four signals:
+- scope: the same op_type, overlapping dtypes, an architecture the target can run;
+- sites: its mechanism has candidate sites in the target (a skill with none cannot apply and is
+  dropped with that reason);
+- text: BM25 (bm25s) between the target (its definition and code identifiers) and the skill
+  (intent, conditions, before/after code);
+- gain: the speedup it measured on its source kernel.
+Before any gate run, a skill is dropped when a condition fails on one of the target's
+workloads: the mechanism's static conditions computed on the target itself (its axes, its
+launch), plus the skill's learned conditions over axes the target shares. The reason names
+the condition and the workload. A skill mined from the target's own problem is never used.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from klineage.conditions import Condition, EvalContext, parse_condition
+from klineage.facts import eval_context
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Site, UnknownMechanism, get
+from klineage.problem import Problem
+from klineage.skills import Skill
+
+# Measured gain leads (a 10% faster source kernel is worth ~1 point); scope and text relevance
+# order skills of similar gain.
+WEIGHTS = {"scope": 1.0, "text": 0.5, "gain": 10.0}
+_WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
+
+
+class Dropped(BaseModel):
+    """A skill retrieval set aside, and why."""
+
+    skill: str = Field(description="the skill id")
+    mechanism: str = Field(description="its mechanism")
+    reason: str = Field(description="why it was dropped")
+    condition: str = Field(default="", description="the failing condition, in prose")
+    workload: str = Field(default="", description="the workload it fails on")
+
+
+class Ranked(BaseModel):
+    """A usable skill with its score and the sites it applies to."""
+
+    skill: str = Field(description="the skill id")
+    mechanism: str = Field(description="its mechanism")
+    source_problem: str = Field(description="the expert problem it was mined from")
+    score: float = Field(description="the combined score (higher first)")
+    scope: float = Field(description="scope match, 0..1")
+    text: float = Field(description="BM25 relevance, normalized 0..1 over the library")
+    gain: float = Field(description="log of the skill's measured geometric-mean speedup")
+    sites: int = Field(description="candidate sites of its mechanism in the target")
+
+
+class Retrieval(BaseModel):
+    """Ranked usable skills and the dropped ones, with reasons."""
+
+    ranked: list[Ranked] = Field(default_factory=list, description="best first")
+    dropped: list[Dropped] = Field(default_factory=list, description="with reasons")
+
+
+def tokens(text: str) -> list[str]:
+    """Identifiers and numbers, with snake_case and camelCase parts as extra tokens."""
+    found = []
+    for word in _WORDS.findall(text):
+        lower = word.lower()
+        found.append(lower)
+        parts = [p for p in re.split(r"_|(?<=[a-z])(?=[A-Z])", word) if p]
+        if len(parts) > 1:
+            found.extend(p.lower() for p in parts)
+    return found
+
+
+def skill_text(skill: Skill) -> str:
+    return "\n".join(
+        [
+            skill.intent,
+            skill.mechanism,
+            skill.family,
+            *skill.condition_prose,
+            skill.anchor.before,
+            skill.anchor.after,
+        ]
+    )
+
+
+def target_text(problem: Problem, kernel: KernelSource) -> str:
+    d = problem.definition
+    return "\n".join([d.name, d.op_type, d.description, " ".join(d.tags), kernel.text])
+
+
+def bm25_scores(query: str, documents: Sequence[str]) -> list[float]:
+    """BM25 score of each document for the query (bm25s), normalized to 0..1."""
+    if not documents:
+        return []
+    import bm25s
+
+    corpus = [" ".join(tokens(doc)) or "empty" for doc in documents]
+    retriever = bm25s.BM25()
+    retriever.index(
+        bm25s.tokenize(corpus, stopwords=None, show_progress=False), show_progress=False
+    )
+    vocabulary = set(" ".join(corpus).split())
+    query_tokens = [t for t in tokens(query) if t in vocabulary] or ["empty"]
+    scores = [float(s) for s in retriever.get_scores(query_tokens)]
+    top = max(scores) if scores else 0.0
+    return [s / top if top > 0 else 0.0 for s in scores]
+
+
+def scope_score(skill: Skill, problem: Problem, arch: str) -> float:
+    d = problem.definition
+    dtypes = {s.dtype for s in [*d.inputs.values(), *d.outputs.values()]}
+    op = 1.0 if skill.scope.op_type == d.op_type else 0.0
+    overlap = len(dtypes & set(skill.scope.dtypes)) / max(1, len(dtypes | set(skill.scope.dtypes)))
+    same_arch = 1.0 if skill.scope.arch.rstrip("a") == arch.rstrip("a") else 0.5
+    return (op + overlap + same_arch) / 3.0
+
+
+def applicable_conditions(
+    skill: Skill, problem: Problem, kernel: KernelSource, sites: Sequence[Site]
+) -> list[Condition]:
+    """The mechanism's static conditions at the target's sites, and the skill's learned ones
+    over axes the target has (conditions over other axes cannot be judged here)."""
+    mechanism = get(skill.mechanism)
+    found: list[Condition] = []
+    for site in sites:
+        found.extend(mechanism.conditions(kernel, site, problem))
+    axes = set(problem.definition.axes)
+    for data in skill.conditions:
+        axis = data.get("axis")
+        if axis is None or axis in axes:
+            found.append(parse_condition(data))
+    return found
+
+
+def first_violation(
+    conditions: Sequence[Condition], problem: Problem, context: EvalContext
+) -> tuple[Condition, str] | None:
+    """The first (condition, workload label) that fails, or None."""
+    for condition in conditions:
+        if not condition.per_workload:
+            if condition.evaluate(problem, None, context) is False:
+                return condition, "every workload"
+            continue
+        for workload in problem.workloads:
+            if condition.evaluate(problem, workload, context) is False:
+                return condition, workload.label
+    return None
+
+
+def retrieve(
+    skills: Sequence[Skill],
+    problem: Problem,
+    kernel: KernelSource,
+    *,
+    arch: str = "sm_90",
+    use_conditions: bool = True,
+) -> Retrieval:
+    """Rank `skills` for the target; drop those that cannot apply or whose conditions fail."""
+    result = Retrieval()
+    usable: list[tuple[Skill, list[Site]]] = []
+    context = eval_context(kernel, arch=arch)
+    for skill in skills:
+        if skill.evidence.problem == problem.name:
+            result.dropped.append(_drop(skill, "mined from this same problem (leakage guard)"))
+            continue
+        try:
+            mechanism = get(skill.mechanism)
+        except UnknownMechanism:
+            result.dropped.append(_drop(skill, "its mechanism is not in this catalog"))
+            continue
+        sites = [s for s in mechanism.candidates(kernel) if s.supported]
+        if not sites:
+            result.dropped.append(_drop(skill, "its mechanism has no candidate site here"))
+            continue
+        if use_conditions:
+            violation = first_violation(
+                applicable_conditions(skill, problem, kernel, sites), problem, context
+            )
+            if violation is not None:
+                condition, workload = violation
+                result.dropped.append(_drop(skill, "a condition fails", condition.prose, workload))
+                continue
+        usable.append((skill, sites))
+    texts = bm25_scores(target_text(problem, kernel), [skill_text(s) for s, _ in usable])
+    for (skill, sites), text in zip(usable, texts, strict=True):
+        scope = scope_score(skill, problem, arch)
+        geo = skill.effect.geomean_speedup or 1.0
+        gain = math.log(max(geo, 1e-6))
+        score = WEIGHTS["scope"] * scope + WEIGHTS["text"] * text + WEIGHTS["gain"] * gain
+        result.ranked.append(
+            Ranked(
+                skill=skill.id,
+                mechanism=skill.mechanism,
+                source_problem=skill.evidence.problem,
+                score=score,
+                scope=scope,
+                text=text,
+                gain=gain,
+                sites=len(sites),
+            )
+        )
+    result.ranked.sort(key=lambda r: (-r.score, r.skill))
+    return result
+
+
+def _drop(skill: Skill, reason: str, condition: str = "", workload: str = "") -> Dropped:
+    return Dropped(
+        skill=skill.id,
+        mechanism=skill.mechanism,
+        reason=reason,
+        condition=condition,
+        workload=workload,
+    )

@@ -1,0 +1,129 @@
+"""Replay through the real build stage with the labelled stand-in for the GPU stages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.mine import mine
+from klineage.problem import load_problem
+from klineage.replay import ReplayBudget, load_replay, replay
+from klineage.retrieve import retrieve
+from klineage.skills import SkillLibrary
+from tests.conftest import FIXTURES
+from tests.mining.stand_in_gate import StandInGate
+from tests.mining.test_mine import EXPERT, PROBLEM, _gate
+
+pytestmark = pytest.mark.nvcc
+
+TARGET = FIXTURES / "mining" / "exp_target"
+
+
+@pytest.fixture(scope="module")
+def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
+    return Builder(cache_dir=tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def skills(builder: Builder, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("skills_out")
+    mine(PROBLEM, out, gate=_gate(builder))
+    return out
+
+
+def test_retrieval_ranks_by_gain_and_drops_what_cannot_apply(skills: Path) -> None:
+    library = list(SkillLibrary.load(skills))
+    problem = load_problem(TARGET)
+    naive = KernelSource.from_file(TARGET / "kernel.cu")
+    result = retrieve(library, problem, naive)
+    ranked = [r.mechanism for r in result.ranked]
+    assert ranked[0] == "fast_math"  # the largest measured gain, same op and dtype
+    assert set(ranked) == {"fast_math", "readonly_ldg", "launch_bounds", "restrict_pointers"}
+    dropped = {d.mechanism: d.reason for d in result.dropped}
+    assert dropped == {"pragma_unroll": "its mechanism has no candidate site here"}
+    assert all(r.source_problem == "exp_scale_f32" for r in result.ranked)
+
+
+def test_leakage_guard_drops_skills_from_the_same_problem(skills: Path) -> None:
+    library = list(SkillLibrary.load(skills))
+    expert = KernelSource.from_file(PROBLEM / "kernel.cu")
+    result = retrieve(library, load_problem(PROBLEM), expert)
+    assert not result.ranked
+    assert {d.reason for d in result.dropped} == {"mined from this same problem (leakage guard)"}
+
+
+def test_a_failing_condition_drops_the_skill_and_names_workload(
+    skills: Path, tmp_path: Path
+) -> None:
+    library = SkillLibrary.load(skills)
+    skill = next(s for s in library if s.mechanism == "fast_math")
+    blocked = skill.model_copy(
+        update={"conditions": [{"kind": "axis_divisible", "axis": "cols", "k": 1024}]}
+    )
+    result = retrieve([blocked], load_problem(TARGET), KernelSource.from_file(TARGET / "kernel.cu"))
+    [drop] = result.dropped
+    assert drop.reason == "a condition fails"
+    assert drop.condition.startswith("cols must be divisible by 1024")
+    assert drop.workload == "rows=64,cols=512"
+
+
+def test_replay_methods_on_the_same_budget(builder: Builder, skills: Path, tmp_path: Path) -> None:
+    gate = StandInGate(
+        builder,
+        cost={
+            "fast_math": 1.5,
+            "readonly_ldg": 1.1,
+            "launch_bounds": 1.02,
+            "restrict_pointers": 1.05,
+        },
+        expert_mechanisms=EXPERT,
+    )
+    report = replay([TARGET], skills, tmp_path, gate=gate, budget=ReplayBudget(gate_runs=6))
+    by_method = {r.method: r for r in report.results}
+    assert set(by_method) == {"skills", "blind", "memory"}
+    for result in report.results:
+        assert len(result.runs) <= 6
+        assert result.speedup >= 1.0
+    skilled = by_method["skills"]
+    # fast_math first (highest gain), kept at once: 1.5x after one gate run
+    assert skilled.runs[0].action == "fast_math" and skilled.runs[0].outcome == "kept"
+    assert skilled.runs_to_90 <= 3
+    assert skilled.speedup == pytest.approx(1.5 * 1.1 * 1.05 * 1.02, rel=0.02)
+    assert {u["source"] for u in skilled.skills_used} == {"exp_scale_f32"}
+    saved = load_replay(tmp_path / "replay.json")
+    assert [s.method for s in saved.summary] == ["skills", "blind", "memory"]
+    assert (tmp_path / "lineages" / "exp_target_f32.skills.json").is_file()
+    data = json.loads((tmp_path / "lineages" / "exp_target_f32.blind.json").read_text())
+    assert data["graph"]["method"] == "blind"
+    if (tmp_path / "replay.png").exists():
+        assert (tmp_path / "replay.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_replay_command_rejects_an_unknown_baseline(skills: Path) -> None:
+    from typer.testing import CliRunner
+
+    from klineage.cli import app
+
+    result = CliRunner().invoke(
+        app, ["replay", str(TARGET), "--skills", str(skills), "--baselines", "blind,guess"]
+    )
+    assert result.exit_code == 2 and "unknown baseline 'guess'" in result.output
+
+
+def test_print_report_shows_every_method(builder: Builder, skills: Path, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from klineage.cli_replay import print_report
+
+    gate = _gate(builder)
+    report = replay(
+        [TARGET], skills, tmp_path, gate=gate, methods=["skills"], budget=ReplayBudget(gate_runs=2)
+    )
+    wide = Console(width=240, record=True)
+    print_report(report, wide)
+    text = wide.export_text()
+    assert "exp_target_f32" in text and "geomean vs naive" in text
