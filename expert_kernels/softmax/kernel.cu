@@ -137,7 +137,7 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
 }
 
 __device__ __forceinline__ MaxSum push(MaxSum a, float value) {
-  if (value <= a.m) return {a.m, a.s + __expf(value - a.m)};
+  if (value <= a.m) return {a.m, value == -INFINITY ? a.s : a.s + __expf(value - a.m)};
   return {value, a.s * __expf(a.m - value) + 1.0f};
 }
 

@@ -1,0 +1,870 @@
+"""Warp shuffles <-> warp exchanges through shared memory (both directions, any shuffle kind).
+
+A shuffle loop such as::
+
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+
+is, step by step, an exchange: every lane publishes ``v``, then reads its partner's. The same
+step through shared memory is::
+
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      xchg[xchg_warp][xchg_lane] = v;
+      __syncwarp();
+      v += xchg[xchg_warp][xchg_lane ^ offset];
+      __syncwarp();
+    }
+
+with one 32-slot row per warp of a ``__shared__`` array declared once at the top of the
+function (a static ``__shared__`` array in a ``__device__`` function is legal CUDA: one per
+block), sized for 32 warps, the most a block has. Lane and warp come from the linear thread
+index, as the hardware forms warps. The partner's index is exactly the shuffle's source lane:
+``lane ^ off`` (xor), ``lane + off`` when below 32 else the lane's own value (down), ``lane -
+off`` when not negative else its own (up). The first ``__syncwarp`` makes the writes visible;
+the second keeps a fast lane from overwriting its slot before a slow partner has read it, so
+every lane gets bit for bit what the shuffle gave it.
+
+The rewrite is exact, hence safe, only for a canonical step, checked here before anything is
+rewritten: a full mask, a width of 32 (or none), an offset known to stay in 0..31 (the loop
+variable of a loop whose trip can be simulated, or a constant), values that are plain
+variables or fields (``v``, ``a.m``) whose type is known, and every shuffle in the *first*
+statement of the step, which assigns at most at its top level (so the published values are
+the ones the shuffles would read). Anything else is reported with a refusal.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition
+from klineage.facts import block_size_of
+from klineage.kernel import KernelSource
+from klineage.mechanisms._reductions_util import (
+    arguments_of,
+    cached,
+    call_name,
+    fold,
+    graph,
+    inside,
+    line_deletion,
+    local_splice,
+    named_statements,
+    plain_type,
+    strip_parens,
+    struct_fields,
+    within,
+)
+from klineage.mechanisms.base import Carrier, Mechanism, Site
+from klineage.problem import Problem
+from klineage.source import Edit, Function, Node, ParsedSource
+
+__all__ = [
+    "EXCHANGE_KINDS",
+    "SHUFFLE_KINDS",
+    "ExchangeMechanism",
+    "ExchangeStep",
+    "ShuffleStep",
+    "exchange_steps",
+    "exchange_to_shuffle",
+    "shuffle_steps",
+    "shuffle_to_exchange",
+]
+
+SHUFFLE_KINDS: dict[str, str] = {
+    "__shfl_xor_sync": "xor",
+    "__shfl_down_sync": "down",
+    "__shfl_up_sync": "up",
+}
+EXCHANGE_KINDS = frozenset(SHUFFLE_KINDS.values())
+FULL_MASK = 0xFFFFFFFF
+DEFAULT_MASK = "0xffffffffu"
+TID, LANE, WARP, BUFFER = "xchg_tid", "xchg_lane", "xchg_warp", "xchg"
+HEADER_COMMENT = (
+    "// Warp exchange through shared memory: one 32-value row per warp (32 warps at most)."
+)
+HEADER_LINES = (
+    HEADER_COMMENT,
+    f"const int {TID} = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * "
+    "threadIdx.z));",
+    f"const int {LANE} = {TID} & 31;",
+    f"const int {WARP} = {TID} >> 5;",
+)
+_BUFFER_NAME = re.compile(rf"^{BUFFER}\d*$")
+_MAX_TRIP = 64
+
+
+class _Refused(Exception):
+    """The step is not canonical; the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Shuffle steps (the optimized form)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shuffle:
+    """One ``__shfl_*_sync(mask, value, offset)`` call of a step."""
+
+    call: Node
+    kind: str
+    mask: str
+    value: str
+    offset: str
+
+
+@dataclass(frozen=True)
+class ShuffleStep:
+    """Shuffles grouped by the loop (or the statement) that performs one exchange per trip."""
+
+    function: Function
+    node: Node
+    """The loop, or the statement for a shuffle outside any loop."""
+    kinds: frozenset[str]
+    refusal: str | None = None
+    statement: Node | None = None
+    """The statement holding every shuffle (the first of the loop body)."""
+    shuffles: tuple[Shuffle, ...] = ()
+    types: dict[str, str] = field(default_factory=dict)
+    """Value text -> its plain C type."""
+
+
+def _nearest_loop(call: Node, body: Node) -> Node | None:
+    current = call.parent
+    while current is not None and current != body:
+        if current.type in ("for_statement", "while_statement", "do_statement"):
+            return current
+        if current.type == "lambda_expression":
+            return None
+        current = current.parent
+    return None
+
+
+def _in_lambda(node: Node, body: Node) -> bool:
+    current = node.parent
+    while current is not None and current != body:
+        if current.type == "lambda_expression":
+            return True
+        current = current.parent
+    return False
+
+
+def shuffle_steps(source: ParsedSource) -> tuple[ShuffleStep, ...]:
+    """Every group of ``__shfl_{xor,down,up}_sync`` calls, analysed (refusal set when the
+    group is not a canonical exchange step); computed once per source."""
+    return cached(source, "shuffle_steps", lambda: tuple(_shuffle_steps(source)))
+
+
+def _shuffle_steps(source: ParsedSource) -> Iterator[ShuffleStep]:
+    for function in source.functions:
+        if function.body is None or not function.runs_on_device:
+            continue
+        groups: dict[tuple[int, int], tuple[Node, list[Node]]] = {}
+        for node in inside(source, function.body, "call_expression"):
+            if call_name(source, node) not in SHUFFLE_KINDS:
+                continue
+            if source.enclosing_function(node) != function:
+                continue
+            owner = _nearest_loop(node, function.body) or _statement_of(node) or node
+            key = (owner.start_byte, owner.end_byte)
+            groups.setdefault(key, (owner, []))[1].append(node)
+        for owner, calls in groups.values():
+            yield _analyse(source, function, owner, calls)
+
+
+def _statement_of(node: Node) -> Node | None:
+    current: Node | None = node
+    while current is not None and current.parent is not None:
+        if current.type.endswith("statement") or current.type == "declaration":
+            return current
+        current = current.parent
+    return None
+
+
+def _analyse(
+    source: ParsedSource, function: Function, owner: Node, calls: list[Node]
+) -> ShuffleStep:
+    kinds = frozenset(SHUFFLE_KINDS[call_name(source, c) or ""] for c in calls)
+    try:
+        statement, shuffles, types = _canonical(source, function, owner, calls)
+    except _Refused as why:
+        return ShuffleStep(function, owner, kinds, refusal=str(why))
+    return ShuffleStep(function, owner, kinds, None, statement, shuffles, types)
+
+
+def _canonical(
+    source: ParsedSource, function: Function, owner: Node, calls: list[Node]
+) -> tuple[Node, tuple[Shuffle, ...], dict[str, str]]:
+    if not function.device_only:
+        raise _Refused(
+            f"{function.name} also compiles for the host, where a __shared__ array is not allowed"
+        )
+    assert function.body is not None
+    if any(_in_lambda(c, function.body) for c in calls):
+        raise _Refused("the shuffles are inside a lambda")
+    if _header(source, function) is None:
+        taken = sorted(
+            n
+            for n in _names_used(source, function)
+            if n in (TID, LANE, WARP) or _BUFFER_NAME.match(n)
+        )
+        if taken:
+            raise _Refused(f"{function.name} already uses the name {taken[0]}")
+    loop = owner if owner.type in ("for_statement", "while_statement", "do_statement") else None
+    if loop is not None:
+        statement = _first_statement(loop)
+        offsets = _loop_offsets(source, loop)
+    else:
+        statement = owner
+        offsets = None
+        if owner.parent is None or owner.parent.type != "compound_statement":
+            raise _Refused("the shuffle statement is not directly inside a block")
+    if statement is None or not all(within(c, statement) for c in calls):
+        raise _Refused("the shuffles are not all in the first statement of the loop body")
+    _check_assignments(source, statement)
+    if any(c != o and within(c, o) for c in calls for o in calls):
+        raise _Refused("a shuffle is nested inside another shuffle's arguments")
+    shuffles = tuple(_shuffle(source, c, loop, offsets) for c in calls)
+    types = {s.value: _value_type(source, function, s.value) for s in shuffles}
+    return statement, shuffles, types
+
+
+def _first_statement(loop: Node) -> Node | None:
+    body = loop.child_by_field_name("body")
+    if body is None:
+        return None
+    if body.type != "compound_statement":
+        return body
+    statements = named_statements(body)
+    return statements[0] if statements else None
+
+
+def _check_assignments(source: ParsedSource, statement: Node) -> None:
+    """Values published before the statement equal what its shuffles read only when the
+    statement writes nothing before they run: allow one top-level assignment (or a
+    declaration's initializer)."""
+    if statement.type not in ("expression_statement", "declaration"):
+        raise _Refused(f"the shuffle sits in a {statement.type.replace('_', ' ')}")
+    top = statement.named_children[0] if statement.type == "expression_statement" else None
+    for node in inside(source, statement, "assignment_expression", "update_expression"):
+        if node != top:
+            raise _Refused("the shuffle statement writes a variable inside an expression")
+
+
+def _shuffle(
+    source: ParsedSource, call: Node, loop: Node | None, offsets: list[int] | None
+) -> Shuffle:
+    name = call_name(source, call) or ""
+    args = arguments_of(call)
+    if len(args) not in (3, 4):
+        raise _Refused(f"{name} with {len(args)} arguments")
+    if len(args) == 4 and fold(source, args[3]) != 32:
+        raise _Refused(f"{name} with width {source.text_of(args[3])}, not 32")
+    mask = fold(source, args[0])
+    if mask is None or mask & FULL_MASK != FULL_MASK:
+        raise _Refused(f"the mask {source.text_of(args[0])} is not a full-warp constant")
+    value = strip_parens(args[1])
+    if not _plain_value(value):
+        raise _Refused(f"the shuffled value {source.text_of(value)} is not a variable or a field")
+    offset = strip_parens(args[2])
+    if loop is not None:
+        variable = _loop_variable(source, loop)
+        if offset.type != "identifier" or source.text_of(offset) != variable:
+            raise _Refused(f"the offset {source.text_of(offset)} is not the loop variable")
+        if offsets is None:
+            raise _Refused("the loop's offsets cannot be worked out statically")
+        bad = [o for o in offsets if not 0 <= o < 32]
+        if bad:
+            raise _Refused(f"the loop reaches offset {bad[0]}, outside 0..31")
+    else:
+        constant = fold(source, offset)
+        if (
+            constant is None
+            or not 0 <= constant < 32
+            or offset.type
+            not in (
+                "number_literal",
+                "identifier",
+            )
+        ):
+            raise _Refused(f"the offset {source.text_of(offset)} is not a constant in 0..31")
+    return Shuffle(
+        call=call,
+        kind=SHUFFLE_KINDS[name],
+        mask=" ".join(source.text_of(args[0]).split()),
+        value=source.text_of(value),
+        offset=source.text_of(offset),
+    )
+
+
+def _plain_value(node: Node) -> bool:
+    if node.type == "identifier":
+        return True
+    if node.type == "field_expression":
+        argument = node.child_by_field_name("argument")
+        operator = node.child_by_field_name("operator")
+        return (
+            argument is not None
+            and operator is not None
+            and operator.type == "."
+            and _plain_value(argument)
+        )
+    return False
+
+
+def _loop_variable(source: ParsedSource, loop: Node) -> str | None:
+    found = source.loop_at(loop)
+    return found.variable if found is not None else None
+
+
+def _loop_offsets(source: ParsedSource, loop: Node) -> list[int] | None:
+    """The values the loop variable takes, by simulating the loop; None when unknown."""
+    found = source.loop_at(loop)
+    if found is None or found.kind != "for" or found.variable is None:
+        return None
+    variable = found.variable
+    init = found.initializer
+    start = None
+    if init is not None and init.type == "declaration":
+        declarators = init.children_by_field_name("declarator")
+        if len(declarators) == 1 and declarators[0].type == "init_declarator":
+            start = fold(source, declarators[0].child_by_field_name("value"))
+    condition = found.condition
+    update = found.update
+    if start is None or condition is None or update is None:
+        return None
+    test = _condition(source, condition, variable)
+    step = _update(source, update, variable)
+    if test is None or step is None:
+        return None
+    values = []
+    value = start
+    for _ in range(_MAX_TRIP):
+        if not test(value):
+            return values
+        values.append(value)
+        value = step(value)
+    return None
+
+
+def _condition(source: ParsedSource, node: Node, variable: str) -> Callable[[int], bool] | None:
+    """``variable < bound`` (and the other comparisons) as a test of the variable's value."""
+    node = strip_parens(node)
+    if node.type != "binary_expression":
+        return None
+    left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+    op = node.child_by_field_name("operator")
+    if left is None or right is None or op is None or source.text_of(left) != variable:
+        return None
+    bound = fold(source, right)
+    if bound is None:
+        return None
+    tests = {
+        "<": lambda v: v < bound,
+        "<=": lambda v: v <= bound,
+        ">": lambda v: v > bound,
+        ">=": lambda v: v >= bound,
+        "!=": lambda v: v != bound,
+    }
+    return tests.get(op.type)
+
+
+def _update(source: ParsedSource, node: Node, variable: str) -> Callable[[int], int] | None:
+    """``variable >>= 1`` (and ``/= 2``, ``<<= 1``, ``++``...) as a step of its value."""
+    node = strip_parens(node)
+    if node.type == "update_expression":
+        argument = node.child_by_field_name("argument")
+        if argument is None or source.text_of(argument) != variable:
+            return None
+        return (lambda v: v + 1) if "++" in source.text_of(node) else (lambda v: v - 1)
+    if node.type != "assignment_expression":
+        return None
+    left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+    op = node.child_by_field_name("operator")
+    if left is None or right is None or op is None or source.text_of(left) != variable:
+        return None
+    operator = op.type
+    if operator == "=":
+        right = strip_parens(right)
+        inner_op = right.child_by_field_name("operator")
+        inner_left = right.child_by_field_name("left")
+        if right.type != "binary_expression" or inner_op is None or inner_left is None:
+            return None
+        if source.text_of(inner_left) != variable:
+            return None
+        operator = inner_op.type + "="
+        right = right.child_by_field_name("right")
+    amount = fold(source, right)
+    if amount is None:
+        return None
+    steps = {
+        ">>=": lambda v: v >> amount,
+        "<<=": lambda v: v << amount,
+        "/=": lambda v: int(v / amount) if amount else v,
+        "*=": lambda v: v * amount,
+        "+=": lambda v: v + amount,
+        "-=": lambda v: v - amount,
+    }
+    return steps.get(operator)
+
+
+def _value_type(source: ParsedSource, function: Function, value: str) -> str:
+    parts = value.replace(" ", "").split(".")
+    types = source.local_types(function)
+    if parts[0] not in types:
+        raise _Refused(f"the type of {parts[0]} is not known")
+    current = plain_type(types[parts[0]])
+    if "*" in current or "[" in current:
+        raise _Refused(f"{parts[0]} is a pointer or an array")
+    for name in parts[1:]:
+        fields = struct_fields(source, current)
+        if name not in fields:
+            raise _Refused(f"the type of the field {name} of {current} is not known")
+        current = plain_type(fields[name])
+    return current
+
+
+def _names_used(source: ParsedSource, function: Function) -> set[str]:
+    """The parameter names and identifiers of a function."""
+    names = {p.name for p in function.params if p.name}
+    if function.body is not None:
+        names |= {source.text_of(n) for n in inside(source, function.body, "identifier")}
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# The exchange header: declared once per function, shared by its steps
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Header:
+    """The exchange declarations at the top of a function body."""
+
+    lines: tuple[Node, ...]
+    """The comment and the tid, lane and warp declarations."""
+    buffers: dict[str, tuple[str, Node]]
+    """Buffer name -> (element type, declaration)."""
+
+
+def _header(source: ParsedSource, function: Function) -> Header | None:
+    body = function.body
+    if body is None:
+        return None
+    children = [c for c in body.named_children]
+    wanted = [" ".join(line.split()) for line in HEADER_LINES]
+    if len(children) < len(wanted):
+        return None
+    first = children[: len(wanted)]
+    if [" ".join(source.text_of(c).split()) for c in first] != wanted:
+        return None
+    buffers: dict[str, tuple[str, Node]] = {}
+    for node in children[len(wanted) :]:
+        parsed = _buffer(source, node)
+        if parsed is None:
+            break
+        buffers[parsed[0]] = (parsed[1], node)
+    if not buffers:
+        return None
+    return Header(tuple(first), buffers)
+
+
+def _buffer(source: ParsedSource, node: Node) -> tuple[str, str] | None:
+    """``__shared__ T xchgN[32][32];`` -> (name, T)."""
+    if node.type != "declaration":
+        return None
+    text = " ".join(source.text_of(node).split())
+    match = re.match(r"^__shared__ (.+?) (xchg\d*)\[32\]\[32\];$", text)
+    if match is None:
+        return None
+    return match.group(2), match.group(1)
+
+
+def _buffer_line(type_name: str, name: str) -> str:
+    return f"__shared__ {type_name} {name}[32][32];"
+
+
+def _body_indent(source: ParsedSource, function: Function) -> str:
+    assert function.body is not None
+    for statement in named_statements(function.body):
+        if statement.type.startswith("preproc"):
+            continue
+        if source.starts_line(statement.start_byte):
+            return source.indent_of(statement.start_byte)
+        break
+    return source.indent_of(function.node.start_byte) + "  "
+
+
+# ---------------------------------------------------------------------------------------------
+# Shuffle -> exchange (removal)
+# ---------------------------------------------------------------------------------------------
+
+
+def _read(kind: str, buffer: str, offset: str) -> str:
+    if kind == "xor":
+        index = f"{LANE} ^ {offset}"
+    elif kind == "down":
+        index = f"{LANE} + {offset} < 32 ? {LANE} + {offset} : {LANE}"
+    else:
+        index = f"{LANE} >= {offset} ? {LANE} - {offset} : {LANE}"
+    return f"{buffer}[{WARP}][{index}]"
+
+
+def shuffle_to_exchange(source: ParsedSource, step: ShuffleStep) -> list[Edit]:
+    """The edits that turn a canonical shuffle step into a shared-memory exchange."""
+    assert step.refusal is None and step.statement is not None
+    function = step.function
+    header = _header(source, function)
+    slots = _assign_buffers(step, header)
+    edits = _header_edits(source, function, header, slots)
+    reads = [
+        Edit.replace(s.call, _read(s.kind, slots[s.value].buffer, s.offset)) for s in step.shuffles
+    ]
+    statement_text = local_splice(source, step.statement.start_byte, step.statement.end_byte, reads)
+    writes = [f"{slots[v].buffer}[{WARP}][{LANE}] = {v};" for v in _ordered_values(step)]
+    loop = step.node if step.node != step.statement else None
+    body = loop.child_by_field_name("body") if loop is not None else None
+    if body is not None and body.type != "compound_statement":
+        indent = source.indent_of(loop.start_byte) if loop is not None else ""
+        inner = indent + "  "
+        before = body.prev_sibling
+        start = before.end_byte if before is not None else body.start_byte
+        lines = [*writes, "__syncwarp();", statement_text, "__syncwarp();"]
+        text = " {\n" + "\n".join(inner + line for line in lines) + f"\n{indent}}}"
+        edits.append(Edit(start, body.end_byte, text))
+        return edits
+    indent = source.indent_of(step.statement.start_byte)
+    lead = "".join(f"{w}\n{indent}" for w in writes) + f"__syncwarp();\n{indent}"
+    edits.append(
+        Edit(
+            step.statement.start_byte,
+            step.statement.end_byte,
+            lead + statement_text + f"\n{indent}__syncwarp();",
+        )
+    )
+    return edits
+
+
+def _ordered_values(step: ShuffleStep) -> list[str]:
+    seen: list[str] = []
+    for shuffle in step.shuffles:
+        if shuffle.value not in seen:
+            seen.append(shuffle.value)
+    return seen
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where one shuffled value goes: a buffer, its element type, whether it is new."""
+
+    buffer: str
+    type: str
+    new: bool
+
+
+def _assign_buffers(step: ShuffleStep, header: Header | None) -> dict[str, _Slot]:
+    """Value -> its buffer: existing buffers of the right type first, new ones after."""
+    existing = dict(header.buffers) if header is not None else {}
+    taken: set[str] = set()
+    chosen: dict[str, _Slot] = {}
+    for value in _ordered_values(step):
+        type_name = step.types[value]
+        reuse = next(
+            (n for n, (t, _) in existing.items() if t == type_name and n not in taken), None
+        )
+        if reuse is not None:
+            taken.add(reuse)
+            chosen[value] = _Slot(reuse, type_name, False)
+            continue
+        index = 0
+        names = set(existing) | taken
+        while (BUFFER if index == 0 else f"{BUFFER}{index}") in names:
+            index += 1
+        name = BUFFER if index == 0 else f"{BUFFER}{index}"
+        taken.add(name)
+        chosen[value] = _Slot(name, type_name, True)
+    return chosen
+
+
+def _header_edits(
+    source: ParsedSource, function: Function, header: Header | None, slots: dict[str, _Slot]
+) -> list[Edit]:
+    """Declare the new buffers (and the header, the first time)."""
+    assert function.body is not None
+    new_lines = [_buffer_line(s.type, s.buffer) for s in slots.values() if s.new]
+    if not new_lines:
+        return []
+    indent = _body_indent(source, function)
+    if header is None:
+        lines = [*HEADER_LINES, *new_lines]
+        return [Edit.insert(function.body.start_byte + 1, "".join(f"\n{indent}{x}" for x in lines))]
+    last = list(header.buffers.values())[-1][1]
+    return [Edit.insert(last.end_byte, "".join(f"\n{indent}{x}" for x in new_lines))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exchange steps (the shared-memory form) and exchange -> shuffle (application)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Read:
+    node: Node
+    buffer: str
+    kind: str
+    offset: str
+
+
+@dataclass(frozen=True)
+class ExchangeStep:
+    """A step in the form :func:`shuffle_to_exchange` writes."""
+
+    function: Function
+    node: Node
+    """The loop (or the first write statement, outside loops)."""
+    kinds: frozenset[str]
+    writes: tuple[Node, ...]
+    """``xchgN[xchg_warp][xchg_lane] = value;`` statements."""
+    values: dict[str, str]
+    """Buffer -> the value written to it."""
+    syncs: tuple[Node, Node]
+    statement: Node
+    reads: tuple[Read, ...]
+
+
+_READ_INDEX = {
+    "xor": re.compile(rf"^{LANE}\^(\w+)$"),
+    "down": re.compile(rf"^{LANE}\+(\w+)<32\?{LANE}\+(\w+):{LANE}$"),
+    "up": re.compile(rf"^{LANE}>=(\w+)\?{LANE}-(\w+):{LANE}$"),
+}
+
+
+def exchange_steps(source: ParsedSource) -> tuple[ExchangeStep, ...]:
+    """Every exchange step of functions with an exchange header; computed once per source."""
+    return cached(source, "exchange_steps", lambda: tuple(_exchange_steps(source)))
+
+
+def _exchange_steps(source: ParsedSource) -> Iterator[ExchangeStep]:
+    for function in source.functions:
+        header = _header(source, function)
+        if header is None or function.body is None:
+            continue
+        for block in inside(source, function.body, "compound_statement"):
+            if source.enclosing_function(block) != function:
+                continue
+            step = _exchange_in_block(source, function, header, block)
+            if step is not None:
+                yield step
+
+
+def _exchange_in_block(
+    source: ParsedSource, function: Function, header: Header, block: Node
+) -> ExchangeStep | None:
+    statements = named_statements(block)
+    writes: list[Node] = []
+    values: dict[str, str] = {}
+    index = 0
+    while index < len(statements):
+        parsed = _write(source, statements[index], header)
+        if parsed is None:
+            break
+        writes.append(statements[index])
+        values[parsed[0]] = parsed[1]
+        index += 1
+    if not writes or index + 2 >= len(statements):
+        return None
+    first_sync, statement, second_sync = statements[index : index + 3]
+    if not (_is_syncwarp(source, first_sync) and _is_syncwarp(source, second_sync)):
+        return None
+    reads = _reads(source, statement, header)
+    if not reads or {r.buffer for r in reads} != set(values):
+        return None
+    owner = block.parent if block.parent is not None else block
+    node = (
+        owner if owner.type in ("for_statement", "while_statement", "do_statement") else writes[0]
+    )
+    return ExchangeStep(
+        function=function,
+        node=node,
+        kinds=frozenset(r.kind for r in reads),
+        writes=tuple(writes),
+        values=values,
+        syncs=(first_sync, second_sync),
+        statement=statement,
+        reads=tuple(reads),
+    )
+
+
+def _write(source: ParsedSource, node: Node, header: Header) -> tuple[str, str] | None:
+    if node.type != "expression_statement" or not node.named_children:
+        return None
+    assignment = node.named_children[0]
+    if assignment.type != "assignment_expression":
+        return None
+    left = assignment.child_by_field_name("left")
+    right = assignment.child_by_field_name("right")
+    op = assignment.child_by_field_name("operator")
+    if left is None or right is None or op is None or op.type != "=":
+        return None
+    text = source.text_of(left).replace(" ", "")
+    match = re.match(rf"^(xchg\d*)\[{WARP}\]\[{LANE}\]$", text)
+    if match is None or match.group(1) not in header.buffers:
+        return None
+    return match.group(1), source.text_of(right)
+
+
+def _is_syncwarp(source: ParsedSource, node: Node) -> bool:
+    return " ".join(source.text_of(node).split()) == "__syncwarp();"
+
+
+def _reads(source: ParsedSource, statement: Node, header: Header) -> list[Read]:
+    found = []
+    for node in inside(source, statement, "subscript_expression"):
+        outer = node.child_by_field_name("argument")
+        if outer is None or outer.type != "subscript_expression":
+            continue
+        base = outer.child_by_field_name("argument")
+        if base is None or source.text_of(base) not in header.buffers:
+            continue
+        if source.text_of(outer).replace(" ", "") != f"{source.text_of(base)}[{WARP}]":
+            continue
+        indices = node.child_by_field_name("indices")
+        index = source.text_of(indices).replace(" ", "")[1:-1] if indices is not None else ""
+        for kind, pattern in _READ_INDEX.items():
+            match = pattern.match(index)
+            if match is not None and len(set(match.groups())) == 1:
+                found.append(Read(node, source.text_of(base), kind, match.group(1)))
+                break
+    return found
+
+
+_INTRINSIC = {kind: name for name, kind in SHUFFLE_KINDS.items()}
+
+
+def exchange_to_shuffle(source: ParsedSource, step: ExchangeStep, mask: str) -> list[Edit]:
+    """The edits that turn an exchange step back into shuffles (and drop the exchange
+    declarations that nothing reads any more)."""
+    edits = [line_deletion(source, w) for w in step.writes]
+    edits += [line_deletion(source, s) for s in step.syncs]
+    for read in step.reads:
+        value = step.values[read.buffer]
+        edits.append(
+            Edit.replace(read.node, f"{_INTRINSIC[read.kind]}({mask}, {value}, {read.offset})")
+        )
+    header = _header(source, step.function)
+    assert header is not None
+    still_read = _buffers_read_elsewhere(source, step, header)
+    for name, (_, node) in header.buffers.items():
+        if name not in still_read:
+            edits.append(line_deletion(source, node))
+    if not still_read:
+        edits += [line_deletion(source, line) for line in header.lines]
+    return edits
+
+
+def _buffers_read_elsewhere(source: ParsedSource, step: ExchangeStep, header: Header) -> set[str]:
+    body = step.function.body
+    assert body is not None
+    used: set[str] = set()
+    skip = [step.node] if step.node.type.endswith("statement") else [*step.writes, step.statement]
+    declarations = [node for _, node in header.buffers.values()]
+    for node in inside(source, body, "identifier"):
+        name = source.text_of(node)
+        if name not in header.buffers:
+            continue
+        if any(within(node, s) for s in [*skip, *declarations]):
+            continue
+        used.add(name)
+    return used
+
+
+# ---------------------------------------------------------------------------------------------
+# The mechanism base shared by warp_shuffle_reduction and warp_shuffle_scan
+# ---------------------------------------------------------------------------------------------
+
+
+class ExchangeMechanism(Mechanism):
+    """A warp-level exchange written with shuffles (present) or shared memory (absent).
+
+    Subclasses set :attr:`kinds`, the shuffle kinds they own (``xor``/``down`` for
+    reductions, ``up`` for scans).
+    """
+
+    kinds: ClassVar[frozenset[str]]
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "mask": f"the lane mask written in the shuffles (default {DEFAULT_MASK})"
+    }
+
+    def _intrinsics(self) -> str:
+        return "/".join(sorted(n for n, k in SHUFFLE_KINDS.items() if k in self.kinds))
+
+    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        for step in shuffle_steps(source):
+            mine = step.kinds & self.kinds
+            if not mine:
+                continue
+            refusal = step.refusal
+            if refusal is None and step.kinds - self.kinds:
+                others = ", ".join(sorted(step.kinds - self.kinds))
+                refusal = f"the step mixes {self._intrinsics()} with {others} shuffles"
+            yield self.site(
+                source,
+                step.node,
+                detail={"kind": ",".join(sorted(mine)), "function": step.function.name},
+                refusal=refusal,
+            )
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for step in exchange_steps(source):
+            if step.kinds <= self.kinds:
+                yield self.site(
+                    source,
+                    step.node,
+                    detail={"kind": ",".join(sorted(step.kinds))},
+                )
+
+    def _shuffle_step(self, source: ParsedSource, site: Site) -> ShuffleStep:
+        for step in shuffle_steps(source):
+            if (step.node.start_byte, step.node.end_byte) == (site.start_byte, site.end_byte):
+                return step
+        raise self.refuse(f"no shuffle step at line {site.start_line}", site)
+
+    def _exchange_step(self, source: ParsedSource, site: Site) -> ExchangeStep:
+        for step in exchange_steps(source):
+            if (step.node.start_byte, step.node.end_byte) == (site.start_byte, site.end_byte):
+                return step
+        raise self.refuse(f"no exchange step at line {site.start_line}", site, "apply")
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        return shuffle_to_exchange(source, self._shuffle_step(source, site))
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        step = self._shuffle_step(kernel.parsed, site)
+        masks = {s.mask for s in step.shuffles}
+        return Carrier(mask=masks.pop()) if len(masks) == 1 else Carrier()
+
+    def default_carrier(self, kernel: KernelSource, site: Site) -> Carrier:
+        return Carrier(mask=DEFAULT_MASK)
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        mask = carrier.get_str("mask") or DEFAULT_MASK
+        if not re.match(r"^[\w:]+$", mask):
+            raise self.refuse(f"mask={mask!r} is not a constant name or literal", site, "apply")
+        return exchange_to_shuffle(source, self._exchange_step(source, site), mask)
+
+    def conditions(
+        self, kernel: KernelSource, site: Site, problem: Problem | None = None
+    ) -> list[Condition]:
+        source = kernel.parsed
+        kernels = graph(source).kernels_reaching(site.function)
+        block = block_size_of(source, kernels[0].name) if len(kernels) == 1 else None
+        return [
+            BlockSizeMultiple(
+                k=32,
+                block_size=block,
+                why="full-mask shuffles need all 32 lanes of every warp",
+            ),
+            ArchAtLeast(sm=30, why=f"{self._intrinsics()} need sm_30 or newer"),
+        ]

@@ -1,0 +1,154 @@
+"""The mechanism base shared by ``block_per_row`` and ``warp_per_row``: a group of threads
+(a block or a warp) per row against one thread per row. See
+:mod:`klineage.mechanisms._reductions_rows` for the analyses and the rewrites."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from klineage.conditions import AxisAtMost, BlockSizeAtMost, BlockSizeMultiple, Condition
+from klineage.facts import block_size_of
+from klineage.kernel import KernelSource
+from klineage.mechanisms._reductions_rows import (
+    Group,
+    NotCanonical,
+    group_rows,
+    spread_rows,
+    thread_rows,
+    thread_rows_shape,
+)
+from klineage.mechanisms._reductions_util import fold, inside
+from klineage.mechanisms.base import Carrier, Mechanism, Site
+from klineage.problem import Problem
+from klineage.source import Edit, Function, ParsedSource
+
+DEFAULT_BLOCK = 256
+MAX_BLOCK = 1024
+MAX_GRID = 2**31 - 1
+
+
+class RowLayoutMechanism(Mechanism):
+    """Rows spread over a group of threads (present) or one thread per row (absent)."""
+
+    group: ClassVar[Group]
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "block_size": f"threads per block, a multiple of 32 up to {MAX_BLOCK} "
+        f"(default {DEFAULT_BLOCK})"
+    }
+
+    def detected(self, source: ParsedSource, kernel: Function) -> bool:
+        raise NotImplementedError
+
+    def _site(self, source: ParsedSource, kernel: Function, refusal: str | None) -> Site:
+        assert kernel.body is not None
+        header = source.snippet((kernel.outer.start_byte, kernel.body.start_byte))
+        return self.site(
+            source,
+            kernel.node,
+            span=(kernel.outer.start_byte, kernel.outer.end_byte),
+            kind="function_definition",
+            snippet=header,
+            detail={"kernel": kernel.name},
+            refusal=refusal,
+        )
+
+    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        for kernel in source.kernels:
+            if kernel.body is None or not self.detected(source, kernel):
+                continue
+            refusal = None
+            try:
+                group_rows(source, kernel, self.group)
+            except NotCanonical as why:
+                refusal = str(why)
+            yield self._site(source, kernel, refusal)
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for kernel in source.kernels:
+            if kernel.body is None or thread_rows_shape(source, kernel) is None:
+                continue
+            if not inside(source, kernel.body, "for_statement"):
+                continue  # one element per thread: nothing to spread over a group
+            refusal = None
+            try:
+                thread_rows(source, kernel)
+            except NotCanonical as why:
+                refusal = str(why)
+            yield self._site(source, kernel, refusal)
+
+    def _kernel(self, source: ParsedSource, site: Site) -> Function:
+        for kernel in source.kernels:
+            if (kernel.outer.start_byte, kernel.outer.end_byte) == (site.start_byte, site.end_byte):
+                return kernel
+        raise self.refuse(f"no kernel at line {site.start_line}", site)
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        try:
+            return group_rows(source, self._kernel(source, site), self.group).edits
+        except NotCanonical as why:
+            raise self.refuse(str(why), site) from None
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        block = carrier.get_int("block_size", DEFAULT_BLOCK) or DEFAULT_BLOCK
+        if block % 32 or not 32 <= block <= MAX_BLOCK:
+            raise self.refuse(
+                f"block_size={block} is not a multiple of 32 in 32..{MAX_BLOCK}", site, "apply"
+            )
+        try:
+            rows = thread_rows(source, self._kernel(source, site))
+            return spread_rows(source, rows, self.group, block)
+        except NotCanonical as why:
+            raise self.refuse(str(why), site, "apply") from None
+
+    def default_carrier(self, kernel: KernelSource, site: Site) -> Carrier:
+        return Carrier(block_size=DEFAULT_BLOCK)
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        source = kernel.parsed
+        sizes = {fold(source, launch.block) for launch in source.launches_of(site.function)}
+        size = sizes.pop() if len(sizes) == 1 else None
+        return Carrier(block_size=size) if size is not None else Carrier()
+
+    def conditions(
+        self, kernel: KernelSource, site: Site, problem: Problem | None = None
+    ) -> list[Condition]:
+        source = kernel.parsed
+        is_candidate = any(c.id == site.id for c in self.candidates(kernel))
+        block = str(DEFAULT_BLOCK) if is_candidate else block_size_of(source, site.function)
+        found: list[Condition] = [
+            BlockSizeMultiple(
+                k=32,
+                block_size=block,
+                why=f"the {self.group} reduction uses full-mask warp shuffles",
+            ),
+            BlockSizeAtMost(n=MAX_BLOCK, block_size=block, why="a block has at most 1024 threads"),
+        ]
+        rows = self._row_axis(source, site)
+        if rows is not None and self.group == "block":
+            found.append(
+                AxisAtMost(axis=rows, n=MAX_GRID, why="one block per row: the grid holds every row")
+            )
+        return found
+
+    def _row_axis(self, source: ParsedSource, site: Site) -> str | None:
+        """The axis that counts rows, when the launch passes it by name."""
+        try:
+            kernel = self._kernel(source, site)
+        except Exception:
+            return None
+        shape = thread_rows_shape(source, kernel)
+        if shape is None:
+            return None
+        bound = shape[3]
+        if bound.type != "identifier":
+            return None
+        index = next(
+            (i for i, p in enumerate(kernel.params) if p.name == source.text_of(bound)), None
+        )
+        for launch in source.launches_of(kernel.name):
+            if index is not None and index < len(launch.args):
+                arg = launch.args[index]
+                if arg.type == "identifier":
+                    return source.text_of(arg)
+        return None

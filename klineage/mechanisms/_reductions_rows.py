@@ -1,0 +1,1777 @@
+"""Rows per thread, per warp and per block: the analyses and rewrites behind ``block_per_row``
+and ``warp_per_row``.
+
+**Thread per row** (the naive form, :class:`ThreadRows`) is a kernel that starts::
+
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+
+and then walks its row with plain loops ``for (int64_t c = 0; c < n; ++c)``. Each loop either
+*reduces* into scalars declared before it (``acc += e``, ``m = fmaxf(m, e)``, ``fminf``) or
+*maps* (stores ``p[... c ...] = e``), or both; everything else is scalar code on values
+every thread of a row agrees on. Such a kernel is spread over a group of threads (a block or
+a warp) per row by three local changes: the row index drops the thread part; each loop starts
+at the thread's rank in the group and strides by the group size; after a loop, each of its
+accumulators is reduced over the group (:data:`HELPERS`, every thread gets the result), and
+stores outside loops are done by the group's first thread only. The launch gives each group
+one row. Splitting a sum needs every thread to start from zero, so a sum's accumulator must
+be initialized to a zero literal and not written before its loop; ``max``/``min`` are
+idempotent and start anywhere.
+
+**Group per row** (:class:`GroupRows`) is the reverse: a kernel whose row index comes from
+``blockIdx.x`` (block) or from the warp number (warp), whose group-strided loops, group
+reductions (a call to a reduction helper, or the inline "warp reduce, publish per warp,
+``__syncthreads()``, reload, warp reduce" sequence) and first-thread guards are recognized.
+Each becomes its thread-per-row equivalent: full loops, the reduction the identity (one
+thread's partial *is* the row's value), unguarded stores, a thread row index with a bound
+check (a row-count parameter is added when the kernel has none), and a launch of
+``ceil(rows / block)`` blocks of the same block size (so ``__launch_bounds__`` still holds).
+Anything else tied to the thread layout (``threadIdx`` outside those forms, such as a row
+held in registers across strided slots, shared memory beyond the reductions' scratch,
+barriers, shuffles left over) is refused with the line it is on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from klineage.cexpr import PRIMARY, fold_int, precedence, wrap_at
+from klineage.conditions import evaluate_size
+from klineage.facts import launch_names, template_bindings
+from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
+from klineage.mechanisms._reductions_util import (
+    arguments_of,
+    builtin_uses,
+    cached,
+    call_name,
+    fold,
+    fresh_name,
+    graph,
+    inside,
+    is_builtin,
+    is_zero_literal,
+    line_deletion,
+    local_splice,
+    named_statements,
+    plain_type,
+    strip_casts,
+    strip_parens,
+    within,
+)
+from klineage.source import Edit, Function, Launch, Node, ParsedSource
+
+__all__ = [
+    "HELPERS",
+    "GroupRows",
+    "NotCanonical",
+    "ThreadRows",
+    "block_reduce_functions",
+    "group_rows",
+    "helper_text",
+    "is_block_per_row",
+    "is_warp_per_row",
+    "spread_rows",
+    "thread_rows",
+    "thread_rows_shape",
+    "warp_reduce_functions",
+]
+
+Group = Literal["block", "warp"]
+Op = Literal["sum", "max", "min"]
+_SYNC = frozenset({"__syncthreads", "__syncthreads_or", "__syncthreads_and", "__syncthreads_count"})
+_WARP_INTRINSICS = frozenset(
+    {"__syncwarp", "__shfl_sync", "__shfl_xor_sync", "__shfl_down_sync", "__shfl_up_sync",
+     "__ballot_sync", "__any_sync", "__all_sync", "__match_any_sync", "__reduce_add_sync",
+     "__activemask"}
+)  # fmt: skip
+
+
+class NotCanonical(Exception):
+    """A kernel is not in the canonical form a rewrite needs; the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Emitted helpers: float reductions over a warp or a block, every thread gets the result
+# ---------------------------------------------------------------------------------------------
+
+_COMBINE: dict[str, str] = {
+    "sum": "v += __shfl_xor_sync(0xffffffffu, v, offset);",
+    "max": "v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));",
+    "min": "v = fminf(v, __shfl_xor_sync(0xffffffffu, v, offset));",
+}
+_IDENTITY: dict[str, str] = {
+    "sum": "0.0f",
+    "max": "__int_as_float(0xff800000)",  # -inf, without needing math.h
+    "min": "__int_as_float(0x7f800000)",  # +inf
+}
+HELPERS: tuple[str, ...] = tuple(
+    f"{group}_reduce_{op}" for group in ("warp", "block") for op in ("sum", "max", "min")
+)
+
+
+def helper_text(name: str) -> str:
+    """The source of one emitted helper (``warp_reduce_max``...), with its comment line and a
+    blank line after it."""
+    group, _, op = name.split("_")
+    if group == "warp":
+        return (
+            f"// The {op} of v over the warp; every lane gets it.\n"
+            f"__device__ __forceinline__ float warp_reduce_{op}(float v) {{\n"
+            f"  for (int offset = 16; offset > 0; offset >>= 1) {_COMBINE[op]}\n"
+            "  return v;\n"
+            "}\n\n"
+        )
+    return (
+        f"// The {op} of v over the block (a multiple of 32 threads); every thread gets it.\n"
+        f"__device__ __forceinline__ float block_reduce_{op}(float v) {{\n"
+        "  __shared__ float partial[32];\n"
+        "  const int lane = threadIdx.x & 31;\n"
+        "  const int warp = threadIdx.x >> 5;\n"
+        f"  v = warp_reduce_{op}(v);\n"
+        "  if (lane == 0) partial[warp] = v;\n"
+        "  __syncthreads();\n"
+        f"  v = lane < (int)(blockDim.x >> 5) ? partial[lane] : {_IDENTITY[op]};\n"
+        f"  v = warp_reduce_{op}(v);\n"
+        "  __syncthreads();  // partial is reused by the next reduction\n"
+        "  return v;\n"
+        "}\n\n"
+    )
+
+
+def _helpers_needed(group: Group, ops: list[str]) -> list[str]:
+    names = [f"warp_reduce_{op}" for op in ops]
+    if group == "block":
+        names += [f"block_reduce_{op}" for op in ops]
+    return list(dict.fromkeys(names))
+
+
+def _insertion_point(source: ParsedSource, kernel: Function) -> int:
+    """Where helpers go: before the kernel and the comment lines directly above it."""
+    start = kernel.outer.start_byte
+    node = kernel.outer.prev_sibling
+    while node is not None and node.type == "comment":
+        if source.line_of(node.end_byte - 1) + 1 < source.line_of(start):
+            break
+        start = node.start_byte
+        node = node.prev_sibling
+    return source.line_start(start)
+
+
+def helper_insertions(
+    source: ParsedSource, kernel: Function, group: Group, ops: list[str]
+) -> list[Edit]:
+    """Insert the helpers a rewrite calls that the file does not define yet."""
+    text = ""
+    for name in _helpers_needed(group, ops):
+        existing = source.function(name)
+        if existing is None:
+            text += helper_text(name)
+        elif helper_text(name).encode() not in source.data:
+            raise NotCanonical(f"the file defines its own {name}; it is not klineage's helper")
+    return [Edit.insert(_insertion_point(source, kernel), text)] if text else []
+
+
+def helper_deletions(source: ParsedSource, removed: list[tuple[int, int]]) -> list[Edit]:
+    """Delete emitted helpers nothing calls once the ``removed`` byte ranges are gone."""
+    spans: dict[str, tuple[int, int]] = {}
+    for name in HELPERS:
+        text = helper_text(name).encode()
+        at = source.data.find(text)
+        if at >= 0 and source.function(name) is not None:
+            spans[name] = (at, at + len(text))
+    if not spans:
+        return []
+    gone = list(removed)
+    deleted: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        for name, span in spans.items():
+            if name in deleted:
+                continue
+            calls = [
+                c
+                for c in source.calls_named(name)
+                if not any(a <= c.node.start_byte and c.node.end_byte <= b for a, b in gone)
+            ]
+            if not calls:
+                deleted.append(name)
+                gone.append(span)
+                changed = True
+    return [Edit(*spans[name], "") for name in deleted]
+
+
+# ---------------------------------------------------------------------------------------------
+# Classifying helper functions
+# ---------------------------------------------------------------------------------------------
+
+
+def _value_function(source: ParsedSource, function: Function) -> bool:
+    """A device function ``T f(T v, ...)``: the shape of a reduction helper."""
+    if function.is_kernel or not function.runs_on_device or not function.params:
+        return False
+    first = function.params[0]
+    return_type = function.node.child_by_field_name("type")
+    return (
+        not first.is_pointer
+        and "&" not in first.type
+        and return_type is not None
+        and plain_type(source.text_of(return_type)) == plain_type(first.type)
+    )
+
+
+def _returns(source: ParsedSource, function: Function) -> list[Node]:
+    """The returned expressions of a function."""
+    assert function.body is not None
+    found = []
+    for node in inside(source, function.body, "return_statement"):
+        if node.named_children:
+            found.append(node.named_children[0])
+    return found
+
+
+def _returns_loop_result(source: ParsedSource, function: Function, loops: list[Node]) -> bool:
+    """Whether every return gives back a variable the reduction loops assign (``return v;``
+    after ``v += shfl(v)``, not ``return v / 32;``)."""
+    assigned = set()
+    for loop in loops:
+        for node in inside(source, loop, "assignment_expression"):
+            left = node.child_by_field_name("left")
+            if left is not None and left.type == "identifier":
+                assigned.add(source.text_of(left))
+    returns = _returns(source, function)
+    return bool(returns) and all(
+        strip_parens(r).type == "identifier" and source.text_of(strip_parens(r)) in assigned
+        for r in returns
+    )
+
+
+def _is_warp_call(source: ParsedSource, node: Node, warp: set[str]) -> bool:
+    """``w(x)`` or ``c ? w1(x) : w2(x)`` with warp-reduction helpers."""
+    node = strip_parens(node)
+    if node.type == "conditional_expression":
+        branches = [node.child_by_field_name(f) for f in ("consequence", "alternative")]
+        return all(b is not None and _is_warp_call(source, b, warp) for b in branches)
+    return node.type == "call_expression" and call_name(source, node) in warp
+
+
+def _returns_warp_result(source: ParsedSource, function: Function, warp: set[str]) -> bool:
+    """Whether every return gives back a warp reduction's result: ``return warp_sum(v);``,
+    or ``return r;`` where the last top-level write of ``r`` is ``r = warp_sum(...)``."""
+    assert function.body is not None
+    statements = named_statements(function.body)
+    for returned in _returns(source, function):
+        returned = strip_parens(returned)
+        if _is_warp_call(source, returned, warp):
+            continue
+        if returned.type != "identifier":
+            return False
+        name = source.text_of(returned)
+        last: Node | None = None
+        for statement in statements:
+            if statement.start_byte >= returned.start_byte:
+                break
+            for node in inside(source, statement, "assignment_expression"):
+                left = node.child_by_field_name("left")
+                if left is not None and source.text_of(left) == name:
+                    last = node.child_by_field_name("right")
+            declared = _single_init(source, statement)
+            if declared is not None and declared[0] == name:
+                last = declared[1]
+        if last is None or not _is_warp_call(source, last, warp):
+            return False
+    return bool(_returns(source, function))
+
+
+def warp_reduce_functions(source: ParsedSource) -> set[str]:
+    """Device functions ``T f(T v)`` that reduce over a warp with xor/down shuffles (or the
+    shared-memory exchange of :mod:`._reductions_exchange`), with no block barrier, returning
+    the reduced variable itself."""
+    return set(cached(source, "warp_reducers", lambda: frozenset(_warp_reducers(source))))
+
+
+def _warp_reducers(source: ParsedSource) -> set[str]:
+    found: set[str] = set()
+    steps = [s for s in shuffle_steps(source) if s.kinds <= {"xor", "down"}]
+    exchanges = [s for s in exchange_steps(source) if s.kinds <= {"xor", "down"}]
+    for function in source.functions:
+        if not _value_function(source, function) or _calls_any(source, function, _SYNC):
+            continue
+        loops = [s.node for s in [*steps, *exchanges] if s.function.node == function.node]
+        if loops and _returns_loop_result(source, function, loops):
+            found.add(function.name)
+    return found
+
+
+def block_reduce_functions(source: ParsedSource) -> set[str]:
+    """Device functions ``T f(T v, ...)`` that reduce over a block: a ``__syncthreads()``, and
+    every return gives back the result of a warp-reduction helper."""
+    return set(cached(source, "block_reducers", lambda: frozenset(_block_reducers(source))))
+
+
+def _block_reducers(source: ParsedSource) -> set[str]:
+    warp = warp_reduce_functions(source)
+    found: set[str] = set()
+    for function in source.functions:
+        if not _value_function(source, function) or function.name in warp:
+            continue
+        if not _calls_any(source, function, _SYNC):
+            continue
+        if _returns_warp_result(source, function, warp):
+            found.add(function.name)
+    return found
+
+
+def _calls_any(source: ParsedSource, function: Function, names: frozenset[str]) -> bool:
+    if function.body is None:
+        return False
+    return any(
+        call_name(source, n) in names for n in inside(source, function.body, "call_expression")
+    )
+
+
+def _layout_bound(source: ParsedSource, function: Function) -> str | None:
+    """Why a function depends on the thread layout (built-ins, barriers, shuffles, shared
+    memory), or None."""
+    if function.body is None:
+        return None
+    uses = builtin_uses(source, function.body)
+    if uses:
+        return f"uses {source.text_of(uses[0])} (line {source.line_of(uses[0].start_byte)})"
+    for node in inside(source, function.body, "call_expression"):
+        name = call_name(source, node)
+        if name in _SYNC or name in _WARP_INTRINSICS:
+            return f"calls {name} (line {source.line_of(node.start_byte)})"
+    for declaration in source.shared_declarations:
+        if within(declaration.node, function.body):
+            return f"declares __shared__ {', '.join(declaration.names)}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Thread per row (the naive form)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RowLoop:
+    """A canonical loop over a row: ``for (T c = 0; c < n; ++c)``."""
+
+    node: Node
+    variable: str
+    start: Node
+    """The ``0``."""
+    update: Node
+    accumulators: dict[str, Op] = field(default_factory=dict)
+    """Scalars the loop reduces into, in order of appearance, with the operation."""
+
+
+@dataclass
+class ThreadRows:
+    """A thread-per-row kernel in canonical form, ready to be spread over a group."""
+
+    kernel: Function
+    index: Node
+    """The row index's initial value, ``(int64_t)blockIdx.x * blockDim.x + threadIdx.x``."""
+    block_part: Node
+    """The ``(int64_t)blockIdx.x`` operand in it."""
+    bound: Node
+    """The row count in the bound check ``if (r >= bound) return;``."""
+    loops: list[RowLoop]
+    stores: list[Node]
+    """Statements outside loops that write memory (to be done by one thread per group)."""
+
+
+def _global_thread_index(source: ParsedSource, node: Node) -> Node | None:
+    """For ``blockIdx.x * blockDim.x + threadIdx.x`` (any order, casts allowed), the
+    ``blockIdx.x`` operand (with its cast); None for anything else."""
+    node = strip_parens(node)
+    if node.type != "binary_expression" or _op(node) != "+":
+        return None
+    left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+    if left is None or right is None:
+        return None
+    for product, thread in ((left, right), (right, left)):
+        product = strip_parens(product)
+        if not is_builtin(source, thread, "threadIdx") or product.type != "binary_expression":
+            continue
+        if _op(product) != "*":
+            continue
+        a, b = product.child_by_field_name("left"), product.child_by_field_name("right")
+        for block, dim in ((a, b), (b, a)):
+            if is_builtin(source, block, "blockIdx") and is_builtin(source, dim, "blockDim"):
+                return block
+    return None
+
+
+def _op(node: Node) -> str | None:
+    op = node.child_by_field_name("operator")
+    return op.type if op is not None else None
+
+
+def _single_init(source: ParsedSource, node: Node) -> tuple[str, Node] | None:
+    """``T name = value;`` -> (name, value) for a declaration of one initialized name."""
+    if node.type != "declaration":
+        return None
+    declarators = node.children_by_field_name("declarator")
+    if len(declarators) != 1 or declarators[0].type != "init_declarator":
+        return None
+    name = declarators[0].child_by_field_name("declarator")
+    value = declarators[0].child_by_field_name("value")
+    if name is None or value is None or name.type != "identifier":
+        return None
+    return source.text_of(name), value
+
+
+def _bound_check(source: ParsedSource, node: Node | None, index: str) -> Node | None:
+    """For ``if (index >= bound) return;``, the ``bound`` node."""
+    if node is None or node.type != "if_statement":
+        return None
+    if node.child_by_field_name("alternative") is not None:
+        return None
+    condition = node.child_by_field_name("condition")
+    consequence = node.child_by_field_name("consequence")
+    if condition is None or consequence is None:
+        return None
+    value = condition.child_by_field_name("value")
+    test = strip_parens(value) if value is not None else None
+    if test is None or test.type != "binary_expression" or _op(test) != ">=":
+        return None
+    left = test.child_by_field_name("left")
+    if left is None or source.text_of(strip_parens(left)) != index:
+        return None
+    if consequence.type == "compound_statement":
+        inner = named_statements(consequence)
+        consequence = inner[0] if len(inner) == 1 else consequence
+    if " ".join(source.text_of(consequence).split()) != "return;":
+        return None
+    return test.child_by_field_name("right")
+
+
+def thread_rows_shape(
+    source: ParsedSource, kernel: Function
+) -> tuple[str, Node, Node, Node] | None:
+    """(index name, index value, blockIdx operand, bound) when a kernel starts like a
+    thread-per-row kernel; None otherwise (it is then no candidate at all)."""
+    if kernel.body is None:
+        return None
+    statements = named_statements(kernel.body)
+    if len(statements) < 2:
+        return None
+    declared = _single_init(source, statements[0])
+    if declared is None:
+        return None
+    name, value = declared
+    block = _global_thread_index(source, value)
+    bound = _bound_check(source, statements[1], name)
+    if block is None or bound is None:
+        return None
+    return name, value, block, bound
+
+
+def thread_rows(source: ParsedSource, kernel: Function) -> ThreadRows:
+    """The canonical thread-per-row analysis of a kernel; :class:`NotCanonical` says why not."""
+    shape = thread_rows_shape(source, kernel)
+    if shape is None or kernel.body is None:
+        raise NotCanonical(f"{kernel.name} does not start with a thread row index and its check")
+    _, value, block, bound = shape
+    statements = named_statements(kernel.body)
+    _check_thread_local(source, kernel, statements[0])
+    walker = _ThreadWalker(source, kernel)
+    for statement in statements[2:]:
+        walker.statement(statement)
+    if not any(loop.accumulators for loop in walker.loops):
+        raise NotCanonical(f"{kernel.name} has no loop that reduces its row")
+    walker.check_memory()
+    return ThreadRows(kernel, value, block, bound, walker.loops, walker.stores)
+
+
+def _check_thread_local(source: ParsedSource, kernel: Function, index_statement: Node) -> None:
+    """Nothing but the row index may depend on the thread layout."""
+    assert kernel.body is not None
+    for use in builtin_uses(source, kernel.body):
+        if not within(use, index_statement):
+            raise NotCanonical(
+                f"{source.text_of(use)} is used outside the row index "
+                f"(line {source.line_of(use.start_byte)})"
+            )
+    for declaration in source.shared_declarations:
+        if within(declaration.node, kernel.body):
+            raise NotCanonical(f"{kernel.name} already uses shared memory")
+    calls = graph(source)
+    for callee in sorted(calls.reachable(kernel.name)):
+        for function in calls.functions(callee):
+            why = _layout_bound(source, function)
+            if why is not None:
+                raise NotCanonical(f"{kernel.name} calls {callee}, which {why}")
+    for node in inside(source, kernel.body, "call_expression"):
+        called = call_name(source, node)
+        if called in _SYNC or called in _WARP_INTRINSICS:
+            raise NotCanonical(f"{kernel.name} calls {called}")
+
+
+_SUM_OPS = frozenset({"+="})
+_MAX_FUNCS: dict[str, Op] = {
+    "fmaxf": "max",
+    "max": "max",
+    "fmax": "max",
+    "fminf": "min",
+    "min": "min",
+    "fmin": "min",
+}
+
+
+class _ThreadWalker:
+    """Walks a thread-per-row kernel's statements after the bound check."""
+
+    def __init__(self, source: ParsedSource, kernel: Function) -> None:
+        self.source = source
+        self.kernel = kernel
+        self.loops: list[RowLoop] = []
+        self.stores: list[Node] = []
+        self.store_targets: list[tuple[str, str, Node]] = []  # (base, index, node)
+        self.loads: list[tuple[str, str, Node, bool]] = []  # (base, index, node, in loop)
+        self.types = source.local_types(kernel)
+
+    def line(self, node: Node) -> int:
+        return self.source.line_of(node.start_byte)
+
+    # -- scalar code ------------------------------------------------------------------------
+
+    def statement(self, node: Node) -> None:
+        kind = node.type
+        if kind in ("comment",) or kind.startswith("preproc"):
+            return
+        if kind == "compound_statement":
+            for child in named_statements(node):
+                self.statement(child)
+        elif kind == "declaration":
+            self.reads(node, in_loop=False)
+        elif kind == "expression_statement":
+            self.scalar_expression(node)
+        elif kind == "if_statement":
+            condition = node.child_by_field_name("condition")
+            if condition is not None:
+                self.reads(condition, in_loop=False)
+            for branch in ("consequence", "alternative"):
+                child = node.child_by_field_name(branch)
+                if child is not None:
+                    self.statement(
+                        child.named_children[0] if child.type == "else_clause" else child
+                    )
+        elif kind == "return_statement":
+            if node.named_children:
+                raise NotCanonical(f"a kernel returns no value (line {self.line(node)})")
+        elif kind == "for_statement":
+            self.loop(node)
+        else:
+            raise NotCanonical(f"a {kind.replace('_', ' ')} at line {self.line(node)}")
+
+    def scalar_expression(self, node: Node) -> None:
+        if not node.named_children:
+            return
+        expression = node.named_children[0]
+        if expression.type == "assignment_expression":
+            left = expression.child_by_field_name("left")
+            right = expression.child_by_field_name("right")
+            assert left is not None and right is not None
+            if left.type == "identifier":
+                self.reads(right, in_loop=False)
+                return
+            self.store(node, left, loop=None)
+            self.reads(right, in_loop=False)
+            return
+        if expression.type == "update_expression":
+            argument = expression.child_by_field_name("argument")
+            if argument is not None and argument.type == "identifier":
+                return
+        raise NotCanonical(
+            f"the statement at line {self.line(node)} is not an assignment, so every thread "
+            "of a group would repeat its effect"
+        )
+
+    def store(self, statement: Node, target: Node, loop: RowLoop | None) -> None:
+        base, index = self._address(target)
+        if loop is None:
+            parent = statement.parent
+            if parent is not None and parent.type == "if_statement":
+                if parent.child_by_field_name("alternative") is not None:
+                    raise NotCanonical(
+                        f"the store at line {self.line(statement)} is a branch of an if/else; "
+                        "brace it first"
+                    )
+            elif parent is None or parent.type != "compound_statement":
+                raise NotCanonical(f"the store at line {self.line(statement)} is not in a block")
+            self.stores.append(statement)
+        elif not _offset_by(self.source, target, loop.variable):
+            raise NotCanonical(
+                f"the store at line {self.line(statement)} is not p[... + {loop.variable}], so two "
+                "threads of a group could write one element"
+            )
+        self.store_targets.append((base, index, target))
+
+    def _address(self, target: Node) -> tuple[str, str]:
+        target = strip_parens(target)
+        if target.type == "subscript_expression":
+            base = target.child_by_field_name("argument")
+            indices = target.child_by_field_name("indices")
+            if base is not None and base.type == "identifier" and indices is not None:
+                return self.source.text_of(base), " ".join(self.source.text_of(indices).split())
+        if target.type == "pointer_expression":
+            return "*", " ".join(self.source.text_of(target).split())
+        raise NotCanonical(
+            f"the store to {self.source.text_of(target)} (line {self.line(target)}) is not p[index]"
+        )
+
+    def reads(self, node: Node, in_loop: bool) -> None:
+        for read in inside(self.source, node, "subscript_expression", "pointer_expression"):
+            if read.type == "pointer_expression" and not self.source.text_of(read).startswith("*"):
+                continue
+            try:
+                base, index = self._address(read)
+            except NotCanonical:
+                continue
+            self.loads.append((base, index, read, in_loop))
+
+    # -- loops ------------------------------------------------------------------------------
+
+    def loop(self, node: Node) -> None:
+        found = self.source.loop_at(node)
+        if found is None or found.variable is None or found.initializer is None:
+            raise NotCanonical(f"the loop at line {self.line(node)} is not for (T c = 0; ...)")
+        declared = _single_init(self.source, found.initializer)
+        if declared is None or not is_zero_literal(self.source, declared[1]):
+            raise NotCanonical(f"the loop at line {self.line(node)} does not start at 0")
+        variable = found.variable
+        if not _unit_step(self.source, found.update, variable) or not _below(
+            self.source, found.condition, variable
+        ):
+            raise NotCanonical(
+                f"the loop at line {self.line(node)} is not {variable} < n with a step of 1"
+            )
+        if node.parent is None or node.parent.type != "compound_statement":
+            raise NotCanonical(f"the loop at line {self.line(node)} is not directly in a block")
+        assert found.update is not None and found.body is not None
+        loop = RowLoop(node, variable, declared[1], found.update)
+        local: set[str] = {variable}
+        self_reads: set[tuple[int, int]] = set()
+        self.loop_body(found.body, loop, local, self_reads)
+        self.check_accumulators(loop, self_reads)
+        self.loops.append(loop)
+
+    def loop_body(
+        self, node: Node, loop: RowLoop, local: set[str], self_reads: set[tuple[int, int]]
+    ) -> None:
+        kind = node.type
+        if kind == "compound_statement":
+            for child in named_statements(node):
+                self.loop_body(child, loop, local, self_reads)
+        elif kind == "declaration":
+            local.update(n for n in _declared(self.source, node))
+            self.reads(node, in_loop=True)
+        elif kind == "expression_statement":
+            self.loop_expression(node, loop, local, self_reads)
+        elif kind == "if_statement":
+            condition = node.child_by_field_name("condition")
+            if condition is not None:
+                self.reads(condition, in_loop=True)
+            for branch in ("consequence", "alternative"):
+                child = node.child_by_field_name(branch)
+                if child is not None:
+                    inner = child.named_children[0] if child.type == "else_clause" else child
+                    self.loop_body(inner, loop, local, self_reads)
+        elif kind == "comment":
+            return
+        else:
+            raise NotCanonical(
+                f"the {kind.replace('_', ' ')} at line {self.line(node)} inside a row loop"
+            )
+
+    def loop_expression(
+        self, node: Node, loop: RowLoop, local: set[str], self_reads: set[tuple[int, int]]
+    ) -> None:
+        expression = node.named_children[0] if node.named_children else None
+        if expression is not None and expression.type == "update_expression":
+            argument = expression.child_by_field_name("argument")
+            if argument is not None and self.source.text_of(argument) in local:
+                return
+        if expression is None or expression.type != "assignment_expression":
+            raise NotCanonical(f"the statement at line {self.line(node)} in a row loop")
+        left = expression.child_by_field_name("left")
+        right = expression.child_by_field_name("right")
+        assert left is not None and right is not None
+        if left.type != "identifier":
+            self.store(node, left, loop)
+            self.reads(right, in_loop=True)
+            return
+        name = self.source.text_of(left)
+        if name in local:
+            self.reads(right, in_loop=True)
+            return
+        op, self_read = self.accumulation(expression, name)
+        if loop.accumulators.get(name, op) != op:
+            raise NotCanonical(f"{name} is reduced with two operations in one loop")
+        loop.accumulators[name] = op
+        if self_read is not None:
+            self_reads.add((self_read.start_byte, self_read.end_byte))
+        self.reads(right, in_loop=True)
+
+    def accumulation(self, expression: Node, name: str) -> tuple[Op, Node | None]:
+        """(operation, the node reading the accumulator itself) of ``acc op= e``."""
+        right = expression.child_by_field_name("right")
+        assert right is not None
+        operator = _op(expression)
+        if operator in _SUM_OPS:
+            return "sum", None
+        value = strip_parens(right)
+        if operator == "=" and value.type == "binary_expression" and _op(value) == "+":
+            for side in ("left", "right"):
+                operand = value.child_by_field_name(side)
+                if operand is not None and self.source.text_of(strip_parens(operand)) == name:
+                    return "sum", operand
+        if operator == "=" and value.type == "call_expression":
+            function = call_name(self.source, value)
+            args = arguments_of(value)
+            if function in _MAX_FUNCS and len(args) == 2:
+                for arg in args:
+                    if self.source.text_of(strip_parens(arg)) == name:
+                        return _MAX_FUNCS[function], arg
+        raise NotCanonical(
+            f"the loop assigns {name} at line {self.line(expression)}, which is not a sum, a "
+            "max or a min of it"
+        )
+
+    def check_accumulators(self, loop: RowLoop, self_reads: set[tuple[int, int]]) -> None:
+        body = loop.node.child_by_field_name("body")
+        assert body is not None
+        for node in inside(self.source, body, "identifier"):
+            name = self.source.text_of(node)
+            if name not in loop.accumulators:
+                continue
+            parent = node.parent
+            is_target = (
+                parent is not None
+                and parent.type == "assignment_expression"
+                and parent.child_by_field_name("left") == node
+            )
+            if is_target or (node.start_byte, node.end_byte) in self_reads:
+                continue
+            raise NotCanonical(
+                f"the loop at line {self.line(loop.node)} reads {name} while reducing into it "
+                f"(line {self.line(node)}): a running value, not a reduction"
+            )
+        for name, op in loop.accumulators.items():
+            if plain_type(self.types.get(name, "")) != "float":
+                raise NotCanonical(f"{name} is not a float (only float reductions are emitted)")
+            if op == "sum":
+                self.check_starts_at_zero(name, loop.node)
+
+    def check_starts_at_zero(self, name: str, loop: Node) -> None:
+        """A sum split over threads is right only when every thread starts from zero."""
+        assert self.kernel.body is not None
+        declaration = None
+        for node in inside(self.source, self.kernel.body, "declaration"):
+            declared = _single_init(self.source, node)
+            if declared is not None and declared[0] == name and node.end_byte <= loop.start_byte:
+                declaration = (node, declared[1])
+        if declaration is None or not is_zero_literal(self.source, declaration[1]):
+            raise NotCanonical(
+                f"the sum {name} does not start from a zero literal, so each thread of a group "
+                "would add its start value"
+            )
+        start = declaration[0].end_byte
+        for node in self.source.iter_nodes("assignment_expression", "update_expression"):
+            if not (start <= node.start_byte < loop.start_byte):
+                continue
+            target = node.child_by_field_name("left") or node.child_by_field_name("argument")
+            if target is not None and self.source.text_of(target) == name:
+                raise NotCanonical(f"{name} is written before its loop (line {self.line(node)})")
+
+    def check_memory(self) -> None:
+        """Threads of a group see each other's stores only at the same index in the same
+        pattern of loops, so memory that is written is read back only that way."""
+        stored = {(base, index) for base, index, _ in self.store_targets}
+        bases = {base for base, _ in stored}
+        for base, index, node, in_loop in self.loads:
+            if base not in bases:
+                continue
+            if not in_loop or (base, index) not in stored:
+                raise NotCanonical(
+                    f"{base}[{index}] is read at line {self.line(node)} but written elsewhere "
+                    "in the kernel, by another thread of the group"
+                )
+
+
+def _offset_by(source: ParsedSource, target: Node, variable: str) -> bool:
+    """Whether a store ``p[index]`` has ``index = variable`` or ``... + variable + ...`` with
+    the variable nowhere else: each iteration then writes its own element."""
+    target = strip_parens(target)
+    indices = (
+        target.child_by_field_name("indices") if target.type == "subscript_expression" else None
+    )
+    if indices is None or len(indices.named_children) != 1:
+        return False
+    terms = [indices.named_children[0]]
+    found = 0
+    while terms:
+        term = strip_parens(terms.pop())
+        if term.type == "binary_expression" and _op(term) == "+":
+            terms += [
+                c
+                for c in (term.child_by_field_name("left"), term.child_by_field_name("right"))
+                if c
+            ]
+            continue
+        if term.type == "identifier" and source.text_of(term) == variable:
+            found += 1
+        elif any(source.text_of(n) == variable for n in inside(source, term, "identifier")):
+            return False
+    return found == 1
+
+
+def _declared(source: ParsedSource, node: Node) -> list[str]:
+    names = []
+    for declarator in node.children_by_field_name("declarator"):
+        current: Node | None = declarator
+        while current is not None and current.type != "identifier":
+            current = current.child_by_field_name("declarator")
+        if current is not None:
+            names.append(source.text_of(current))
+    return names
+
+
+def _unit_step(source: ParsedSource, update: Node | None, variable: str) -> bool:
+    if update is None:
+        return False
+    text = source.text_of(update).replace(" ", "")
+    return text in (f"++{variable}", f"{variable}++", f"{variable}+=1")
+
+
+def _below(source: ParsedSource, condition: Node | None, variable: str) -> bool:
+    if condition is None:
+        return False
+    condition = strip_parens(condition)
+    left = condition.child_by_field_name("left")
+    return (
+        condition.type == "binary_expression"
+        and _op(condition) == "<"
+        and left is not None
+        and source.text_of(left) == variable
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Thread per row -> group per row (application)
+# ---------------------------------------------------------------------------------------------
+
+_RANK = {"block": "threadIdx.x", "warp": "threadIdx.x & 31"}
+_SIZE = {"block": "blockDim.x", "warp": "32"}
+_FIRST = {"block": "threadIdx.x == 0", "warp": "(threadIdx.x & 31) == 0"}
+
+
+def spread_rows(
+    source: ParsedSource, rows: ThreadRows, group: Group, block_size: int
+) -> list[Edit]:
+    """The edits that give each row of a canonical thread-per-row kernel to a block (or a
+    warp) of ``block_size`` threads."""
+    edits: list[Edit] = []
+    if group == "block":
+        edits.append(Edit.replace(rows.index, source.text_of(rows.block_part)))
+    else:
+        edits.append(Edit.replace(rows.index, f"({source.text_of(rows.index)}) >> 5"))
+    ops: list[str] = []
+    for loop in rows.loops:
+        edits.append(Edit.replace(loop.start, _RANK[group]))
+        edits.append(Edit.replace(loop.update, f"{loop.variable} += {_SIZE[group]}"))
+        indent = source.indent_of(loop.node.start_byte)
+        lines = "".join(
+            f"\n{indent}{name} = {group}_reduce_{op}({name});"
+            for name, op in loop.accumulators.items()
+        )
+        if lines:
+            edits.append(Edit.insert(loop.node.end_byte, lines))
+        ops += [op for op in loop.accumulators.values() if op not in ops]
+    for store in rows.stores:
+        edits.append(Edit.insert(store.start_byte, f"if ({_FIRST[group]}) "))
+    _check_launch_bounds(source, rows.kernel, block_size)
+    edits += _launch_edits_to_groups(source, rows, group, block_size)
+    edits += helper_insertions(source, rows.kernel, group, ops)
+    return edits
+
+
+def _check_launch_bounds(source: ParsedSource, kernel: Function, block_size: int) -> None:
+    """A launch larger than the kernel's ``__launch_bounds__`` would fail."""
+    if kernel.launch_bounds is None:
+        return
+    args = [a for a in kernel.launch_bounds.named_children if a.type != "comment"]
+    bound = fold(source, args[0]) if args else None
+    if bound is None:
+        raise NotCanonical(
+            f"{kernel.name} has __launch_bounds__ that do not fold to a number; the new block "
+            "size could break them"
+        )
+    if block_size > bound:
+        raise NotCanonical(f"block_size={block_size} exceeds __launch_bounds__({bound})")
+
+
+def _launch_edits_to_groups(
+    source: ParsedSource, rows: ThreadRows, group: Group, block_size: int
+) -> list[Edit]:
+    launches = source.launches_of(rows.kernel.name)
+    if not launches:
+        raise NotCanonical(f"no launch of {rows.kernel.name} in this file to give a group per row")
+    edits = []
+    for launch in launches:
+        grid, block = launch.grid, launch.block
+        if grid is None or block is None:
+            raise NotCanonical(f"the launch at line {source.line_of(launch.node.start_byte)}")
+        count = _row_count(source, rows.kernel, launch, rows.bound)
+        if group == "block":
+            text = f"(unsigned){count}" if _primary_text(count) else f"(unsigned)({count})"
+        else:
+            warps = block_size // 32
+            text = f"(unsigned)(({_numerator(count)} + {warps - 1}) / {warps})"
+        edits += [Edit.replace(grid, text), Edit.replace(block, str(block_size))]
+    return edits
+
+
+def _primary_text(text: str) -> bool:
+    return re.match(r"^[A-Za-z_]\w*$", text) is not None
+
+
+def _numerator(count: str) -> str:
+    """``count`` ready to have a number added: parenthesized unless it is names joined by
+    ``*`` and ``+``."""
+    return count if re.match(r"^[\w\s*+]+$", count) else f"({count})"
+
+
+def _row_count(source: ParsedSource, kernel: Function, launch: Launch, bound: Node) -> str:
+    """The kernel's row count written at a launch: its bound with the kernel's parameters
+    replaced by the launch's arguments."""
+    params = [p.name for p in kernel.params]
+    if len(launch.args) != len(params):
+        raise NotCanonical(
+            f"the launch at line {source.line_of(launch.node.start_byte)} "
+            "does not pass every parameter"
+        )
+    values = dict(zip(params, launch.args, strict=True))
+    edits = []
+    for node in inside(source, bound, "identifier"):
+        name = source.text_of(node)
+        if name not in values and name not in source.integer_constants:
+            raise NotCanonical(f"the row bound uses {name}, which the launch cannot see")
+        if name in values:
+            arg = values[name]
+            text = source.text_of(arg)
+            edits.append(Edit.replace(node, text if precedence(arg) >= PRIMARY else f"({text})"))
+    if any(inside(source, bound, "call_expression", "field_expression")):
+        raise NotCanonical(f"the row bound {source.text_of(bound)} is not a parameter expression")
+    text = local_splice(source, bound.start_byte, bound.end_byte, edits)
+    return " ".join(text.split())
+
+
+# ---------------------------------------------------------------------------------------------
+# Group per row (block or warp): the optimized form, and its removal
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GroupRows:
+    """A group-per-row kernel, analysed for the rewrite to thread per row."""
+
+    kernel: Function
+    group: Group
+    edits: list[Edit]
+    removed: list[tuple[int, int]]
+    """Byte ranges the rewrite deletes (to tell which helpers become unused)."""
+
+
+class _InlineReductions:
+    """Recognizes a group reduction written inline::
+
+    v = warp_sum(v);                        // a warp-reduction helper, every lane
+    const int lane = threadIdx.x & 31;      // rank variables (unused afterwards)
+    if (lane == 0) scratch[warp] = v;       // publish one value per warp
+    __syncthreads();
+    v = lane < kWarps ? scratch[lane] : 0;  // reload
+    v = warp_sum(v);                        // reduce the warps' values
+    __syncthreads();                        // (optional: scratch reused)
+    """
+
+    def __init__(self, source: ParsedSource, body: Node) -> None:
+        self.source = source
+        self.body = body
+        self.warp_reducers = warp_reduce_functions(source)
+        self.shared = {
+            name for d in source.shared_declarations if within(d.node, body) for name in d.names
+        }
+
+    def line(self, node: Node) -> int:
+        return self.source.line_of(node.start_byte)
+
+    def any_run(self) -> bool:
+        """Whether the body holds such a run anywhere (detection)."""
+        for block in inside(self.source, self.body, "compound_statement"):
+            statements = named_statements(block)
+            for index in range(len(statements)):
+                try:
+                    if self.run_end(statements, index) is not None:
+                        return True
+                except NotCanonical:
+                    return True
+        return False
+
+    def run_end(self, statements: list[Node], start: int) -> int | None:
+        """The index of the last statement of a reduction run starting at ``start``."""
+        variable = self.warp_step(statements[start])
+        if variable is None:
+            return None
+        synced = False
+        declared: list[str] = []
+        for index in range(start + 1, len(statements)):
+            statement = statements[index]
+            if self.warp_step(statement) == variable:
+                if not synced:
+                    return None
+                following = statements[index + 1 :]
+                if following and _is_call_statement(self.source, following[0], _SYNC):
+                    index += 1
+                self.check_unused_after(declared, statements[index + 1 :])
+                return index
+            if _is_call_statement(self.source, statement, _SYNC):
+                synced = True
+                continue
+            if statement.type == "declaration" and builtin_uses(self.source, statement):
+                declared += _declared(self.source, statement)
+                continue
+            if self.publishes(statement, variable) or self.reloads(statement, variable):
+                continue
+            return None
+        return None
+
+    def warp_step(self, statement: Node) -> str | None:
+        """``v = warp_fn(v);`` -> ``v``."""
+        if statement.type != "expression_statement" or not statement.named_children:
+            return None
+        assignment = statement.named_children[0]
+        if assignment.type != "assignment_expression" or _op(assignment) != "=":
+            return None
+        left = assignment.child_by_field_name("left")
+        right = assignment.child_by_field_name("right")
+        if left is None or right is None or right.type != "call_expression":
+            return None
+        if call_name(self.source, right) not in self.warp_reducers:
+            return None
+        args = arguments_of(right)
+        name = self.source.text_of(left)
+        return name if len(args) == 1 and self.source.text_of(args[0]) == name else None
+
+    def publishes(self, statement: Node, variable: str) -> bool:
+        """``if (lane == 0) scratch[warp] = v;``: one thread per warp stores ``v``."""
+        if statement.type != "if_statement" or statement.child_by_field_name("alternative"):
+            return False
+        consequence = statement.child_by_field_name("consequence")
+        if consequence is None or consequence.type != "expression_statement":
+            return False
+        assignment = consequence.named_children[0] if consequence.named_children else None
+        if assignment is None or assignment.type != "assignment_expression":
+            return False
+        left = assignment.child_by_field_name("left")
+        right = assignment.child_by_field_name("right")
+        base = left.child_by_field_name("argument") if left is not None else None
+        return (
+            base is not None
+            and right is not None
+            and _op(assignment) == "="
+            and self.source.text_of(base) in self.shared
+            and self.source.text_of(right) == variable
+        )
+
+    def reloads(self, statement: Node, variable: str) -> bool:
+        """``v = lane < n ? scratch[lane] : identity;``."""
+        if statement.type != "expression_statement" or not statement.named_children:
+            return False
+        assignment = statement.named_children[0]
+        if assignment.type != "assignment_expression":
+            return False
+        left = assignment.child_by_field_name("left")
+        right = assignment.child_by_field_name("right")
+        if left is None or right is None or self.source.text_of(left) != variable:
+            return False
+        shared = self.shared
+        return any(
+            self.source.text_of(n) in shared for n in inside(self.source, right, "identifier")
+        )
+
+    def check_unused_after(self, names: list[str], rest: list[Node]) -> None:
+        for statement in rest:
+            for node in inside(self.source, statement, "identifier"):
+                if self.source.text_of(node) in names:
+                    raise NotCanonical(
+                        f"{self.source.text_of(node)} from the block reduction is used again "
+                        f"at line {self.line(node)}"
+                    )
+
+
+class _GroupWalker:
+    """Recognizes the group-layout forms of one kernel and collects their thread-per-row
+    rewrites; anything left tied to the layout is refused."""
+
+    def __init__(self, source: ParsedSource, kernel: Function, group: Group) -> None:
+        if kernel.body is None:
+            raise NotCanonical(f"{kernel.name} has no body")
+        self.source = source
+        self.kernel = kernel
+        self.body: Node = kernel.body
+        self.group = group
+        self.graph = graph(source)
+        self.launches = source.launches_of(kernel.name)
+        self.edits: list[Edit] = []
+        self.handled: list[Node] = []  # nodes whose built-ins are accounted for
+        self.removed: list[tuple[int, int]] = []
+        self.reduced: list[tuple[int, str]] = []  # (end of a reduction, the variable it sets)
+        self.strided: list[Node] = []  # the group-strided loops
+        self.inline = _InlineReductions(source, kernel.body)
+        self.warp_reducers = self.inline.warp_reducers
+        self.block_reducers = block_reduce_functions(source)
+        if not self.launches:
+            raise NotCanonical(f"no launch of {kernel.name} in this file to rewrite")
+        for launch in self.launches:
+            self.check_launch(launch)
+
+    def line(self, node: Node) -> int:
+        return self.source.line_of(node.start_byte)
+
+    def check_launch(self, launch: Launch) -> None:
+        line = self.line(launch.node)
+        if launch.grid is None or launch.block is None:
+            raise NotCanonical(f"the launch at line {line} has no block size")
+        for part in (launch.grid, launch.block):
+            text = self.source.text_of(part)
+            if "dim3" in text or "," in text:
+                raise NotCanonical(f"the launch at line {line} is not one-dimensional ({text})")
+            host = self.source.enclosing_function(launch.node)
+            types = self.source.local_types(host) if host is not None else {}
+            if part.type == "identifier" and "dim3" in types.get(text, ""):
+                raise NotCanonical(f"the launch at line {line} uses a dim3 {text}")
+
+    # -- the group size --------------------------------------------------------------------
+
+    def names(self, launch: Launch) -> dict[str, int | str]:
+        """Constants usable at a launch: the file's, the launching function's folded locals,
+        and the kernel's template parameters bound to numbers."""
+        names: dict[str, int | str] = dict(self.source.integer_constants)
+        local = launch_names(self.source, self.source.enclosing_function(launch.node))
+        for key, value in [*local.items(), *template_bindings(self.source, launch).items()]:
+            folded = evaluate_size(str(value), {})
+            if folded is not None:
+                names[key] = folded
+        return names
+
+    def is_block_size(self, node: Node) -> bool:
+        """Whether an expression equals the launch's block size at every launch."""
+        if is_builtin(self.source, node, "blockDim"):
+            return True
+        text = " ".join(self.source.text_of(node).split())
+        for launch in self.launches:
+            assert launch.block is not None
+            block_text = " ".join(self.source.text_of(launch.block).split())
+            bindings = template_bindings(self.source, launch)
+            if text == block_text:
+                continue
+            if text in bindings and " ".join(str(bindings[text]).split()) == block_text:
+                continue
+            names = self.names(launch)
+            here = _fold_with(self.source, node, names)
+            there = _fold_with(self.source, launch.block, names)
+            if here is None or there is None or here != there:
+                return False
+        return True
+
+    def is_warp_count(self, node: Node) -> bool:
+        """Whether an expression times 32 is the launch's block size at every launch."""
+        for launch in self.launches:
+            assert launch.block is not None
+            names = self.names(launch)
+            here = _fold_with(self.source, node, names)
+            there = _fold_with(self.source, launch.block, names)
+            if here is None or there is None or here * 32 != there:
+                return False
+        return True
+
+    # -- reductions ------------------------------------------------------------------------
+
+    def reductions(self, reducers: set[str]) -> None:
+        """Calls to group-reduction helpers become the identity."""
+        for node in inside(self.source, self.body, "call_expression"):
+            if call_name(self.source, node) not in reducers:
+                continue
+            args = arguments_of(node)
+            if not args:
+                continue
+            statement = node.parent.parent if node.parent is not None else None
+            assignment = node.parent
+            if (
+                assignment is not None
+                and assignment.type == "assignment_expression"
+                and _op(assignment) == "="
+                and statement is not None
+                and statement.type == "expression_statement"
+                and self.source.text_of(assignment.child_by_field_name("left") or node)
+                == self.source.text_of(args[0])
+            ):
+                self.delete(statement)
+                self.reduced.append((statement.end_byte, self.source.text_of(args[0])))
+                continue
+            value = args[0]
+            self.edits.append(
+                Edit.replace(node, wrap_at(node, self.source.text_of(value), precedence(value)))
+            )
+            self.handled.append(node)
+            self.removed.append((node.start_byte, node.end_byte))
+
+    def delete(self, statement: Node) -> None:
+        edit = line_deletion(self.source, statement)
+        self.edits.append(edit)
+        self.handled.append(statement)
+        self.removed.append((statement.start_byte, statement.end_byte))
+
+    def inline_reductions(self) -> None:
+        """``v = warp(v); ... publish ...; __syncthreads(); ... reload ...; v = warp(v);`` ->
+        nothing."""
+        for block in inside(self.source, self.body, "compound_statement"):
+            statements = named_statements(block)
+            index = 0
+            while index < len(statements):
+                end = self.inline.run_end(statements, index)
+                if end is None:
+                    index += 1
+                    continue
+                for statement in statements[index : end + 1]:
+                    self.delete(statement)
+                variable = self.inline.warp_step(statements[index])
+                self.reduced.append((statements[end].end_byte, variable or ""))
+                index = end + 1
+
+    # -- loops, guards, shared memory ------------------------------------------------------
+
+    def strided_loops(self, lane_name: str | None) -> None:
+        """``for (T c = rank; c < n; c += size)`` -> ``for (T c = 0; c < n; ++c)``, the rank
+        being ``threadIdx.x`` (block) or the lane (warp: ``threadIdx.x & 31`` or its
+        variable)."""
+        for loop in self.source.loops:
+            if not within(loop.node, self.body) or loop.kind != "for" or loop.variable is None:
+                continue
+            if loop.initializer is None or loop.update is None:
+                continue
+            declared = _single_init(self.source, loop.initializer)
+            if declared is None or not self.is_rank(declared[1], lane_name):
+                continue
+            step = self.stride(loop.update, loop.variable)
+            if step is None or not _below(self.source, loop.condition, loop.variable):
+                continue
+            self.edits.append(Edit.replace(declared[1], "0"))
+            self.edits.append(Edit.replace(loop.update, f"++{loop.variable}"))
+            self.handled += [declared[1], loop.update]
+            self.strided.append(loop.node)
+
+    def stride(self, update: Node, variable: str) -> Node | None:
+        update = strip_parens(update)
+        if update.type != "assignment_expression" or _op(update) != "+=":
+            return None
+        left, right = update.child_by_field_name("left"), update.child_by_field_name("right")
+        if left is None or right is None or self.source.text_of(left) != variable:
+            return None
+        if self.group == "block":
+            return right if self.is_block_size(right) else None
+        text = self.source.text_of(strip_parens(right))
+        return right if text in ("32", "warpSize") else None
+
+    def is_rank(self, node: Node, lane_name: str | None) -> bool:
+        if self.group == "block":
+            return is_builtin(self.source, node, "threadIdx")
+        node = strip_casts(node)
+        return _is_lane(self.source, node) or (
+            lane_name is not None and self.source.text_of(node) == lane_name
+        )
+
+    def guards(self, lane_name: str | None) -> None:
+        """``if (first) S`` -> ``S``, for the group's first thread."""
+        for node in inside(self.source, self.body, "if_statement"):
+            if node.child_by_field_name("alternative") is not None:
+                continue
+            condition = node.child_by_field_name("condition")
+            consequence = node.child_by_field_name("consequence")
+            value = condition.child_by_field_name("value") if condition is not None else None
+            if value is None or consequence is None or not self.is_first(value, lane_name):
+                continue
+            if any(within(node, h) for h in self.handled):
+                continue
+            self.edits.append(Edit(node.start_byte, consequence.start_byte, ""))
+            self.handled.append(value)
+
+    def is_first(self, node: Node, lane_name: str | None) -> bool:
+        node = strip_parens(node)
+        if node.type != "binary_expression" or _op(node) != "==":
+            return False
+        left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+        if left is None or right is None or not is_zero_literal(self.source, right):
+            return False
+        if self.group == "block":
+            return is_builtin(self.source, left, "threadIdx")
+        left = strip_parens(left)
+        return _is_lane(self.source, left) or (
+            lane_name is not None and self.source.text_of(left) == lane_name
+        )
+
+    def unused_shared(self) -> None:
+        """``__shared__`` arrays only the deleted reductions used are deleted too."""
+        for declaration in self.source.shared_declarations:
+            if not within(declaration.node, self.body):
+                continue
+            names = set(declaration.names)
+            for node in inside(self.source, self.body, "identifier"):
+                if self.source.text_of(node) not in names or within(node, declaration.node):
+                    continue
+                if not any(a <= node.start_byte and node.end_byte <= b for a, b in self.removed):
+                    raise NotCanonical(
+                        f"the block shares {self.source.text_of(node)} in shared memory beyond "
+                        f"a reduction (line {self.line(node)})"
+                    )
+            self.delete(declaration.node)
+
+    def partials(self) -> None:
+        """A value a group-strided loop accumulates is one thread's part of the row until a
+        group reduction combines it: read before that, it would mean the whole row once the
+        loop is a full loop, so such a read is refused."""
+        for loop in self.strided:
+            body = loop.child_by_field_name("body")
+            if body is None:
+                continue
+            local = {
+                name
+                for node in inside(self.source, body, "declaration")
+                for name in _declared(self.source, node)
+            }
+            written = set()
+            for node in inside(self.source, body, "assignment_expression", "update_expression"):
+                target = node.child_by_field_name("left") or node.child_by_field_name("argument")
+                root = _lvalue_root(self.source, target) if target is not None else None
+                if root is not None and root not in local:
+                    written.add(root)
+            for name in sorted(written):
+                self.partial_reads(loop, name)
+
+    def partial_reads(self, loop: Node, name: str) -> None:
+        combined = min(
+            (end for end, variable in self.reduced if variable == name and end > loop.end_byte),
+            default=None,
+        )
+        for node in inside(self.source, self.body, "identifier"):
+            if self.source.text_of(node) != name or node.start_byte < loop.end_byte:
+                continue
+            if combined is not None and node.start_byte >= combined:
+                break
+            if any(a <= node.start_byte and node.end_byte <= b for a, b in self.removed):
+                continue
+            if any(within(node, other) for other in self.strided):
+                continue
+            raise NotCanonical(
+                f"{name}, accumulated by the {self.group}-strided loop at line {self.line(loop)}, "
+                f"is read at line {self.line(node)} before a {self.group} reduction combines it"
+            )
+
+    def leftovers(self) -> None:
+        """Refuse what is still tied to the thread layout."""
+        for use in builtin_uses(self.source, self.body):
+            if any(within(use, h) for h in self.handled):
+                continue
+            raise NotCanonical(_spread(self.source.text_of(use), self.line(use)))
+        for node in inside(self.source, self.body, "call_expression"):
+            if any(within(node, h) for h in self.handled):
+                continue
+            name = call_name(self.source, node)
+            if name in _SYNC or name in _WARP_INTRINSICS:
+                raise NotCanonical(f"{name} at line {self.line(node)} is not part of a reduction")
+            for function in self.graph.functions(name or ""):
+                why = _layout_bound(self.source, function)
+                if why is None:
+                    reached = [
+                        g
+                        for n in self.graph.reachable(function.name)
+                        for g in self.graph.functions(n)
+                    ]
+                    why = next((w for g in reached if (w := _layout_bound(self.source, g))), None)
+                if why is not None:
+                    raise NotCanonical(f"{name} at line {self.line(node)} {why}")
+
+
+def _lvalue_root(source: ParsedSource, node: Node) -> str | None:
+    """``acc.m`` -> ``acc``; ``v`` -> ``v``; memory stores (``p[i]``) -> None."""
+    node = strip_parens(node)
+    while node.type == "field_expression":
+        operator = node.child_by_field_name("operator")
+        inner = node.child_by_field_name("argument")
+        if inner is None or operator is None or operator.type != ".":
+            return None
+        node = strip_parens(inner)
+    return source.text_of(node) if node.type == "identifier" else None
+
+
+def _spread(what: str, line: int) -> str:
+    """Why a use of the thread's rank blocks the rewrite to thread per row."""
+    return (
+        f"{what} at line {line} is not a group-strided loop start, a first-thread guard or the "
+        "row index: the row is spread over the group in a form a thread-per-row kernel cannot "
+        "keep (a row held in registers across strided slots is one; see row_in_registers)"
+    )
+
+
+def _fold_with(source: ParsedSource, node: Node, names: dict[str, int | str]) -> int | None:
+    return fold_int(source, node, names)
+
+
+def _is_lane(source: ParsedSource, node: Node) -> bool:
+    """``threadIdx.x & 31`` or ``threadIdx.x % 32`` (``warpSize`` forms too)."""
+    node = strip_casts(node)
+    if node.type != "binary_expression":
+        return False
+    left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+    if not is_builtin(source, left, "threadIdx") or right is None:
+        return False
+    text = source.text_of(strip_parens(right)).replace(" ", "")
+    return (_op(node) == "&" and text in ("31", "warpSize-1", "0x1f")) or (
+        _op(node) == "%" and text in ("32", "warpSize")
+    )
+
+
+def _is_call_statement(source: ParsedSource, node: Node, names: frozenset[str]) -> bool:
+    if node.type != "expression_statement" or not node.named_children:
+        return False
+    call = node.named_children[0]
+    return call.type == "call_expression" and call_name(source, call) in names
+
+
+# ---------------------------------------------------------------------------------------------
+# Row index forms of the group layouts
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _RowIndex:
+    statement: Node | None
+    """The declaration of the row index; None when blockIdx.x is used in expressions."""
+    name: str
+    value: Node | None
+    replacement: str | None
+    """The thread-per-row initial value to write."""
+    bound: Node | None
+    """The bound of an existing check, if any."""
+
+
+def block_row_uses(source: ParsedSource, kernel: Function) -> list[Node] | None:
+    """The ``blockIdx.x`` uses of a block-per-row kernel (each in a statement without
+    ``threadIdx``); None when the kernel does not index rows by block."""
+    if kernel.body is None:
+        return None
+    uses = builtin_uses(source, kernel.body, "blockIdx")
+    if not uses or any(source.text_of(u).replace(" ", "") != "blockIdx.x" for u in uses):
+        return None
+    for use in uses:
+        statement = use
+        while statement.parent is not None and not (
+            statement.type.endswith("statement") or statement.type == "declaration"
+        ):
+            statement = statement.parent
+        inner = statement
+        if statement.type in ("for_statement", "if_statement"):
+            inner = use.parent or use
+        if builtin_uses(source, inner, "threadIdx", "blockDim"):
+            return None
+    return uses
+
+
+def warp_row_index(
+    source: ParsedSource, kernel: Function, walker: _GroupWalker | None = None
+) -> tuple[Node, Node, str] | None:
+    """(declaration, value, thread-per-row value) of a warp-per-row index: ``(tid) >> 5``,
+    ``(tid) / 32`` or ``blockIdx.x * warps + (threadIdx.x >> 5)``."""
+    if kernel.body is None:
+        return None
+    for statement in named_statements(kernel.body):
+        declared = _single_init(source, statement)
+        if declared is None:
+            continue
+        value = strip_casts(declared[1])
+        replacement = _warp_index_replacement(source, value, walker)
+        if replacement is not None:
+            return statement, declared[1], replacement
+    return None
+
+
+def _warp_index_replacement(
+    source: ParsedSource, value: Node, walker: _GroupWalker | None
+) -> str | None:
+    if value.type != "binary_expression":
+        return None
+    left, right = value.child_by_field_name("left"), value.child_by_field_name("right")
+    if left is None or right is None:
+        return None
+    right_text = source.text_of(strip_parens(right))
+    if (_op(value), right_text) in ((">>", "5"), ("/", "32")):
+        inner = strip_parens(left)
+        if _global_thread_index(source, inner) is not None:
+            return source.text_of(inner)
+        return None
+    if _op(value) != "+":
+        return None
+    for product, warp in ((left, right), (right, left)):
+        warp = strip_casts(warp)
+        if warp.type != "binary_expression" or not is_builtin(
+            source, warp.child_by_field_name("left"), "threadIdx"
+        ):
+            continue
+        shift = source.text_of(strip_parens(warp.child_by_field_name("right") or warp))
+        if (_op(warp), shift) not in ((">>", "5"), ("/", "32")):
+            continue
+        product = strip_parens(product)
+        if product.type != "binary_expression" or _op(product) != "*":
+            continue
+        a, b = product.child_by_field_name("left"), product.child_by_field_name("right")
+        for block, count in ((a, b), (b, a)):
+            if is_builtin(source, block, "blockIdx") and count is not None:
+                if walker is not None and not walker.is_warp_count(count):
+                    return None
+                return "(int64_t)blockIdx.x * blockDim.x + threadIdx.x"
+    return None
+
+
+def _warp_reduction_calls(source: ParsedSource, kernel: Function) -> bool:
+    reducers = warp_reduce_functions(source)
+    assert kernel.body is not None
+    return any(
+        call_name(source, n) in reducers for n in inside(source, kernel.body, "call_expression")
+    )
+
+
+def _block_reduction(source: ParsedSource, kernel: Function) -> bool:
+    """Whether a kernel reduces over its block: a call to a block-reduction helper, or the
+    inline warp-reduce / publish / barrier / reload sequence."""
+    assert kernel.body is not None
+    reducers = block_reduce_functions(source)
+    if any(
+        call_name(source, n) in reducers for n in inside(source, kernel.body, "call_expression")
+    ):
+        return True
+    return _InlineReductions(source, kernel.body).any_run()
+
+
+def is_block_per_row(source: ParsedSource, kernel: Function) -> bool:
+    """Detection: rows indexed by ``blockIdx.x`` alone, reduced over the block."""
+    return block_row_uses(source, kernel) is not None and _block_reduction(source, kernel)
+
+
+def is_warp_per_row(source: ParsedSource, kernel: Function) -> bool:
+    """Detection: rows indexed by the warp number, reduced over the warp."""
+    return warp_row_index(source, kernel) is not None and _warp_reduction_calls(source, kernel)
+
+
+# ---------------------------------------------------------------------------------------------
+# Group per row -> thread per row (removal)
+# ---------------------------------------------------------------------------------------------
+
+
+def group_rows(source: ParsedSource, kernel: Function, group: Group) -> GroupRows:
+    """The edits that turn a block- (or warp-) per-row kernel into a thread-per-row one;
+    :class:`NotCanonical` says why not."""
+    walker = _GroupWalker(source, kernel, group)
+    index = _block_layout(walker) if group == "block" else _warp_layout(walker)
+    walker.leftovers()
+    walker.partials()
+    walker.edits += _thread_launches(source, walker, index)
+    walker.edits += helper_deletions(source, walker.removed)
+    return GroupRows(kernel, group, walker.edits, walker.removed)
+
+
+def _block_layout(walker: _GroupWalker) -> _RowIndex:
+    """Block reductions, the block row index, block-strided loops, thread-0 guards and the
+    reductions' scratch arrays."""
+    walker.reductions(walker.block_reducers)
+    walker.inline_reductions()
+    index = _block_index(walker.source, walker)
+    walker.strided_loops(None)
+    walker.guards(None)
+    walker.unused_shared()
+    return index
+
+
+def _warp_layout(walker: _GroupWalker) -> _RowIndex:
+    """The warp row index (which must have a bound check), warp reductions, lane-strided
+    loops, lane-0 guards and the lane variable."""
+    source, kernel = walker.source, walker.kernel
+    found = warp_row_index(source, kernel, walker)
+    if found is None:
+        raise NotCanonical(f"{kernel.name} has no warp row index the rewrite knows")
+    statement, value, replacement = found
+    declared = _single_init(source, statement)
+    bound = _bound_after(source, kernel, statement)
+    if declared is None or bound is None:
+        raise NotCanonical(
+            f"the warp row index at line {walker.line(statement)} has no bound check"
+        )
+    walker.edits.append(Edit.replace(value, replacement))
+    walker.handled.append(value)
+    walker.reductions(walker.warp_reducers)
+    lane_name, lane_statement = _lane_variable(source, kernel)
+    walker.strided_loops(lane_name)
+    walker.guards(lane_name)
+    if lane_statement is not None and lane_name is not None:
+        _drop_lane(source, walker, lane_statement, lane_name)
+    return _RowIndex(statement, declared[0], value, replacement, bound)
+
+
+def _bound_after(source: ParsedSource, kernel: Function, statement: Node) -> Node | None:
+    assert kernel.body is not None
+    statements = named_statements(kernel.body)
+    position = statements.index(statement) if statement in statements else -1
+    if position < 0 or position + 1 >= len(statements):
+        return None
+    declared = _single_init(source, statement)
+    return _bound_check(source, statements[position + 1], declared[0]) if declared else None
+
+
+def _block_index(source: ParsedSource, walker: _GroupWalker) -> _RowIndex:
+    """Rewrite the block row index into a thread row index."""
+    kernel = walker.kernel
+    uses = block_row_uses(source, kernel)
+    if uses is None:
+        raise NotCanonical(f"{kernel.name} does not index its rows by blockIdx.x alone")
+    assert kernel.body is not None
+    for statement in named_statements(kernel.body):
+        declared = _single_init(source, statement)
+        if declared is None or not is_builtin(source, declared[1], "blockIdx"):
+            continue
+        if any(not within(u, statement) for u in uses):
+            break
+        value = declared[1]
+        text = source.text_of(value)
+        if strip_parens(value).type != "cast_expression":
+            text = "(int64_t)blockIdx.x"
+        replacement = f"{text} * blockDim.x + threadIdx.x"
+        walker.edits.append(Edit.replace(value, replacement))
+        walker.handled.append(value)
+        return _RowIndex(
+            statement, declared[0], value, replacement, _bound_after(source, kernel, statement)
+        )
+    taken = {p.name or "" for p in kernel.params} | {
+        source.text_of(n) for n in inside(source, kernel.body, "identifier")
+    }
+    name = fresh_name(taken, "row")
+    for use in uses:
+        walker.edits.append(Edit.replace(use, name))
+        walker.handled.append(use)
+    return _RowIndex(None, name, None, None, None)
+
+
+def _lane_variable(source: ParsedSource, kernel: Function) -> tuple[str | None, Node | None]:
+    assert kernel.body is not None
+    for statement in named_statements(kernel.body):
+        declared = _single_init(source, statement)
+        if declared is not None and _is_lane(source, declared[1]):
+            return declared[0], statement
+    return None, None
+
+
+def _drop_lane(source: ParsedSource, walker: _GroupWalker, statement: Node, name: str) -> None:
+    """The lane variable goes once nothing but handled code uses it."""
+    assert walker.kernel.body is not None
+    for node in inside(source, walker.kernel.body, "identifier"):
+        if source.text_of(node) != name or within(node, statement):
+            continue
+        if any(within(node, h) for h in walker.handled):
+            continue
+        if any(a <= node.start_byte and node.end_byte <= b for a, b in walker.removed):
+            continue
+        raise NotCanonical(_spread(f"the lane variable {name}", source.line_of(node.start_byte)))
+    walker.delete(statement)
+
+
+def _thread_launches(source: ParsedSource, walker: _GroupWalker, index: _RowIndex) -> list[Edit]:
+    """The bound check (and a row-count parameter when there is none) and launches of
+    ceil(rows / block) blocks."""
+    kernel = walker.kernel
+    assert kernel.body is not None
+    edits: list[Edit] = []
+    bound_text: str | None = None
+    if index.bound is not None:
+        bound = index.bound
+        counts = [_row_count(source, kernel, launch, bound) for launch in walker.launches]
+    else:
+        taken = {p.name or "" for p in kernel.params} | {
+            source.text_of(n) for n in inside(source, kernel.body, "identifier")
+        }
+        bound_text = fresh_name(taken, "rows")
+        params = kernel.declarator.child_by_field_name("parameters")
+        assert params is not None
+        edits.append(Edit.insert(params.end_byte - 1, f", int64_t {bound_text}"))
+        counts = []
+        for launch in walker.launches:
+            assert launch.grid is not None
+            count = " ".join(source.text_of(_drop_unsigned(launch.grid)).split())
+            counts.append(count)
+            arguments = launch.node.child_by_field_name("arguments")
+            assert arguments is not None
+            separator = ", " if launch.args else ""
+            edits.append(Edit.insert(arguments.end_byte - 1, f"{separator}{count}"))
+        indent = _indent(source, kernel)
+        check = f"if ({index.name} >= {bound_text}) return;"
+        if index.statement is None:
+            lines = (
+                f"\n{indent}const int64_t {index.name} = (int64_t)blockIdx.x * blockDim.x + "
+                f"threadIdx.x;\n{indent}{check}"
+            )
+            edits.append(Edit.insert(kernel.body.start_byte + 1, lines))
+        else:
+            edits.append(
+                Edit.insert(
+                    index.statement.end_byte,
+                    f"\n{source.indent_of(index.statement.start_byte)}{check}",
+                )
+            )
+    for launch, count in zip(walker.launches, counts, strict=True):
+        assert launch.grid is not None and launch.block is not None
+        edits.append(
+            Edit.replace(launch.grid, f"(unsigned){_ceil_div(source, count, launch.block)}")
+        )
+    return edits
+
+
+def _drop_unsigned(node: Node) -> Node:
+    """``(unsigned)rows`` -> ``rows``."""
+    inner = strip_parens(node)
+    if inner.type == "cast_expression":
+        value = inner.child_by_field_name("value")
+        if value is not None:
+            return value
+    return node
+
+
+def _ceil_div(source: ParsedSource, count: str, block: Node) -> str:
+    """``((count + 255) / 256)``, or ``((count + kThreads - 1) / kThreads)``."""
+    value = fold(source, block)
+    numerator = _numerator(count)
+    if value is not None and source.text_of(block).strip().isdigit():
+        return f"(({numerator} + {value - 1}) / {value})"
+    size = source.text_of(block)
+    size = size if precedence(block) >= PRIMARY else f"({size})"
+    return f"(({numerator} + {size} - 1) / {size})"
+
+
+def _indent(source: ParsedSource, kernel: Function) -> str:
+    assert kernel.body is not None
+    for statement in named_statements(kernel.body):
+        if source.starts_line(statement.start_byte) and not statement.type.startswith("preproc"):
+            return source.indent_of(statement.start_byte)
+    return "  "

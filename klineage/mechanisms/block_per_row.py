@@ -1,0 +1,50 @@
+"""One block per row, its threads striding over the row and combining partial results through
+a warp-shuffle + shared-memory block reduction, against one thread per row.
+
+A thread walking a whole row serially reads it with one load in flight and, for rows longer
+than a few hundred elements, leaves most of the GPU idle when there are few rows. A block per
+row reads the row with coalesced, block-strided loads and reduces in log time.
+
+- remove (block -> thread per row): the block-strided loops ``for (c = threadIdx.x; c < n;
+  c += kThreads)`` become full loops, block reductions (a helper such as ``block_sum(v,
+  scratch)``, or the inline warp-reduce / publish / ``__syncthreads()`` / reload sequence)
+  become the value itself, ``if (threadIdx.x == 0)`` guards go, the row index becomes
+  ``blockIdx.x * blockDim.x + threadIdx.x`` with a bound check (a row-count parameter is added
+  and passed when the kernel had none), and each launch gets ``ceil(rows / block)`` blocks of
+  the same size. Refused when anything else ties the kernel to the block (a row held in
+  registers across block-strided slots, shared memory beyond the reductions, barriers,
+  helpers that use ``threadIdx``), with the line.
+- apply (thread -> block per row) on a canonical thread-per-row kernel (the ``heldout/``
+  row reductions: row_sum, row_max, log_softmax, layernorm, l2_normalize, cross_entropy,
+  gemv, ...): loops stride by the block, each accumulator of a loop (sum, max or min of a
+  float) is block-reduced after it, stores outside loops are done by thread 0, and the launch
+  gets one block of ``block_size`` threads per row. See
+  :mod:`klineage.mechanisms._reductions_rows` for the exact canonical forms.
+
+Conditions: the block size a multiple of 32 (full-mask shuffles) and at most 1024; the row
+count at most 2^31 - 1 (one block each).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from klineage.mechanisms._reductions_layout import RowLayoutMechanism
+from klineage.mechanisms._reductions_rows import Group, is_block_per_row
+from klineage.mechanisms.base import register
+from klineage.source import Function, ParsedSource
+
+
+@register
+class BlockPerRow(RowLayoutMechanism):
+    name = "block_per_row"
+    category = "parallelism"
+    family = "block-per-row vs thread-per-row reductions"
+    intent = (
+        "Give each row a whole block: coalesced block-strided reads and a tree reduction "
+        "instead of one thread walking the row alone."
+    )
+    group: ClassVar[Group] = "block"
+
+    def detected(self, source: ParsedSource, kernel: Function) -> bool:
+        return is_block_per_row(source, kernel)

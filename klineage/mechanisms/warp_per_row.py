@@ -1,0 +1,43 @@
+"""One warp per row, its lanes striding over the row and combining with warp shuffles (no
+shared memory, no block barrier), against one thread per row.
+
+For rows of up to a few thousand elements a warp per row keeps the loads coalesced and
+reduces in five shuffle steps without ``__syncthreads``; several rows share a block.
+
+- remove (warp -> thread per row): the row index ``blockIdx.x * kWarps + (threadIdx.x >> 5)``
+  (or ``(global thread) >> 5``) becomes the global thread index, lane-strided loops ``for (c =
+  lane; c < n; c += 32)`` full loops, warp reductions (``warp_sum(v)``) the value itself,
+  ``if (lane == 0)`` guards go, the lane variable goes, and each launch gets ``ceil(rows /
+  block)`` blocks of the same size. Refused when something else ties the kernel to the warp
+  (a row held in registers across lane-strided slots, shuffles left over...), with the line.
+- apply (thread -> warp per row) on a canonical thread-per-row kernel: the row index becomes
+  ``(global thread index) >> 5``, loops start at ``threadIdx.x & 31`` and stride by 32, each
+  accumulator of a loop (sum, max or min of a float) is reduced over the warp after it, stores
+  outside loops are done by lane 0, and the launch gets ``block_size / 32`` rows per block.
+
+Conditions: the block size a multiple of 32 (a warp never straddles two rows) and at most 1024.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from klineage.mechanisms._reductions_layout import RowLayoutMechanism
+from klineage.mechanisms._reductions_rows import Group, is_warp_per_row
+from klineage.mechanisms.base import register
+from klineage.source import Function, ParsedSource
+
+
+@register
+class WarpPerRow(RowLayoutMechanism):
+    name = "warp_per_row"
+    category = "parallelism"
+    family = "block-per-row vs thread-per-row reductions"
+    intent = (
+        "Give each row a warp: coalesced lane-strided reads and a shuffle reduction with no "
+        "shared memory or block barrier."
+    )
+    group: ClassVar[Group] = "warp"
+
+    def detected(self, source: ParsedSource, kernel: Function) -> bool:
+        return is_warp_per_row(source, kernel)

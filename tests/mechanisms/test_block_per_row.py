@@ -1,0 +1,254 @@
+"""The block_per_row mechanism: fixtures both ways (from heldout/log_softmax and
+heldout/layernorm), the canonical forms and their refusals, the experts, and ``apply`` on every
+held-out row reduction."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.conditions import AxisAtMost, BlockSizeAtMost, BlockSizeMultiple
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, MechanismRefused, get
+from tests.mechanisms.reductions_experts import (
+    HELDOUT,
+    assert_detected_where_listed,
+    check_expert_removals_compile,
+    heldout_applications,
+)
+from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok
+
+mechanism = get("block_per_row")
+
+ROW_REDUCTIONS = [
+    "row_sum",
+    "row_max",
+    "log_softmax",
+    "layernorm",
+    "l2_normalize",
+    "cross_entropy",
+    "gemv",
+    "mean_pool",
+    "column_sum",
+    "sgemm",
+    "batched_hgemm",
+]
+
+
+class TestBlockPerRow(RoundTripSuite):
+    mechanism = "block_per_row"
+
+
+def _thread_rows(body: str, extra: str = "") -> KernelSource:
+    return KernelSource(
+        "#include <cuda_runtime.h>\n#include <math.h>\n#include <stdint.h>\n"
+        f"{extra}"
+        "__global__ void k(const float* x, float* y, int64_t rows, int64_t cols) {\n"
+        "  const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n"
+        "  if (r >= rows) return;\n"
+        f"{body}\n}}\n"
+        'extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols,\n'
+        "                   cudaStream_t s) {\n"
+        "  k<<<(unsigned)((rows + 255) / 256), 256, 0, s>>>(x, y, rows, cols);\n"
+        "  return (int)cudaGetLastError();\n}\n"
+    )
+
+
+def test_a_sum_is_spread_over_the_block_and_reduced() -> None:
+    source = _thread_rows(
+        "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) acc += x[r * cols + c];\n"
+        "  y[r] = acc;"
+    )
+    (candidate,) = mechanism.candidates(source)
+    applied = mechanism.apply(source, candidate, Carrier(block_size=512)).text
+    assert "const int64_t r = (int64_t)blockIdx.x;" in applied
+    assert "for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)" in applied
+    assert "acc = block_reduce_sum(acc);" in applied
+    assert "if (threadIdx.x == 0) y[r] = acc;" in applied
+    assert "k<<<(unsigned)rows, 512, 0, s>>>" in applied
+    assert "__device__ __forceinline__ float block_reduce_sum(float v)" in applied
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (
+            "  float acc = 1.0f;\n  for (int64_t c = 0; c < cols; ++c) acc += x[c];\n  y[r] = acc;",
+            "does not start from a zero literal",
+        ),
+        (
+            "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) {\n    acc += x[c];\n"
+            "    y[r * cols + c] = acc;\n  }",
+            "a running value, not a reduction",
+        ),
+        (
+            "  double acc = 0.0;\n  for (int64_t c = 0; c < cols; ++c) acc += x[c];\n  y[r] = acc;",
+            "is not a float",
+        ),
+        (
+            "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) acc = acc * 0.5f + x[c];\n"
+            "  y[r] = acc;",
+            "not a sum, a max or a min",
+        ),
+        (
+            "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; c += 2) acc += x[c];\n"
+            "  y[r] = acc;",
+            "with a step of 1",
+        ),
+        (
+            "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) acc += x[c];\n"
+            "  y[r] = acc;\n  acc = y[r] * 2.0f;",
+            "written elsewhere",
+        ),
+        (
+            "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) acc += x[c];\n"
+            "  atomicAdd(y, acc);",
+            "is not an assignment",
+        ),
+    ],
+)
+def test_non_canonical_thread_rows_are_refused(body: str, reason: str) -> None:
+    source = _thread_rows(body)
+    (candidate,) = mechanism.candidates(source)
+    assert candidate.refusal is not None and reason in candidate.refusal
+    with pytest.raises(MechanismRefused, match=reason.split()[0]):
+        mechanism.apply(source, candidate)
+
+
+def test_a_helper_using_the_thread_layout_is_refused() -> None:
+    helper = "__device__ float lane_of() { return (float)(threadIdx.x & 31); }\n"
+    source = _thread_rows(
+        "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) acc += x[c] * lane_of();\n"
+        "  y[r] = acc;",
+        helper,
+    )
+    (candidate,) = mechanism.candidates(source)
+    assert "calls lane_of, which uses threadIdx.x" in (candidate.refusal or "")
+
+
+def test_a_max_may_start_anywhere_and_several_accumulators_share_a_loop() -> None:
+    source = _thread_rows(
+        "  float m = x[0];\n  float s = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) {\n"
+        "    const float v = x[r * cols + c];\n    m = fmaxf(v, m);\n    s = s + v;\n  }\n"
+        "  y[r] = m + s;"
+    )
+    applied = mechanism.apply(source, mechanism.candidates(source)[0]).text
+    assert "  m = block_reduce_max(m);\n  s = block_reduce_sum(s);" in applied
+
+
+def test_block_carrier_is_checked() -> None:
+    source = KernelSource.from_file(HELDOUT / "row_sum" / "kernel.cu")
+    (candidate,) = mechanism.candidates(source)
+    for bad in (100, 2048):
+        with pytest.raises(MechanismRefused, match="multiple of 32"):
+            mechanism.apply(source, candidate, Carrier(block_size=bad))
+
+
+def test_conditions() -> None:
+    source = KernelSource.from_file(HELDOUT / "row_sum" / "kernel.cu")
+    (candidate,) = mechanism.candidates(source)
+    multiple, at_most, rows = mechanism.conditions(source, candidate)
+    assert isinstance(multiple, BlockSizeMultiple) and multiple.block_size == "256"
+    assert isinstance(at_most, BlockSizeAtMost) and at_most.n == 1024
+    assert isinstance(rows, AxisAtMost) and rows.axis == "rows"
+    applied = mechanism.apply(source, candidate, Carrier(block_size=128))
+    (site,) = mechanism.detect(applied)
+    assert mechanism.carrier_of(applied, site) == Carrier(block_size=128)
+    assert mechanism.conditions(applied, site)[0].block_size == "128"
+
+
+def test_the_experts_are_detected_where_listed() -> None:
+    assert_detected_where_listed("block_per_row")
+
+
+@pytest.mark.nvcc
+def test_expert_removals_compile_or_refuse(mechanism_builder: Builder) -> None:
+    refusals = check_expert_removals_compile("block_per_row", mechanism_builder)
+    assert len(refusals) == 2  # rows held in registers across block-strided slots
+    assert all("row_in_registers" in r for r in refusals)
+    helper_form = KernelSource(BLOCK_ROWS)
+    compile_ok(mechanism_builder, [mechanism.remove(helper_form, mechanism.detect(helper_form)[0])])
+
+
+def test_apply_works_on_every_heldout_row_reduction() -> None:
+    assert len(heldout_applications("block_per_row", ROW_REDUCTIONS)) == len(ROW_REDUCTIONS)
+
+
+@pytest.mark.nvcc
+def test_apply_on_heldout_row_reductions_compiles(mechanism_builder: Builder) -> None:
+    """log_softmax and layernorm compile as the fixtures; the others here."""
+    names = ["row_sum", "row_max", "l2_normalize", "cross_entropy", "gemv", "mean_pool"]
+    compile_ok(mechanism_builder, heldout_applications("block_per_row", names))
+
+
+@pytest.mark.parametrize("name", ["cumsum_rows", "depthwise_conv1d"])
+def test_heldout_scans_and_biased_sums_are_refused(name: str) -> None:
+    source = KernelSource.from_file(HELDOUT / name / "kernel.cu")
+    (candidate,) = mechanism.candidates(source)
+    assert candidate.refusal
+
+
+BLOCK_ROWS = """#include <cuda_runtime.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <int kThreads>
+__device__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = threadIdx.x < kThreads / 32 ? scratch[threadIdx.x] : 0.0f;
+  return warp_sum(v);
+}
+
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) k(const float* x, float* y, int64_t cols) {
+  __shared__ float scratch[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  float p = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) p += x[r * cols + c];
+  const float total = block_sum<kThreads>(p, scratch);
+  if (threadIdx.x == 0) y[r] = total;
+}
+
+extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t s) {
+  k<128><<<(unsigned)rows, 128, 0, s>>>(x, y, cols);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def test_a_block_per_row_kernel_with_a_helper_becomes_thread_per_row() -> None:
+    source = KernelSource(BLOCK_ROWS)
+    (site,) = mechanism.detect(source)
+    removed = mechanism.remove(source, site).text
+    assert "const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;" in removed
+    assert "if (r >= rows) return;" in removed and "int64_t cols, int64_t rows)" in removed
+    assert "for (int64_t c = 0; c < cols; ++c) p += x[r * cols + c];" in removed
+    assert "const float total = p;" in removed and "  y[r] = total;" in removed
+    assert "__shared__" not in removed.split("__global__")[1]
+    assert "k<128><<<(unsigned)((rows + 127) / 128), 128, 0, s>>>(x, y, cols, rows);" in removed
+
+
+def test_a_partial_read_before_the_block_reduction_is_refused() -> None:
+    source = KernelSource(
+        BLOCK_ROWS.replace("  const float total", "  y[r] = p;\n  const float total")
+    )
+    (site,) = mechanism.detect(source)
+    assert "p, accumulated by the block-strided loop" in (site.refusal or "")
+
+
+def test_a_block_larger_than_the_launch_bounds_is_refused() -> None:
+    source = _thread_rows(
+        "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) acc += x[c];\n  y[r] = acc;"
+    )
+    source = KernelSource(
+        source.text.replace("__global__ void k(", "__global__ void __launch_bounds__(256) k(")
+    )
+    (candidate,) = mechanism.candidates(source)
+    with pytest.raises(MechanismRefused, match=r"exceeds __launch_bounds__\(256\)"):
+        mechanism.apply(source, candidate, Carrier(block_size=512))

@@ -1,0 +1,146 @@
+"""The warp_shuffle_reduction mechanism: fixtures both ways, the exchange's exact lane
+arithmetic, refusals, and the experts (softmax, fused_add_rmsnorm)."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.conditions import ArchAtLeast, BlockSizeMultiple
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, MechanismRefused, get, remove_all
+from tests.mechanisms.reductions_experts import (
+    assert_detected_where_listed,
+    check_expert_removals_compile,
+)
+from tests.mechanisms.roundtrip import RoundTripSuite
+
+mechanism = get("warp_shuffle_reduction")
+
+
+class TestWarpShuffleReduction(RoundTripSuite):
+    mechanism = "warp_shuffle_reduction"
+
+
+def _device(body: str, qualifiers: str = "__device__", params: str = "float v") -> KernelSource:
+    return KernelSource(
+        "#include <cuda_runtime.h>\n"
+        f"{qualifiers} float f({params}) {{\n{body}\n  return v;\n}}\n"
+        "__global__ void use(float* y) { y[threadIdx.x] = f(y[threadIdx.x]); }\n"
+    )
+
+
+LOOP = "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);"
+
+
+@pytest.mark.parametrize(
+    ("shuffle", "read"),
+    [
+        ("__shfl_xor_sync(0xffffffffu, v, o)", "xchg[xchg_warp][xchg_lane ^ o]"),
+        (
+            "__shfl_down_sync(0xffffffffu, v, o)",
+            "xchg[xchg_warp][xchg_lane + o < 32 ? xchg_lane + o : xchg_lane]",
+        ),
+    ],
+)
+def test_each_lane_reads_the_shuffle_source_lane(shuffle: str, read: str) -> None:
+    source = _device(f"  for (int o = 16; o > 0; o >>= 1) v += {shuffle};")
+    removed = remove_all(source, mechanism)
+    assert f"v += {read};" in removed.text
+    assert removed.text.count("__syncwarp();") == 2
+    assert "__shared__ float xchg[32][32];" in removed.text
+
+
+def test_an_unrolled_step_is_rewritten_in_place() -> None:
+    source = _device(
+        "  v += __shfl_xor_sync(0xffffffffu, v, 16);\n  v += __shfl_xor_sync(~0u, v, 8);"
+    )
+    removed = remove_all(source, mechanism)
+    assert "v += xchg[xchg_warp][xchg_lane ^ 16];" in removed.text
+    assert "v += xchg[xchg_warp][xchg_lane ^ 8];" in removed.text
+    assert removed.text.count("__shared__") == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "qualifiers", "reason"),
+    [
+        (LOOP.replace("0xffffffffu", "0x0000ffffu"), "__device__", "not a full-warp constant"),
+        (LOOP.replace("0xffffffffu", "__activemask()"), "__device__", "not a full-warp constant"),
+        (LOOP.replace("o = 16", "o = 32"), "__device__", "outside 0..31"),
+        (LOOP.replace("o > 0", "o != 3"), "__device__", "cannot be worked out"),
+        (LOOP.replace(", o)", ", o, 16)"), "__device__", "width 16"),
+        (LOOP, "__host__ __device__", "also compiles for the host"),
+        (LOOP.replace("v, o)", "v * 2.0f, o)"), "__device__", "not a variable or a field"),
+        (
+            "  for (int o = 16; o > 0; o >>= 1) { v *= 1.0f; v += __shfl_xor_sync(~0u, v, o); }",
+            "__device__",
+            "not all in the first statement",
+        ),
+        (
+            "  for (int o = 16; o > 0; o >>= 1) v = (v += 1.0f) + __shfl_xor_sync(~0u, v, o);",
+            "__device__",
+            "writes a variable inside an expression",
+        ),
+    ],
+)
+def test_non_canonical_steps_are_detected_but_refused(
+    body: str, qualifiers: str, reason: str
+) -> None:
+    source = _device(body, qualifiers)
+    (site,) = mechanism.detect(source)
+    assert site.refusal is not None and reason in site.refusal
+    with pytest.raises(MechanismRefused, match=reason.split()[0]):
+        mechanism.remove(source, site)
+    assert remove_all(source, mechanism) is source
+
+
+def test_a_taken_exchange_name_is_refused() -> None:
+    source = _device(LOOP, params="float v, int xchg_lane")
+    (site,) = mechanism.detect(source)
+    assert "xchg_lane" in (site.refusal or "")
+
+
+def test_scans_belong_to_warp_shuffle_scan() -> None:
+    scan = _device("  for (int o = 1; o < 32; o <<= 1) v += __shfl_up_sync(~0u, v, o);")
+    assert mechanism.detect(scan) == []
+    mixed = _device(
+        "  for (int o = 1; o < 32; o <<= 1) v += __shfl_up_sync(~0u, v, o) + "
+        "__shfl_xor_sync(~0u, v, o);"
+    )
+    (site,) = mechanism.detect(mixed)
+    assert "mixes" in (site.refusal or "")
+
+
+def test_the_mask_comes_back_from_the_carrier() -> None:
+    source = _device(LOOP.replace("0xffffffffu", "kMask"))
+    source = KernelSource("constexpr unsigned kMask = 0xffffffffu;\n" + source.text)
+    (site,) = mechanism.detect(source)
+    assert mechanism.carrier_of(source, site) == Carrier(mask="kMask")
+    removed = mechanism.remove(source, site)
+    (candidate,) = mechanism.candidates(removed)
+    assert "__shfl_xor_sync(0xffffffffu, v, o)" in mechanism.apply(removed, candidate).text
+    with pytest.raises(MechanismRefused, match="not a constant name"):
+        mechanism.apply(removed, candidate, Carrier(mask="a + b"))
+
+
+def test_conditions_need_whole_warps_and_sm30() -> None:
+    source = KernelSource.from_file(
+        __import__("tests.conftest", fromlist=["REPO"]).REPO
+        / "expert_kernels"
+        / "fused_add_rmsnorm"
+        / "kernel.cu"
+    )
+    (site,) = mechanism.detect(source)
+    multiple, arch = mechanism.conditions(source, site)
+    assert isinstance(multiple, BlockSizeMultiple) and multiple.k == 32
+    assert isinstance(arch, ArchAtLeast) and arch.sm == 30
+
+
+def test_experts_are_detected_where_listed() -> None:
+    assert_detected_where_listed("warp_shuffle_reduction")
+
+
+@pytest.mark.nvcc
+def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
+    refusals = check_expert_removals_compile("warp_shuffle_reduction", mechanism_builder)
+    assert refusals == []
