@@ -1,0 +1,204 @@
+"""A base for mechanisms that remove an inline-PTX instruction by emulating it in C++.
+
+``mma.sync``, ``ldmatrix`` and ``cp.async`` have exact scalar equivalents: warp shuffles
+that gather the same fragments, plain loads and stores. Removing one of them swaps its
+``asm`` statement for that emulation, wrapped in a *stash block* (see
+:func:`~klineage.mechanisms._tiles_util.stash_block`) that keeps the original statement in a
+comment. The forward direction's only candidates are such blocks that are still exactly the
+emulation of the statement they remember, so putting the instruction back is safe (the two
+compute the same thing) and restores the original text byte for byte. Any other place is
+not a candidate: introducing these instructions into a kernel that never had them needs a
+re-tiling that rules do not do.
+
+A subclass implements :meth:`PtxEmulation.matches` (which asm statements are the mechanism)
+and :meth:`PtxEmulation.emulation`; one whose instruction also has a C++ intrinsic form
+(``__pipeline_memcpy_async``) overrides :meth:`PtxEmulation.statement` too.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterator
+from typing import Any
+
+from klineage.mechanisms._tiles_util import (
+    AsmStatement,
+    asm_statement,
+    asm_statements,
+    can_stash,
+    reparse_statement,
+    stash_block,
+    stash_blocks,
+)
+from klineage.mechanisms.base import Carrier, Mechanism, Site
+from klineage.source import Edit, Node, ParsedSource
+
+
+class Unsupported(Exception):
+    """An asm statement of the mechanism that removal cannot emulate; the message says why."""
+
+
+class PtxEmulation(Mechanism):
+    """Detect asm statements of one instruction family; remove them by emulation."""
+
+    apply_refusal: str = (
+        "only a block this mechanism wrote when removing the instruction can get it back; "
+        "introducing it elsewhere needs a re-tiling that only a person or an LLM does"
+    )
+
+    # -- to implement -------------------------------------------------------------------------
+
+    @abstractmethod
+    def matches(self, statement: AsmStatement) -> bool:
+        """Whether an asm statement belongs to this mechanism."""
+
+    @abstractmethod
+    def emulation(self, source: ParsedSource, statement: Any) -> list[str]:
+        """The C++ lines computing what the statement computes; raise :class:`Unsupported`
+        with a reason when the form is not one the emulation covers. ``statement`` is what
+        :meth:`statement` returned."""
+
+    def statement(self, source: ParsedSource, node: Node) -> Any | None:
+        """What :meth:`emulation` reads for a statement node of this mechanism (by default
+        its :class:`AsmStatement`), or None when the node is not one."""
+        found = asm_statement(source, node)
+        return found if found is not None and self.matches(found) else None
+
+    def describe(self, statement: Any) -> str:
+        """The instruction, for a site's detail."""
+        return statement.mnemonic if isinstance(statement, AsmStatement) else str(statement)
+
+    def statement_nodes(self, source: ParsedSource) -> Iterator[Node]:
+        """The statement nodes to look at (asm statements by default)."""
+        for found in asm_statements(source):
+            yield found.statement
+
+    def extra_sites(self, source: ParsedSource) -> Iterator[Site]:
+        """Sites that are not asm statements (intrinsics, C++ APIs); refused by default."""
+        return iter(())
+
+    def removal_refusal(self, source: ParsedSource, statement: Any) -> str | None:
+        """A reason to refuse removing a supported statement now (ordering), or None."""
+        return None
+
+    def apply_refusal_of(self, source: ParsedSource, block: Node) -> str | None:
+        """A reason to refuse restoring a valid stash block now (ordering), or None."""
+        return None
+
+    # -- the protocol ---------------------------------------------------------------------------
+
+    def _emulate(self, source: ParsedSource, node: Node, statement: Any) -> str:
+        """The block text replacing a statement, or :class:`Unsupported`."""
+        original = source.text_of(node)
+        if not can_stash(original):
+            raise Unsupported("the statement holds '*/' and cannot be kept in a comment")
+        body = self.emulation(source, statement)
+        indent = source.indent_of(node.start_byte)
+        return stash_block(self.name, original, indent, body)
+
+    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        wrappers: dict[str, list[Site]] = {}
+        for node in self.statement_nodes(source):
+            statement = self.statement(source, node)
+            if statement is None:
+                continue
+            refusal = None
+            try:
+                self._emulate(source, node, statement)
+            except Unsupported as why:
+                refusal = str(why)
+            if refusal is None:
+                refusal = self.removal_refusal(source, statement)
+            found = self.site(
+                source, node, detail={"instruction": self.describe(statement)}, refusal=refusal
+            )
+            wrappers.setdefault(found.function, []).append(found)
+            yield found
+        yield from self._use_sites(source, wrappers)
+        yield from self.extra_sites(source)
+
+    def _use_sites(self, source: ParsedSource, wrappers: dict[str, list[Site]]) -> Iterator[Site]:
+        """The calls of a wrapper function holding the instruction (``mma_16816(...)`` in a
+        kernel): where the instruction is used. Removing one rewrites the wrapper."""
+        for call in source.calls:
+            inner = wrappers.get(call.name)
+            caller = source.enclosing_function(call.node)
+            if not inner or caller is None or caller.name == call.name:
+                continue
+            refusal = inner[0].refusal
+            if len(inner) > 1:
+                refusal = f"{call.name} holds {len(inner)} such instructions; remove them there"
+            yield self.site(
+                source,
+                call.node,
+                detail={
+                    "instruction": str(inner[0].detail.get("instruction", "")),
+                    "wrapper": call.name,
+                },
+                refusal=refusal,
+            )
+
+    def _statement_node(self, source: ParsedSource, site: Site) -> Node:
+        """The statement a site removes: its own, or its wrapper's for a call site."""
+        if site.node_kind != "call_expression":
+            return self.node_at(source, site, "expression_statement")
+        wrapper = source.function(str(site.detail.get("wrapper", "")))
+        nodes = (
+            []
+            if wrapper is None
+            else [
+                n
+                for n in self.statement_nodes(source)
+                if wrapper.node.start_byte <= n.start_byte < wrapper.node.end_byte
+                and self.statement(source, n) is not None
+            ]
+        )
+        if len(nodes) != 1:
+            raise self.refuse(f"the wrapper {site.detail.get('wrapper')} is not found", site)
+        return nodes[0]
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        node = self._statement_node(source, site)
+        statement = self.statement(source, node)
+        if statement is None:
+            raise self.refuse(f"the site is no longer a statement of {self.name}", site)
+        try:
+            block = self._emulate(source, node, statement)
+        except Unsupported as why:
+            raise self.refuse(str(why), site) from None
+        return [Edit.replace(node, block)]
+
+    def _valid_stash(self, source: ParsedSource, block: Node, original: str) -> str | None:
+        """None when ``block`` is exactly the emulation of ``original``, else why not."""
+        reparsed = reparse_statement(original)
+        statement = None if reparsed is None else self.statement(*reparsed)
+        if reparsed is None or statement is None:
+            return f"the remembered statement is not a statement of {self.name}"
+        try:
+            body = self.emulation(reparsed[0], statement)
+        except Unsupported as why:
+            return str(why)
+        indent = source.indent_of(block.start_byte)
+        if source.text_of(block) != stash_block(self.name, original, indent, body):
+            return "the emulation was edited since the removal, so it may no longer match"
+        return None
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for block, original in stash_blocks(source, self.name):
+            refusal = self._valid_stash(source, block, original)
+            if refusal is None:
+                refusal = self.apply_refusal_of(source, block)
+            yield self.site(
+                source,
+                block,
+                kind="compound_statement",
+                snippet=("emulated " + " ".join(original.split()))[:80],
+                refusal=refusal,
+            )
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        block = self.node_at(source, site, "compound_statement")
+        found = next((o for b, o in stash_blocks(source, self.name) if b == block), None)
+        if found is None:
+            raise self.refuse(self.apply_refusal, site, "apply")
+        return [Edit.replace(block, found)]

@@ -1,0 +1,553 @@
+"""The canonical shared-memory staged tile loop, recognized for ``smem_staging`` (to remove
+the staging) and ``cp_async_pipeline`` (to turn its tile loads into ``cp.async``).
+
+The canonical form is the textbook tiled GEMM loop::
+
+    __shared__ float As[TILE][TILE];
+    __shared__ float Bs[TILE][TILE];
+    for (int t = 0; t < tiles; ++t) {
+      As[ty][tx] = <value of A for this thread, depending on t>;
+      Bs[ty][tx] = <value of B ...>;
+      __syncthreads();
+      <compute reading As[..][..] and Bs[..][..]>
+      __syncthreads();
+    }
+
+where ``ty``/``tx`` are ``threadIdx.y``/``threadIdx.x`` (or locals holding exactly them), and
+the block is as large as the tile, so every element read was stored by the thread whose
+``(ty, tx)`` equals the element's indices. A read ``As[ty][k]`` is then the stored value
+evaluated by thread ``(ty, k)``: the same expression with ``tx`` replaced by ``k``, provided
+the expression depends on the thread only through ``tx`` itself (not through a local derived
+from ``threadIdx.x``). :func:`analyze_staged_loop` checks all of that and says why when a
+loop is not in this form.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from klineage.cexpr import PRIMARY, fold_int, precedence
+from klineage.facts import template_bindings
+from klineage.mechanisms._tiles_util import (
+    Locals,
+    is_call_statement,
+    kernel_block_dims,
+    name_of,
+    names_in,
+    statements,
+)
+from klineage.source import Function, Node, ParsedSource
+
+SYNC = "__syncthreads"
+_FLOAT_CALLS = frozenset(
+    {
+        "__half2float",
+        "__bfloat162float",
+        "__low2float",
+        "__high2float",
+        "expf",
+        "__expf",
+        "sqrtf",
+        "fmaxf",
+        "fminf",
+        "fabsf",
+        "fmaf",
+        "__int2float_rn",
+        "__uint2float_rn",
+    }
+)
+_FLOAT_LITERAL = re.compile(r"^(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?[fF]$")
+_DOUBLE_LITERAL = re.compile(r"^(\d+\.\d*|\.\d+|\d+\.?\d*[eE][+-]?\d+)$")
+_INT_LITERAL = re.compile(r"^\d+[uUlL]*$")
+
+
+def _plain_type(text: str) -> str:
+    """``const float`` -> ``float``; ``const float*`` -> ``float*``."""
+    return " ".join(
+        w
+        for w in text.replace("*", " * ").split()
+        if w not in ("const", "volatile", "__restrict__", "__shared__")
+    ).replace(" *", "*")
+
+
+def value_type(source: ParsedSource, types: dict[str, str], node: Node) -> str | None:
+    """The type of an expression as far as simple rules tell (``float``, ``int``...), or
+    None. Integer literals read as ``int`` and convert silently in a conditional."""
+    kind = node.type
+    if kind == "number_literal":
+        text = source.text_of(node)
+        if _FLOAT_LITERAL.match(text):
+            return "float"
+        if _DOUBLE_LITERAL.match(text):
+            return "double"
+        return "int" if _INT_LITERAL.match(text) else None
+    if kind == "identifier":
+        declared = types.get(source.text_of(node))
+        return None if declared is None else _plain_type(declared)
+    if kind == "parenthesized_expression" and node.named_children:
+        return value_type(source, types, node.named_children[0])
+    if kind == "subscript_expression":
+        base = node.child_by_field_name("argument")
+        inner = None if base is None else value_type(source, types, base)
+        if inner is None:
+            return None
+        if inner.endswith("*"):
+            return inner[:-1]
+        if inner.endswith("[]"):
+            return inner[:-2]
+        return None
+    if kind == "pointer_expression" and source.text_of(node).startswith("*"):
+        argument = node.child_by_field_name("argument")
+        inner = None if argument is None else value_type(source, types, argument)
+        return inner[:-1] if inner is not None and inner.endswith("*") else None
+    if kind == "call_expression":
+        function = node.child_by_field_name("function")
+        name = "" if function is None else source.text_of(function)
+        return "float" if name in _FLOAT_CALLS else None
+    if kind == "cast_expression":
+        type_node = node.child_by_field_name("type")
+        return None if type_node is None else _plain_type(source.text_of(type_node))
+    if kind == "conditional_expression":
+        parts = [node.child_by_field_name(f) for f in ("consequence", "alternative")]
+        if None in parts:
+            return None
+        kinds = [value_type(source, types, p) for p in parts if p is not None]
+        known = [k for k in kinds if k not in (None, "int")]
+        if None in kinds or len(set(known)) > 1:
+            return None
+        return known[0] if known else "int"
+    if kind == "binary_expression":
+        left = node.child_by_field_name("left")
+        right = node.child_by_field_name("right")
+        op = node.child_by_field_name("operator")
+        if left is None or right is None or op is None or op.type not in ("+", "-", "*", "/"):
+            return None
+        a, b = value_type(source, types, left), value_type(source, types, right)
+        if a == b:
+            return a
+        return a if b == "int" else (b if a == "int" else None)
+    return None
+
+
+def zero_of(type_name: str) -> str:
+    """A zero literal of a type: ``0.0f`` for float."""
+    return {"float": "0.0f", "double": "0.0", "int": "0"}.get(type_name, f"{type_name}(0)")
+
+
+@dataclass
+class StagedArray:
+    """One shared tile of a staged loop."""
+
+    name: str
+    element: str
+    """The element type, ``float``."""
+    declaration: Node
+    dims: tuple[int, int]
+    store: Node
+    """The ``S[l0][l1] = value;`` statement."""
+    indices: tuple[Node, Node]
+    """``l0`` and ``l1`` (``ty`` and ``tx``)."""
+    components: tuple[str, str]
+    """The thread components the indices are: ``("y", "x")``."""
+    value: Node
+    reads: list[Node] = field(default_factory=list)
+    """Every ``S[a][b]`` read, in document order."""
+
+
+@dataclass
+class StagedLoop:
+    """A loop in the canonical staged form."""
+
+    function: Function
+    loop: Node
+    var: str
+    """The loop variable (the same for every thread: the loop header must not depend on the
+    thread, or its barriers would be unsafe already)."""
+    arrays: list[StagedArray]
+    first_sync: Node
+    last_sync: Node
+    compute: list[Node]
+    """The statements between the two barriers."""
+
+
+class NotStaged(Exception):
+    """The loop is not in the canonical staged form; the message says why."""
+
+
+def shared_arrays(source: ParsedSource, function: Function) -> dict[str, Node]:
+    """Name -> declaration of the static ``__shared__`` arrays declared in a function."""
+    found: dict[str, Node] = {}
+    if function.body is None:
+        return found
+    for decl in source.shared_declarations:
+        if decl.is_extern or not (
+            function.body.start_byte <= decl.node.start_byte < function.body.end_byte
+        ):
+            continue
+        for name in decl.names:
+            found[name] = decl.node
+    return found
+
+
+def subscript_chain(node: Node) -> tuple[Node, list[Node]] | None:
+    """``S[a][b]`` -> (``S``, [a, b]); None when ``node`` is not a subscript chain."""
+    indices: list[Node] = []
+    current = node
+    while current.type == "subscript_expression":
+        arguments = current.child_by_field_name("indices")
+        if arguments is None:
+            arguments = next(
+                (c for c in current.children if c.type == "subscript_argument_list"), None
+            )
+        if arguments is None or len(arguments.named_children) != 1:
+            return None
+        indices.insert(0, arguments.named_children[0])
+        base = current.child_by_field_name("argument")
+        if base is None:
+            return None
+        current = base
+    if not indices or current.type != "identifier":
+        return None
+    return current, indices
+
+
+def _outer_subscript(node: Node) -> Node:
+    """The outermost subscript expression a name is the base of (``S`` -> ``S[a][b]``)."""
+    current = node
+    while current.parent is not None and current.parent.type == "subscript_expression":
+        base = current.parent.child_by_field_name("argument")
+        if base is None or base != current:
+            break
+        current = current.parent
+    return current
+
+
+def _array_dims(
+    source: ParsedSource, function: Function, declaration: Node, name: str
+) -> tuple[int, ...] | None:
+    """The folded extents of a shared array, for every launch's template arguments."""
+    for declarator in declaration.children_by_field_name("declarator"):
+        sizes: list[Node] = []
+        current: Node | None = declarator
+        while current is not None and current.type == "array_declarator":
+            size = current.child_by_field_name("size")
+            if size is None:
+                return None
+            sizes.insert(0, size)
+            current = current.child_by_field_name("declarator")
+        if current is None or source.text_of(current) != name:
+            continue
+        bindings = [
+            template_bindings(source, launch) for launch in source.launches_of(function.name)
+        ] or [{}]
+        results = set()
+        for bound in bindings:
+            names = {**source.integer_constants, **bound}
+            values = [fold_int(source, s, names) for s in sizes]
+            if None in values:
+                return None
+            results.add(tuple(v for v in values if v is not None))
+        return results.pop() if len(results) == 1 else None
+    return None
+
+
+def _store(
+    source: ParsedSource, arrays: dict[str, Node], node: Node
+) -> tuple[str, Node, list[Node], Node]:
+    """(array, target, indices, value) of a ``S[i][j] = value;`` statement."""
+    if node.type != "expression_statement" or not node.named_children:
+        raise NotStaged(
+            f"line {source.line_of(node.start_byte)} is not a tile store 'S[ty][tx] = value;' "
+            "at the top of the loop body"
+        )
+    assignment = node.named_children[0]
+    operator = assignment.child_by_field_name("operator")
+    if assignment.type != "assignment_expression" or operator is None or operator.type != "=":
+        raise NotStaged(f"line {source.line_of(node.start_byte)} is not a tile store 'S[i][j] = v'")
+    left = assignment.child_by_field_name("left")
+    value = assignment.child_by_field_name("right")
+    chain = None if left is None else subscript_chain(left)
+    if chain is None or value is None or source.text_of(chain[0]) not in arrays:
+        raise NotStaged(f"line {source.line_of(node.start_byte)} stores to no shared array")
+    return source.text_of(chain[0]), assignment, chain[1], value
+
+
+def _thread_indices(
+    source: ParsedSource, locals_: Locals, name: str, indices: list[Node]
+) -> tuple[str, str]:
+    if len(indices) != 2:
+        raise NotStaged(f"{name} is not stored as a 2-D tile S[ty][tx]")
+    components = tuple(locals_.thread_component(i) for i in indices)
+    if None in components or components[0] == components[1]:
+        raise NotStaged(
+            f"{name} is stored at [{', '.join(source.text_of(i) for i in indices)}], not at "
+            "two distinct thread indices such as [threadIdx.y][threadIdx.x]"
+        )
+    return components[0] or "", components[1] or ""
+
+
+def _check_block(source: ParsedSource, function: Function, array: StagedArray) -> None:
+    """The launch block must be exactly as large as the tile, so every element is stored."""
+    dims = kernel_block_dims(source, function.name)
+    if dims is None:
+        raise NotStaged(
+            f"the block dimensions of {function.name} are not compile-time constants agreed "
+            "by every launch in the file, so the tile's coverage cannot be checked"
+        )
+    extent = {"x": dims[0], "y": dims[1], "z": dims[2]}
+    want = {array.components[0]: array.dims[0], array.components[1]: array.dims[1]}
+    for component, size in want.items():
+        if extent[component] != size:
+            raise NotStaged(
+                f"{array.name} is {array.dims[0]}x{array.dims[1]} but the block is "
+                f"{dims[0]}x{dims[1]}x{dims[2]}: some elements would be stored by no thread"
+            )
+    third = ({"x", "y", "z"} - set(array.components)).pop()
+    if extent[third] != 1:
+        raise NotStaged(f"the block has {extent[third]} threads along {third}; it must be 1")
+
+
+def thread_names(locals_: Locals, component: str) -> set[str]:
+    """``threadIdx.x`` and the locals holding exactly it."""
+    names = {f"threadIdx.{component}"}
+    for name in locals_.declared:
+        value = locals_.initializer(name)
+        if value is not None and locals_.thread_component(value) == component:
+            names.add(name)
+    return names
+
+
+def _read_mapping(
+    source: ParsedSource, locals_: Locals, array: StagedArray, read: Node, loop_var: str
+) -> dict[str, str]:
+    """The renaming that turns the stored value into the value at a read ``S[a][b]``."""
+    chain = subscript_chain(read)
+    if chain is None or len(chain[1]) != 2:
+        raise NotStaged(
+            f"line {source.line_of(read.start_byte)} uses {array.name} other than as "
+            f"{array.name}[i][j]"
+        )
+    mapping: dict[str, str] = {}
+    for stored, wanted, component in zip(array.indices, chain[1], array.components, strict=True):
+        if source.text_of(stored) == source.text_of(wanted):
+            continue
+        name = name_of(source, stored) or ""
+        spellings = thread_names(locals_, component)
+        if (spellings - {name}) & names_in(source, array.value) or any(
+            locals_.depends_on(n, spellings, {loop_var})
+            for n in _name_nodes(source, array.value, name)
+        ):
+            raise NotStaged(
+                f"the value stored into {array.name} depends on threadIdx.{component} through "
+                f"something other than {name}, so the element another thread stored is not "
+                "the same expression with the index replaced"
+            )
+        text = source.text_of(wanted)
+        mapping[name] = text if precedence(wanted) >= PRIMARY else f"({text})"
+    return mapping
+
+
+def _name_nodes(source: ParsedSource, node: Node, skip: str) -> list[Node]:
+    """The identifier nodes of an expression other than ``skip`` (for dependency checks)."""
+    found = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current.type == "identifier" and source.text_of(current) != skip:
+            parent = current.parent
+            if parent is None or parent.type != "field_expression":
+                found.append(current)
+            continue
+        stack.extend(current.named_children)
+    return found
+
+
+def _declared_in(source: ParsedSource, nodes: list[Node]) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        for decl in source.iter_nodes("declaration", within=node):
+            for declarator in decl.children_by_field_name("declarator"):
+                current: Node | None = declarator
+                while current is not None and current.type != "identifier":
+                    current = current.child_by_field_name("declarator")
+                if current is not None:
+                    names.add(source.text_of(current))
+    return names
+
+
+def _assigned_in(source: ParsedSource, nodes: list[Node]) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        for found in source.iter_nodes("assignment_expression", "update_expression", within=node):
+            target = found.child_by_field_name("left") or found.child_by_field_name("argument")
+            if target is not None and target.type == "identifier":
+                names.add(source.text_of(target))
+    return names
+
+
+def _split_body(source: ParsedSource, body: Node) -> tuple[list[Node], Node, list[Node], Node]:
+    """(stores, first barrier, compute statements, last barrier) of a loop body."""
+    items = [s for s in statements(body) if s.type != "preproc_call"]
+    syncs = [i for i, s in enumerate(items) if is_call_statement(source, s, SYNC)]
+    if len(syncs) != 2 or syncs[1] != len(items) - 1:
+        raise NotStaged(
+            "the loop body is not 'stores; __syncthreads(); compute; __syncthreads();' (it "
+            f"has {len(syncs)} barriers at its top level)"
+        )
+    first, last = syncs
+    compute = [
+        s
+        for s in statements(body)
+        if items[first].end_byte <= s.start_byte < items[last].start_byte
+    ]
+    if not items[:first] or not compute:
+        raise NotStaged("the loop stores no tile before its first barrier, or computes nothing")
+    return items[:first], items[first], compute, items[last]
+
+
+def analyze_staged_loop(source: ParsedSource, function: Function, loop: Node) -> StagedLoop:
+    """The staged form of ``loop``; :class:`NotStaged` says why it is not canonical."""
+    body = loop.child_by_field_name("body")
+    if loop.type != "for_statement" or body is None or body.type != "compound_statement":
+        raise NotStaged("the tile loop is not a for loop with a braced body")
+    if not function.is_kernel:
+        raise NotStaged("the staged loop is not in a __global__ kernel")
+    locals_ = Locals(source, function)
+    shared = shared_arrays(source, function)
+    stores, first_sync, compute, last_sync = _split_body(source, body)
+    arrays: list[StagedArray] = []
+    for store in stores:
+        name, _, indices, value = _store(source, shared, store)
+        if any(a.name == name for a in arrays):
+            raise NotStaged(f"{name} is stored twice before the barrier")
+        components = _thread_indices(source, locals_, name, indices)
+        declaration = shared[name]
+        dims = _array_dims(source, function, declaration, name)
+        if dims is None or len(dims) != 2:
+            raise NotStaged(f"the extents of {name} are not two compile-time constants")
+        element = _plain_type(
+            source.text_of(declaration.child_by_field_name("type") or declaration)
+        )
+        arrays.append(
+            StagedArray(
+                name,
+                element,
+                declaration,
+                (dims[0], dims[1]),
+                store,
+                (indices[0], indices[1]),
+                components,
+                value,
+            )
+        )
+    header = source.loop_at(loop)
+    var = header.variable if header is not None and header.variable else ""
+    spellings = set().union(*(thread_names(locals_, c) for c in "xyz"))
+    for part in (loop.child_by_field_name(f) for f in ("initializer", "condition", "update")):
+        if part is not None and any(
+            locals_.depends_on(n, spellings, {var}) for n in _name_nodes(source, part, var)
+        ):
+            raise NotStaged("the tile loop's trip count depends on the thread")
+    staged = StagedLoop(function, loop, var, arrays, first_sync, last_sync, compute)
+    _check_uses(source, locals_, staged)
+    for array in arrays:
+        _check_block(source, function, array)
+    return staged
+
+
+def _check_uses(source: ParsedSource, locals_: Locals, staged: StagedLoop) -> None:
+    """Every other use of a tile is a full read inside the compute statements; the stored
+    values mean the same at every read."""
+    assert staged.function.body is not None
+    declared_inside = _declared_in(source, staged.compute)
+    assigned_inside = _assigned_in(source, staged.compute)
+    for array in staged.arrays:
+        decl_names = [
+            n for d in source.declarations if d.node == array.declaration for n in d.names
+        ]
+        if any(n not in {a.name for a in staged.arrays} for n in decl_names):
+            raise NotStaged(f"the declaration of {array.name} also declares other arrays")
+        store_target = array.store.named_children[0].child_by_field_name("left")
+        for node in source.iter_nodes("identifier", within=staged.function.body):
+            if source.text_of(node) != array.name or node.parent is None:
+                continue
+            if node.parent.type in ("array_declarator",) or (
+                store_target is not None
+                and store_target.start_byte <= node.start_byte < store_target.end_byte
+            ):
+                continue
+            read = _outer_subscript(node)
+            inside = any(s.start_byte <= read.start_byte < s.end_byte for s in staged.compute)
+            parent = read.parent
+            written = parent is not None and (
+                (
+                    parent.type == "assignment_expression"
+                    and parent.child_by_field_name("left") == read
+                )
+                or parent.type in ("update_expression", "pointer_expression")
+            )
+            if not inside or written:
+                raise NotStaged(
+                    f"{array.name} is used at line {source.line_of(node.start_byte)} other than "
+                    "read between the barriers"
+                )
+            array.reads.append(read)
+        if not array.reads:
+            raise NotStaged(f"{array.name} is stored but never read")
+        tiles = set(shared_arrays(source, staged.function))
+        if names_in(source, array.value) & tiles:
+            raise NotStaged(f"the value stored into {array.name} reads a shared array")
+        clash = names_in(source, array.value) & (declared_inside | assigned_inside)
+        if clash:
+            raise NotStaged(
+                f"the value stored into {array.name} reads {', '.join(sorted(clash))}, which "
+                "the compute statements declare or change"
+            )
+        for read in array.reads:
+            _read_mapping(source, locals_, array, read, staged.var)
+
+
+def read_mapping(
+    source: ParsedSource, staged: StagedLoop, array: StagedArray, read: Node
+) -> dict[str, str]:
+    """The renaming of the stored value that gives the value at ``read`` (after a successful
+    :func:`analyze_staged_loop`)."""
+    return _read_mapping(source, Locals(source, staged.function), array, read, staged.var)
+
+
+def staging_loops(source: ParsedSource) -> list[tuple[Function, Node]]:
+    """Loops in kernels whose body has a ``__syncthreads()`` at its top level and stores into
+    a static ``__shared__`` array inside: the places a staged tile may be."""
+    found = []
+    for function in source.kernels:
+        shared = shared_arrays(source, function)
+        if function.body is None or not shared:
+            continue
+        types = source.local_types(function)
+        pointers = {n for n, t in types.items() if t.endswith("*") and n not in shared}
+        for loop in source.iter_nodes("for_statement", "while_statement", within=function.body):
+            body = loop.child_by_field_name("body")
+            if body is None or body.type != "compound_statement":
+                continue
+            if not any(is_call_statement(source, s, SYNC) for s in statements(body)):
+                continue
+            if _stores_shared(source, body, shared, pointers):
+                found.append((function, loop))
+    return found
+
+
+def _stores_shared(
+    source: ParsedSource, body: Node, shared: dict[str, Node], pointers: set[str]
+) -> bool:
+    """Whether a loop body stores a value read from global memory (through a pointer) into
+    one of the ``shared`` arrays, at any depth; a shared-memory reduction does not."""
+    for assignment in source.iter_nodes("assignment_expression", within=body):
+        left = assignment.child_by_field_name("left")
+        right = assignment.child_by_field_name("right")
+        chain = None if left is None else subscript_chain(left)
+        if chain is None or right is None or source.text_of(chain[0]) not in shared:
+            continue
+        if names_in(source, right) & pointers:
+            return True
+    return False

@@ -1,0 +1,276 @@
+"""XOR-swizzled shared-memory layouts vs plain indexing.
+
+Instead of padding, a swizzled layout permutes the 16-byte chunks of each row: chunk ``c`` of
+row ``r`` is stored at ``c ^ (r & 7)``. The eight rows an ``ldmatrix`` phase (or a column
+of cp.async writes) touches then land in eight different chunks, i.e. all 32 banks, with no
+memory wasted.
+
+- detect: ``^`` expressions with a masked operand (``c ^ (r & 7)``; a butterfly exchange
+  ``lane ^ offset`` is not a swizzle) in a device function whose name says swizzle, or
+  inside the subscript of a ``__shared__`` array;
+- remove: where the swizzle lives in one helper, ``swizzle(row, chunk)`` returning an offset
+  with ``chunk ^ (row & mask)`` in it, and every access goes through that helper (writes and
+  reads alike), the XOR is dropped: the helper becomes the identity layout. Since all
+  accesses move together the program computes the same values; only the banks change. An
+  XOR written inline at an access is refused (every access of that buffer would have to
+  change consistently);
+- apply: a helper with "swizzl" in its name that has no XOR yet gets ``chunk ^ (row & mask)``
+  (carrier ``mask``, default 7; ``row`` and ``chunk`` name the parameters, default the
+  first two), provided the row pitch it multiplies ``row`` by holds a whole multiple of
+  ``mask + 1`` chunks, so the permuted chunk stays inside its row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+from klineage.cexpr import fold_int
+from klineage.conditions import Condition, Prose
+from klineage.kernel import KernelSource
+from klineage.mechanisms._tiles_util import names_in
+from klineage.mechanisms.base import Carrier, Mechanism, Site, register
+from klineage.problem import Problem
+from klineage.source import Edit, Function, Node, ParsedSource
+
+DEFAULT_MASK = 7
+
+
+def _operator(node: Node) -> str | None:
+    op = node.child_by_field_name("operator")
+    return op.type if op is not None else None
+
+
+def _inner(node: Node) -> Node:
+    while node.type == "parenthesized_expression" and node.named_children:
+        node = node.named_children[0]
+    return node
+
+
+def _is_helper(function: Function | None) -> bool:
+    return function is not None and function.runs_on_device and "swizzl" in function.name.lower()
+
+
+def _in_shared_subscript(source: ParsedSource, node: Node, shared: set[str]) -> bool:
+    current = node.parent
+    while current is not None and current.type not in ("expression_statement", "declaration"):
+        if current.type == "subscript_expression":
+            base = current.child_by_field_name("argument")
+            while base is not None and base.type == "subscript_expression":
+                base = base.child_by_field_name("argument")
+            if base is not None and source.text_of(base) in shared:
+                return True
+        current = current.parent
+    return False
+
+
+@dataclass(frozen=True)
+class _Xor:
+    """``chunk ^ (row & mask)`` in a helper: the kept operand and the mask."""
+
+    node: Node
+    kept: Node
+    row: str
+    mask: int
+
+
+def _helper_xor(source: ParsedSource, function: Function, node: Node) -> _Xor | str:
+    """The swizzle XOR of a helper, or why it is not the canonical form."""
+    params = [p.name for p in function.params if p.name]
+    left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+    if left is None or right is None:
+        return "the XOR has no two operands"
+    for kept, masked in ((left, right), (right, left)):
+        inner = _inner(masked)
+        if inner.type != "binary_expression" or _operator(inner) != "&":
+            continue
+        a, b = inner.child_by_field_name("left"), inner.child_by_field_name("right")
+        if a is None or b is None:
+            continue
+        mask = fold_int(source, b)
+        row = source.text_of(a)
+        if mask is None or row not in params or kept.type != "identifier":
+            continue
+        if source.text_of(kept) not in params or source.text_of(kept) == row:
+            continue
+        return _Xor(node, kept, row, mask)
+    return "the XOR is not 'chunk ^ (row & mask)' over two parameters of the helper"
+
+
+def _masked(source: ParsedSource, node: Node) -> bool:
+    """Whether an XOR operand is a masked row index (``row & 7``, ``(row >> 1) % 4``): what
+    tells a swizzle from a butterfly exchange (``lane ^ offset``)."""
+    inner = _inner(node)
+    right = inner.child_by_field_name("right")
+    return (
+        inner.type == "binary_expression"
+        and _operator(inner) in ("&", "%")
+        and right is not None
+        and fold_int(source, right) is not None
+    )
+
+
+def _xor_sites(source: ParsedSource) -> Iterator[tuple[Node, Function | None]]:
+    shared = {n for d in source.shared_declarations for n in d.names}
+    for node in source.nodes("binary_expression"):
+        if _operator(node) != "^":
+            continue
+        operands = [node.child_by_field_name(f) for f in ("left", "right")]
+        if not any(o is not None and _masked(source, o) for o in operands):
+            continue
+        function = source.enclosing_function(node)
+        if function is None or not function.runs_on_device:
+            continue
+        if _is_helper(function) or _in_shared_subscript(source, node, shared):
+            yield node, function
+
+
+def _calls(source: ParsedSource, name: str) -> int:
+    return len(source.calls_named(name))
+
+
+def _chunks_per_row(source: ParsedSource, function: Function, row: str, chunk: str) -> int | None:
+    """Chunks in a row of the helper's layout: the pitch ``row`` is multiplied by, over the
+    chunk size (``chunk << 4`` or ``chunk * 16``); None when either is not constant."""
+    if function.body is None:
+        return None
+    pitch = unit = None
+    for node in source.iter_nodes("binary_expression", within=function.body):
+        left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+        if left is None or right is None:
+            continue
+        op = _operator(node)
+        for mine, other in ((left, right), (right, left)):
+            name = source.text_of(_inner(mine))
+            if op == "*" and name == row:
+                pitch = fold_int(source, other)
+            elif op == "*" and name == chunk:
+                unit = fold_int(source, other)
+        if op == "<<" and chunk in names_in(source, left):
+            shift = fold_int(source, right)
+            unit = None if shift is None else 1 << shift
+    if pitch is None or not unit or pitch % unit:
+        return None
+    return pitch // unit
+
+
+@register
+class SmemSwizzle(Mechanism):
+    name = "smem_swizzle"
+    category = "memory"
+    family = "shared-memory padding or swizzle"
+    intent = (
+        "Permute the 16-byte chunks of each shared-memory row with an XOR of the row index, so "
+        "the rows one warp touches together fall in different banks, without padding."
+    )
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "mask": "row bits XORed into the chunk index (7: eight chunks, 128-byte rows)",
+        "row": "the helper's row parameter (default: its first)",
+        "chunk": "the helper's chunk parameter (default: its second)",
+    }
+
+    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        for node, function in _xor_sites(source):
+            detail: dict[str, str | int] = {}
+            refusal: str | None
+            if _is_helper(function):
+                assert function is not None
+                found = _helper_xor(source, function, node)
+                if isinstance(found, str):
+                    refusal = found
+                else:
+                    detail = {
+                        "mask": found.mask,
+                        "row": found.row,
+                        "chunk": source.text_of(found.kept),
+                    }
+                    refusal = None
+                    if _calls(source, function.name) < 2:
+                        refusal = (
+                            f"{function.name} is called fewer than twice, so the writes and the "
+                            "reads of the buffer do not both go through it"
+                        )
+            else:
+                refusal = (
+                    "the XOR is written inline at a shared-memory access; removing it needs "
+                    "every access of that buffer rewritten the same way, which is not checked"
+                )
+            yield self.site(source, node, detail=detail, refusal=refusal)
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for function in source.functions:
+            if not _is_helper(function) or function.body is None:
+                continue
+            if any(
+                _operator(n) == "^"
+                for n in source.iter_nodes("binary_expression", within=function.body)
+            ):
+                continue
+            yield self.site(
+                source,
+                function.node,
+                span=(function.body.start_byte, function.body.end_byte),
+                kind="compound_statement",
+                snippet=f"{function.name} without XOR",
+            )
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        node = self.node_at(source, site, "binary_expression")
+        function = source.enclosing_function(node)
+        if function is None:
+            raise self.refuse("the XOR is not in a function", site)
+        found = _helper_xor(source, function, node)
+        if isinstance(found, str):
+            raise self.refuse(found, site)
+        target = node
+        if node.parent is not None and node.parent.type == "parenthesized_expression":
+            target = node.parent
+        return [Edit.replace(target, source.text_of(found.kept))]
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        values = {k: site.detail[k] for k in ("mask", "row", "chunk") if k in site.detail}
+        return Carrier(**values)
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        function = source.enclosing_function(site.start_byte)
+        if function is None or function.body is None:
+            raise self.refuse("no helper here", site, "apply")
+        params = [p.name for p in function.params if p.name]
+        row = carrier.get_str("row") or (params[0] if params else None)
+        chunk = carrier.get_str("chunk") or (params[1] if len(params) > 1 else None)
+        mask = carrier.get_int("mask", DEFAULT_MASK) or DEFAULT_MASK
+        if row not in params or chunk not in params or row == chunk:
+            raise self.refuse(f"{function.name} has no row and chunk parameters", site, "apply")
+        if mask & (mask + 1):
+            raise self.refuse(f"mask={mask} is not 2^k - 1", site, "apply")
+        chunks = _chunks_per_row(source, function, row, chunk)
+        if chunks is None or chunks % (mask + 1):
+            raise self.refuse(
+                f"cannot tell that a row of {function.name}'s layout holds a multiple of "
+                f"{mask + 1} chunks; the permuted chunk could leave its row",
+                site,
+                "apply",
+            )
+        uses = [
+            n
+            for n in source.iter_nodes("identifier", within=function.body)
+            if source.text_of(n) == chunk
+        ]
+        if len(uses) != 1:
+            raise self.refuse(
+                f"{chunk} is used {len(uses)} times in {function.name}", site, "apply"
+            )
+        return [Edit.replace(uses[0], f"({chunk} ^ ({row} & {mask}))")]
+
+    def conditions(
+        self, kernel: KernelSource, site: Site, problem: Problem | None = None
+    ) -> list[Condition]:
+        function = kernel.parsed.enclosing_function(site.start_byte)
+        name = function.name if function is not None else "the layout"
+        return [
+            Prose(
+                text=f"every write and read of the swizzled buffer goes through {name}",
+                why="a layout is a permutation only if both sides use it",
+            )
+        ]

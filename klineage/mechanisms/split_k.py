@@ -1,0 +1,203 @@
+"""Split-K: the reduction dimension is partitioned across blocks, then the partials summed.
+
+When the output has too few tiles to fill the GPU (a GEMM with small M and N), K is split
+across blocks too (``grid.y``): each block reduces its K range into an fp32 partial tile,
+and a small kernel (or atomics) sums the partials.
+
+- detect: the host-side choice of the split count (an ``if`` that raises a local named
+  ``splits`` from its initial 1), kernels whose K range starts at ``blockIdx.y`` (or ``.z``)
+  times a split size, and kernels that sum over a split count;
+- remove: the canonical host-side choice ``int splits = 1; ... if (tiles < sms) splits =
+  ...;`` is deleted, so ``splits`` stays 1: one block owns K. This is semantics-preserving
+  because the code already handles ``splits == 1`` (it is the initial value), and the split
+  kernels become dead code. The kernel-side sites are refused (they follow the host's
+  choice);
+- apply: refused: splitting K needs a partial-sum workspace or atomics and a reduction
+  kernel, which only a person or an LLM writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from klineage.conditions import Condition, Prose
+from klineage.kernel import KernelSource
+from klineage.mechanisms._tiles_util import (
+    BLOCK_INDEX,
+    names_in,
+    scaled_terms,
+    statement_deletion,
+    statements,
+    strip_casts,
+    top_declarations,
+)
+from klineage.mechanisms.base import Carrier, Mechanism, Site, register
+from klineage.problem import Problem
+from klineage.source import Edit, Function, Node, ParsedSource
+
+_SPLIT = re.compile(r"(?i)split")
+KERNEL_REFUSAL = (
+    "the kernel follows the host's split count; remove the host-side choice of splits so "
+    "this path is no longer taken"
+)
+APPLY_REFUSAL = (
+    "splitting K needs a partial-sum workspace (or atomics) and a reduction kernel, which "
+    "only a person or an LLM writes"
+)
+
+
+def _host_choices(source: ParsedSource, function: Function) -> Iterator[tuple[Node, str | None]]:
+    """``if (...) splits = ...;`` statements of a host function, with a refusal or None."""
+    if function.body is None or function.runs_on_device:
+        return
+    for node in source.iter_nodes("if_statement", within=function.body):
+        consequence = node.child_by_field_name("consequence")
+        if consequence is None:
+            continue
+        body = (
+            statements(consequence) if consequence.type == "compound_statement" else [consequence]
+        )
+        assignments = [_assigned(source, s) for s in body]
+        if not assignments or None in assignments:
+            continue
+        targets = {t for t in assignments if t is not None}
+        if not all(_SPLIT.search(t) for t in targets):
+            continue
+        refusal = None
+        initial = [_initial(source, t, node) for t in sorted(targets)]
+        if node.child_by_field_name("alternative") is not None:
+            refusal = "the choice has an else branch, so no single value is the default"
+        elif any(v != "1" for v in initial):
+            refusal = (
+                "the split count is not a local initialized to 1 before the choice, so "
+                "deleting the choice is not known to leave a single split"
+            )
+        yield node, refusal
+
+
+def _assigned(source: ParsedSource, statement: Node) -> str | None:
+    """The name a statement ``x = ...;`` assigns, else None."""
+    if statement.type != "expression_statement" or not statement.named_children:
+        return None
+    assignment = statement.named_children[0]
+    left = assignment.child_by_field_name("left")
+    if assignment.type != "assignment_expression" or left is None or left.type != "identifier":
+        return None
+    return source.text_of(left)
+
+
+def _initial(source: ParsedSource, name: str, before: Node) -> str | None:
+    """The initializer text of the declaration of ``name`` in scope at ``before`` (the
+    nearest enclosing block that declares it before that point), if it is never assigned
+    between; None otherwise."""
+    scope: Node | None = before.parent
+    while scope is not None:
+        if scope.type == "compound_statement":
+            for statement in statements(scope):
+                if statement.start_byte >= before.start_byte:
+                    break
+                if statement.type != "declaration":
+                    continue
+                for declarator in statement.children_by_field_name("declarator"):
+                    inner = declarator.child_by_field_name("declarator")
+                    value = declarator.child_by_field_name("value")
+                    if inner is not None and source.text_of(inner) == name:
+                        return None if value is None else source.text_of(value).strip()
+        scope = scope.parent
+    return None
+
+
+def _kernel_sites(source: ParsedSource, function: Function) -> list[Node]:
+    """K ranges from ``blockIdx.y/z`` times a split size, and loops over a split count."""
+    found: list[Node] = []
+    for _, decl, value in top_declarations(source, function):
+        for scaled, size in scaled_terms(value):
+            index = strip_casts(scaled)
+            if source.text_of(index) in ("blockIdx.y", "blockIdx.z") and _SPLIT.search(
+                source.text_of(size)
+            ):
+                found.append(decl)
+                break
+    params = {p.name for p in function.params if p.name and _SPLIT.search(p.name)}
+    if function.body is not None:
+        for loop in source.loops:
+            if loop.condition is None or not (
+                function.body.start_byte <= loop.node.start_byte < function.body.end_byte
+            ):
+                continue
+            if names_in(source, loop.condition) & params and not names_in(
+                source, loop.condition
+            ) & set(BLOCK_INDEX):
+                found.append(function.outer)
+                break
+    return found
+
+
+@register
+class SplitK(Mechanism):
+    name = "split_k"
+    category = "parallelism"
+    family = "block and warp tiling"
+    intent = (
+        "Split the reduction dimension across blocks when the output alone cannot fill the "
+        "GPU, and sum the partial results afterwards."
+    )
+
+    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        for function in source.functions:
+            for node, refusal in _host_choices(source, function):
+                condition = node.child_by_field_name("condition")
+                end = condition.end_byte if condition is not None else node.end_byte
+                yield self.site(
+                    source,
+                    node,
+                    snippet=source.snippet((node.start_byte, end)) + " splits = ...",
+                    detail={"side": "host"},
+                    refusal=refusal,
+                )
+        for function in source.kernels:
+            for node in _kernel_sites(source, function):
+                yield self.site(
+                    source,
+                    node,
+                    snippet=f"{function.name}: "
+                    + (
+                        "sums the split partials"
+                        if node == function.outer
+                        else source.snippet(node)
+                    ),
+                    detail={"side": "kernel"},
+                    refusal=KERNEL_REFUSAL,
+                )
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for launch in source.launches:
+            function = source.enclosing_function(launch.node)
+            if function is not None and function.extern_c:
+                yield self.site(source, launch.node, refusal=APPLY_REFUSAL)
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        node = self.node_at(source, site, "if_statement")
+        function = source.enclosing_function(node)
+        if function is None:
+            raise self.refuse("the choice is not in a function", site)
+        for found, refusal in _host_choices(source, function):
+            if found == node:
+                if refusal is not None:
+                    raise self.refuse(refusal, site)
+                return [statement_deletion(source, node)]
+        raise self.refuse("the split choice is not found", site)
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        raise self.refuse(APPLY_REFUSAL, site, "apply")
+
+    def conditions(
+        self, kernel: KernelSource, site: Site, problem: Problem | None = None
+    ) -> list[Condition]:
+        return [
+            Prose(
+                text="the partial sums of every split are added before the output is read",
+                why="split-K trades one more pass over an fp32 workspace for more blocks",
+            )
+        ]

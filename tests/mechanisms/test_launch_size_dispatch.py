@@ -1,0 +1,73 @@
+"""The launch_size_dispatch mechanism: a size dispatch reduced to its general path."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.mechanisms import MechanismRefused, get
+from tests.mechanisms.roundtrip import RoundTripSuite, fixture_pairs, removal_chain
+from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
+
+mechanism = get("launch_size_dispatch")
+
+
+class TestLaunchSizeDispatch(RoundTripSuite):
+    mechanism = "launch_size_dispatch"
+
+    def test_forward_restores_before(self) -> None:
+        """Apply is refused with a reason: a dispatch needs specialized kernels."""
+        for pair in self.pairs():
+            chain = removal_chain(self.subject, pair.before)
+            for candidate in self.subject.candidates(chain.states[-1]):
+                with pytest.raises(MechanismRefused, match="specialized kernels"):
+                    self.subject.apply(chain.states[-1], candidate)
+
+
+def test_experts_listing_it_are_detected() -> None:
+    assert check_expert_detection("launch_size_dispatch") >= 3
+
+
+@pytest.mark.nvcc
+def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
+    check_expert_removals_compile(mechanism_builder, "launch_size_dispatch")
+
+
+def test_the_experts_keep_their_general_kernel() -> None:
+    from tests.conftest import REPO
+
+    for folder, kept in (
+        ("softmax", "softmax_online_rows<512, false><<<"),
+        ("fused_add_rmsnorm", "add_rmsnorm_rows_scalar<512><<<"),
+    ):
+        kernel = KernelSource.from_file(REPO / "expert_kernels" / folder / "kernel.cu")
+        (site,) = mechanism.detect(kernel)
+        run = mechanism.remove(kernel, site).text.split('extern "C" int run')[1]
+        assert kept in run and run.count("<<<") == 1
+        assert "aligned" not in run and "packed" not in run  # the unused flag goes too
+
+
+def test_a_chain_without_fallback_is_refused() -> None:
+    source = KernelSource(
+        "__global__ void a(float* y) {}\n__global__ void b(float* y) {}\n"
+        'extern "C" int run(float* y, long n, void* s) {\n'
+        "  if (n <= 128) a<<<1, 32>>>(y);\n  else if (n <= 4096) b<<<1, 32>>>(y);\n"
+        "  return 0;\n}\n"
+    )
+    (site,) = mechanism.detect(source)
+    assert "no final else" in (site.refusal or "")
+
+
+def test_guards_are_not_dispatches() -> None:
+    source = KernelSource(
+        "__global__ void a(float* y) {}\n"
+        'extern "C" int run(float* y, long n, void* s) {\n  if (n > 0) a<<<1, 32>>>(y);\n'
+        "  return 0;\n}\n"
+    )
+    assert mechanism.detect(source) == []
+
+
+def test_the_continuation_lines_of_the_fallback_move_with_it() -> None:
+    after = fixture_pairs("launch_size_dispatch")[0].after.text
+    assert "\n  scale_block_rows<1024><<<(unsigned)rows, 1024, 0, stream>>>(x, y, cols);\n" in after

@@ -1,0 +1,40 @@
+"""The rasterization mechanism: detected in tiled GEMMs; removal and application refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.mechanisms import MechanismRefused, get
+from tests.mechanisms.roundtrip import RoundTripSuite, fixture_pairs
+from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
+
+mechanism = get("rasterization")
+
+
+class TestRasterization(RoundTripSuite):
+    mechanism = "rasterization"
+
+    def test_forward_restores_before(self) -> None:
+        """Nothing is removed, and there is nowhere to apply it: both refused."""
+        for pair in self.pairs():
+            assert pair.before.text == pair.after.text
+            (site,) = self.subject.detect(pair.before)
+            with pytest.raises(MechanismRefused, match="re"):
+                self.subject.remove(pair.before, site)
+            assert self.subject.candidates(pair.before) == []
+
+
+def test_experts_listing_it_are_detected() -> None:
+    assert check_expert_detection("rasterization") >= 1
+
+
+@pytest.mark.nvcc
+def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
+    check_expert_removals_compile(mechanism_builder, "rasterization", expect_some=False)
+
+
+def test_the_site_spans_the_grouped_mapping() -> None:
+    before = fixture_pairs("rasterization")[0].before
+    (site,) = mechanism.detect(before)
+    assert (site.start_line, site.end_line) == (27, 33)

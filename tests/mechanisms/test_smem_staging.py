@@ -1,0 +1,117 @@
+"""The smem_staging mechanism: staged tiles replaced by the global loads they hold, and the
+forward direction on a blocked loop and on the naive GEMMs of heldout/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from klineage.conditions import AxisAtMost, BlockSizeAtMost, SharedMemoryAtMost
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, MechanismRefused, Site, get
+from tests.conftest import REPO
+from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok, fixture_pairs
+from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
+
+mechanism = get("smem_staging")
+NAIVE = [REPO / "heldout" / "sgemm" / "kernel.cu", REPO / "heldout" / "batched_hgemm" / "kernel.cu"]
+
+
+class TestSmemStaging(RoundTripSuite):
+    mechanism = "smem_staging"
+
+
+def test_experts_listing_it_are_detected() -> None:
+    assert check_expert_detection("smem_staging") >= 1
+
+
+@pytest.mark.nvcc
+def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
+    """The expert's staging is fed by cp.async and read by ldmatrix: detected, refused."""
+    check_expert_removals_compile(mechanism_builder, "smem_staging", expect_some=False)
+
+
+def _expert_sites() -> list[Site]:
+    return mechanism.detect(KernelSource.from_file(REPO / "expert_kernels/gemm_bf16/kernel.cu"))
+
+
+def test_the_expert_staging_is_refused_with_a_reason() -> None:
+    (site,) = _expert_sites()
+    assert "cp.async" in (site.refusal or "")
+
+
+def test_reads_become_the_stored_value_of_the_thread_that_stored_them() -> None:
+    after = fixture_pairs("smem_staging")[0].after.text
+    assert "((row < M && t * TILE + k < K) ? A[row * K + t * TILE + k] : 0.0f)" in after
+    assert "((t * TILE + k < K && col < N) ? B[(t * TILE + k) * N + col] : 0.0f)" in after
+
+
+def test_a_value_depending_on_the_substituted_thread_index_is_refused() -> None:
+    before = fixture_pairs("smem_staging")[0].before
+    shifted = KernelSource(before.text.replace("A[row * K + t * TILE + tx]", "A[col * K + t]"))
+    (site,) = mechanism.detect(shifted)
+    assert "depends on threadIdx.x through something other than tx" in (site.refusal or "")
+
+
+def test_the_block_must_cover_the_tile() -> None:
+    before = fixture_pairs("smem_staging")[0].before
+    small = KernelSource(before.text.replace("dim3 block(TILE, TILE);", "dim3 block(TILE, 8);"))
+    (site,) = mechanism.detect(small)
+    assert "some elements would be stored by no thread" in (site.refusal or "")
+
+
+@pytest.mark.parametrize("path", NAIVE, ids=lambda p: p.parent.name)
+def test_the_naive_gemm_is_tiled(path: Path) -> None:
+    naive = KernelSource.from_file(path)
+    (candidate,) = mechanism.candidates(naive)
+    assert candidate.supported and candidate.detail["form"] == "naive"
+    tiled = mechanism.apply(naive, candidate, Carrier(tile_size=32))
+    assert "__shared__ float tile_a[32][32];" in tiled.text
+    assert "dim3(32, 32)" in tiled.text and "if (tile_row < m && tile_col < n)" in tiled.text
+    (site,) = mechanism.detect(tiled)
+    assert site.supported
+    blocked = mechanism.remove(tiled, site)
+    (again,) = mechanism.candidates(blocked)
+    assert again.detail["form"] == "blocked"
+    carrier = mechanism.carrier_of(tiled, site)
+    assert mechanism.apply(blocked, again, carrier).text == tiled.text
+
+
+def test_naive_conditions_bound_the_grid_and_the_tiles() -> None:
+    naive = KernelSource.from_file(NAIVE[1])
+    (candidate,) = mechanism.candidates(naive)
+    conditions = mechanism.conditions(naive, candidate)
+    assert any(isinstance(c, SharedMemoryAtMost) and c.usage == "2048" for c in conditions)
+    axes = {c.axis: c.n for c in conditions if isinstance(c, AxisAtMost)}
+    assert axes == {"m": 65535 * 16, "batch": 65535}
+
+
+def test_blocked_conditions_ask_for_a_tile_sized_block() -> None:
+    after = fixture_pairs("smem_staging")[0].after
+    (candidate,) = mechanism.candidates(after)
+    conditions = mechanism.conditions(after, candidate)
+    bound = next(c for c in conditions if isinstance(c, BlockSizeAtMost))
+    assert (bound.n, bound.block_size) == (256, "256")
+    assert any(isinstance(c, SharedMemoryAtMost) and "2048" in (c.usage or "") for c in conditions)
+
+
+def test_bad_tile_sizes_are_refused() -> None:
+    naive = KernelSource.from_file(NAIVE[0])
+    (candidate,) = mechanism.candidates(naive)
+    with pytest.raises(MechanismRefused, match="is not one of"):
+        mechanism.apply(naive, candidate, Carrier(tile_size=12))
+    after = fixture_pairs("smem_staging")[0].after
+    with pytest.raises(MechanismRefused, match="fixes the tile at 16"):
+        mechanism.apply(after, mechanism.candidates(after)[0], Carrier(tile_size=32))
+
+
+@pytest.mark.nvcc
+def test_the_tiled_heldout_gemms_compile(mechanism_builder: Builder) -> None:
+    sources = []
+    for path in NAIVE:
+        naive = KernelSource.from_file(path)
+        tiled = mechanism.apply(naive, mechanism.candidates(naive)[0])
+        sources += [tiled, mechanism.remove(tiled, mechanism.detect(tiled)[0])]
+    compile_ok(mechanism_builder, sources)
