@@ -1,0 +1,394 @@
+"""Grid-stride loops: a fixed grid walks any number of elements.
+
+::
+
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) { ... }
+
+decouples the grid from the problem size: the grid can be capped (to a few waves of the
+SMs) so blocks are not launched only to exit, and each thread keeps going.
+
+- remove: one element per thread, ``int64_t i = ...; if (i < n) { ... }`` (or ``if
+  (int64_t i = ...; i < n) ...`` when code follows the loop), and every launch of the
+  kernel gets a grid that covers ``n``: ``(n + block - 1) / block`` blocks, replacing a
+  capped or SM-count-based grid. A ``continue`` or ``break`` of the loop becomes
+  ``return`` when the loop ends the kernel. Refused, with the reason, when the loop is in a
+  device helper (the grid is chosen at the kernel's launch), a launch is not in the file,
+  the bound cannot be written at the launch, the kernel reads ``blockIdx``/``gridDim``
+  elsewhere or holds a barrier, the body returns (it would end the thread's other
+  elements), or another grid-stride loop in the kernel has a different bound.
+- apply: the one-thread-per-element kernel becomes the loop (its ``return``\\ s become
+  ``continue``); with the carrier ``max_blocks`` every launch's grid is capped at that many
+  blocks, ``(unsigned)min((int64_t)((n + block - 1) / block), (int64_t)max_blocks)``;
+  without it the grid stays as it was (still correct, the loop runs once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+from klineage.cexpr import operand
+from klineage.conditions import Condition
+from klineage.kernel import KernelSource
+from klineage.mechanisms._local_util import (
+    ElementKernel,
+    GlobalIndex,
+    Refused,
+    assigned_names,
+    binary,
+    builtin_of,
+    collective_in,
+    element_kernels,
+    element_refusal,
+    element_returns,
+    global_index,
+    grid_cap,
+    grid_edits,
+    identifiers,
+    index_bound,
+    index_declaration,
+    loop_bound_jumps,
+    normalize_type,
+    shift,
+    splice,
+    statements,
+    strip_casts,
+    walk,
+)
+from klineage.mechanisms.base import Carrier, Mechanism, Site, register
+from klineage.problem import Problem
+from klineage.source import Edit, Function, Node, ParsedSource
+
+
+def _same(source: ParsedSource, a: Node, b: Node) -> bool:
+    return " ".join(source.text_of(strip_casts(a)).split()) == " ".join(
+        source.text_of(strip_casts(b)).split()
+    )
+
+
+def is_grid_stride(source: ParsedSource, step: Node, index: GlobalIndex) -> bool:
+    """``gridDim.x * blockDim.x`` (either order, casts allowed), or ``gridDim.x * D`` with
+    ``D`` the block size the index is computed with."""
+    product = binary(strip_casts(step), "*")
+    if product is None:
+        return False
+    for grid, block in (product, product[::-1]):
+        if builtin_of(source, grid) == "gridDim.x" and (
+            builtin_of(source, block) == "blockDim.x" or _same(source, block, index.stride)
+        ):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class _GridLoop:
+    node: Node
+    function: Function
+    var: str
+    specifiers: str
+    index: GlobalIndex
+    bound: Node
+    body: Node
+
+
+def grid_loops(source: ParsedSource) -> list[_GridLoop]:
+    """Every grid-stride loop in device code."""
+    found = []
+    for node in source.nodes("for_statement"):
+        function = source.enclosing_function(node)
+        init = node.child_by_field_name("initializer")
+        condition = node.child_by_field_name("condition")
+        update = node.child_by_field_name("update")
+        body = node.child_by_field_name("body")
+        if function is None or not function.runs_on_device:
+            continue
+        if init is None or condition is None or update is None or body is None:
+            continue
+        parsed = index_declaration(source, init)
+        index = global_index(source, parsed[2]) if parsed is not None else None
+        if parsed is None or index is None or update.type != "assignment_expression":
+            continue
+        var = parsed[0]
+        bound = index_bound(source, condition, var, exits=False)
+        left = update.child_by_field_name("left")
+        operator = update.child_by_field_name("operator")
+        step = update.child_by_field_name("right")
+        if bound is None or left is None or operator is None or step is None:
+            continue
+        if source.text_of(left) != var or operator.type != "+=":
+            continue
+        if is_grid_stride(source, step, index):
+            found.append(_GridLoop(node, function, var, parsed[1], index, bound, body))
+    return found
+
+
+def _is_last(loop: _GridLoop) -> bool:
+    """Whether the loop is the kernel's last statement (nothing runs after it)."""
+    body = loop.function.body
+    return body is not None and loop.node.parent == body and statements(body)[-1] == loop.node
+
+
+def _removal_refusal(source: ParsedSource, loop: _GridLoop, loops: list[_GridLoop]) -> str | None:
+    function = loop.function
+    if not function.is_kernel or function.body is None:
+        return "the loop is in a device helper; the grid is chosen where the kernel is launched"
+    if loop.var in assigned_names(source, loop.body):
+        return f"the body writes the index {loop.var}"
+    changed = {source.text_of(n) for n in identifiers(source, loop.bound)}
+    changed &= assigned_names(source, function.body)
+    if changed:
+        return f"the bound uses {', '.join(sorted(changed))}, which the kernel writes"
+    barrier = collective_in(source, [function.body])
+    if barrier is not None:
+        return f"the kernel holds {barrier}, which every thread must reach equally often"
+    for n in walk(function.body):
+        builtin = builtin_of(source, n) if n.type == "field_expression" else None
+        if builtin is None or builtin.split(".")[0] not in ("blockIdx", "gridDim"):
+            continue
+        if not any(
+            other.node.start_byte <= n.start_byte < other.body.start_byte for other in loops
+        ):
+            return f"the kernel reads {builtin} outside the loop's index, and the grid changes"
+    for other in loops:
+        if other.function == function and not _same(source, other.bound, loop.bound):
+            return (
+                "another grid-stride loop of the kernel has a different bound, so one grid "
+                "cannot give both one thread per element"
+            )
+    if [n for n in walk(loop.body) if n.type == "return_statement"]:
+        return "the body returns, ending the thread's other elements; one per thread would not"
+    jumps = loop_bound_jumps(loop.body, ("break_statement", "continue_statement"))
+    if jumps and not _is_last(loop):
+        return f"the body leaves the loop ({source.snippet(jumps[0])}) and code follows it"
+    return None
+
+
+def removal_edits(source: ParsedSource, loop: _GridLoop) -> list[Edit]:
+    """One element per thread: the header becomes a declaration and an ``if``."""
+    gid = source.text_of(loop.index.node)
+    bound = source.text_of(loop.bound)
+    close = [c for c in loop.node.children if c.type == ")" and c.end_byte <= loop.body.start_byte]
+    if _is_last(loop):
+        indent = source.indent_of(loop.node.start_byte)
+        text = f"{loop.specifiers} {loop.var} = {gid};\n{indent}if ({loop.var} < {bound})"
+    else:
+        text = f"if ({loop.specifiers} {loop.var} = {gid}; {loop.var} < {bound})"
+    edits = [Edit(loop.node.start_byte, close[-1].end_byte, text)]
+    for jump in loop_bound_jumps(loop.body, ("break_statement", "continue_statement")):
+        edits.append(Edit.replace(jump, "return;"))
+    return edits
+
+
+# ---------------------------------------------------------------------------------------------
+# Candidates: one element per thread
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _IfInit:
+    """``if (T i = <global index>; i < n) statement``."""
+
+    node: Node
+    function: Function
+    var: str
+    specifiers: str
+    index: GlobalIndex
+    bound: Node
+    clause: Node
+
+
+def if_inits(source: ParsedSource) -> list[_IfInit]:
+    found = []
+    for node in source.nodes("if_statement"):
+        function = source.enclosing_function(node)
+        clause = node.child_by_field_name("condition")
+        if function is None or not function.is_kernel or clause is None:
+            continue
+        if node.child_by_field_name("alternative") is not None:
+            continue
+        init = clause.child_by_field_name("initializer")
+        values = [c for c in clause.named_children if c.type not in ("comment", "init_statement")]
+        decl = init.named_children[0] if init is not None and init.named_children else None
+        parsed = index_declaration(source, decl) if decl is not None else None
+        if parsed is None or len(values) != 1:
+            continue
+        index = global_index(source, parsed[2])
+        bound = index_bound(source, values[0], parsed[0], exits=False)
+        if index is not None and bound is not None:
+            found.append(_IfInit(node, function, parsed[0], parsed[1], index, bound, clause))
+    return found
+
+
+def _stride(source: ParsedSource, index_type: str, index: GlobalIndex) -> str:
+    return f"({index_type})gridDim.x * {operand(source, index.stride, 14)}"
+
+
+def _header(
+    source: ParsedSource, var: str, index_type: str, index: GlobalIndex, bound: Node, indent: str
+) -> str:
+    """``for (T i = <global index>; i < n; i += <grid stride>)``, wrapped after the
+    condition when the line would pass 100 columns."""
+    start = f"for ({index_type} {var} = {source.text_of(index.node)}; {var} < "
+    start += f"{source.text_of(bound)};"
+    update = f"{var} += {_stride(source, index_type, index)})"
+    if len(indent) + len(start) + 1 + len(update) <= 100:
+        return f"{start} {update}"
+    return f"{start}\n{indent}     {update}"
+
+
+def element_edits(source: ParsedSource, element: ElementKernel) -> list[Edit]:
+    """The one-thread-per-element kernel as a grid-stride loop."""
+    refusal = element_refusal(source, element, returns="nested")
+    if refusal is not None:
+        raise Refused(refusal)
+    indent = source.indent_of(element.decl.start_byte)
+    header = _header(source, element.name, element.index_type, element.index, element.bound, indent)
+    returns = element_returns(element)
+    if element.form == "if":
+        clause = element.guard.child_by_field_name("condition")
+        assert clause is not None
+        edits = [Edit(element.decl.start_byte, clause.end_byte, header)]
+        return edits + [Edit.replace(node, "continue;") for node in returns]
+    code = splice(
+        source,
+        element.guard.end_byte,
+        element.end_byte,
+        [(node, "continue;") for node in returns],
+    )
+    text = f"{header} {{{shift(code, 2)}\n{indent}}}"
+    return [Edit(element.start_byte, element.end_byte, text)]
+
+
+def if_init_refusal(source: ParsedSource, found: _IfInit) -> str | None:
+    function = found.function
+    assert function.body is not None
+    if found.var in assigned_names(source, found.node):
+        return f"the index {found.var} is written"
+    barrier = collective_in(source, [function.body])
+    if barrier is not None:
+        return f"the kernel holds {barrier}, which every thread must reach equally often"
+    if [n for n in walk(found.node) if n.type == "return_statement"]:
+        return "the guarded code returns, which would end the thread's other elements"
+    for n in walk(function.body):
+        if found.clause.start_byte <= n.start_byte < found.clause.end_byte:
+            continue
+        builtin = builtin_of(source, n) if n.type == "field_expression" else None
+        if builtin is not None and builtin.split(".")[0] in ("blockIdx", "gridDim"):
+            return f"the kernel reads {builtin} outside the index, and the rewrite changes the grid"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The mechanism
+# ---------------------------------------------------------------------------------------------
+
+
+@register
+class GridStrideLoop(Mechanism):
+    name = "grid_stride_loop"
+    category = "parallelism"
+    family = "grid-stride loops"
+    intent = (
+        "Let a capped grid walk any number of elements with a grid-stride loop, so no block "
+        "is launched just to exit and the grid can be sized to the GPU."
+    )
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "max_blocks": "cap every launch's grid at this many blocks (e.g. a multiple of the "
+        "SM count); default: leave the grid as it is",
+    }
+
+    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        loops = grid_loops(source)
+        for loop in loops:
+            refusal = _removal_refusal(source, loop, loops)
+            if refusal is None:
+                try:
+                    grid_edits(source, loop.function, loop.bound, 1)
+                except Refused as refused:
+                    refusal = str(refused)
+            header = source.snippet((loop.node.start_byte, loop.body.start_byte)).rstrip(" {")
+            yield self.site(
+                source,
+                loop.node,
+                snippet=header,
+                detail={"kernel": loop.function.name},
+                refusal=refusal,
+            )
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for element in element_kernels(source):
+            refusal = element_refusal(source, element, returns="nested")
+            yield self.site(
+                source,
+                element.decl,
+                span=(element.start_byte, element.end_byte),
+                snippet=f"{element.function.name}: {source.snippet(element.decl)}",
+                detail={"kernel": element.function.name, "form": element.form},
+                refusal=refusal,
+            )
+        for found in if_inits(source):
+            yield self.site(
+                source,
+                found.node,
+                snippet=source.snippet((found.node.start_byte, found.clause.end_byte)),
+                detail={"kernel": found.function.name, "form": "if_init"},
+                refusal=if_init_refusal(source, found),
+            )
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        loop = next(g for g in grid_loops(source) if g.node.start_byte == site.start_byte)
+        try:
+            grids = grid_edits(source, loop.function, loop.bound, 1)
+        except Refused as refused:
+            raise self.refuse(str(refused), site) from refused
+        return removal_edits(source, loop) + [Edit.replace(n, t) for n, t in grids]
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        source = kernel.parsed
+        name = site.detail.get("kernel")
+        caps = {grid_cap(source, launch) for launch in source.launches_of(str(name))}
+        if len(caps) == 1:
+            cap = caps.pop()
+            if cap is not None:
+                return Carrier(max_blocks=cap)
+        return Carrier()
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        cap = carrier.get_int("max_blocks")
+        if cap is not None and cap < 1:
+            raise self.refuse(f"max_blocks={cap} must be at least 1", site, "apply")
+        try:
+            if site.detail.get("form") == "if_init":
+                found = next(f for f in if_inits(source) if f.node.start_byte == site.start_byte)
+                function, bound = found.function, found.bound
+                header = _header(
+                    source,
+                    found.var,
+                    normalize_type(found.specifiers),
+                    found.index,
+                    found.bound,
+                    source.indent_of(found.node.start_byte),
+                )
+                edits = [Edit(found.node.start_byte, found.clause.end_byte, header)]
+            else:
+                element = next(
+                    e for e in element_kernels(source) if e.start_byte == site.start_byte
+                )
+                function, bound = element.function, element.bound
+                edits = element_edits(source, element)
+            if cap is not None:
+                edits += [
+                    Edit.replace(n, t) for n, t in grid_edits(source, function, bound, 1, cap)
+                ]
+        except Refused as refused:
+            raise self.refuse(str(refused), site, "apply") from refused
+        return edits
+
+    def conditions(
+        self, kernel: KernelSource, site: Site, problem: Problem | None = None
+    ) -> list[Condition]:
+        """None: a grid-stride loop is correct for any grid, and its removal sizes the grid
+        to the bound at every launch."""
+        return []

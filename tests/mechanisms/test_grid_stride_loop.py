@@ -1,0 +1,129 @@
+"""The grid_stride_loop mechanism: fixtures both ways, heldout kernels, grids, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, MechanismRefused, get
+from klineage.mechanisms.recall import detection_recall
+from tests.conftest import REPO
+from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok
+from tests.mechanisms.test_vectorized_access import listing_experts
+
+NAME = "grid_stride_loop"
+mechanism = get(NAME)
+
+
+class TestGridStrideLoop(RoundTripSuite):
+    mechanism = NAME
+
+
+def test_detect_finds_what_the_experts_list() -> None:
+    """Every listed entry is detected (no expert lists one today), and the experts, which
+    size their grids to the rows, hold none."""
+    for expert in listing_experts(NAME):
+        entries = json.loads((expert / "mechanisms.json").read_text())
+        listed = [e for e in entries if e["mechanism"] == NAME]
+        report = detection_recall(KernelSource.from_file(expert / "kernel.cu"), listed)
+        assert report.recall == 1.0, str(report)
+    for name in ("softmax", "topk", "fused_add_rmsnorm"):
+        assert (
+            mechanism.detect(KernelSource.from_file(REPO / f"expert_kernels/{name}/kernel.cu"))
+            == []
+        )
+
+
+@pytest.mark.nvcc
+def test_heldout_kernels_take_a_capped_grid_and_compile(mechanism_builder: Builder) -> None:
+    results = []
+    for name, launch in [
+        ("gelu", "gelu_tanh<<<(unsigned)min((int64_t)((n + 256 - 1) / 256), (int64_t)528), 256"),
+        ("embedding_gather", "embedding_gather<<<(unsigned)min((int64_t)((tokens * hidden + 256"),
+    ]:
+        kernel = KernelSource.from_file(REPO / "heldout" / name / "kernel.cu")
+        (candidate,) = mechanism.candidates(kernel)
+        result = mechanism.apply(kernel, candidate, Carrier(max_blocks=528))
+        assert launch in result.text
+        (site,) = mechanism.detect(result)
+        assert site.supported and mechanism.carrier_of(result, site) == Carrier(max_blocks=528)
+        results.append(result)
+    assert "      continue;\n" in results[1].text  # the early return of an invalid id
+    compile_ok(mechanism_builder, results)
+
+
+def test_without_a_cap_the_grid_stays() -> None:
+    kernel = KernelSource.from_file(REPO / "heldout/gelu/kernel.cu")
+    result = mechanism.apply(kernel, mechanism.candidates(kernel)[0])
+    assert "gelu_tanh<<<(unsigned)blocks, 256, 0, stream>>>" in result.text
+    assert "i += (int64_t)gridDim.x * blockDim.x) {" in result.text
+
+
+def _kernel(body: str, launch: str = "k<<<num_sms * 4, 256, 0, s>>>(x, n);") -> KernelSource:
+    return KernelSource(
+        "#include <cuda_runtime.h>\n#include <stdint.h>\n"
+        "__global__ void k(float* x, int64_t n) {\n"
+        f"{body}\n}}\n"
+        'extern "C" int run(float* x, int64_t n, cudaStream_t s) {\n'
+        "  int num_sms = 0;\n"
+        "  cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0);\n"
+        f"  {launch}\n  return 0;\n}}\n"
+    )
+
+
+LOOP = (
+    "  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;"
+    " i += blockDim.x * (int64_t)gridDim.x)"
+)
+
+
+def test_an_sm_count_grid_becomes_a_grid_that_covers_n() -> None:
+    kernel = _kernel(f"{LOOP}\n    x[i] *= 2.0f;")
+    (site,) = mechanism.detect(kernel)
+    removed = mechanism.remove(kernel, site)
+    assert "k<<<(unsigned)((n + 256 - 1) / 256), 256, 0, s>>>(x, n);" in removed.text
+    assert "  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;\n  if (i < n)\n" in (
+        removed.text
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (f"{LOOP} {{\n    if (x[i] < 0.0f) return;\n    x[i] = 1.0f;\n  }}", "returns"),
+        (f"{LOOP} {{\n    if (x[i] < 0.0f) break;\n  }}\n  x[0] = 0.0f;", "code follows"),
+        (f"{LOOP} x[i] = blockIdx.x;", "reads blockIdx.x"),
+        (f"{LOOP} {{\n    x[i] = 0.0f;\n    __syncthreads();\n  }}", "__syncthreads"),
+        (f"{LOOP} x[i] = 0.0f;\n{LOOP.replace('< n', '< n / 2')} x[i] = 1.0f;", "different bound"),
+    ],
+)
+def test_unsafe_loops_are_detected_but_refused(body: str, reason: str) -> None:
+    kernel = _kernel(body)
+    site = mechanism.detect(kernel)[0]
+    assert reason in (site.refusal or "")
+    with pytest.raises(MechanismRefused):
+        mechanism.remove(kernel, site)
+
+
+def test_a_loop_in_a_device_helper_is_refused() -> None:
+    helper = KernelSource(
+        "#include <stdint.h>\n"
+        f"__device__ void fill(float* x, int64_t n) {{\n{LOOP} x[i] = 0.0f;\n}}\n"
+    )
+    (site,) = mechanism.detect(helper)
+    assert "device helper" in (site.refusal or "")
+
+
+def test_a_launch_outside_the_file_is_refused() -> None:
+    kernel = _kernel(f"{LOOP} x[i] = 0.0f;", launch="(void)s;")
+    (site,) = mechanism.detect(kernel)
+    assert "no launch of k" in (site.refusal or "")
+
+
+def test_a_zero_cap_is_refused() -> None:
+    kernel = KernelSource.from_file(REPO / "heldout/gelu/kernel.cu")
+    with pytest.raises(MechanismRefused, match="at least 1"):
+        mechanism.apply(kernel, mechanism.candidates(kernel)[0], Carrier(max_blocks=0))

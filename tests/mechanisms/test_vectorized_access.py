@@ -1,0 +1,201 @@
+"""The vectorized_access mechanism: fixtures both ways, experts, heldout kernels, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from klineage.conditions import AxisDivisible, PointerAlignment
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, MechanismRefused, get
+from klineage.mechanisms.recall import detection_recall
+from tests.conftest import REPO
+from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite, compile_ok, removal_chain
+
+NAME = "vectorized_access"
+mechanism = get(NAME)
+
+
+class TestVectorizedAccess(RoundTripSuite):
+    mechanism = NAME
+
+
+def listing_experts(name: str) -> list[Path]:
+    """The expert kernel folders whose mechanisms.json lists ``name``."""
+    return [
+        listed.parent
+        for listed in sorted((REPO / "expert_kernels").glob("*/mechanisms.json"))
+        if any(entry["mechanism"] == name for entry in json.loads(listed.read_text()))
+    ]
+
+
+EXPERTS = listing_experts(NAME)
+
+
+@pytest.mark.parametrize("expert", EXPERTS, ids=[p.name for p in EXPERTS])
+def test_detect_finds_what_the_expert_lists(expert: Path) -> None:
+    listed = [
+        e for e in json.loads((expert / "mechanisms.json").read_text()) if e["mechanism"] == NAME
+    ]
+    report = detection_recall(KernelSource.from_file(expert / "kernel.cu"), listed)
+    assert report.recall == 1.0, str(report)
+
+
+@pytest.mark.nvcc
+def test_every_expert_site_is_removable_and_compiles(mechanism_builder: Builder) -> None:
+    """Each site of each listing expert comes out on its own (one site fewer, a re-parse
+    without errors); removed one after another, the kernel without any compiles."""
+    without = []
+    for expert in EXPERTS:
+        kernel = KernelSource.from_file(expert / "kernel.cu")
+        sites = mechanism.detect(kernel)
+        assert sites and all(s.supported for s in sites), [str(s) for s in sites]
+        for site in sites:
+            assert len(mechanism.detect(mechanism.remove(kernel, site))) == len(sites) - 1
+        chain = removal_chain(mechanism, kernel)
+        assert len(chain.sites) == len(sites)
+        without.append(KernelSource(chain.states[-1].text, name=f"{expert.name}-scalar"))
+    compile_ok(mechanism_builder, without)
+
+
+def test_softmax_sites_read_their_alignment_back_to_the_problem() -> None:
+    kernel = KernelSource.from_file(REPO / "expert_kernels/softmax/kernel.cu")
+    for site in mechanism.detect(kernel):
+        conditions = mechanism.conditions(kernel, site)
+        assert AxisDivisible(axis="cols", k=4) in [
+            c.model_copy(update={"why": ""}) for c in conditions
+        ]
+        assert any(isinstance(c, PointerAlignment) and c.bytes == 16 for c in conditions)
+
+
+def test_rmsnorm_uint4_needs_hidden_divisible_by_8() -> None:
+    kernel = KernelSource.from_file(REPO / "expert_kernels/fused_add_rmsnorm/kernel.cu")
+    (load, *_) = mechanism.detect(kernel)
+    axes = [c for c in mechanism.conditions(kernel, load) if isinstance(c, AxisDivisible)]
+    assert [(c.axis, c.k) for c in axes] == [("hidden", 8)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward, on the heldout naive kernels
+# ---------------------------------------------------------------------------------------------
+
+HELDOUT = {
+    "gelu": ("kernel", 4, "float4"),
+    "bias_relu": ("kernel", 8, "uint4"),
+    "row_sum": ("loop", 4, "float4"),
+}
+
+
+@pytest.mark.nvcc
+def test_heldout_kernels_vectorize_and_compile(mechanism_builder: Builder) -> None:
+    applied = []
+    for name, (form, width, vector) in HELDOUT.items():
+        kernel = KernelSource.from_file(REPO / "heldout" / name / "kernel.cu")
+        (candidate,) = [c for c in mechanism.candidates(kernel) if c.detail["form"] == form]
+        result = mechanism.apply(kernel, candidate)
+        (site,) = [s for s in mechanism.detect(result) if s.detail["form"] == form]
+        assert site.supported and mechanism.carrier_of(result, site) == Carrier(vector_width=width)
+        assert f"reinterpret_cast<const {vector}*>" in result.text or vector in result.text
+        again = mechanism.remove(result, site)
+        assert not [s for s in mechanism.detect(again) if s.detail["form"] == form]
+        applied.append(KernelSource(result.text, name=f"{name}-vectorized"))
+    compile_ok(mechanism_builder, applied)
+
+
+def test_a_kernel_grid_shrinks_by_the_width() -> None:
+    kernel = KernelSource.from_file(REPO / "heldout/gelu/kernel.cu")
+    (candidate,) = mechanism.candidates(kernel)
+    result = mechanism.apply(kernel, candidate, Carrier(vector_width=2))
+    assert "const float2 x_vec = reinterpret_cast<const float2*>(x)[i_vec];" in result.text
+    assert "gelu_tanh<<<(unsigned)((n + 2 * 256 - 1) / (2 * 256)), 256, 0, stream>>>" in result.text
+    with pytest.raises(MechanismRefused, match="no 32-byte vector"):
+        mechanism.apply(kernel, candidate, Carrier(vector_width=8))
+
+
+def test_loop_conditions_name_the_row_length() -> None:
+    kernel = KernelSource.from_file(FIXTURES / NAME / "loop.after.cu")
+    candidate = mechanism.candidates(kernel)[-1]
+    conditions = mechanism.conditions(kernel, candidate)
+    assert {(c.axis, c.k) for c in conditions if isinstance(c, AxisDivisible)} == {("cols", 8)}
+    assert {c.tensor for c in conditions if isinstance(c, PointerAlignment)} == {"z", "w"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals and non-candidates
+# ---------------------------------------------------------------------------------------------
+
+
+def _device(body: str) -> KernelSource:
+    return KernelSource(
+        "#include <cuda_runtime.h>\n#include <stdint.h>\n"
+        "__device__ void take(float4& v) { v.x = 0.0f; }\n"
+        "__global__ void k(const float4* p4, float4* q4, float* y, int64_t n) {\n"
+        f"{body}\n}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("  int64_t i = 0;\n  float4 a = p4[i++];", "side effects"),
+        ("  float4& r = q4[0];\n  r.x = 1.0f;", "reference"),
+        ("  take(q4[1]);", "by reference"),
+        ("  float4 a, b = make_float4(0, 0, 0, 0);\n  a = (q4[0] = b);", "value is used"),
+    ],
+)
+def test_unsafe_accesses_are_detected_but_refused(body: str, reason: str) -> None:
+    sites = mechanism.detect(_device(body))
+    assert sites and all(s.refusal for s in sites)
+    assert reason in (sites[0].refusal or "")
+    with pytest.raises(MechanismRefused):
+        mechanism.remove(_device(body), sites[0])
+
+
+def test_component_and_register_accesses_are_not_vector_accesses() -> None:
+    body = "  float4 v[2];\n  v[0] = v[1];\n  y[0] = p4[0].x;\n  q4[1].y = 2.0f;"
+    assert mechanism.detect(_device(body)) == []
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        "for (int64_t c = 0; c < n; ++c) { if (y[c] > 0.0f) break; y[c] = 1.0f; }",
+        "for (int64_t c = 0; c < n; ++c) { if (c > 2) y[c] = 0.0f; }",
+        "for (int64_t c = 0; c < n; ++c) y[c + 1] = y[c];",
+        "for (int64_t c = 0; c < n; ++c) { __syncthreads(); y[c] = 0.0f; }",
+    ],
+)
+def test_loops_that_cannot_be_split_into_lanes_are_not_candidates(loop: str) -> None:
+    kernel = _device(f"  {loop}")
+    assert [c for c in mechanism.candidates(kernel) if c.detail["form"] == "loop"] == []
+
+
+def test_a_tampered_vector_loop_is_not_taken_for_the_canonical_form() -> None:
+    text = (FIXTURES / NAME / "loop.before.cu").read_text()
+    tampered = KernelSource(text.replace("acc += row[c];", "acc += 2.0f * row[c];"))
+    forms = [s.detail["form"] for s in mechanism.detect(tampered)]
+    assert "loop" in forms and forms.count("loop") == 1  # only the bf16 loop is canonical
+    assert "load" in forms  # the float4 load of the tampered loop is reported on its own
+
+
+def test_the_same_names_twice_are_refused() -> None:
+    kernel = KernelSource.from_file(REPO / "heldout/gelu/kernel.cu")
+    clashing = KernelSource(kernel.text.replace("k_beta", "x_vec"))
+    (candidate,) = mechanism.candidates(clashing)
+    with pytest.raises(MechanismRefused, match="already used"):
+        mechanism.apply(clashing, candidate)
+
+
+def test_a_store_through_a_cast_splits_and_merges_back() -> None:
+    body = "  *reinterpret_cast<float2*>(y + 2 * n) = make_float2(1.0f, 2.0f);"
+    kernel = _device(body)
+    (site,) = mechanism.detect(kernel)
+    split = mechanism.remove(kernel, site)
+    assert "float* elems = reinterpret_cast<float*>(reinterpret_cast<float2*>(y + 2 * n));" in (
+        split.text
+    )
+    (candidate,) = mechanism.candidates(split)
+    assert mechanism.apply(split, candidate).text == kernel.text
