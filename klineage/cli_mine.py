@@ -12,7 +12,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, WalkEvent
+from klineage.cli_llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
+from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, WalkEvent, is_llm_origin
+from klineage.llm import ProviderError
 from klineage.mine import MineReport, mine
 from klineage.skills import SkillLibrary, render_skill_md
 
@@ -42,10 +44,15 @@ class WalkView:
         self.rejected = 0
         self.ratios: list[float] = []
         self.last = ""
+        self.llm_attempts = 0
+        self.llm_rejections = 0
 
     def update(self, event: WalkEvent) -> None:
         self.step, self.runs = event.step, event.gate_runs
         self.state = event.state[:10]
+        if event.kind == "llm_rejection":
+            self.llm_rejections += 1
+            self.last = f"LLM answer not used: {event.message[:80]}"
         if event.attempt is not None:
             a = event.attempt
             if a.status is AttemptStatus.ACCEPTED:
@@ -55,7 +62,9 @@ class WalkView:
             else:
                 self.rejected += 1
             ratio = f"{a.ratio:.3f}" if a.ratio is not None else "-"
-            self.last = f"{a.mechanism}: {a.status.value} (ratio {ratio})"
+            by = " [LLM]" if is_llm_origin(a.origin) else ""
+            self.llm_attempts += bool(by)
+            self.last = f"{a.mechanism}{by}: {a.status.value} (ratio {ratio})"
 
     def render(self) -> Table:
         table = Table(title=f"mining {self.problem}", show_header=False)
@@ -69,6 +78,10 @@ class WalkView:
             ("best / worst ratio", f"{best} / {worst}"),
             ("last attempt", self.last),
         ]
+        if self.llm_attempts or self.llm_rejections:
+            rows.insert(
+                4, ("LLM attempts / unused answers", f"{self.llm_attempts} / {self.llm_rejections}")
+            )
         for key, value in rows:
             table.add_row(key, value)
         return table
@@ -85,10 +98,17 @@ def mine_command(
     report: Annotated[
         Path | None, typer.Option(help="Write the per-problem report as JSON here.")
     ] = None,
+    llm: LlmOption = None,
+    llm_cache: LlmCacheOption = None,
+    llm_replay_only: LlmReplayOnlyOption = False,
 ) -> None:
-    """Walk each expert kernel backward through the gate and write verified skills."""
+    """Walk each expert kernel backward through the gate and write verified skills.
+
+    With --llm, each state also gets one removal proposed by the LLM, gated like the
+    catalog's and recorded in the lineage with its origin."""
     from klineage.gate.gate import Gate, GateSetupError
 
+    provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
     limits = MiningBudget(gate_runs=budget, wall_seconds=wall)
     reports: list[MineReport] = []
     try:
@@ -104,16 +124,29 @@ def mine_command(
                         live.update(view.render())
 
                     result = mine(
-                        folder, out, gate=gate, budget=limits, resume=resume, on_event=on_event
+                        folder,
+                        out,
+                        gate=gate,
+                        budget=limits,
+                        resume=resume,
+                        on_event=on_event,
+                        llm=provider,
                     )
                 reports.append(result)
                 _print_report(result)
     except GateSetupError as err:
         _fail(f"gate error: {err}")
+    except ProviderError as err:
+        _fail(f"LLM error: {err.message}")
     except (FileNotFoundError, ValueError) as err:
         _fail(str(err))
+    finally:
+        if provider is not None:
+            console.print(usage_line(provider))
     if report is not None:
-        data = {"problems": [r.model_dump(mode="json") for r in reports]}
+        data: dict[str, object] = {"problems": [r.model_dump(mode="json") for r in reports]}
+        if provider is not None:
+            data["llm_usage"] = provider.accounting.summary()
         report.write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -128,6 +161,11 @@ def _print_report(r: MineReport) -> None:
     )
     if r.missed:
         console.print(f"  no skill for: {', '.join(r.missed)}")
+    if r.llm_attempts or r.llm_rejections:
+        console.print(
+            f"  LLM: {r.llm_attempts} proposals gated ({r.llm_accepted} accepted), "
+            f"{r.llm_rejections} answers not used"
+        )
 
 
 def _library(out: Path) -> SkillLibrary:
@@ -185,6 +223,7 @@ def lineage_show(
     table = Table(
         "step",
         "mechanism",
+        "origin",
         "ratio",
         "trials",
         "parent",
@@ -195,16 +234,25 @@ def lineage_show(
         table.add_row(
             str(attempt.step),
             attempt.mechanism,
+            attempt.origin,
             f"{attempt.ratio:.3f}" if attempt.ratio is not None else "-",
             ", ".join(f"{r:.3f}" for r in attempt.trial_ratios),
             attempt.parent[:10],
             attempt.child[:10],
         )
-    rejected = [a for a in lineage.attempts() if a.status is AttemptStatus.REJECTED]
+    attempts = lineage.attempts()
+    rejected = [a for a in attempts if a.status is AttemptStatus.REJECTED]
     notes = Text(
-        f"{len(lineage.attempts())} attempts, {len(rejected)} rejected, "
+        f"{len(attempts)} attempts, {len(rejected)} rejected, "
         f"{len(lineage.graph.graph['refusals'])} refusals"
     )
+    by_llm = [a for a in attempts if is_llm_origin(a.origin)]
+    if by_llm or lineage.graph.graph.get("llm"):
+        accepted = sum(a.status is AttemptStatus.ACCEPTED for a in by_llm)
+        notes.append(
+            f"; {lineage.graph.graph.get('llm') or 'LLM'}: {len(by_llm)} attempts "
+            f"({accepted} accepted), {len(lineage.llm_rejections)} answers not used"
+        )
     console.print(Group(table, notes))
     if png is not None:
         from klineage.drawing import draw_lineage

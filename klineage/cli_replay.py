@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from klineage.cli_llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
+from klineage.lineage import is_llm_origin
 from klineage.materialize import METHODS, GateRunRecord, ReplayBudget
 from klineage.replay import ReplayReport, replay
 
@@ -28,8 +30,14 @@ def replay_command(
     resume: Annotated[
         bool, typer.Option("--resume/--fresh", help="Reuse verdicts already in the gate log.")
     ] = True,
+    llm: LlmOption = None,
+    llm_cache: LlmCacheOption = None,
+    llm_replay_only: LlmReplayOnlyOption = False,
 ) -> None:
-    """Replay mined skills on each problem's naive kernel, beside the baselines."""
+    """Replay mined skills on each problem's naive kernel, beside the baselines.
+
+    With --llm, the skills method asks the LLM to apply a retrieved skill when no rule can
+    (the rule refused, or the catalog lacks the skill's mechanism); the baselines never do."""
     from klineage.gate.gate import GateSetupError
 
     chosen = ["skills"] + [b.strip() for b in baselines.split(",") if b.strip()]
@@ -37,12 +45,14 @@ def replay_command(
     if unknown:
         errors.print(Text(f"unknown baseline {unknown[0]!r}; choose from blind, memory", "red"))
         raise typer.Exit(2)
+    provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
 
     def on_run(problem: str, method: str, record: GateRunRecord) -> None:
         ratio = f"{record.ratio:.3f}" if record.ratio is not None else "-"
         style = {"kept": "green", "slower": "yellow"}.get(record.outcome, "red")
+        by = " [LLM]" if is_llm_origin(record.origin) else ""
         console.print(
-            Text(f"{problem} {method:6s} #{record.index:<3d} {record.action:24s} ")
+            Text(f"{problem} {method:6s} #{record.index:<3d} {record.action + by:24s} ")
             + Text(f"{record.outcome:8s}", style=style)
             + Text(f" ratio {ratio}  speedup {record.speedup:.2f}x")
         )
@@ -56,6 +66,7 @@ def replay_command(
             budget=ReplayBudget(gate_runs=budget),
             resume=resume,
             on_run=on_run,
+            llm=provider,
         )
     except GateSetupError as err:
         errors.print(Text(f"gate error: {err}", "red"))
@@ -63,6 +74,9 @@ def replay_command(
     except (FileNotFoundError, ValueError) as err:
         errors.print(Text(str(err), "red"))
         raise typer.Exit(2) from err
+    finally:
+        if provider is not None:
+            console.print(usage_line(provider))
     print_report(report)
     console.print(f"report: {out / 'replay.json'}, chart: {out / 'replay.png'}")
 
@@ -83,7 +97,12 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
     for r in report.results:
         start = sum(r.start_ms.values())
         best = sum(r.best_ms.values())
-        used = ", ".join(f"{u['skill'].split('--')[0]} ({u['source']})" for u in r.skills_used)
+        used = ", ".join(
+            f"{u['skill'].split('--')[0]} ({u['source']}"
+            + (", by the LLM" if is_llm_origin(u.get("origin", "")) else "")
+            + ")"
+            for u in r.skills_used
+        )
         table.add_row(
             r.problem,
             r.method,

@@ -13,11 +13,19 @@ The walk's policy, at each state:
    least speed first (highest current/simplified latency ratio); ties by name;
 3. go on from that state until nothing removable is detected (`complete`), nothing removable
    passes the gate (`stuck`), or the budget of gate runs or wall time is spent (`budget`).
+
+With an LLM provider (`Simplifier(..., llm=provider)`), each state also gets one LLM-proposed
+removal after the catalog's (:func:`klineage.llm.propose_removal`): it is gated like a rule
+attempt, from the same budget, and recorded as an edge whose `origin` is `llm:<kind>:<model>`
+(its mechanism is the name the model gave, prefixed `llm:` unless the catalog knows it). An
+answer that cannot be used (a provider failure, a malformed answer, the same kernel a rule
+already produced) is kept in the graph's `llm_rejections`, and the walk goes on without it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,9 +39,40 @@ from pydantic import BaseModel, Field
 from klineage.gate.result import GateVerdict
 from klineage.gatelog import GateLog
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Mechanism, all_mechanisms
+from klineage.llm.base import Provider, ProviderError
+from klineage.llm.proposals import Proposal, Rejection, propose_removal
+from klineage.mechanisms import Mechanism, UnknownMechanism, all_mechanisms, get
 from klineage.problem import Problem
 from klineage.removal import Removal, remove_mechanism
+
+RULE_ORIGIN = "rule"
+LLM_PREFIX = "llm:"
+ANSWER_KEPT = 2000
+"""Characters of a rejected LLM answer kept in the lineage (the response cache has it all)."""
+
+
+def is_llm_origin(origin: str) -> bool:
+    return origin.startswith(LLM_PREFIX)
+
+
+def catalog_mechanism(name: str) -> Mechanism | None:
+    """The catalog mechanism registered as `name`, or None (an LLM-proposed mechanism)."""
+    try:
+        return get(name)
+    except UnknownMechanism:
+        return None
+
+
+def llm_mechanism_name(name: str) -> str:
+    """The name an LLM gave a mechanism, as the lineage records it: snake_case, and prefixed
+    `llm:` unless the catalog has a mechanism of that name."""
+    slug = re.sub(r"[^a-z0-9_.]+", "_", name.strip().lower()).strip("_.") or "unnamed"
+    return slug if catalog_mechanism(slug) is not None else LLM_PREFIX + slug
+
+
+def slug(name: str) -> str:
+    """`name` fit for a file name and an id (`llm:tiling` -> `llm-tiling`)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "unnamed"
 
 
 class AttemptStatus(str, Enum):
@@ -70,8 +109,14 @@ class Attempt(BaseModel):
     id: str = Field(description="stable id: parent fingerprint and mechanism")
     parent: str = Field(description="fingerprint of the state the mechanism was removed from")
     child: str = Field(description="fingerprint of the simplified state")
-    mechanism: str = Field(description="registry name of the removed mechanism")
+    mechanism: str = Field(
+        description="registry name of the removed mechanism ('llm:<name>' for one the catalog "
+        "does not know, named by the LLM that proposed it)"
+    )
     origin: str = Field(default="rule", description="'rule' (the catalog) or 'llm:...'")
+    intent: str = Field(
+        default="", description="what the change does, in the LLM's words (LLM-origin only)"
+    )
     sites: list[dict[str, Any]] = Field(description="the removed sites, in removal order")
     carriers: list[dict[str, Any]] = Field(description="the instance choices of each site")
     refused_sites: list[dict[str, Any]] = Field(
@@ -156,6 +201,10 @@ class LineageGraph:
         entry = {"parent": parent, "mechanism": mechanism, "reason": reason, "step": step}
         self.graph.graph["refusals"].append(entry)
 
+    def add_llm_rejection(self, entry: dict[str, Any]) -> None:
+        """An LLM answer that never became an attempt (see :func:`llm_rejection`)."""
+        self.graph.graph.setdefault("llm_rejections", []).append(entry)
+
     # ---- reading ----------------------------------------------------------------------------
 
     @property
@@ -181,6 +230,10 @@ class LineageGraph:
         return [
             Attempt.model_validate(d) for _, _, d in self.graph.out_edges(fingerprint, data=True)
         ]
+
+    @property
+    def llm_rejections(self) -> list[dict[str, Any]]:
+        return list(self.graph.graph.get("llm_rejections", []))
 
     def main_path(self) -> list[Attempt]:
         """The chosen attempts from the expert down, in walk order."""
@@ -210,11 +263,45 @@ class LineageGraph:
         return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
+def llm_rejection(
+    outcome: Rejection | ProviderError | Proposal,
+    *,
+    parent: str,
+    step: int,
+    origin: str,
+    stage: str | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """Plain data for an LLM answer that never became an attempt: where, why, at which stage.
+
+    Stages: `provider` (the call failed), `parse` (the answer is malformed or declined),
+    `build`, or `duplicate` (a proposal giving the kernel a rule attempt already produced)."""
+    entry: dict[str, Any] = {"parent": parent, "step": step, "origin": origin}
+    if isinstance(outcome, ProviderError):
+        entry.update(stage="provider", kind=outcome.kind, reason=outcome.message, mechanism=None)
+        entry.update(answer="", input_tokens=0, output_tokens=0)
+    else:
+        entry.update(
+            origin=outcome.origin,
+            stage=outcome.stage if isinstance(outcome, Rejection) else "duplicate",
+            reason=outcome.reason[:4000] if isinstance(outcome, Rejection) else "",
+            mechanism=outcome.mechanism,
+            answer=outcome.answer[:ANSWER_KEPT] if isinstance(outcome, Rejection) else "",
+            input_tokens=outcome.usage.input_tokens,
+            output_tokens=outcome.usage.output_tokens,
+        )
+    if stage is not None:
+        entry["stage"] = stage
+    if reason is not None:
+        entry["reason"] = reason
+    return entry
+
+
 @dataclass(frozen=True)
 class WalkEvent:
     """Progress of the walk, for live displays."""
 
-    kind: str  # state, attempt, done
+    kind: str  # state, attempt, llm_rejection, done
     step: int
     gate_runs: int
     state: str = ""
@@ -252,12 +339,23 @@ class Simplifier:
         mechanisms: Sequence[Mechanism] | None = None,
         *,
         on_event: Callable[[WalkEvent], None] | None = None,
+        llm: Provider | None = None,
     ) -> None:
         self.log = log
         self.mechanisms = list(mechanisms) if mechanisms is not None else all_mechanisms()
         self.on_event = on_event or (lambda event: None)
+        self.llm = llm
+        """Asked for one more removal at each state, after the catalog's; None: rules only."""
+        self.llm_off: str | None = None
+        """Why the LLM is no longer asked (a failure every later call would repeat)."""
         self.removals: dict[str, Removal] = {}
         """Attempt id -> its removal record (sites, carriers, states), for skills."""
+        self.proposals: dict[str, Proposal] = {}
+        """Attempt id -> the LLM proposal behind it (LLM-origin attempts)."""
+
+    @property
+    def llm_origin(self) -> str | None:
+        return f"{LLM_PREFIX}{self.llm.kind}:{self.llm.model}" if self.llm is not None else None
 
     def _builder(self) -> Any:
         return getattr(self.log.gate, "builder", None)
@@ -278,6 +376,9 @@ class Simplifier:
                 + (verdict.build.message if not verdict.build.ok else "")
             )
         lineage.graph.graph["hardware"] = verdict.hardware
+        if self.llm is not None:
+            lineage.graph.graph["llm"] = self.llm_origin
+            lineage.graph.graph.setdefault("llm_rejections", [])
         current = expert
         info = state_info(expert, verdict, 0)
         info.detected = self._detected(expert)
@@ -293,28 +394,34 @@ class Simplifier:
         while True:
             self.on_event(WalkEvent("state", step, self.log.runs, current.fingerprint))
             removals = self._removals(lineage, current, step)
-            if not removals:
+            proposal = self._propose(lineage, problem, current, removals, step)
+            tries: list[Removal | Proposal] = [*removals, *([proposal] if proposal else [])]
+            if not tries:
                 lineage.graph.graph["termination"] = Termination.COMPLETE.value
                 break
-            self._prebuild([r.simplified for r in removals])
-            accepted: list[tuple[Attempt, Removal]] = []
+            self._prebuild([t.simplified if isinstance(t, Removal) else t.source for t in tries])
+            accepted: list[tuple[Attempt, KernelSource]] = []
             out_of_budget = False
-            for removal in removals:
+            for item in tries:
                 if spent():
                     out_of_budget = True
                     break
-                attempt = self._attempt(lineage, problem, current, removal, step)
+                if isinstance(item, Removal):
+                    attempt = self._attempt(lineage, problem, current, item, step)
+                    child = item.simplified
+                else:
+                    attempt = self._llm_attempt(lineage, problem, current, item, step)
+                    child = item.source
                 if attempt.status is AttemptStatus.ACCEPTED:
-                    accepted.append((attempt, removal))
+                    accepted.append((attempt, child))
             if out_of_budget and not accepted:
                 lineage.graph.graph["termination"] = Termination.BUDGET.value
                 break
             if not accepted:
                 lineage.graph.graph["termination"] = Termination.STUCK.value
                 break
-            chosen, removal = self._choose(accepted, current)
+            chosen, current = self._choose(accepted, current)
             lineage.graph.edges[chosen.parent, chosen.child]["chosen"] = True
-            current = removal.simplified
             step += 1
             if out_of_budget or spent():
                 lineage.graph.graph["termination"] = Termination.BUDGET.value
@@ -345,6 +452,76 @@ class Simplifier:
         if builder is not None and len(kernels) > 1:
             builder.build_many([(k.text, k.name) for k in kernels])
 
+    def _propose(
+        self,
+        lineage: LineageGraph,
+        problem: Problem,
+        current: KernelSource,
+        removals: list[Removal],
+        step: int,
+    ) -> Proposal | None:
+        """Ask the LLM for one more removal; None when there is no usable answer (recorded)."""
+        if self.llm is None or self.llm_off is not None:
+            return None
+        origin = self.llm_origin or ""
+        detected = [
+            {
+                "name": m.name,
+                "intent": m.intent,
+                "snippet": site.snippet,
+                "start_line": site.start_line,
+                "function": site.function,
+            }
+            for m in self.mechanisms
+            for site in m.detect(current)
+        ]
+        try:
+            outcome = propose_removal(self.llm, current, problem, detected)
+        except ProviderError as err:  # fatal: every later call would fail the same way
+            self.llm_off = err.message
+            entry = llm_rejection(
+                err,
+                parent=current.fingerprint,
+                step=step,
+                origin=origin,
+                reason=f"{err.message} (the LLM is not asked again in this walk)",
+            )
+            lineage.graph.graph["llm_disabled"] = err.message
+            self._rejected(lineage, entry, step, current)
+            return None
+        if isinstance(outcome, Rejection):
+            entry = llm_rejection(outcome, parent=current.fingerprint, step=step, origin=origin)
+            self._rejected(lineage, entry, step, current)
+            return None
+        child = outcome.source.fingerprint
+        same = next((r for r in removals if r.simplified.fingerprint == child), None)
+        reason = ""
+        if same is not None:
+            reason = f"the same kernel as the catalog's removal of {same.mechanism.name}"
+        elif child in lineage.graph and nx.has_path(lineage.graph, child, current.fingerprint):
+            reason = "the kernel of an earlier state of this walk (the lineage would loop)"
+        if reason:
+            entry = llm_rejection(
+                outcome, parent=current.fingerprint, step=step, origin=origin, reason=reason
+            )
+            self._rejected(lineage, entry, step, current)
+            return None
+        return outcome
+
+    def _rejected(
+        self, lineage: LineageGraph, entry: dict[str, Any], step: int, current: KernelSource
+    ) -> None:
+        lineage.add_llm_rejection(entry)
+        self.on_event(
+            WalkEvent(
+                "llm_rejection",
+                step,
+                self.log.runs,
+                current.fingerprint,
+                message=f"{entry['stage']}: {entry['reason'][:200]}",
+            )
+        )
+
     def _attempt(
         self,
         lineage: LineageGraph,
@@ -353,7 +530,61 @@ class Simplifier:
         removal: Removal,
         step: int,
     ) -> Attempt:
-        child = removal.simplified
+        attempt = self._gate_attempt(
+            lineage,
+            problem,
+            current,
+            removal.simplified,
+            step,
+            id=f"{current.fingerprint[:8]}-{removal.mechanism.name}",
+            mechanism=removal.mechanism.name,
+            origin=RULE_ORIGIN,
+            sites=[s.model_dump(mode="json") for s in removal.sites],
+            carriers=[c.model_dump(mode="json") for c in removal.carriers],
+            refused_sites=[
+                {"site": s.model_dump(mode="json"), "reason": r} for s, r in removal.refused
+            ],
+        )
+        self.removals[attempt.id] = removal
+        self.on_event(WalkEvent("attempt", step, self.log.runs, current.fingerprint, attempt))
+        return attempt
+
+    def _llm_attempt(
+        self,
+        lineage: LineageGraph,
+        problem: Problem,
+        current: KernelSource,
+        proposal: Proposal,
+        step: int,
+    ) -> Attempt:
+        mechanism = llm_mechanism_name(proposal.mechanism)
+        attempt = self._gate_attempt(
+            lineage,
+            problem,
+            current,
+            proposal.source,
+            step,
+            id=f"{current.fingerprint[:8]}-llm-{slug(mechanism.removeprefix(LLM_PREFIX))}",
+            mechanism=mechanism,
+            origin=proposal.origin,
+            intent=proposal.intent,
+        )
+        self.proposals[attempt.id] = proposal
+        self.on_event(WalkEvent("attempt", step, self.log.runs, current.fingerprint, attempt))
+        return attempt
+
+    def _gate_attempt(
+        self,
+        lineage: LineageGraph,
+        problem: Problem,
+        current: KernelSource,
+        child: KernelSource,
+        step: int,
+        **fields: Any,
+    ) -> Attempt:
+        """Gate `child` against `current` and record the edge (any origin)."""
+        fields.setdefault("sites", [])
+        fields.setdefault("carriers", [])
         verdict = self.log.run(problem, child, against=current)
         ratio, trials, rows = _pooled(verdict)
         accepted = verdict.passed
@@ -367,15 +598,8 @@ class Simplifier:
         if failing:
             message = f"{failing[0].label}: {failing[0].message}"
         attempt = Attempt(
-            id=f"{current.fingerprint[:8]}-{removal.mechanism.name}",
             parent=current.fingerprint,
             child=child.fingerprint,
-            mechanism=removal.mechanism.name,
-            sites=[s.model_dump(mode="json") for s in removal.sites],
-            carriers=[c.model_dump(mode="json") for c in removal.carriers],
-            refused_sites=[
-                {"site": s.model_dump(mode="json"), "reason": r} for s, r in removal.refused
-            ],
             status=AttemptStatus.ACCEPTED if accepted else AttemptStatus.REJECTED,
             gate_status=verdict.status.value,
             message=message[:4000],
@@ -383,22 +607,22 @@ class Simplifier:
             trial_ratios=trials,
             workloads=rows,
             step=step,
+            **fields,
         )
         lineage.add_attempt(attempt)
-        self.removals[attempt.id] = removal
-        self.on_event(WalkEvent("attempt", step, self.log.runs, current.fingerprint, attempt))
         return attempt
 
     def _choose(
-        self, accepted: list[tuple[Attempt, Removal]], current: KernelSource
-    ) -> tuple[Attempt, Removal]:
+        self, accepted: list[tuple[Attempt, KernelSource]], current: KernelSource
+    ) -> tuple[Attempt, KernelSource]:
         present = {m.name for m in self.mechanisms if m.detect(current)}
         required = {need for m in self.mechanisms if m.name in present for need in m.requires}
 
-        def rank(pair: tuple[Attempt, Removal]) -> tuple[int, float, str]:
+        def rank(pair: tuple[Attempt, KernelSource]) -> tuple[int, float, int, str]:
             attempt = pair[0]
             is_prerequisite = 1 if attempt.mechanism in required else 0
             cost = -(attempt.ratio if attempt.ratio is not None else 0.0)
-            return (is_prerequisite, cost, attempt.mechanism)
+            # on a tie, a rule's removal (reproducible without the LLM) goes first
+            return (is_prerequisite, cost, int(is_llm_origin(attempt.origin)), attempt.mechanism)
 
         return min(accepted, key=rank)

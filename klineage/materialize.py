@@ -12,6 +12,14 @@ workload, and faster than the current state overall and in every trial, timed in
 
 Every gate run is recorded, in a forward lineage of the same format as mining's, and counted
 against the budget, whether or not the log served it from an earlier method's run.
+
+With an LLM provider (`Materializer(..., llm=provider)`), the `skills` method asks it to apply
+a retrieved skill when no rule can: the rule application was refused at every carrier, or the
+skill's mechanism is not in the catalog (one an LLM proposed while mining). The model gets the
+skill's card (SKILL.md) and the current kernel (:func:`klineage.llm.materialize_skill`); its
+kernel is gated like any move, from the same budget, and recorded with the origin
+`llm:<kind>:<model>:skill:<id>`. An answer that cannot be used goes to the result's
+`llm_rejections` and costs no gate run.
 """
 
 from __future__ import annotations
@@ -27,18 +35,27 @@ from pydantic import BaseModel, Field
 from klineage.gate.result import GateVerdict
 from klineage.gatelog import GateLog
 from klineage.kernel import KernelSource
-from klineage.lineage import Attempt, AttemptStatus, LineageGraph, state_info
+from klineage.lineage import (
+    LLM_PREFIX,
+    Attempt,
+    AttemptStatus,
+    LineageGraph,
+    catalog_mechanism,
+    llm_rejection,
+    state_info,
+)
+from klineage.llm.base import Provider, ProviderError
+from klineage.llm.proposals import Rejection, materialize_skill
 from klineage.mechanisms import (
     Carrier,
     Mechanism,
     MechanismRefused,
     Refusal,
     all_mechanisms,
-    get,
 )
 from klineage.problem import Problem
 from klineage.retrieve import bm25_scores, retrieve
-from klineage.skills import Skill
+from klineage.skills import Skill, render_skill_md
 
 METHODS = ("skills", "blind", "memory")
 KEEP_RATIO = 1.01
@@ -58,7 +75,10 @@ class GateRunRecord(BaseModel):
 
     index: int = Field(description="1-based position in the method's budget")
     action: str = Field(description="the mechanism applied")
-    origin: str = Field(description="'skill:<id>', 'memory:<id>' or 'blind'")
+    origin: str = Field(
+        description="'skill:<id>', 'llm:<kind>:<model>:skill:<id>' (the LLM applied the "
+        "skill), 'memory:<id>' or 'blind'"
+    )
     carrier: dict[str, Any] = Field(default_factory=dict, description="instance choices")
     outcome: str = Field(description="kept, slower (correct, not faster) or rejected")
     gate_status: str = Field(description="the gate's status")
@@ -74,6 +94,10 @@ class MethodResult(BaseModel):
     problem: str = Field(description="definition name")
     runs: list[GateRunRecord] = Field(default_factory=list, description="every gate run")
     refusals: list[str] = Field(default_factory=list, description="rewrites the rules refused")
+    llm_rejections: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="LLM answers that were never gated: state, skill, stage, reason",
+    )
     start_ms: dict[str, float] = Field(description="naive kernel latency per workload")
     best_ms: dict[str, float] = Field(description="best state's latency per workload")
     reference_ms: dict[str, float] = Field(description="PyTorch reference per workload")
@@ -92,11 +116,26 @@ class MethodResult(BaseModel):
 class Move:
     """One thing a method can try: a mechanism, where, with which choices, and why."""
 
-    mechanism: Mechanism
+    mechanism: Mechanism | None
+    """The catalog's rule to apply; None when there is none (an LLM applies the skill)."""
     carrier: Carrier
     origin: str
     site: str | None = None
     """Apply at this one candidate site (blind); None applies at every candidate."""
+    skill: str | None = None
+    """The skill behind the move (the `skills` method)."""
+    action: str = ""
+    """The mechanism's name, when `mechanism` is None."""
+    ask_llm: bool = False
+    """Ask the LLM to apply `skill`, if no rule application of it went through here."""
+    source: KernelSource | None = None
+    """The new kernel, already written (the LLM's answer)."""
+    intent: str = ""
+    """What the LLM says it changed."""
+
+    @property
+    def name(self) -> str:
+        return self.mechanism.name if self.mechanism is not None else self.action
 
 
 def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrier) -> KernelSource:
@@ -136,12 +175,17 @@ class Materializer:
         *,
         arch: str = "sm_90",
         on_run: Callable[[str, GateRunRecord], None] | None = None,
+        llm: Provider | None = None,
     ) -> None:
         self.log = log
         self.skills = {s.id: s for s in skills}
         self.budget = budget or ReplayBudget()
         self.arch = arch
         self.on_run = on_run or (lambda method, record: None)
+        self.llm = llm
+        """Asked to apply a skill no rule can apply (the `skills` method); None: rules only."""
+        self.llm_off: str | None = None
+        """Why the LLM is no longer asked (a failure every later call would repeat)."""
 
     def run(
         self, problem: Problem, naive: KernelSource, method: str
@@ -155,49 +199,73 @@ class Materializer:
         lineage = LineageGraph(problem.name)
         lineage.add_state(state_info(naive, start, 0), root=True)
         lineage.graph.graph["method"] = method
+        asks_llm = self.llm is not None and method == "skills"
+        if asks_llm:
+            lineage.graph.graph["llm"] = self._llm_origin()
         current, speedup, best_verdict = naive, 1.0, start
         records: list[GateRunRecord] = []
         refusals: list[str] = []
+        rejections: list[dict[str, Any]] = []
         tried: set[tuple[str, str, str, str | None]] = set()
+        applied: set[tuple[str, str]] = set()  # (state, skill) a rule could apply
         used: list[dict[str, str]] = []
         improved = True
         while improved and len(records) < self.budget.gate_runs:
             improved = False
-            for move in self._moves(method, problem, current):
+            for planned in self._moves(method, problem, current, asks_llm):
                 if len(records) >= self.budget.gate_runs:
                     break
                 if time.monotonic() - started > self.budget.wall_seconds:
                     break
                 key = (
                     current.fingerprint,
-                    move.mechanism.name,
-                    move.carrier.model_dump_json(),
-                    move.site,
+                    f"llm:{planned.skill}" if planned.ask_llm else planned.name,
+                    planned.carrier.model_dump_json(),
+                    planned.site,
                 )
                 if key in tried:
                     continue
                 tried.add(key)
-                try:
-                    new = self._apply(current, move)
-                except MechanismRefused as err:
-                    refusals.append(f"{move.origin} {move.mechanism.name}: {err.reason}")
-                    continue
+                move: Move | None = planned
+                if planned.ask_llm:
+                    if (current.fingerprint, planned.skill or "") in applied:
+                        continue  # a rule applied this skill here: no need to ask
+                    move = self._ask_llm(problem, current, planned, rejections, len(records))
+                    if move is None or move.source is None:
+                        continue
+                    new = move.source
+                else:
+                    try:
+                        new = self._apply(current, planned)
+                    except MechanismRefused as err:
+                        refusals.append(f"{planned.origin} {planned.name}: {err.reason}")
+                        continue
+                    if planned.skill is not None:
+                        applied.add((current.fingerprint, planned.skill))
                 verdict = self.log.run(problem, new, against=current)
                 record, kept = self._record(len(records) + 1, move, verdict, speedup)
                 self._add_edge(lineage, current, new, verdict, move, kept, len(records))
                 if kept:
                     speedup = record.speedup
                     current, best_verdict = new, verdict
-                    if move.origin.startswith("skill:"):
-                        skill = self.skills[move.origin.split(":", 1)[1]]
-                        used.append({"skill": skill.id, "source": skill.evidence.problem})
+                    if move.skill is not None:
+                        skill = self.skills[move.skill]
+                        used.append(
+                            {
+                                "skill": skill.id,
+                                "source": skill.evidence.problem,
+                                "origin": move.origin,
+                            }
+                        )
                 records.append(record)
                 self.on_run(method, record)
                 if kept:
                     improved = True
                     break  # re-rank from the new state
         lineage.graph.graph["final"] = current.fingerprint
-        return self._result(
+        if asks_llm:
+            lineage.graph.graph["llm_rejections"] = rejections
+        result = self._result(
             method,
             problem,
             start,
@@ -207,13 +275,17 @@ class Materializer:
             used,
             current,
             time.monotonic() - started,
-        ), lineage
+        )
+        result.llm_rejections = rejections
+        return result, lineage
 
     # ---- the three methods --------------------------------------------------------------------
 
-    def _moves(self, method: str, problem: Problem, current: KernelSource) -> Iterator[Move]:
+    def _moves(
+        self, method: str, problem: Problem, current: KernelSource, asks_llm: bool = False
+    ) -> Iterator[Move]:
         if method == "skills":
-            yield from self._skill_moves(problem, current)
+            yield from self._skill_moves(problem, current, asks_llm)
         elif method == "blind":
             yield from self._blind_moves(current)
         else:
@@ -231,12 +303,25 @@ class Materializer:
                 carriers.append(carrier)
         return carriers
 
-    def _skill_moves(self, problem: Problem, current: KernelSource) -> Iterator[Move]:
-        ranking = retrieve(list(self.skills.values()), problem, current, arch=self.arch)
+    def _skill_moves(
+        self, problem: Problem, current: KernelSource, asks_llm: bool = False
+    ) -> Iterator[Move]:
+        """Each retrieved skill by rule, at each carrier; with an LLM, then the LLM for it
+        (asked only when no rule application of the skill went through)."""
+        ranking = retrieve(
+            list(self.skills.values()), problem, current, arch=self.arch, keep_unknown=asks_llm
+        )
         for ranked in ranking.ranked:
             skill = self.skills[ranked.skill]
-            for carrier in self._carriers(skill):
-                yield Move(get(skill.mechanism), carrier, f"skill:{skill.id}")
+            origin = f"skill:{skill.id}"
+            mechanism = catalog_mechanism(skill.mechanism)
+            if mechanism is not None:
+                for carrier in self._carriers(skill):
+                    yield Move(mechanism, carrier, origin, skill=skill.id)
+            if asks_llm:
+                yield Move(
+                    None, Carrier(), origin, skill=skill.id, action=skill.mechanism, ask_llm=True
+                )
 
     def _blind_moves(self, current: KernelSource) -> Iterator[Move]:
         for mechanism in all_mechanisms():
@@ -245,20 +330,82 @@ class Materializer:
                     yield Move(mechanism, Carrier(), "blind", site=site.id)
 
     def _memory_moves(self, problem: Problem, current: KernelSource) -> Iterator[Move]:
-        examples = [s for s in self.skills.values() if s.evidence.problem != problem.name]
+        # an edit is replayed by its mechanism's rule: one the catalog lacks cannot be
+        examples = [
+            s
+            for s in self.skills.values()
+            if s.evidence.problem != problem.name and catalog_mechanism(s.mechanism) is not None
+        ]
         scores = bm25_scores(current.text, [s.anchor.before for s in examples])
         ordered = sorted(zip(scores, examples, strict=True), key=lambda p: (-p[0], p[1].id))
         for _, skill in ordered:
             yield Move(
-                get(skill.mechanism),
+                catalog_mechanism(skill.mechanism),
                 Carrier.model_validate(skill.carrier or {}),
                 f"memory:{skill.id}",
             )
+
+    # ---- the LLM --------------------------------------------------------------------------------
+
+    def _llm_origin(self) -> str:
+        return f"{LLM_PREFIX}{self.llm.kind}:{self.llm.model}" if self.llm is not None else ""
+
+    def _ask_llm(
+        self,
+        problem: Problem,
+        current: KernelSource,
+        move: Move,
+        rejections: list[dict[str, Any]],
+        step: int,
+    ) -> Move | None:
+        """The LLM's application of `move.skill` to `current`, as a move carrying the new
+        kernel; None (and a rejection recorded) when there is no usable answer. `step` is
+        the number of gate runs spent so far."""
+        if self.llm is None or self.llm_off is not None or move.skill is None:
+            return None
+        skill = self.skills[move.skill]
+        origin = self._llm_origin()
+        try:
+            outcome = materialize_skill(self.llm, render_skill_md(skill), current, problem)
+        except ProviderError as err:  # fatal: every later call would fail the same way
+            self.llm_off = err.message
+            entry = llm_rejection(
+                err,
+                parent=current.fingerprint,
+                step=step,
+                origin=origin,
+                reason=f"{err.message} (the LLM is not asked again on this problem)",
+            )
+            rejections.append({**entry, "skill": skill.id})
+            return None
+        if isinstance(outcome, Rejection):
+            entry = llm_rejection(outcome, parent=current.fingerprint, step=step, origin=origin)
+            rejections.append({**entry, "skill": skill.id})
+            return None
+        return Move(
+            catalog_mechanism(skill.mechanism),
+            Carrier(),
+            f"{outcome.origin}:skill:{skill.id}",
+            skill=skill.id,
+            action=skill.mechanism,
+            source=outcome.source,
+            intent=outcome.intent,
+        )
 
     # ---- bookkeeping ----------------------------------------------------------------------------
 
     @staticmethod
     def _apply(current: KernelSource, move: Move) -> KernelSource:
+        if move.source is not None:
+            return move.source
+        if move.mechanism is None:
+            raise MechanismRefused(
+                Refusal(
+                    mechanism=move.name,
+                    action="apply",
+                    reason="the mechanism is not in this catalog (no rule applies it)",
+                )
+            )
         if move.site is None:
             return apply_everywhere(current, move.mechanism, move.carrier)
         site = next((s for s in move.mechanism.candidates(current) if s.id == move.site), None)
@@ -292,7 +439,7 @@ class Materializer:
         new_speedup = speedup * comparison.ratio if kept and comparison else speedup
         return GateRunRecord(
             index=index,
-            action=move.mechanism.name,
+            action=move.name,
             origin=move.origin,
             carrier=move.carrier.model_dump(mode="json", exclude_none=True),
             outcome=outcome,
@@ -317,11 +464,12 @@ class Materializer:
         comparison = verdict.comparison
         lineage.add_attempt(
             Attempt(
-                id=f"{current.fingerprint[:8]}-{move.mechanism.name}-{step}",
+                id=f"{current.fingerprint[:8]}-{move.name}-{step}",
                 parent=current.fingerprint,
                 child=new.fingerprint,
-                mechanism=move.mechanism.name,
+                mechanism=move.name,
                 origin=move.origin,
+                intent=move.intent,
                 sites=[],
                 carriers=[move.carrier.model_dump(mode="json", exclude_none=True)],
                 status=AttemptStatus.ACCEPTED if verdict.passed else AttemptStatus.REJECTED,

@@ -5,6 +5,11 @@
 
 Every gate verdict goes through an append-only log under `out/gatelog/`, so a killed run
 resumes (`resume=True`) without repeating finished work.
+
+With `llm=provider`, the walk also gates one LLM-proposed removal per state (see
+:mod:`klineage.lineage`). A skill from an accepted LLM-origin edge gets the conditions learned
+from probes; static conditions and a round trip need a rule, so they come only when the
+mechanism the LLM named is in the catalog (else `verified` stays None, and the note says why).
 """
 
 from __future__ import annotations
@@ -28,8 +33,13 @@ from klineage.lineage import (
     MiningBudget,
     Simplifier,
     WalkEvent,
+    catalog_mechanism,
+    is_llm_origin,
+    slug,
 )
-from klineage.mechanisms import MechanismRefused, Site
+from klineage.llm.base import Provider
+from klineage.materialize import apply_everywhere
+from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site
 from klineage.mechanisms.recall import MECHANISMS_FILE
 from klineage.problem import Problem, load_problem
 from klineage.removal import Removal, reapply
@@ -65,6 +75,11 @@ class MineReport(BaseModel):
     verified: int = Field(description="skills verified by round trip")
     recall: float | None = Field(description="share of mechanisms.json entries that became skills")
     missed: list[str] = Field(default_factory=list, description="listed mechanisms with no skill")
+    llm_attempts: int = Field(default=0, description="attempts proposed by the LLM (gated)")
+    llm_accepted: int = Field(default=0, description="of those, accepted by the gate")
+    llm_rejections: int = Field(
+        default=0, description="LLM answers never gated (provider, parse, duplicate)"
+    )
 
 
 def mine(
@@ -75,14 +90,22 @@ def mine(
     budget: MiningBudget | None = None,
     resume: bool = True,
     on_event: Callable[[WalkEvent], None] | None = None,
+    llm: Provider | None = None,
 ) -> MineReport:
-    """Mine one expert problem folder into `out`. Without `gate`, a GPU Gate is opened."""
+    """Mine one expert problem folder into `out`. Without `gate`, a GPU Gate is opened.
+    With `llm`, each state also gets an LLM-proposed removal (same gate, same budget)."""
     if gate is None:
         from klineage.gate.gate import Gate
 
         with Gate() as real:
             return mine(
-                problem_dir, out, gate=real, budget=budget, resume=resume, on_event=on_event
+                problem_dir,
+                out,
+                gate=real,
+                budget=budget,
+                resume=resume,
+                on_event=on_event,
+                llm=llm,
             )
     started = time.monotonic()
     problem = load_problem(problem_dir)
@@ -91,7 +114,7 @@ def mine(
     expert = KernelSource.from_file(problem.kernel_path)
     root = Path(out)
     log = GateLog(root / "gatelog" / f"{problem.name}.jsonl", gate, resume=resume)
-    simplifier = Simplifier(log, on_event=on_event)
+    simplifier = Simplifier(log, on_event=on_event, llm=llm)
     lineage = simplifier.walk(problem, expert, budget)
     walk_runs = log.runs
 
@@ -120,6 +143,11 @@ def mine(
         verified=sum(bool(s.verified) for s in skills),
         recall=recall,
         missed=missed,
+        llm_attempts=sum(is_llm_origin(a.origin) for a in attempts),
+        llm_accepted=sum(
+            is_llm_origin(a.origin) and a.status is AttemptStatus.ACCEPTED for a in attempts
+        ),
+        llm_rejections=len(lineage.llm_rejections),
     )
 
 
@@ -150,7 +178,7 @@ def _skills(
     chosen = main + sorted(extra.values(), key=lambda a: a.step)
     skills = []
     for attempt in chosen:
-        skill = _skill_of(problem, lineage, simplifier.removals[attempt.id], attempt, log)
+        skill = _skill_of(problem, lineage, simplifier.removals.get(attempt.id), attempt, log)
         skill.evidence.other_edges = [
             e for e in others.get(attempt.mechanism, []) if e != attempt.id
         ]
@@ -158,26 +186,54 @@ def _skills(
     probe_runs = log.runs - runs_before
     trip_start = log.runs
     for skill, attempt in zip(skills, chosen, strict=True):
-        _round_trip(problem, lineage, simplifier.removals[attempt.id], skill, log)
+        _round_trip(problem, lineage, simplifier.removals.get(attempt.id), skill, log)
     return skills, probe_runs, log.runs - trip_start
 
 
-def _static_conditions(removal: Removal, problem: Problem) -> list[Any]:
-    groups = []
-    for state, site in zip(removal.states, removal.sites, strict=False):
-        groups.append(removal.mechanism.conditions(state, site, problem))
-    return merge_conditions(*groups)
+NO_LLM_ROUND_TRIP = "no rule can re-apply an LLM-proposed removal"
+
+
+def _sites_in(mechanism: Mechanism, kernel: KernelSource) -> list[Site]:
+    return [s for s in mechanism.detect(kernel) if s.supported]
+
+
+def _static_conditions(
+    removal: Removal | None, mechanism: Mechanism | None, optimized: KernelSource, problem: Problem
+) -> list[Any]:
+    """The mechanism's own conditions at each removed site. An LLM-origin removal has no
+    recorded sites: the catalog's mechanism (when it knows the name) is asked at the sites it
+    detects in the optimized state; an unknown mechanism states none."""
+    if removal is not None:
+        pairs = list(zip(removal.states, removal.sites, strict=False))
+        mechanism = removal.mechanism
+    elif mechanism is not None:
+        pairs = [(optimized, site) for site in _sites_in(mechanism, optimized)]
+    else:
+        return []
+    return merge_conditions(*(mechanism.conditions(state, site, problem) for state, site in pairs))
+
+
+def skill_id(attempt: Attempt, problem: Problem) -> str:
+    """Stable and fit for a folder name; an LLM-origin skill's id starts with `llm-`."""
+    name = slug(attempt.mechanism)
+    if is_llm_origin(attempt.origin) and not name.startswith("llm-"):
+        name = f"llm-{name}"
+    return f"{name}--{problem.name}--{attempt.parent[:8]}"
 
 
 def _skill_of(
-    problem: Problem, lineage: LineageGraph, removal: Removal, attempt: Attempt, log: GateLog
+    problem: Problem,
+    lineage: LineageGraph,
+    removal: Removal | None,
+    attempt: Attempt,
+    log: GateLog,
 ) -> Skill:
-    mechanism = removal.mechanism
+    mechanism = removal.mechanism if removal is not None else catalog_mechanism(attempt.mechanism)
     parent = lineage.state(attempt.parent)
     child = lineage.state(attempt.child)
     optimized = KernelSource(parent.source, name=f"{problem.name}.cu")
     simplified = KernelSource(child.source, name=f"{problem.name}.cu")
-    conditions = _static_conditions(removal, problem)
+    conditions = _static_conditions(removal, mechanism, optimized, problem)
     risks: list[Risk] = []
     probe_evidence: list[dict[str, Any]] = []
     if problem.probes:
@@ -190,7 +246,7 @@ def _skill_of(
             risks += [
                 Risk(
                     kind="failing_probe",
-                    mechanism=mechanism.name,
+                    mechanism=attempt.mechanism,
                     workload=p.workload,
                     status=p.status,
                     message=p.message,
@@ -202,7 +258,12 @@ def _skill_of(
         conditions = [
             Prose(
                 text="no condition found: the rewrite is valid for every size",
-                why=("the mechanism states none and no probe failed"),
+                why=(
+                    "the mechanism states none and no probe failed"
+                    if mechanism is not None
+                    else "no rule states conditions for this LLM-proposed change, and no "
+                    "probe failed"
+                ),
             )
         ]
     for sibling in lineage.attempts_from(attempt.parent):
@@ -215,7 +276,7 @@ def _skill_of(
                     message=sibling.message[:800],
                 )
             )
-    first: Site | None = removal.sites[0] if removal.sites else None
+    first: Site | None = removal.sites[0] if removal is not None and removal.sites else None
     before, after = anchor_of(child.source, parent.source, None)
     dtypes = sorted(
         {
@@ -223,12 +284,13 @@ def _skill_of(
             for s in [*problem.definition.inputs.values(), *problem.definition.outputs.values()]
         }
     )
+    intent = attempt.intent if is_llm_origin(attempt.origin) and attempt.intent else ""
     return Skill(
-        id=f"{mechanism.name}--{problem.name}--{attempt.parent[:8]}",
-        intent=mechanism.intent,
-        mechanism=mechanism.name,
-        category=mechanism.category,
-        family=mechanism.family,
+        id=skill_id(attempt, problem),
+        intent=intent or (mechanism.intent if mechanism is not None else attempt.mechanism),
+        mechanism=attempt.mechanism,
+        category=mechanism.category if mechanism is not None else "",
+        family=mechanism.family if mechanism is not None else "",
         origin=attempt.origin,
         anchor=Anchor(
             function=first.function if first else "",
@@ -255,22 +317,45 @@ def _skill_of(
             hardware=str(lineage.graph.graph.get("hardware", "")),
         ),
         scope=Scope(op_type=problem.definition.op_type, dtypes=dtypes),
-        requires=list(mechanism.requires),
-        conflicts=list(mechanism.conflicts),
+        requires=list(mechanism.requires) if mechanism is not None else [],
+        conflicts=list(mechanism.conflicts) if mechanism is not None else [],
         diff=unified_diff(child.source, parent.source, f"{problem.name}/kernel.cu"),
     )
 
 
+def _reapply_by_rule(
+    mechanism: Mechanism, optimized: KernelSource, simplified: KernelSource
+) -> KernelSource:
+    """The catalog's rule applied to an LLM-simplified state, at every candidate, with the
+    carrier read from the first site it detects in the optimized state."""
+    sites = _sites_in(mechanism, optimized)
+    carrier = mechanism.carrier_of(optimized, sites[0]) if sites else Carrier()
+    return apply_everywhere(simplified, mechanism, carrier)
+
+
 def _round_trip(
-    problem: Problem, lineage: LineageGraph, removal: Removal, skill: Skill, log: GateLog
+    problem: Problem, lineage: LineageGraph, removal: Removal | None, skill: Skill, log: GateLog
 ) -> None:
-    """Re-apply the mechanism to the simplified state; it must recover the optimized speed."""
+    """Re-apply the mechanism to the simplified state; it must recover the optimized speed.
+
+    An LLM-origin removal is re-applied by the catalog's rule when its mechanism has one
+    (the note says so); without a rule it is not tried (`verified` stays None)."""
     optimized = KernelSource(lineage.state(skill.evidence.optimized).source)
+    mechanism = removal.mechanism if removal is not None else catalog_mechanism(skill.mechanism)
+    if mechanism is None:
+        skill.verified = None
+        skill.round_trip_note = NO_LLM_ROUND_TRIP
+        return
+    how = "" if removal is not None else "the catalog's rule re-applied to the LLM's state: "
     try:
-        reapplied = reapply(removal)
+        if removal is not None:
+            reapplied = reapply(removal)
+        else:
+            simplified = KernelSource(lineage.state(skill.evidence.simplified).source)
+            reapplied = _reapply_by_rule(mechanism, optimized, simplified)
     except MechanismRefused as err:
         skill.verified = False
-        skill.round_trip_note = f"re-applying was refused: {err.reason}"
+        skill.round_trip_note = f"{how}re-applying was refused: {err.reason}"
         return
     verdict = log.run(problem, reapplied, against=optimized)
     comparison = verdict.comparison
@@ -278,16 +363,18 @@ def _round_trip(
         skill.verified = False
         failing = [w for w in verdict.workloads if not w.passed]
         reason = failing[0].message if failing else verdict.build.message
-        skill.round_trip_note = f"the re-applied kernel failed the gate: {reason[:400]}"
+        skill.round_trip_note = f"{how}the re-applied kernel failed the gate: {reason[:400]}"
         return
     skill.round_trip_ratio = comparison.ratio
     skill.round_trip_trial_ratios = comparison.trial_ratios
     skill.verified = comparison.not_slower
+    notes = [how.rstrip(": ")] if how else []
     if not skill.verified:
-        skill.round_trip_note = "the re-applied kernel is slower than the optimized one"
+        notes.append("the re-applied kernel is slower than the optimized one")
     identical = reapplied.fingerprint == optimized.fingerprint
-    skill.round_trip_note = (skill.round_trip_note + " " if skill.round_trip_note else "") + (
+    notes.append(
         "re-applying restored the optimized source exactly"
         if identical
         else "re-applying gave a different source than the optimized one"
     )
+    skill.round_trip_note = "; ".join(notes) if how else " ".join(notes)

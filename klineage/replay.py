@@ -7,6 +7,9 @@ Writes `out/replay.json` (per problem and method: start and best latency, speedu
 naive kernel and the PyTorch reference, gate runs to 90% of the final gain, wasted runs, the
 skills used and the expert each came from; a summary with geometric means and fast_p), the
 forward lineages under `out/lineages/`, and a PNG chart.
+
+With `llm=provider`, the `skills` method asks the LLM to apply a retrieved skill no rule can
+apply (see :mod:`klineage.materialize`); the baselines never ask it.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
+from klineage.llm.base import Provider
 from klineage.materialize import GateRunRecord, Materializer, MethodResult, ReplayBudget
 from klineage.problem import load_problem
 from klineage.skills import SkillLibrary
@@ -48,6 +53,12 @@ class ReplayReport(BaseModel):
     skills: str = Field(description="the skills folder used")
     results: list[MethodResult] = Field(description="one per problem and method")
     summary: list[MethodSummary] = Field(description="one per method")
+    llm: str | None = Field(
+        default=None, description="'llm:<kind>:<model>' the skills method asked, if any"
+    )
+    llm_usage: dict[str, Any] | None = Field(
+        default=None, description="the LLM's calls, tokens and estimated cost (this run)"
+    )
 
 
 def _geomean(values: Sequence[float]) -> float:
@@ -85,8 +96,10 @@ def replay(
     budget: ReplayBudget | None = None,
     resume: bool = True,
     on_run: Callable[[str, str, GateRunRecord], None] | None = None,
+    llm: Provider | None = None,
 ) -> ReplayReport:
-    """Run every method on every problem; write the report, lineages and chart to `out`."""
+    """Run every method on every problem; write the report, lineages and chart to `out`.
+    With `llm`, the skills method asks it to apply skills no rule can apply."""
     if gate is None:
         from klineage.gate.gate import Gate
 
@@ -100,6 +113,7 @@ def replay(
                 budget=budget,
                 resume=resume,
                 on_run=on_run,
+                llm=llm,
             )
     library = SkillLibrary.load(skills)
     if not len(library):
@@ -119,12 +133,23 @@ def replay(
                 if on_run is not None:
                     on_run(name, m, record)
 
-            materializer = Materializer(log, list(library), limits, on_run=report_run)
+            materializer = Materializer(
+                log,
+                list(library),
+                limits,
+                on_run=report_run,
+                llm=llm if method == "skills" else None,
+            )
             result, lineage = materializer.run(problem, naive, method)
             lineage.save(root / "lineages" / f"{problem.name}.{method}.json")
             results.append(result)
     report = ReplayReport(
-        budget=limits, skills=str(skills), results=results, summary=summarize(results)
+        budget=limits,
+        skills=str(skills),
+        results=results,
+        summary=summarize(results),
+        llm=f"llm:{llm.kind}:{llm.model}" if llm is not None else None,
+        llm_usage=llm.accounting.summary() if llm is not None else None,
     )
     root.mkdir(parents=True, exist_ok=True)
     (root / "replay.json").write_text(report.model_dump_json(indent=1) + "\n")

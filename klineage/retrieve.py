@@ -11,6 +11,10 @@ Before any gate run, a skill is dropped when a condition fails on one of the tar
 workloads: the mechanism's static conditions computed on the target itself (its axes, its
 launch), plus the skill's learned conditions over axes the target shares. The reason names
 the condition and the workload. A skill mined from the target's own problem is never used.
+
+A skill whose mechanism the catalog does not know (one an LLM proposed while mining) has no
+rule to apply it: it is dropped, unless `keep_unknown` (replay with an LLM, which applies it
+from its card); then only its learned conditions are checked and it counts no sites.
 """
 
 from __future__ import annotations
@@ -126,10 +130,11 @@ def applicable_conditions(
 ) -> list[Condition]:
     """The mechanism's static conditions at the target's sites, and the skill's learned ones
     over axes the target has (conditions over other axes cannot be judged here)."""
-    mechanism = get(skill.mechanism)
     found: list[Condition] = []
-    for site in sites:
-        found.extend(mechanism.conditions(kernel, site, problem))
+    if sites:
+        mechanism = get(skill.mechanism)
+        for site in sites:
+            found.extend(mechanism.conditions(kernel, site, problem))
     axes = set(problem.definition.axes)
     for data in skill.conditions:
         axis = data.get("axis")
@@ -160,8 +165,10 @@ def retrieve(
     *,
     arch: str = "sm_90",
     use_conditions: bool = True,
+    keep_unknown: bool = False,
 ) -> Retrieval:
-    """Rank `skills` for the target; drop those that cannot apply or whose conditions fail."""
+    """Rank `skills` for the target; drop those that cannot apply or whose conditions fail.
+    With `keep_unknown`, skills whose mechanism is not in the catalog are kept (for an LLM)."""
     result = Retrieval()
     usable: list[tuple[Skill, list[Site]]] = []
     context = eval_context(kernel, arch=arch)
@@ -172,10 +179,12 @@ def retrieve(
         try:
             mechanism = get(skill.mechanism)
         except UnknownMechanism:
-            result.dropped.append(_drop(skill, "its mechanism is not in this catalog"))
-            continue
-        sites = [s for s in mechanism.candidates(kernel) if s.supported]
-        if not sites:
+            if not keep_unknown:
+                result.dropped.append(_drop(skill, "its mechanism is not in this catalog"))
+                continue
+            mechanism = None
+        sites = [s for s in mechanism.candidates(kernel) if s.supported] if mechanism else []
+        if mechanism is not None and not sites:
             result.dropped.append(_drop(skill, "its mechanism has no candidate site here"))
             continue
         if use_conditions:

@@ -285,10 +285,12 @@ def render_skill_md(skill: Skill) -> str:
     }
     lines = ["---"] + [f"{k}: {_yaml_value(v)}" for k, v in front.items()] + ["---", ""]
     lines += [f"# {skill.id}", "", "## Overview", "", skill.intent, ""]
+    proposed = f", proposed by {skill.origin}" if skill.origin != "rule" else ""
+    where = f" in `{skill.anchor.function}`" if skill.anchor.function else ""
     lines += [
-        f"Mechanism `{skill.mechanism}` ({skill.category}, {skill.family}), learned from "
-        f"`{skill.evidence.problem}` on {skill.evidence.hardware or 'the GPU'}. "
-        f"Apply it in `{skill.anchor.function}` where the code looks like *Before* below.",
+        f"Mechanism `{skill.mechanism}` ({skill.category or '-'}, {skill.family or '-'}), "
+        f"learned from `{skill.evidence.problem}` on {skill.evidence.hardware or 'the GPU'}"
+        f"{proposed}. Apply it{where} where the code looks like *Before* below.",
         "",
     ]
     if skill.carrier:
@@ -319,6 +321,8 @@ def render_skill_md(skill: Skill) -> str:
         lines += ["", f"Round trip: {verdict} (optimized / re-applied latency {ratio})"]
         if skill.round_trip_note:
             lines.append(f"{skill.round_trip_note}")
+    elif skill.round_trip_note:
+        lines += ["", f"Round trip: not tried ({skill.round_trip_note})"]
     lines += ["", "## Risks", ""]
     lines += [
         f"- {r.kind}: {r.mechanism} {r.workload} -> {r.status}: {r.message[:240]}"
