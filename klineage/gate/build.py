@@ -142,6 +142,19 @@ def arch_flags(arch: str) -> list[str]:
     return [f"-arch={arch}"]
 
 
+# Instructions only an architecture-specific target accepts (sm_90a on Hopper). A source that
+# uses them is built for that target automatically: it runs on the same chips as sm_90 code.
+_ARCH_SPECIFIC = re.compile(r"\bwgmma\.|\bsetmaxnreg\b")
+
+
+def specific_arch_for(arch: str, source: str) -> str | None:
+    """The arch-specific target `source` needs when built for the plain `arch`, else None."""
+    m = _ARCH.match(arch)
+    if m is None or m[2] or int(m[1]) != 90 or not _ARCH_SPECIFIC.search(source):
+        return None
+    return f"{arch}a"
+
+
 @dataclass
 class _NvccRun:
     returncode: int
@@ -172,6 +185,8 @@ class Builder:
         self._nvcc_path: str | None = None
         self._nvcc_version: str | None = None
         self._version_lock = threading.Lock()
+        self._specific: dict[str, Builder] = {}
+        self._specific_lock = threading.Lock()
 
     # ----------------------------------------------------------------- configuration
 
@@ -217,7 +232,14 @@ class Builder:
     # ----------------------------------------------------------------------- building
 
     def build(self, source: str, name: str = SOURCE_FILE) -> BuildResult:
-        """Build ``source``; ``name`` is only the display name used in error messages."""
+        """Build ``source``; ``name`` is only the display name used in error messages.
+
+        A source using sm_90a-only instructions (wgmma, setmaxnreg) is built for sm_90a by a
+        sibling builder sharing this cache; its result says so in ``arch``.
+        """
+        specific = specific_arch_for(self.arch, source)
+        if specific is not None:
+            return self._sibling(specific).build(source, name)
         key = self.key(source)
         hit = self._lookup(key, source, name)
         if hit is not None:
@@ -228,6 +250,14 @@ class Builder:
             if hit is not None:
                 return hit
             return self._compile_and_publish(key, source, name)
+
+    def _sibling(self, arch: str) -> Builder:
+        with self._specific_lock:
+            if arch not in self._specific:
+                self._specific[arch] = Builder(
+                    self.cache_dir, arch, self.extra_flags, self.nvcc, self.timeout_s
+                )
+            return self._specific[arch]
 
     def build_many(
         self,

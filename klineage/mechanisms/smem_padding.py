@@ -127,7 +127,18 @@ class _Pitch:
 
 
 def _shared_names(source: ParsedSource) -> set[str]:
-    return {n for d in source.shared_declarations for n in d.names}
+    """Shared buffers, and pointers initialized from them (`char* smem = smem_raw + off;`)."""
+    names = {n for d in source.shared_declarations for n in d.names}
+    for _ in range(3):  # aliases of aliases
+        for decl in source.declarations:
+            for name, declarator in zip(decl.names, decl.declarators, strict=True):
+                value = declarator.child_by_field_name("value")
+                if value is None or name in names:
+                    continue
+                used = {source.text_of(n) for n in source.iter_nodes("identifier", within=value)}
+                if used & names and "*" in source.text_of(decl.node).split("=")[0]:
+                    names.add(name)
+    return names
 
 
 def _pitches(source: ParsedSource) -> Iterator[_Pitch]:
@@ -185,6 +196,8 @@ def _pitch_uses_ok(
     for use in uses:
         if _shared_size_use(source, use):
             continue
+        if ParsedSource.ancestor(use, "static_assert_declaration") is not None:
+            continue  # a compile-time check: nvcc re-checks it after any rewrite
         derived = _constant_declared_by(source, use)
         if derived is not None:
             holder = ParsedSource.ancestor(use, "declaration")

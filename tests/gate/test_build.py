@@ -402,3 +402,20 @@ def test_build_many_keeps_order_and_runs_in_parallel(tmp_path: Path) -> None:
     # At least two compiles overlapped in time (2 workers).
     spans = sorted((start, end) for _, start, end in finished)
     assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
+
+
+@pytest.mark.nvcc
+def test_a_wgmma_kernel_is_built_for_sm_90a_automatically(tmp_path: Path) -> None:
+    source = (
+        "#include <cuda_runtime.h>\n"
+        "__global__ void k() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"
+        'extern "C" int run(cudaStream_t s) { k<<<1, 128, 0, s>>>(); '
+        "return (int)cudaGetLastError(); }\n"
+    )
+    builder = Builder(cache_dir=tmp_path, arch="sm_90")
+    result = builder.build(source, "wgmma.cu")
+    assert result.ok, result.message
+    assert result.arch == "sm_90a"
+    assert any("compute_90a" in flag for flag in result.command)
+    plain = builder.build(source.replace("wgmma.fence.sync.aligned;", "nanosleep.u32 1;"))
+    assert plain.ok and plain.arch == "sm_90"

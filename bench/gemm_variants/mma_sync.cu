@@ -1,15 +1,21 @@
-// gemm_bf16_nt, WGMMA variant (sm_90a only): build with
-//   klineage gate expert_kernels/gemm_bf16 \
-//     --kernel bench/gemm_variants/wgmma_sm90a.cu --arch sm_90a
-// Same as expert_kernels/gemm_bf16/kernel.cu except the tiled path's main loop: the 128x256
-// block tile is two warpgroups (4 warps each), each issuing wgmma.mma_async m64n256k16 with A
-// and B read by the tensor cores straight from shared memory through 128-byte-swizzle matrix
-// descriptors. The cp.async producer and the swizzle are unchanged: the XOR of the 16-byte
-// chunk index with (row & 7) over 128-byte rows is the hardware's 128-byte swizzle pattern,
-// as long as each tile starts on a 1024-byte boundary (the kernel aligns its dynamic shared
-// memory to 1024 bytes). The prefetch distance is 2 k-tiles (4 slots: one being computed,
-// one possibly still read by the previous, asynchronous wgmma group, two in flight).
-// UNTESTED ON A GPU: written blind; the mma.sync kernel is the reference version.
+// GEMM, bfloat16 "NT": C[M,N] = A[M,K] @ B[N,K]^T, float32 accumulation, bfloat16 output.
+//
+// Both operands are K-major, which is what the tensor cores' row.col MMA wants, so no
+// transpose is needed anywhere. Three paths, picked by run() from the shape:
+//   tiled   M > 16: 128x256x64 block tiles, 8 warps of 64x64 warp tiles, a 4-stage ring of
+//           16-byte cp.async copies (zero-filled outside the matrix) into XOR-swizzled shared
+//           memory, ldmatrix.x4 fragments, mma.sync m16n8k16 (bf16 in, fp32 accumulate);
+//           tiles handed out in groups of 8 tile-rows for L2 reuse; the epilogue stages the
+//           bf16 tile in padded shared memory and writes 16-byte stores. When there are
+//           fewer tiles than SMs, K is split across blocks: fp32 partial tiles go to a
+//           workspace and a small kernel sums them into C.
+//   skinny  M <= 16: the whole of A's rows fit one m16 MMA tile. Each warp streams a slice
+//           of B straight from global memory into registers (16-byte loads, several in
+//           flight) and feeds the MMA with a consistent permutation of k, so no shared-memory
+//           staging is needed; the 8 warps of a block split K and are summed through shared
+//           memory (and K is split across blocks, with the same workspace, when N is small).
+//   generic unaligned pointers or K % 8 != 0 (outside the definition's constraints): a plain
+//           one-thread-per-output kernel, so every shape still gets a correct answer.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -41,6 +47,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
 // d += a * b for one m16n8k16 tile: a is 16x16 row-major (4 regs), b is 16x8 "col" (2 regs).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1,
                                                uint32_t a2, uint32_t a3, uint32_t b0,
@@ -57,95 +70,24 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// ------------------------------------------------------------------ WGMMA wrappers
-
-// Shared-memory matrix descriptor of a K-major tile with 128-byte rows and the 128-byte
-// swizzle: start address, leading-byte offset (unused for swizzled K-major; 16 bytes),
-// stride-byte offset 1024 (from one 8-row group to the next), swizzle mode 1 (128B).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  uint64_t desc = (uint64_t)((addr & 0x3FFFF) >> 4);
-  desc |= (uint64_t)(16 >> 4) << 16;
-  desc |= (uint64_t)(1024 >> 4) << 32;
-  desc |= (uint64_t)1 << 62;
-  return desc;
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// d[64x256 fp32, this warpgroup] += A[64x16] * B[256x16]^T, both K-major in shared memory.
-// Register i of a thread (warp w4 of the group, lane 4g + t) holds row 16 w4 + g + 8 ((i/2)%2),
-// column 8 (i/4) + 2t + (i%2).
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a,
-                                                 uint64_t desc_b) {
-  asm volatile(
-      "{\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
-      "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, "
-      "%120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, 1, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-        "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
-        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
-        "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
-        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
-        "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b));
-}
-
 // ------------------------------------------------------------------ tiled path (M > 16)
 
 constexpr int kBM = 128;  // block tile rows (of A and C)
 constexpr int kBN = 256;  // block tile columns (rows of B)
 constexpr int kBK = 64;   // k per stage: one 128-byte row of 8 16-byte chunks per tile row
 constexpr int kStages = 4;
-constexpr int kThreads = 256;  // 2 warpgroups, each 64 rows x 256 columns
+constexpr int kThreads = 256;  // 8 warps: 2 along M x 4 along N, each 64x64
+constexpr int kWarpTileM = 64;
+constexpr int kWarpTileN = 64;
+constexpr int kMI = kWarpTileM / 16;  // m16 tiles per warp
+constexpr int kNI = kWarpTileN / 8;   // n8 tiles per warp
 constexpr int kAStageBytes = kBM * kBK * 2;
 constexpr int kBStageBytes = kBN * kBK * 2;
 constexpr int kStageBytes = kAStageBytes + kBStageBytes;
-constexpr int kTiledSmem = kStages * kStageBytes + 1024;  // + room to align to 1024
+constexpr int kTiledSmem = kStages * kStageBytes;  // 196608 bytes
 constexpr int kCPitch = kBN * 2 + 16;  // staged C row: 512 bytes + 16 of padding
 constexpr int kGroupM = 8;             // tile-rows per rasterization group
-static_assert(kBM * kCPitch <= kStages * kStageBytes,
-              "the C tile must fit in the pipeline's memory");
+static_assert(kBM * kCPitch <= kTiledSmem, "the C tile must fit in the pipeline's memory");
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` of a [rows][64] bf16 tile. The
 // chunk index is XORed with the row's low 3 bits: the 8 rows an ldmatrix phase reads (same
@@ -212,13 +154,11 @@ template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
 gemm_tiled(const bf16* __restrict__ A, const bf16* __restrict__ B, bf16* __restrict__ C,
            float* __restrict__ W, int M, int N, int K, int ldw, int kt_per_split) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  // The 128-byte swizzle is a function of address bits 4-9: tiles must start on 1024 bytes.
-  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int wg = warp >> 2;  // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
-  const int w4 = warp & 3;   // warp within the warpgroup: 16 of those rows
+  const int warp_m = warp >> 2;  // 0..1
+  const int warp_n = warp & 3;   // 0..3
 
   // Rasterization: consecutive blocks walk down a group of kGroupM tile-rows before moving
   // to the next tile-column, so the blocks in flight share A rows and B columns in L2.
@@ -239,69 +179,104 @@ gemm_tiled(const bf16* __restrict__ A, const bf16* __restrict__ B, bf16* __restr
   const uint32_t smem_base = smem_addr(smem);
   const StageLoader loader = make_loader(A, B, M, N, K, m0, n0);
 
-  // Prologue: k-tiles 0 and 1 in flight, one commit group each (empty or not).
-  constexpr int kAhead = kStages - 2;
+  // Prologue: stages 0 .. kStages-2 in flight. One commit group per stage, empty or not, so
+  // that "group i is complete" always means "stage i has landed".
 #pragma unroll
-  for (int s = 0; s < kAhead; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s < k_tiles)
       load_stage(loader, smem_base + s * kStageBytes, A, B, K, kt_begin + s);
     cp_async_commit();
   }
 
-  float d[128];
+  float acc[kMI][kNI][4];
 #pragma unroll
-  for (int i = 0; i < 128; ++i) d[i] = 0.0f;
+  for (int mi = 0; mi < kMI; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kNI; ++ni) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.0f;
+    }
+  }
+
+  // ldmatrix.x4 lane roles. A (16x16 per m-tile): lanes 0-15 give rows 0-15 at k 0-7, lanes
+  // 16-31 rows 0-15 at k 8-15 -> registers a0..a3 of the MMA. B (two n8 tiles x k16, stored
+  // [n][k]): lanes 0-7 n 0-7 k 0-7, 8-15 n 0-7 k 8-15, 16-23 n 8-15 k 0-7, 24-31 n 8-15
+  // k 8-15 -> (b0, b1) of n-tile 2j, then (b0, b1) of n-tile 2j+1.
+  const int a_row = warp_m * kWarpTileM + (lane & 15);
+  const int a_chunk = lane >> 4;
+  const int b_row = warp_n * kWarpTileN + (lane & 7) + ((lane >> 4) << 3);
+  const int b_chunk = (lane >> 3) & 1;
 
   for (int it = 0; it < k_tiles; ++it) {
-    cp_async_wait<kAhead - 1>();  // this thread's copies of k-tile `it` have landed
-    fence_proxy_async();          // ... and are visible to the tensor cores' (async) reads
-    __syncthreads();              // everyone's; and every warpgroup's wgmma of it-2 is done
+    cp_async_wait<kStages - 2>();  // this thread's copies of stage `it` have landed
+    __syncthreads();               // everyone's have; everyone is done with stage it-1
     {
-      const int next = it + kAhead;  // the slot k-tile it-2 used
+      const int next = it + kStages - 1;  // refill the slot stage it-1 used
       if (next < k_tiles)
-        load_stage(loader, smem_base + (next % kStages) * kStageBytes, A, B, K,
-                   kt_begin + next);
+        load_stage(loader, smem_base + (next % kStages) * kStageBytes, A, B, K, kt_begin + next);
       cp_async_commit();
     }
-    const uint32_t a_base = smem_base + (it % kStages) * kStageBytes + wg * 64 * (kBK * 2);
-    const uint32_t b_base = smem_base + (it % kStages) * kStageBytes + kAStageBytes;
-    wgmma_fence();
+    const uint32_t a_base = smem_base + (it % kStages) * kStageBytes;
+    const uint32_t b_base = a_base + kAStageBytes;
 #pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks)  // k16 = 32 bytes further along the 128-byte rows
-      wgmma_m64n256k16(d, smem_desc(a_base + ks * 32), smem_desc(b_base + ks * 32));
-    wgmma_commit();
-    wgmma_wait<1>();  // the group of k-tile it-1 is done: its slot may be refilled next time
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t af[kMI][4];
+      uint32_t bfrag[kNI / 2][4];
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi)
+        ldmatrix_x4(af[mi], a_base + swizzle(a_row + mi * 16, ks * 2 + a_chunk));
+#pragma unroll
+      for (int nj = 0; nj < kNI / 2; ++nj)
+        ldmatrix_x4(bfrag[nj], b_base + swizzle(b_row + nj * 16, ks * 2 + b_chunk));
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < kNI; ++ni)
+          mma_bf16_16816(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3],
+                         bfrag[ni >> 1][(ni & 1) * 2], bfrag[ni >> 1][(ni & 1) * 2 + 1]);
+      }
+    }
   }
-  wgmma_wait<0>();
   cp_async_wait<0>();
   __syncthreads();  // the pipeline's memory is free for the epilogue
 
+  // Accumulator layout of an m16n8 tile: lane = 4 * g + t holds (g, 2t), (g, 2t+1),
+  // (g+8, 2t), (g+8, 2t+1).
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int r_base = wg * 64 + w4 * 16 + g;  // tile row of d[4j], d[4j+1]; +8 for d[4j+2..3]
   if constexpr (kSplit) {
     float* w = W + (size_t)blockIdx.y * (size_t)M * (size_t)ldw;
-    const int row = m0 + r_base;
 #pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int col = n0 + j * 8 + 2 * t;
-      if (col < N) {  // col + 1 < ldw always (ldw is N rounded up to 8)
-        if (row < M)
-          *reinterpret_cast<float2*>(w + (size_t)row * ldw + col) =
-              make_float2(d[4 * j], d[4 * j + 1]);
-        if (row + 8 < M)
-          *reinterpret_cast<float2*>(w + (size_t)(row + 8) * ldw + col) =
-              make_float2(d[4 * j + 2], d[4 * j + 3]);
+    for (int mi = 0; mi < kMI; ++mi) {
+      const int row = m0 + warp_m * kWarpTileM + mi * 16 + g;
+#pragma unroll
+      for (int ni = 0; ni < kNI; ++ni) {
+        const int col = n0 + warp_n * kWarpTileN + ni * 8 + 2 * t;
+        if (col < N) {  // col + 1 < ldw always (ldw is N rounded up to 8)
+          if (row < M)
+            *reinterpret_cast<float2*>(w + (size_t)row * ldw + col) =
+                make_float2(acc[mi][ni][0], acc[mi][ni][1]);
+          if (row + 8 < M)
+            *reinterpret_cast<float2*>(w + (size_t)(row + 8) * ldw + col) =
+                make_float2(acc[mi][ni][2], acc[mi][ni][3]);
+        }
       }
     }
   } else {
+    // Stage the bf16 tile in shared memory (rows padded by 16 bytes: the 8 rows x 4 lanes of
+    // a bf16x2 write hit 32 different banks), then write whole 16-byte chunks: each warp
+    // stores 512 contiguous bytes of one row.
 #pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int cc = j * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(smem + r_base * kCPitch + cc * 2) =
-          pack_bf16x2(d[4 * j], d[4 * j + 1]);
-      *reinterpret_cast<uint32_t*>(smem + (r_base + 8) * kCPitch + cc * 2) =
-          pack_bf16x2(d[4 * j + 2], d[4 * j + 3]);
+    for (int mi = 0; mi < kMI; ++mi) {
+      const int r = warp_m * kWarpTileM + mi * 16 + g;
+#pragma unroll
+      for (int ni = 0; ni < kNI; ++ni) {
+        const int cc = warp_n * kWarpTileN + ni * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(smem + r * kCPitch + cc * 2) =
+            pack_bf16x2(acc[mi][ni][0], acc[mi][ni][1]);
+        *reinterpret_cast<uint32_t*>(smem + (r + 8) * kCPitch + cc * 2) =
+            pack_bf16x2(acc[mi][ni][2], acc[mi][ni][3]);
+      }
     }
     __syncthreads();
     const bool vec_ok = ((N & 7) == 0) && ((reinterpret_cast<uintptr_t>(C) & 15) == 0);
@@ -316,7 +291,7 @@ gemm_tiled(const bf16* __restrict__ A, const bf16* __restrict__ B, bf16* __restr
         const uint4 v = *reinterpret_cast<const uint4*>(smem + r * kCPitch + ch * 16);
         bf16* dst = C + (size_t)row * N + col;
         if (vec_ok) {
-          *reinterpret_cast<uint4*>(dst) = v;
+          *reinterpret_cast<uint4*>(dst) = v;  // N % 8 == 0: the chunk is wholly inside
         } else {
           const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
