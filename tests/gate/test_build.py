@@ -408,7 +408,7 @@ def test_build_many_keeps_order_and_runs_in_parallel(tmp_path: Path) -> None:
 def test_a_wgmma_kernel_is_built_for_sm_90a_automatically(tmp_path: Path) -> None:
     source = (
         "#include <cuda_runtime.h>\n"
-        "__global__ void k() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"
+        '__global__ void k() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }\n'
         'extern "C" int run(cudaStream_t s) { k<<<1, 128, 0, s>>>(); '
         "return (int)cudaGetLastError(); }\n"
     )
