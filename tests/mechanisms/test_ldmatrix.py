@@ -8,8 +8,9 @@ from klineage.conditions import ArchAtLeast
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismRefused, get
+from tests.conftest import REPO
 from tests.mechanisms.roundtrip import RoundTripSuite, fixture_pairs
-from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
+from tests.mechanisms.tiles_support import check_expert_detection
 
 mechanism = get("ldmatrix")
 
@@ -18,13 +19,26 @@ class TestLdmatrix(RoundTripSuite):
     mechanism = "ldmatrix"
 
 
+# The gemm expert's tiled path moved to wgmma (descriptors, no ldmatrix); its earlier
+# mma.sync + ldmatrix version is kept and verified correct on an H200.
+MMA_SYNC_GEMM = REPO / "bench" / "gemm_variants" / "mma_sync.cu"
+
+
 def test_experts_listing_it_are_detected() -> None:
-    assert check_expert_detection("ldmatrix") >= 1
+    check_expert_detection("ldmatrix")  # asserts each listing, if any expert lists it
+    sites = get("ldmatrix").detect(KernelSource.from_file(MMA_SYNC_GEMM))
+    assert len(sites) == 3 and all(s.supported for s in sites)
 
 
 @pytest.mark.nvcc
-def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
-    check_expert_removals_compile(mechanism_builder, "ldmatrix")
+def test_every_removal_in_the_mma_sync_gemm_compiles(mechanism_builder: Builder) -> None:
+    kernel = KernelSource.from_file(MMA_SYNC_GEMM)
+    subject = get("ldmatrix")
+    removed = [subject.remove(kernel, site) for site in subject.detect(kernel)]
+    results = mechanism_builder.build_many([(k.text, "mma_sync.cu") for k in removed])
+    assert len(results) == 3
+    for result in results:
+        assert result.ok, result.message
 
 
 def test_lanes_fetch_the_row_address_of_the_lane_that_holds_it() -> None:
