@@ -129,15 +129,27 @@ class _Pitch:
 def _shared_names(source: ParsedSource) -> set[str]:
     """Shared buffers, and pointers initialized from them (`char* smem = smem_raw + off;`)."""
     names = {n for d in source.shared_declarations for n in d.names}
+    if not names:
+        return names
+    pointers = []
+    for decl in source.declarations:
+        if "*" not in source.text_of(decl.node).split("=")[0]:
+            continue
+        for name, declarator in zip(decl.names, decl.declarators, strict=True):
+            value = declarator.child_by_field_name("value")
+            if value is not None:
+                pointers.append((name, value, source.text_of(value)))
     for _ in range(3):  # aliases of aliases
-        for decl in source.declarations:
-            for name, declarator in zip(decl.names, decl.declarators, strict=True):
-                value = declarator.child_by_field_name("value")
-                if value is None or name in names:
-                    continue
-                used = {source.text_of(n) for n in source.iter_nodes("identifier", within=value)}
-                if used & names and "*" in source.text_of(decl.node).split("=")[0]:
-                    names.add(name)
+        grown = False
+        for name, value, text in pointers:
+            if name in names or not any(n in text for n in names):
+                continue  # the substring test is cheap; the identifier walk confirms
+            used = {source.text_of(n) for n in source.iter_nodes("identifier", within=value)}
+            if used & names:
+                names.add(name)
+                grown = True
+        if not grown:
+            break
     return names
 
 
