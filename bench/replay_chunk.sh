@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One resumable chunk of the replay experiment, sized for one device call (10 minutes).
+#
+# Every gate verdict is appended to replay_out/gatelog/ as soon as it exists, so a chunk cut
+# short by the time limit loses at most the verdict in flight; the next chunk replays the
+# finished ones from the log (they still count against each method's budget) and goes on.
+# Carry the state between calls as an archive:
+#
+#   run 1:   bash bench/replay_chunk.sh                    (writes $OUT/replay_out.tgz)
+#   run N:   copy the last replay_out.tgz to .state/, carry ".state", run the same command
+#
+# Problems go fastest first (naive latencies in bench/results/heldout_baseline.json), so the
+# slow naive kernels (log_softmax, cross_entropy, cumsum: ~30 s per paired gate run) come last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results}
+[ -f .state/replay_out.tgz ] && tar xzf .state/replay_out.tgz
+order=$(python3 - <<'PY'
+import json
+data = json.load(open("bench/results/heldout_baseline.json"))["problems"]
+cost = {p["folder"]: sum(w["latency_ms"] or 0 for w in p["workloads"]) for p in data.values()}
+print(" ".join(sorted(cost, key=cost.get)))
+PY
+)
+timeout "${CHUNK_SECONDS:-540}" python3 -m klineage.cli replay $order --skills skills_out \
+  --budget 30 --out replay_out --resume
+status=$?
+tar czf "$OUT/replay_out.tgz" replay_out
+exit $status
