@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _environment import nvidia_smi  # noqa: E402
 
 from klineage.gate.gate import Gate  # noqa: E402
 from klineage.kernel import KernelSource  # noqa: E402
@@ -136,28 +137,10 @@ def main() -> None:
         report["environment"] = {
             "hardware": verdict.hardware,
             "libs": verdict.libs,
-            "nvidia_smi": _nvidia_smi(),
+            "nvidia_smi": nvidia_smi(),
         }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-
-
-def _nvidia_smi() -> str:
-    try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=name,driver_version,clocks.sm,clocks.mem",
-                "--format=csv,noheader",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import argparse
 import json
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _environment import nvidia_smi  # noqa: E402
 
 from klineage.gate.build import Builder  # noqa: E402
 from klineage.gate.gate import Gate  # noqa: E402
@@ -133,7 +134,7 @@ def main() -> None:
             "libs": libs,
             "python": platform.python_version(),
             "nvcc": cold.nvcc_version,
-            "nvidia_smi": _nvidia_smi(),
+            "nvidia_smi": nvidia_smi(),
         },
         "workloads": [w.label for w in workloads],
         "figures": figures,
@@ -151,24 +152,6 @@ def main() -> None:
     width = max(len(k) for k in figures)
     for key, value in figures.items():
         print(f"{key:<{width}}  {value:.3f}")
-
-
-def _nvidia_smi() -> str:
-    try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=name,driver_version,clocks.sm,clocks.mem",
-                "--format=csv,noheader",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
 
 
 if __name__ == "__main__":

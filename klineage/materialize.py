@@ -24,7 +24,6 @@ kernel is gated like any move, from the same budget, and recorded with the origi
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from klineage.gate.result import GateVerdict
+from klineage.gate.result import GateVerdict, geomean
 from klineage.gatelog import GateLog
 from klineage.kernel import KernelSource
 from klineage.lineage import (
@@ -158,10 +157,6 @@ def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrie
         reason = reasons[0] if reasons else "no candidate site in this kernel"
         raise MechanismRefused(Refusal(mechanism=mechanism.name, action="apply", reason=reason))
     return current
-
-
-def _geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 1.0
 
 
 class Materializer:
@@ -501,9 +496,7 @@ class Materializer:
         speedup = records[-1].speedup if records else 1.0
         if records:
             speedup = max(r.speedup for r in records)
-        vs_reference = _geomean(
-            [reference_ms[k] / best_ms[k] for k in best_ms if k in reference_ms]
-        )
+        vs_reference = geomean([reference_ms[k] / best_ms[k] for k in best_ms if k in reference_ms])
         target = 1.0 + 0.9 * (speedup - 1.0)
         runs_to_90 = next((r.index for r in records if r.speedup >= target), 0)
         return MethodResult(

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from klineage.gate.result import geomean
 from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
 from klineage.llm.base import Provider
@@ -61,10 +61,6 @@ class ReplayReport(BaseModel):
     )
 
 
-def _geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 1.0
-
-
 def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
     methods = sorted({r.method for r in results}, key=["skills", "blind", "memory"].index)
     summaries = []
@@ -73,8 +69,8 @@ def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
         summaries.append(
             MethodSummary(
                 method=method,
-                geomean_speedup=_geomean([r.speedup for r in rows]),
-                geomean_vs_reference=_geomean([r.speedup_vs_reference for r in rows]),
+                geomean_speedup=geomean([r.speedup for r in rows]),
+                geomean_vs_reference=geomean([r.speedup_vs_reference for r in rows]),
                 fast_p={
                     str(p): sum(r.speedup_vs_reference > p for r in rows) / len(rows)
                     for p in FAST_P

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from klineage.gate.result import geomean
 from klineage.removal import changed_region
 
 SNIPPET_LIMIT = 1600
@@ -182,11 +182,7 @@ def effect_of(rows: Sequence[dict[str, Any]], before: dict, after: dict) -> Effe
                 after_ms=row["parent_ms"],
             )
         )
-    geo = (
-        math.exp(sum(math.log(w.speedup) for w in workloads) / len(workloads))
-        if workloads
-        else None
-    )
+    geo = geomean([w.speedup for w in workloads]) if workloads else None
     deltas: dict[str, dict[str, int]] = {"registers": {}, "shared_bytes": {}, "spill_bytes": {}}
     for kernel in sorted(set(before) | set(after)):
         for key in deltas:

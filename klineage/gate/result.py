@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -191,12 +192,13 @@ class GateVerdict(BaseModel):
             return None
         trials = len(pairs[0].trial_ratios)
         return Comparison(
-            ratio=_geomean([p.ratio for p in pairs]),
-            trial_ratios=[_geomean([p.trial_ratios[t] for p in pairs]) for t in range(trials)],
-            candidate_ms=_geomean([p.candidate_ms for p in pairs]),
-            baseline_ms=_geomean([p.baseline_ms for p in pairs]),
+            ratio=geomean([p.ratio for p in pairs]),
+            trial_ratios=[geomean([p.trial_ratios[t] for p in pairs]) for t in range(trials)],
+            candidate_ms=geomean([p.candidate_ms for p in pairs]),
+            baseline_ms=geomean([p.baseline_ms for p in pairs]),
         )
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+def geomean(values: Sequence[float]) -> float:
+    """Geometric mean; 1.0 for no values (no change)."""
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 1.0

@@ -42,6 +42,7 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site, get, remove_all
+from klineage.removal import changed_region
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "mechanisms"
 
@@ -100,18 +101,6 @@ def removal_chain(mechanism: Mechanism, kernel: KernelSource, limit: int = 200) 
         assert following.text != current.text, f"removing {site} changed nothing"
         chain.states.append(following)
     raise AssertionError(f"{mechanism.name}: more than {limit} removals")
-
-
-def changed_region(old: str, new: str) -> tuple[int, int]:
-    """The byte range of ``new`` that differs from ``old`` (common prefix and suffix cut)."""
-    a, b = old.encode(), new.encode()
-    prefix = 0
-    while prefix < min(len(a), len(b)) and a[prefix] == b[prefix]:
-        prefix += 1
-    suffix = 0
-    while suffix < min(len(a), len(b)) - prefix and a[-1 - suffix] == b[-1 - suffix]:
-        suffix += 1
-    return prefix, len(b) - suffix
 
 
 def matching_candidate(mechanism: Mechanism, before: KernelSource, after: KernelSource) -> Site:
