@@ -30,6 +30,13 @@ def replay_command(
     resume: Annotated[
         bool, typer.Option("--resume/--fresh", help="Reuse verdicts already in the gate log.")
     ] = True,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated GPU indexes to spread the problems over, one problem per GPU "
+            "at a time (default: every visible GPU)."
+        ),
+    ] = None,
     llm: LlmOption = None,
     llm_cache: LlmCacheOption = None,
     llm_replay_only: LlmReplayOnlyOption = False,
@@ -45,6 +52,13 @@ def replay_command(
     if unknown:
         errors.print(Text(f"unknown baseline {unknown[0]!r}; choose from blind, memory", "red"))
         raise typer.Exit(2)
+    try:
+        chosen_devices = (
+            [int(d) for d in devices.split(",") if d.strip()] if devices is not None else None
+        )
+    except ValueError:
+        errors.print(Text(f"--devices {devices!r}: expected GPU indexes such as 0,1", "red"))
+        raise typer.Exit(2) from None
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
 
     def on_run(problem: str, method: str, record: GateRunRecord) -> None:
@@ -63,6 +77,7 @@ def replay_command(
             skills,
             out,
             methods=chosen,
+            devices=chosen_devices,
             budget=ReplayBudget(gate_runs=budget),
             resume=resume,
             on_run=on_run,

@@ -84,6 +84,16 @@ class GateRunRecord(BaseModel):
     ratio: float | None = Field(default=None, description="current / new latency (pooled)")
     speedup: float = Field(description="speedup over the start after this run")
     message: str = Field(default="", description="the gate's message when rejected")
+    gate_seconds: float = Field(
+        default=0.0,
+        description="what the verdict cost when it was made: nvcc plus check and time "
+        "(the same whether this run made it or the log served it)",
+    )
+
+
+def verdict_seconds(verdict: GateVerdict) -> float:
+    """The build's compile time plus every workload's check and time stages."""
+    return verdict.build.compile_seconds + sum(w.seconds for w in verdict.workloads)
 
 
 class MethodResult(BaseModel):
@@ -108,7 +118,14 @@ class MethodResult(BaseModel):
         default_factory=list, description="kept skills and the expert each came from"
     )
     final: str = Field(description="fingerprint of the best state")
-    seconds: float = Field(description="wall time")
+    seconds: float = Field(description="wall time of this call (short when the log served it)")
+    gate_seconds: float = Field(
+        default=0.0, description="what the method's verdicts cost to make, the start's included"
+    )
+
+
+MoveKey = tuple[str, str, str, str | None]
+"""A move at a state: (state fingerprint, mechanism or 'llm:<skill>', carrier JSON, site)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +152,15 @@ class Move:
     @property
     def name(self) -> str:
         return self.mechanism.name if self.mechanism is not None else self.action
+
+
+def move_key(current: KernelSource, move: Move) -> MoveKey:
+    return (
+        current.fingerprint,
+        f"llm:{move.skill}" if move.ask_llm else move.name,
+        move.carrier.model_dump_json(),
+        move.site,
+    )
 
 
 def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrier) -> KernelSource:
@@ -201,23 +227,21 @@ class Materializer:
         records: list[GateRunRecord] = []
         refusals: list[str] = []
         rejections: list[dict[str, Any]] = []
-        tried: set[tuple[str, str, str, str | None]] = set()
+        tried: set[MoveKey] = set()
         applied: set[tuple[str, str]] = set()  # (state, skill) a rule could apply
         used: list[dict[str, str]] = []
+        prepared: dict[MoveKey, KernelSource | MechanismRefused] = {}
         improved = True
         while improved and len(records) < self.budget.gate_runs:
             improved = False
-            for planned in self._moves(method, problem, current, asks_llm):
+            moves = list(self._moves(method, problem, current, asks_llm))
+            self._prebuild(current, moves, tried, self.budget.gate_runs - len(records), prepared)
+            for planned in moves:
                 if len(records) >= self.budget.gate_runs:
                     break
                 if time.monotonic() - started > self.budget.wall_seconds:
                     break
-                key = (
-                    current.fingerprint,
-                    f"llm:{planned.skill}" if planned.ask_llm else planned.name,
-                    planned.carrier.model_dump_json(),
-                    planned.site,
-                )
+                key = move_key(current, planned)
                 if key in tried:
                     continue
                 tried.add(key)
@@ -231,7 +255,7 @@ class Materializer:
                     new = move.source
                 else:
                     try:
-                        new = self._apply(current, planned)
+                        new = self._prepared(current, planned, key, prepared)
                     except MechanismRefused as err:
                         refusals.append(f"{planned.origin} {planned.name}: {err.reason}")
                         continue
@@ -273,6 +297,55 @@ class Materializer:
         )
         result.llm_rejections = rejections
         return result, lineage
+
+    # ---- building ahead -------------------------------------------------------------------------
+
+    @staticmethod
+    def _prepared(
+        current: KernelSource,
+        move: Move,
+        key: MoveKey,
+        prepared: dict[MoveKey, KernelSource | MechanismRefused],
+    ) -> KernelSource:
+        """The move applied to `current`, from the prebuild's work when it got there first."""
+        outcome = prepared.pop(key, None)
+        if outcome is None:
+            return Materializer._apply(current, move)
+        if isinstance(outcome, MechanismRefused):
+            raise outcome
+        return outcome
+
+    def _prebuild(
+        self,
+        current: KernelSource,
+        moves: Sequence[Move],
+        tried: set[MoveKey],
+        remaining: int,
+        prepared: dict[MoveKey, KernelSource | MechanismRefused],
+    ) -> None:
+        """Apply the next rule moves the budget can still pay for and compile them all in
+        parallel, so the gate runs that follow find their builds cached: nvcc, not the GPU,
+        is the slow part of a gate run on a fast kernel."""
+        builder = getattr(self.log.gate, "builder", None)
+        if builder is None or remaining <= 0:
+            return
+        sources: dict[str, KernelSource] = {}
+        for move in moves:
+            if len(sources) >= remaining:
+                break
+            key = move_key(current, move)
+            if move.ask_llm or key in tried:
+                continue
+            try:
+                new = self._apply(current, move)
+            except MechanismRefused as err:
+                prepared[key] = err
+                continue
+            prepared[key] = new
+            sources.setdefault(new.fingerprint, new)
+        kernels = [current, *sources.values()]
+        if len(kernels) > 1:
+            builder.build_many([(k.text, k.name) for k in kernels])
 
     # ---- the three methods --------------------------------------------------------------------
 
@@ -442,6 +515,7 @@ class Materializer:
             ratio=comparison.ratio if comparison else None,
             speedup=new_speedup,
             message=message[:600],
+            gate_seconds=verdict_seconds(verdict),
         ), kept
 
     @staticmethod
@@ -514,4 +588,5 @@ class Materializer:
             skills_used=used,
             final=final.fingerprint,
             seconds=seconds,
+            gate_seconds=verdict_seconds(start) + sum(r.gate_seconds for r in records),
         )

@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from klineage.gate.pool import spread
 from klineage.gate.result import geomean
 from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
 from klineage.llm.base import Provider
 from klineage.materialize import GateRunRecord, Materializer, MethodResult, ReplayBudget
-from klineage.problem import load_problem
+from klineage.problem import Problem, load_problem
 from klineage.skills import SkillLibrary
 
 FAST_P = (1.0, 1.5)
@@ -88,6 +89,8 @@ def replay(
     out: str | Path = "replay_out",
     *,
     gate: GateLike | None = None,
+    gates: Sequence[GateLike] | None = None,
+    devices: Sequence[int] | None = None,
     methods: Sequence[str] = ("skills", "blind", "memory"),
     budget: ReplayBudget | None = None,
     resume: bool = True,
@@ -95,16 +98,21 @@ def replay(
     llm: Provider | None = None,
 ) -> ReplayReport:
     """Run every method on every problem; write the report, lineages and chart to `out`.
-    With `llm`, the skills method asks it to apply skills no rule can apply."""
-    if gate is None:
-        from klineage.gate.gate import Gate
+    With `llm`, the skills method asks it to apply skills no rule can apply.
 
-        with Gate() as real:
+    Problems are spread over `gates` (one per GPU), one problem per gate at a time: a
+    problem's methods share one gate, so their verdicts are timed on the same device.
+    Without `gate` or `gates`, one gate is opened per GPU in `devices` (default: every
+    visible GPU)."""
+    if gate is not None:
+        gates = [gate]
+    if not gates:
+        with _open_gates(devices) as opened:
             return replay(
                 problems,
                 skills,
                 out,
-                gate=real,
+                gates=opened,
                 methods=methods,
                 budget=budget,
                 resume=resume,
@@ -116,13 +124,17 @@ def replay(
         raise FileNotFoundError(f"{skills}: no skills.jsonl; run `klineage mine` first")
     limits = budget or ReplayBudget()
     root = Path(out)
-    results: list[MethodResult] = []
-    for folder in problems:
+    loaded = []
+    for folder in problems:  # every problem is checked before the first gate run
         problem = load_problem(folder)
         if problem.kernel_path is None:
             raise FileNotFoundError(f"{problem.root}: no kernel.cu to start from")
+        loaded.append(problem)
+
+    def one_problem(problem: Problem, on: GateLike) -> list[MethodResult]:
         naive = KernelSource.from_file(problem.kernel_path)
-        log = GateLog(root / "gatelog" / f"{problem.name}.jsonl", gate, resume=resume)
+        log = GateLog(root / "gatelog" / f"{problem.name}.jsonl", on, resume=resume)
+        results = []
         for method in methods:
 
             def report_run(m: str, record: GateRunRecord, name: str = problem.name) -> None:
@@ -139,6 +151,10 @@ def replay(
             result, lineage = materializer.run(problem, naive, method)
             lineage.save(root / "lineages" / f"{problem.name}.{method}.json")
             results.append(result)
+        return results
+
+    per_problem = spread(list(gates), len(loaded), lambda i, on: one_problem(loaded[i], on))
+    results = [r for rows in per_problem for r in rows]
     report = ReplayReport(
         budget=limits,
         skills=str(skills),
@@ -152,6 +168,24 @@ def replay(
     with contextlib.suppress(RuntimeError):  # without matplotlib the JSON report stands alone
         draw_chart(report, root / "replay.png")
     return report
+
+
+@contextlib.contextmanager
+def _open_gates(devices: Sequence[int] | None) -> Iterator[list[GateLike]]:
+    """One real gate per GPU, sharing one build cache; a single gate where none is visible
+    (it explains, on its first run, that the check and time stages need a GPU)."""
+    from klineage.gate.build import Builder
+    from klineage.gate.gate import Gate
+    from klineage.gate.pool import visible_gpus
+
+    chosen = list(devices) if devices is not None else list(range(visible_gpus())) or [0]
+    builder = Builder()
+    opened = [Gate(builder, device=d) for d in chosen]
+    try:
+        yield list(opened)
+    finally:
+        for one in opened:
+            one.close()
 
 
 def draw_chart(report: ReplayReport, path: str | Path) -> Path:

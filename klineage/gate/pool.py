@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from klineage.gate.build import Builder
 from klineage.gate.gate import Gate
 from klineage.gate.result import GateVerdict
 from klineage.kernel import KernelSource
 from klineage.problem import Problem
+
+W = TypeVar("W")
+R = TypeVar("R")
 
 
 def visible_gpus() -> int:
@@ -58,29 +61,42 @@ class GatePool:
         """Gate every kernel; same options as Gate.run. Verdicts in input order."""
         # compile everything up front so GPUs never wait on nvcc
         self.builder.build_many([(k.text, k.name) for k in kernels])
-        todo: queue.Queue[int] = queue.Queue()
-        for index in range(len(kernels)):
-            todo.put(index)
-        verdicts: list[GateVerdict | None] = [None] * len(kernels)
-        failures: list[BaseException] = []
+        return spread(
+            self.gates,
+            len(kernels),
+            lambda index, gate: gate.run(problem, kernels[index], **run_options),
+        )
 
-        def serve(gate: Gate) -> None:
-            while not failures:
-                try:
-                    index = todo.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    verdicts[index] = gate.run(problem, kernels[index], **run_options)
-                except BaseException as err:  # surfaced in the caller's thread below
-                    failures.append(err)
-                    return
 
-        threads = [threading.Thread(target=serve, args=(g,), daemon=True) for g in self.gates]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if failures:
-            raise failures[0]
-        return [v for v in verdicts if v is not None]
+def spread(workers: Sequence[W], count: int, work: Callable[[int, W], R]) -> list[R]:
+    """`work(index, worker)` for every index below `count`, each worker (a gate, one per GPU)
+    taking the next index when it is free; results in index order. The first failure stops
+    the handing out of work and is raised in the caller's thread."""
+    if len(workers) == 1:
+        return [work(index, workers[0]) for index in range(count)]
+    todo: queue.Queue[int] = queue.Queue()
+    for index in range(count):
+        todo.put(index)
+    results: list[R | None] = [None] * count
+    failures: list[BaseException] = []
+
+    def serve(worker: W) -> None:
+        while not failures:
+            try:
+                index = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                results[index] = work(index, worker)
+            except BaseException as err:  # raised in the caller's thread below
+                failures.append(err)
+                return
+
+    threads = [threading.Thread(target=serve, args=(w,), daemon=True) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return [r for r in results if r is not None]

@@ -88,6 +88,9 @@ def test_replay_methods_on_the_same_budget(builder: Builder, skills: Path, tmp_p
     for result in report.results:
         assert len(result.runs) <= 6
         assert result.speedup >= 1.0
+        # real nvcc builds behind every verdict: their cost is carried even when cached
+        assert all(run.gate_seconds > 0 for run in result.runs)
+        assert result.gate_seconds > sum(run.gate_seconds for run in result.runs)
     skilled = by_method["skills"]
     # fast_math first (highest gain), kept at once: 1.5x after one gate run
     assert skilled.runs[0].action == "fast_math" and skilled.runs[0].outcome == "kept"
@@ -127,3 +130,66 @@ def test_print_report_shows_every_method(builder: Builder, skills: Path, tmp_pat
     print_report(report, wide)
     text = wide.export_text()
     assert "exp_target_f32" in text and "geomean vs naive" in text
+
+
+class _RecordingGate(StandInGate):
+    """The stand-in, noting for each verdict its problem and whether the build was cached."""
+
+    def __init__(self, builder: Builder, **options: object) -> None:
+        super().__init__(builder, **options)  # type: ignore[arg-type]
+        self.problems: list[str] = []
+        self.cached: list[bool] = []
+
+    def run(self, problem, kernel, **options):  # type: ignore[no-untyped-def]
+        self.problems.append(problem.name)
+        self.cached.append(self.builder.build(kernel.text, name=kernel.name).cached)
+        return super().run(problem, kernel, **options)
+
+
+def test_candidates_are_built_ahead_of_their_gate_runs(
+    skills: Path, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    fresh = Builder(cache_dir=tmp_path_factory.mktemp("fresh_cache"))
+    gate = _RecordingGate(fresh, cost={"fast_math": 1.5}, expert_mechanisms=EXPERT)
+    report = replay(
+        [TARGET], skills, tmp_path, gate=gate, methods=["blind"], budget=ReplayBudget(gate_runs=4)
+    )
+    [result] = report.results
+    assert len(result.runs) >= 2
+    # the start is gated before anything is planned; every candidate was compiled beforehand
+    assert gate.cached[0] is False
+    assert all(gate.cached[1:]), gate.cached
+
+
+def test_problems_spread_over_several_gates(builder: Builder, skills: Path, tmp_path: Path) -> None:
+    first = _RecordingGate(builder, cost={"fast_math": 1.5}, expert_mechanisms=EXPERT)
+    second = _RecordingGate(builder, cost={"fast_math": 1.5}, expert_mechanisms=EXPERT)
+    report = replay(
+        [TARGET, PROBLEM],
+        skills,
+        tmp_path,
+        gates=[first, second],
+        methods=["skills", "blind"],
+        budget=ReplayBudget(gate_runs=3),
+    )
+    assert [(r.problem, r.method) for r in report.results] == [
+        ("exp_target_f32", "skills"),
+        ("exp_target_f32", "blind"),
+        ("exp_scale_f32", "skills"),
+        ("exp_scale_f32", "blind"),
+    ]
+    # each gate judged whole problems: one problem's verdicts are never split across GPUs
+    assert first.problems and second.problems
+    assert len(set(first.problems)) == 1 and len(set(second.problems)) == 1
+    assert set(first.problems) != set(second.problems)
+
+
+def test_replay_command_rejects_malformed_devices(skills: Path) -> None:
+    from typer.testing import CliRunner
+
+    from klineage.cli import app
+
+    result = CliRunner().invoke(
+        app, ["replay", str(TARGET), "--skills", str(skills), "--devices", "0,gpu1"]
+    )
+    assert result.exit_code == 2 and "expected GPU indexes" in result.output
