@@ -3,6 +3,8 @@
 python bench/tables.py experts      # expert kernels: every workload
 python bench/tables.py heldout      # held-out naive kernels: one line per problem
 python bench/tables.py overhead     # gate overhead
+python bench/tables.py mine         # mining, one line per expert
+python bench/tables.py replay       # the replay experiment: per problem, summary, misses
 """
 
 from __future__ import annotations
@@ -83,6 +85,74 @@ def overhead() -> str:
     return "\n".join(lines)
 
 
+def mine() -> str:
+    data = _load("mine.json")
+    lines = [
+        "| expert | termination | steps | gate runs (walk + probes + round trips) | wall | "
+        "accepted / rejected | skills (verified) | recall | no skill for |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["problems"]:
+        runs = r["walk_gate_runs"] + r["probe_gate_runs"] + r["round_trip_gate_runs"]
+        lines.append(
+            f"| {r['problem']} | {r['termination']} | {r['steps']} | {runs} "
+            f"({r['walk_gate_runs']} + {r['probe_gate_runs']} + {r['round_trip_gate_runs']}) | "
+            f"{r['wall_seconds']:.0f} s | {r['accepted']} / {r['rejected']} | "
+            f"{r['skills']} ({r['verified']}) | {r['recall']:.0%} | {', '.join(r['missed'])} |"
+        )
+    for r in data.get("unfinished", []):
+        lines.append(
+            f"| {r['problem']} | unfinished | - | {r['gate_runs_logged']} logged | - | - | - | - "
+            "| - |"
+        )
+    return "\n".join(lines)
+
+
+def replay() -> str:
+    data = _load("replay.json")
+    rows: dict[str, dict[str, dict]] = {}
+    for r in data["results"]:
+        rows.setdefault(r["problem"], {})[r["method"]] = r
+    methods = [s["method"] for s in data["summary"]]
+    head = " | ".join(f"{m}: vs naive / vs PyTorch / runs" for m in methods)
+    lines = [f"| problem | {head} |", "|---" * (len(methods) + 1) + "|"]
+    for problem in sorted(rows):
+        cells = []
+        for m in methods:
+            r = rows[problem][m]
+            cells.append(
+                f"{r['speedup']:.2f}x / {r['speedup_vs_reference']:.2f}x / {len(r['runs'])}"
+            )
+        lines.append(f"| {problem} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| method | geomean vs naive | geomean vs PyTorch | fast_1.0 | fast_1.5 | "
+        "runs to 90% (mean) | gate runs | wasted |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in data["summary"]:
+        runs = sum(len(rows[p][s["method"]]["runs"]) for p in rows)
+        lines.append(
+            f"| {s['method']} | {s['geomean_speedup']:.2f}x | {s['geomean_vs_reference']:.2f}x | "
+            f"{s['fast_p']['1.0']:.0%} | {s['fast_p']['1.5']:.0%} | "
+            f"{s['mean_runs_to_90']:.1f} | {runs} | {s['total_wasted']} |"
+        )
+    lines += ["", "| problem | mechanism | a baseline kept it at | why the skills method did not |"]
+    lines.append("|---|---|---|---|")
+    for m in data["misses"]:
+        lines.append(
+            f"| {m['problem']} | {m['mechanism']} | {m['ratio']:.2f}x ({m['baseline']}) | "
+            f"{m['reason']}: {m['detail']} |"
+        )
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    table = {"experts": experts, "heldout": heldout, "overhead": overhead}[sys.argv[1]]
+    table = {
+        "experts": experts,
+        "heldout": heldout,
+        "overhead": overhead,
+        "mine": mine,
+        "replay": replay,
+    }[sys.argv[1]]
     print(table())

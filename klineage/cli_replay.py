@@ -150,3 +150,13 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
             str(s.total_wasted),
         )
     show.print(summary)
+    if report.misses:
+        misses = Table("problem", "mechanism", "baseline kept it at", "why skills did not")
+        for miss in report.misses:
+            misses.add_row(
+                miss.problem,
+                miss.mechanism,
+                f"{miss.ratio:.2f}x ({miss.baseline})",
+                f"{miss.reason}: {miss.detail}",
+            )
+        show.print(misses)

@@ -28,6 +28,7 @@ from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
 from klineage.llm.base import Provider
 from klineage.materialize import GateRunRecord, Materializer, MethodResult, ReplayBudget
+from klineage.misses import Miss, explain_misses
 from klineage.problem import Problem, load_problem
 from klineage.skills import SkillLibrary
 
@@ -47,6 +48,45 @@ class MethodSummary(BaseModel):
     total_wasted: int = Field(description="gate runs rejected or not faster, all problems")
 
 
+class MatchedRuns(BaseModel):
+    """Gate runs a method and blind search each spent to reach the same speed: on each problem
+    where both gained, the lower of their two final speedups."""
+
+    method: str = Field(description="skills or memory")
+    problems: int = Field(description="problems where both this method and blind gained")
+    runs: int = Field(description="this method's gate runs to that speed, summed")
+    blind_runs: int = Field(description="blind search's gate runs to that speed, summed")
+
+
+def runs_to_reach(result: MethodResult, speedup: float) -> int:
+    """The first gate run after which `result` was at least `speedup` (0 if it starts there)."""
+    if speedup <= 1.0:
+        return 0
+    return next(
+        (r.index for r in result.runs if r.speedup >= speedup * (1 - 1e-3)), len(result.runs)
+    )
+
+
+def matched_runs(results: Sequence[MethodResult]) -> list[MatchedRuns]:
+    blind = {r.problem: r for r in results if r.method == "blind"}
+    out = []
+    for method in ("skills", "memory"):
+        rows = [r for r in results if r.method == method and r.problem in blind]
+        pairs = [(r, blind[r.problem]) for r in rows]
+        pairs = [(a, b) for a, b in pairs if min(a.speedup, b.speedup) > 1.01]
+        if not pairs:
+            continue
+        out.append(
+            MatchedRuns(
+                method=method,
+                problems=len(pairs),
+                runs=sum(runs_to_reach(a, min(a.speedup, b.speedup)) for a, b in pairs),
+                blind_runs=sum(runs_to_reach(b, min(a.speedup, b.speedup)) for a, b in pairs),
+            )
+        )
+    return out
+
+
 class ReplayReport(BaseModel):
     """The whole experiment."""
 
@@ -59,6 +99,13 @@ class ReplayReport(BaseModel):
     )
     llm_usage: dict[str, Any] | None = Field(
         default=None, description="the LLM's calls, tokens and estimated cost (this run)"
+    )
+    versus_blind: list[MatchedRuns] = Field(
+        default_factory=list, description="gate runs to the same speed as blind search"
+    )
+    misses: list[Miss] = Field(
+        default_factory=list,
+        description="why the skills method fell short where a baseline ended faster",
     )
 
 
@@ -162,6 +209,8 @@ def replay(
         summary=summarize(results),
         llm=f"llm:{llm.kind}:{llm.model}" if llm is not None else None,
         llm_usage=llm.accounting.summary() if llm is not None else None,
+        versus_blind=matched_runs(results),
+        misses=explain_misses(results, loaded, list(library), root / "lineages"),
     )
     root.mkdir(parents=True, exist_ok=True)
     (root / "replay.json").write_text(report.model_dump_json(indent=1) + "\n")

@@ -193,3 +193,31 @@ def test_replay_command_rejects_malformed_devices(skills: Path) -> None:
         app, ["replay", str(TARGET), "--skills", str(skills), "--devices", "0,gpu1"]
     )
     assert result.exit_code == 2 and "expected GPU indexes" in result.output
+
+
+def test_misses_name_the_mechanism_and_the_evidence(
+    builder: Builder, skills: Path, tmp_path: Path
+) -> None:
+    # grid_stride_loop pays off here, but no expert used it: blind finds it, skills cannot
+    gate = StandInGate(
+        builder,
+        cost={"fast_math": 1.5, "grid_stride_loop": 1.4},
+        expert_mechanisms=EXPERT,
+    )
+    report = replay(
+        [TARGET],
+        skills,
+        tmp_path,
+        gate=gate,
+        methods=["skills", "blind"],
+        budget=ReplayBudget(gate_runs=12),
+    )
+    by_method = {r.method: r for r in report.results}
+    assert by_method["blind"].speedup > by_method["skills"].speedup * 1.05
+    misses = {m.mechanism: m for m in report.misses}
+    assert misses["grid_stride_loop"].reason == "no_skill"
+    assert misses["grid_stride_loop"].baseline == "blind"
+    assert misses["grid_stride_loop"].ratio == pytest.approx(1.4, rel=0.01)
+    assert "fast_math" not in misses  # both kept it at the same gain
+    saved = load_replay(tmp_path / "replay.json")
+    assert [m.reason for m in saved.misses] == [m.reason for m in report.misses]
