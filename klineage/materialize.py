@@ -3,8 +3,10 @@
 Three methods share the same gate, the same budget and the same keep rule (correct on every
 workload, and faster than the current state overall and in every trial, timed interleaved):
 
-- `skills`: retrieved skills in rank order (conditions checked before any gate run), each
-  mechanism applied at every candidate site with the carrier its evidence supports;
+- `skills`: retrieved skills in rank order (conditions checked before any gate run), a skill
+  whose rewrite would close another's candidate sites moved after it (:mod:`klineage.ordering`),
+  each mechanism applied at every candidate site with the carrier its evidence supports (a
+  vector width keeps its bytes on the target's element size);
 - `blind`: every catalog mechanism at every candidate site, one site per run, no conditions,
   no ordering beyond the catalog's;
 - `memory`: past before/after edits (the skills' anchors) retrieved by text similarity to the
@@ -52,6 +54,7 @@ from klineage.mechanisms import (
     Refusal,
     all_mechanisms,
 )
+from klineage.ordering import closes, keep_options_open, transfer_carrier
 from klineage.problem import Problem
 from klineage.retrieve import bm25_scores, retrieve
 from klineage.skills import Skill, render_skill_md
@@ -359,16 +362,19 @@ class Materializer:
         else:
             yield from self._memory_moves(problem, current)
 
-    def _carriers(self, skill: Skill) -> list[Carrier]:
-        """The skill's own carrier, then the others its mechanism was seen with."""
+    def _carriers(self, skill: Skill, problem: Problem) -> list[Carrier]:
+        """The skill's own carrier, then the others its mechanism was seen with; each first
+        as it transfers to the target (vector widths keep their bytes), then as learned."""
         seen, carriers = set(), []
         same = [skill] + [s for s in self.skills.values() if s.mechanism == skill.mechanism]
         for candidate in same:
-            carrier = Carrier.model_validate(candidate.carrier or {})
-            key = carrier.model_dump_json()
-            if key not in seen:
-                seen.add(key)
-                carriers.append(carrier)
+            learned = Carrier.model_validate(candidate.carrier or {})
+            moved = transfer_carrier(learned, candidate.scope.dtypes, problem)
+            for carrier in (moved, learned):
+                key = carrier.model_dump_json()
+                if key not in seen:
+                    seen.add(key)
+                    carriers.append(carrier)
         return carriers
 
     def _skill_moves(
@@ -379,12 +385,14 @@ class Materializer:
         ranking = retrieve(
             list(self.skills.values()), problem, current, arch=self.arch, keep_unknown=asks_llm
         )
-        for ranked in ranking.ranked:
+        mechanisms = [r.mechanism for r in ranking.ranked]
+        closed = closes(mechanisms, current, apply_everywhere)
+        for ranked in keep_options_open(ranking.ranked, lambda r: r.mechanism, closed):
             skill = self.skills[ranked.skill]
             origin = f"skill:{skill.id}"
             mechanism = catalog_mechanism(skill.mechanism)
             if mechanism is not None:
-                for carrier in self._carriers(skill):
+                for carrier in self._carriers(skill, problem):
                     yield Move(mechanism, carrier, origin, skill=skill.id)
             if asks_llm:
                 yield Move(

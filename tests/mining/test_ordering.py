@@ -1,0 +1,55 @@
+"""Sequencing skills on a target (real kernels, real catalog rewrites, the committed skills)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from klineage.gatelog import GateLog
+from klineage.kernel import KernelSource
+from klineage.materialize import Materializer, apply_everywhere
+from klineage.mechanisms import Carrier
+from klineage.ordering import closes, keep_options_open, transfer_carrier
+from klineage.problem import load_problem
+from klineage.skills import SkillLibrary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_vectorizing_first_would_close_block_per_row_on_layernorm() -> None:
+    problem = load_problem(ROOT / "heldout" / "layernorm")
+    naive = KernelSource.from_file(problem.kernel_path)
+    closed = closes(["vectorized_access", "block_per_row"], naive, apply_everywhere)
+    assert closed["vectorized_access"] == {"block_per_row"}
+    assert closed["block_per_row"] == set()
+
+
+def test_the_skills_method_tries_block_per_row_before_vectorizing(tmp_path: Path) -> None:
+    problem = load_problem(ROOT / "heldout" / "layernorm")
+    naive = KernelSource.from_file(problem.kernel_path)
+    library = list(SkillLibrary.load(ROOT / "skills_out"))
+    materializer = Materializer(GateLog(tmp_path / "log.jsonl", None), library)  # type: ignore[arg-type]
+    moves = list(materializer._skill_moves(problem, naive))
+    names = [m.name for m in moves]
+    assert names[0] == "block_per_row"
+    first_vector = next(m for m in moves if m.name == "vectorized_access")
+    # the float32 skill's 4-wide (16-byte) vectors become 8-wide on bfloat16
+    assert first_vector.carrier.vector_width == 8
+
+
+def test_a_cycle_keeps_rank_order() -> None:
+    ranked = ["a1", "b1", "a2"]
+    closed = {"a": {"b"}, "b": {"a"}}
+    assert keep_options_open(ranked, lambda item: item[0], closed) == ["a1", "b1", "a2"]
+    one_way = {"a": {"b"}}
+    assert keep_options_open(ranked, lambda item: item[0], one_way) == ["b1", "a1", "a2"]
+
+
+def test_vector_widths_keep_their_bytes() -> None:
+    bf16 = load_problem(ROOT / "heldout" / "layernorm")
+    f32 = load_problem(ROOT / "heldout" / "l2_normalize")
+    assert transfer_carrier(Carrier(vector_width=4), ["float32"], bf16).vector_width == 8
+    assert transfer_carrier(Carrier(vector_width=8), ["bfloat16"], f32).vector_width == 4
+    assert transfer_carrier(Carrier(vector_width=4), ["float32"], f32).vector_width == 4
+    # 2 bytes cannot be split into 4-byte elements: kept as learned
+    assert transfer_carrier(Carrier(vector_width=1), ["bfloat16"], f32).vector_width == 1
+    assert transfer_carrier(Carrier(block_size=512), ["float32"], bf16) == Carrier(block_size=512)
