@@ -8,7 +8,11 @@ edge. Attempts the rules could not even write (refusals) are kept in the graph's
 The walk's policy, at each state:
 1. try to remove every mechanism the catalog detects, each as one attempt (built in parallel,
    then gated: correct on every workload, timed interleaved against the current state);
-2. among the accepted removals, prefer mechanisms that no other mechanism still present
+   Sites in functions the entry no longer reaches (klineage.reachability) are refused: a
+   removal there changes no measurement, and would make a ~1.00x skill out of dead code;
+2. among the accepted removals, first those that leave no function holding other mechanisms
+   unlaunched (a dispatch goes after the removals inside the path it drops, which can only be
+   measured while that path runs); then mechanisms that no other mechanism still present
    `requires` (dependents go before their prerequisites); among those, peel the one that costs
    least speed first (highest current/simplified latency ratio); ties by name;
 3. go on from that state until nothing removable is detected (`complete`), nothing removable
@@ -42,7 +46,9 @@ from klineage.kernel import KernelSource
 from klineage.llm.base import Provider, ProviderError
 from klineage.llm.proposals import Proposal, Rejection, propose_removal
 from klineage.mechanisms import Mechanism, UnknownMechanism, all_mechanisms, get
+from klineage.mechanisms.base import FILE_SCOPE
 from klineage.problem import Problem
+from klineage.reachability import live_functions
 from klineage.removal import Removal, remove_mechanism
 
 RULE_ORIGIN = "rule"
@@ -434,13 +440,23 @@ class Simplifier:
 
     # ---- one step ---------------------------------------------------------------------------
 
+    def _functions_with_sites(self, kernel: KernelSource) -> set[str]:
+        """Functions holding a removable site of some mechanism."""
+        return {
+            site.function
+            for mechanism in self.mechanisms
+            for site in mechanism.detect(kernel)
+            if site.supported and site.function != FILE_SCOPE
+        }
+
     def _detected(self, kernel: KernelSource) -> list[str]:
         return [m.name for m in self.mechanisms if any(s.supported for s in m.detect(kernel))]
 
     def _removals(self, lineage: LineageGraph, current: KernelSource, step: int) -> list[Removal]:
         removals = []
+        live = live_functions(current)
         for mechanism in self.mechanisms:
-            removal = remove_mechanism(current, mechanism)
+            removal = remove_mechanism(current, mechanism, live)
             for site, reason in removal.refused:
                 lineage.add_refusal(current.fingerprint, mechanism.name, f"{site}: {reason}", step)
             if removal.changed:
@@ -617,12 +633,18 @@ class Simplifier:
     ) -> tuple[Attempt, KernelSource]:
         present = {m.name for m in self.mechanisms if m.detect(current)}
         required = {need for m in self.mechanisms if m.name in present for need in m.requires}
+        holding = self._functions_with_sites(current)
 
-        def rank(pair: tuple[Attempt, KernelSource]) -> tuple[int, float, int, str]:
-            attempt = pair[0]
+        def rank(pair: tuple[Attempt, KernelSource]) -> tuple[int, int, float, int, str]:
+            attempt, child = pair
             is_prerequisite = 1 if attempt.mechanism in required else 0
+            # a removal that leaves code holding other mechanisms unlaunched goes after the
+            # removals inside that code: their effect can only be measured while it runs
+            live = live_functions(child)
+            kills = 1 if live is not None and holding - live else 0
             cost = -(attempt.ratio if attempt.ratio is not None else 0.0)
             # on a tie, a rule's removal (reproducible without the LLM) goes first
-            return (is_prerequisite, cost, int(is_llm_origin(attempt.origin)), attempt.mechanism)
+            origin = int(is_llm_origin(attempt.origin))
+            return (kills, is_prerequisite, cost, origin, attempt.mechanism)
 
         return min(accepted, key=rank)

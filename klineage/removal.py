@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Refusal, Site
+from klineage.mechanisms.base import FILE_SCOPE
 
 REMOVAL_LIMIT = 500
 """More removals than this of one mechanism means the mechanism is broken, not the kernel."""
@@ -45,8 +46,17 @@ class Removal:
         return len(self.states) > 1
 
 
-def remove_mechanism(kernel: KernelSource, mechanism: Mechanism) -> Removal:
-    """Remove every supported site of `mechanism`, recording sites, carriers and refusals."""
+DEAD_CODE = (
+    "in a function the entry no longer reaches (an earlier removal left it unlaunched): a "
+    "removal there cannot change any measurement"
+)
+
+
+def remove_mechanism(
+    kernel: KernelSource, mechanism: Mechanism, live: set[str] | None = None
+) -> Removal:
+    """Remove every supported site of `mechanism`, recording sites, carriers and refusals.
+    With `live` (klineage.reachability), sites in other functions are refused as dead code."""
     removal = Removal(mechanism=mechanism, states=[kernel])
     refused_ids: set[str] = set()
     for _ in range(REMOVAL_LIMIT):
@@ -54,6 +64,10 @@ def remove_mechanism(kernel: KernelSource, mechanism: Mechanism) -> Removal:
         chosen = None
         for site in mechanism.detect(current):
             if site.id in refused_ids:
+                continue
+            if live is not None and site.function != FILE_SCOPE and site.function not in live:
+                removal.refused.append((site, DEAD_CODE))
+                refused_ids.add(site.id)
                 continue
             if not site.supported:
                 removal.refused.append((site, site.refusal or "unsupported"))
