@@ -14,7 +14,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}
-[ -f .state/replay_out.tgz ] && tar xzf .state/replay_out.tgz
+if [ -f .state/replay_out.tgz ]; then
+  tar xzf .state/replay_out.tgz
+elif [ -f bench/state/replay_gatelog.tar.xz ] && [ ! -d replay_out/gatelog ]; then
+  tar xJf bench/state/replay_gatelog.tar.xz  # the verdicts of the last committed experiment
+fi
 order=$(python3 - <<'PY'
 import json
 data = json.load(open("bench/results/heldout_baseline.json"))["problems"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console, Group
@@ -27,7 +27,7 @@ lineage_app = typer.Typer(help="Read mined lineages.", no_args_is_help=True)
 OutOption = Annotated[Path, typer.Option("--out", help="The skills folder.")]
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     errors.print(Text(message, style="red"))
     raise typer.Exit(code)
 
@@ -98,6 +98,13 @@ def mine_command(
     report: Annotated[
         Path | None, typer.Option(help="Write the per-problem report as JSON here.")
     ] = None,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated GPU indexes; each state's attempts are gated side by side, "
+            "one per GPU (default: every visible GPU)."
+        ),
+    ] = None,
     llm: LlmOption = None,
     llm_cache: LlmCacheOption = None,
     llm_replay_only: LlmReplayOnlyOption = False,
@@ -106,13 +113,18 @@ def mine_command(
 
     With --llm, each state also gets one removal proposed by the LLM, gated like the
     catalog's and recorded in the lineage with its origin."""
-    from klineage.gate.gate import Gate, GateSetupError
+    from klineage.gate.gate import GateSetupError
+    from klineage.gate.pool import open_gates, parse_devices
 
+    try:
+        chosen_devices = parse_devices(devices)
+    except ValueError as err:
+        _fail(str(err))
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
     limits = MiningBudget(gate_runs=budget, wall_seconds=wall)
     reports: list[MineReport] = []
     try:
-        with Gate() as gate:
+        with open_gates(chosen_devices) as gates:
             for folder in problems:
                 view = WalkView(folder.name)
                 with Live(view.render(), console=console, refresh_per_second=4) as live:
@@ -126,7 +138,8 @@ def mine_command(
                     result = mine(
                         folder,
                         out,
-                        gate=gate,
+                        gate=gates[0],
+                        gates=gates,
                         budget=limits,
                         resume=resume,
                         on_event=on_event,

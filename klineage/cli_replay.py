@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from klineage.cli_llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
+from klineage.gate.pool import parse_devices
 from klineage.lineage import is_llm_origin
 from klineage.materialize import METHODS, GateRunRecord, ReplayBudget
 from klineage.replay import ReplayReport, replay
@@ -53,11 +54,9 @@ def replay_command(
         errors.print(Text(f"unknown baseline {unknown[0]!r}; choose from blind, memory", "red"))
         raise typer.Exit(2)
     try:
-        chosen_devices = (
-            [int(d) for d in devices.split(",") if d.strip()] if devices is not None else None
-        )
-    except ValueError:
-        errors.print(Text(f"--devices {devices!r}: expected GPU indexes such as 0,1", "red"))
+        chosen_devices = parse_devices(devices)
+    except ValueError as err:
+        errors.print(Text(str(err), "red"))
         raise typer.Exit(2) from None
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
 

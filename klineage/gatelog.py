@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 from klineage.gate.build import BuildResult
+from klineage.gate.pool import spread
 from klineage.gate.result import GateVerdict
 from klineage.kernel import KernelSource
 from klineage.problem import Problem, Workload
@@ -62,6 +64,8 @@ class GateLog:
         """Gate runs made through this log (cache hits not counted)."""
         self.hits = 0
         self._verdicts: dict[str, GateVerdict] = {}
+        self._lock = threading.Lock()
+        self._made_ahead: set[str] = set()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume and self.path.is_file():
             self._load()
@@ -87,18 +91,50 @@ class GateLog:
         workloads: Sequence[Workload] | None = None,
         time_it: bool = True,
         against: KernelSource | None = None,
+        gate: GateLike | None = None,
     ) -> GateVerdict:
+        """The verdict from the log, or made now by `gate` (default: this log's gate)."""
         chosen = list(problem.workloads if workloads is None else workloads)
         key = verdict_key(kernel, chosen, time_it, against)
         if key in self._verdicts:
-            self.hits += 1
+            if key in self._made_ahead:  # made by run_many for this very call: not a hit
+                self._made_ahead.discard(key)
+            else:
+                self.hits += 1
             return self._verdicts[key]
-        verdict = self.gate.run(problem, kernel, workloads=chosen, time_it=time_it, against=against)
-        self.runs += 1
-        self._verdicts[key] = verdict
-        with self.path.open("a", encoding="utf-8") as handle:
-            record = {"key": key, "verdict": json.loads(verdict.model_dump_json())}
-            handle.write(json.dumps(record) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        judge = gate if gate is not None else self.gate
+        verdict = judge.run(problem, kernel, workloads=chosen, time_it=time_it, against=against)
+        record = {"key": key, "verdict": json.loads(verdict.model_dump_json())}
+        with self._lock:  # several gates (one per GPU) may report at once
+            self.runs += 1
+            self._verdicts[key] = verdict
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
         return verdict
+
+    def run_many(
+        self,
+        problem: Problem,
+        pairs: Sequence[tuple[KernelSource, KernelSource | None]],
+        gates: Sequence[GateLike],
+    ) -> None:
+        """Make the verdicts of `(kernel, against)` pairs not yet in the log, spread over
+        `gates` (one per GPU: each paired timing runs whole on one device). `run` then serves
+        them from the log."""
+        chosen = list(problem.workloads)
+        pending: dict[str, tuple[KernelSource, KernelSource | None]] = {}
+        for kernel, against in pairs:
+            key = verdict_key(kernel, chosen, True, against)
+            if key not in self._verdicts:
+                pending.setdefault(key, (kernel, against))
+        todo = list(pending.values())
+        if not todo:
+            return
+        spread(
+            list(gates),
+            len(todo),
+            lambda i, gate: self.run(problem, todo[i][0], against=todo[i][1], gate=gate),
+        )
+        self._made_ahead.update(pending)

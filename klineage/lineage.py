@@ -41,7 +41,7 @@ import networkx as nx
 from pydantic import BaseModel, Field
 
 from klineage.gate.result import GateVerdict
-from klineage.gatelog import GateLog
+from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
 from klineage.llm.base import Provider, ProviderError
 from klineage.llm.proposals import Proposal, Rejection, propose_removal
@@ -346,8 +346,11 @@ class Simplifier:
         *,
         on_event: Callable[[WalkEvent], None] | None = None,
         llm: Provider | None = None,
+        gates: Sequence[GateLike] = (),
     ) -> None:
         self.log = log
+        self.gates = list(gates)
+        """With two or more (one per GPU), each state's attempts are gated in parallel."""
         self.mechanisms = list(mechanisms) if mechanisms is not None else all_mechanisms()
         self.on_event = on_event or (lambda event: None)
         self.llm = llm
@@ -405,7 +408,12 @@ class Simplifier:
             if not tries:
                 lineage.graph.graph["termination"] = Termination.COMPLETE.value
                 break
-            self._prebuild([t.simplified if isinstance(t, Removal) else t.source for t in tries])
+            children = [t.simplified if isinstance(t, Removal) else t.source for t in tries]
+            self._prebuild(children)
+            if len(self.gates) > 1:  # verdicts made side by side, then read in order below
+                left = limits.gate_runs - (self.log.runs - runs_at_start)
+                pairs = [(child, current) for child in children[: max(0, left)]]
+                self.log.run_many(problem, pairs, self.gates)
             accepted: list[tuple[Attempt, KernelSource]] = []
             out_of_budget = False
             for item in tries:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,21 +91,26 @@ def mine(
     resume: bool = True,
     on_event: Callable[[WalkEvent], None] | None = None,
     llm: Provider | None = None,
+    gates: Sequence[GateLike] = (),
+    devices: Sequence[int] | None = None,
 ) -> MineReport:
-    """Mine one expert problem folder into `out`. Without `gate`, a GPU Gate is opened.
-    With `llm`, each state also gets an LLM-proposed removal (same gate, same budget)."""
+    """Mine one expert problem folder into `out`. Without `gate`, one gate is opened per GPU
+    in `devices` (default: every visible GPU). With several `gates`, each state's attempts are
+    gated in parallel, one per GPU. With `llm`, each state also gets an LLM-proposed removal
+    (same gate, same budget)."""
     if gate is None:
-        from klineage.gate.gate import Gate
+        from klineage.gate.pool import open_gates
 
-        with Gate() as real:
+        with open_gates(devices) as opened:
             return mine(
                 problem_dir,
                 out,
-                gate=real,
+                gate=opened[0],
                 budget=budget,
                 resume=resume,
                 on_event=on_event,
                 llm=llm,
+                gates=opened,
             )
     started = time.monotonic()
     problem = load_problem(problem_dir)
@@ -114,7 +119,7 @@ def mine(
     expert = KernelSource.from_file(problem.kernel_path)
     root = Path(out)
     log = GateLog(root / "gatelog" / f"{problem.name}.jsonl", gate, resume=resume)
-    simplifier = Simplifier(log, on_event=on_event, llm=llm)
+    simplifier = Simplifier(log, on_event=on_event, llm=llm, gates=gates)
     lineage = simplifier.walk(problem, expert, budget)
     walk_runs = log.runs
 

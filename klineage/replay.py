@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from klineage.gate.pool import spread
+from klineage.gate.pool import open_gates, spread
 from klineage.gate.result import geomean
 from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
@@ -154,7 +154,7 @@ def replay(
     if gate is not None:
         gates = [gate]
     if not gates:
-        with _open_gates(devices) as opened:
+        with open_gates(devices) as opened:
             return replay(
                 problems,
                 skills,
@@ -217,24 +217,6 @@ def replay(
     with contextlib.suppress(RuntimeError):  # without matplotlib the JSON report stands alone
         draw_chart(report, root / "replay.png")
     return report
-
-
-@contextlib.contextmanager
-def _open_gates(devices: Sequence[int] | None) -> Iterator[list[GateLike]]:
-    """One real gate per GPU, sharing one build cache; a single gate where none is visible
-    (it explains, on its first run, that the check and time stages need a GPU)."""
-    from klineage.gate.build import Builder
-    from klineage.gate.gate import Gate
-    from klineage.gate.pool import visible_gpus
-
-    chosen = list(devices) if devices is not None else list(range(visible_gpus())) or [0]
-    builder = Builder()
-    opened = [Gate(builder, device=d) for d in chosen]
-    try:
-        yield list(opened)
-    finally:
-        for one in opened:
-            one.close()
 
 
 def draw_chart(report: ReplayReport, path: str | Path) -> Path:

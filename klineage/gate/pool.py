@@ -6,9 +6,10 @@ from a shared queue. Verdicts come back in input order.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from klineage.gate.build import Builder
@@ -100,3 +101,31 @@ def spread(workers: Sequence[W], count: int, work: Callable[[int, W], R]) -> lis
     if failures:
         raise failures[0]
     return [r for r in results if r is not None]
+
+
+@contextlib.contextmanager
+def open_gates(devices: Sequence[int] | None = None) -> Iterator[list[Gate]]:
+    """One gate per GPU in `devices` (default: every visible GPU), sharing one build cache; a
+    single gate where none is visible (it explains, on its first run, that the check and time
+    stages need a GPU)."""
+    chosen = list(devices) if devices is not None else list(range(visible_gpus())) or [0]
+    builder = Builder()
+    opened = [Gate(builder, device=d) for d in chosen]
+    try:
+        yield opened
+    finally:
+        for gate in opened:
+            gate.close()
+
+
+def parse_devices(text: str | None) -> list[int] | None:
+    """`--devices 0,1` -> [0, 1]; None stays None (every visible GPU). ValueError otherwise."""
+    if text is None:
+        return None
+    try:
+        chosen = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--devices {text!r}: expected GPU indexes such as 0,1") from None
+    if not chosen or any(d < 0 for d in chosen):
+        raise ValueError(f"--devices {text!r}: expected GPU indexes such as 0,1")
+    return chosen

@@ -123,3 +123,31 @@ def test_budget_stops_the_walk_and_resume_repeats_nothing(builder: Builder, tmp_
     keys = [json.loads(line)["key"] for line in log.read_text().splitlines()]
     assert len(keys) == len(set(keys)) == gate.runs
     assert second.cached_verdicts >= 1 and gate.runs > runs_first
+
+
+def test_two_gates_gate_each_state_side_by_side_with_the_same_result(
+    builder: Builder, tmp_path: Path
+) -> None:
+    single = mine(PROBLEM, tmp_path / "one", gate=_gate(builder))
+    first, second = _gate(builder), _gate(builder)
+    double = mine(PROBLEM, tmp_path / "two", gate=first, gates=[first, second])
+    # both GPUs' gates judged attempts; the walk, its skills and its figures did not change
+    assert first.runs > 0 and second.runs > 0
+    assert first.runs + second.runs == single.walk_gate_runs + single.probe_gate_runs + (
+        single.round_trip_gate_runs
+    )
+    assert double.model_dump(exclude={"wall_seconds", "folder"}) == single.model_dump(
+        exclude={"wall_seconds", "folder"}
+    )
+    assert (tmp_path / "one" / "skills.jsonl").read_text() == (
+        tmp_path / "two" / "skills.jsonl"
+    ).read_text()
+
+
+def test_mine_command_rejects_malformed_devices() -> None:
+    from typer.testing import CliRunner
+
+    from klineage.cli import app
+
+    result = CliRunner().invoke(app, ["mine", str(PROBLEM), "--devices", "zero"])
+    assert result.exit_code == 2 and "expected GPU indexes" in result.output
