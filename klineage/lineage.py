@@ -8,8 +8,9 @@ edge. Attempts the rules could not even write (refusals) are kept in the graph's
 The walk's policy, at each state:
 1. try to remove every mechanism the catalog detects, each as one attempt (built in parallel,
    then gated: correct on every workload, timed interleaved against the current state);
-   Sites in functions the entry no longer reaches (klineage.reachability) are refused: a
-   removal there changes no measurement, and would make a ~1.00x skill out of dead code;
+   Sites in functions no workload runs (klineage.reachability: the entry's branches followed
+   with each workload's axes) are refused: a removal there changes no measurement, and would
+   make a ~1.00x skill out of code no timing covered;
 2. among the accepted removals, first those that leave no function holding other mechanisms
    unlaunched (a dispatch goes after the removals inside the path it drops, which can only be
    measured while that path runs); then mechanisms that no other mechanism still present
@@ -46,9 +47,8 @@ from klineage.kernel import KernelSource
 from klineage.llm.base import Provider, ProviderError
 from klineage.llm.proposals import Proposal, Rejection, propose_removal
 from klineage.mechanisms import Mechanism, UnknownMechanism, all_mechanisms, get
-from klineage.mechanisms.base import FILE_SCOPE
 from klineage.problem import Problem
-from klineage.reachability import live_functions
+from klineage.reachability import reached_from, run_by_workloads
 from klineage.removal import Removal, remove_mechanism
 
 RULE_ORIGIN = "rule"
@@ -357,6 +357,8 @@ class Simplifier:
         """Asked for one more removal at each state, after the catalog's; None: rules only."""
         self.llm_off: str | None = None
         """Why the LLM is no longer asked (a failure every later call would repeat)."""
+        self._workload_axes: list[dict[str, int]] = []
+        """The axis values of the walked problem's workloads (set by `walk`)."""
         self.removals: dict[str, Removal] = {}
         """Attempt id -> its removal record (sites, carriers, states), for skills."""
         self.proposals: dict[str, Proposal] = {}
@@ -375,6 +377,7 @@ class Simplifier:
         limits = budget or MiningBudget()
         started = time.monotonic()
         lineage = LineageGraph(problem.name)
+        self._workload_axes = [dict(w.axes) for w in problem.workloads]
         runs_at_start = self.log.runs
         verdict = self.log.run(problem, expert)
         if not verdict.passed:
@@ -448,13 +451,25 @@ class Simplifier:
 
     # ---- one step ---------------------------------------------------------------------------
 
-    def _functions_with_sites(self, kernel: KernelSource) -> set[str]:
-        """Functions holding a removable site of some mechanism."""
-        return {
+    def _running(self, kernel: KernelSource) -> set[str] | None:
+        """The functions some workload of the problem being walked runs (None: unknown)."""
+        return run_by_workloads(kernel, self._workload_axes)
+
+    def _kernels_with_sites(self, kernel: KernelSource) -> set[str]:
+        """The running `__global__` functions that hold, themselves or in what they call, a
+        removable site of some mechanism. Kernels, not helpers: a rewrite may inline a helper
+        away, but a kernel left unlaunched is a dropped path."""
+        holding = {
             site.function
             for mechanism in self.mechanisms
             for site in mechanism.detect(kernel)
-            if site.supported and site.function != FILE_SCOPE
+            if site.supported
+        }
+        running = self._running(kernel)
+        return {
+            f.name
+            for f in kernel.parsed.kernels
+            if (running is None or f.name in running) and reached_from(kernel, {f.name}) & holding
         }
 
     def _detected(self, kernel: KernelSource) -> list[str]:
@@ -462,7 +477,7 @@ class Simplifier:
 
     def _removals(self, lineage: LineageGraph, current: KernelSource, step: int) -> list[Removal]:
         removals = []
-        live = live_functions(current)
+        live = self._running(current)
         for mechanism in self.mechanisms:
             removal = remove_mechanism(current, mechanism, live)
             for site, reason in removal.refused:
@@ -641,14 +656,14 @@ class Simplifier:
     ) -> tuple[Attempt, KernelSource]:
         present = {m.name for m in self.mechanisms if m.detect(current)}
         required = {need for m in self.mechanisms if m.name in present for need in m.requires}
-        holding = self._functions_with_sites(current)
+        holding = self._kernels_with_sites(current)
 
         def rank(pair: tuple[Attempt, KernelSource]) -> tuple[int, int, float, int, str]:
             attempt, child = pair
             is_prerequisite = 1 if attempt.mechanism in required else 0
-            # a removal that leaves code holding other mechanisms unlaunched goes after the
-            # removals inside that code: their effect can only be measured while it runs
-            live = live_functions(child)
+            # a removal that leaves a kernel holding other mechanisms unlaunched goes after the
+            # removals inside that kernel: their effect can only be measured while it runs
+            live = self._running(child)
             kills = 1 if live is not None and holding - live else 0
             cost = -(attempt.ratio if attempt.ratio is not None else 0.0)
             # on a tie, a rule's removal (reproducible without the LLM) goes first

@@ -47,8 +47,8 @@ class Removal:
 
 
 DEAD_CODE = (
-    "in a function the entry no longer reaches (an earlier removal left it unlaunched): a "
-    "removal there cannot change any measurement"
+    "in a function none of the workloads runs (the entry never reaches it with their axis "
+    "values, or an earlier removal left it unlaunched): a removal there changes no measurement"
 )
 
 
@@ -56,7 +56,7 @@ def remove_mechanism(
     kernel: KernelSource, mechanism: Mechanism, live: set[str] | None = None
 ) -> Removal:
     """Remove every supported site of `mechanism`, recording sites, carriers and refusals.
-    With `live` (klineage.reachability), sites in other functions are refused as dead code."""
+    With `live` (the functions that run, klineage.reachability), sites in others are refused."""
     removal = Removal(mechanism=mechanism, states=[kernel])
     refused_ids: set[str] = set()
     for _ in range(REMOVAL_LIMIT):

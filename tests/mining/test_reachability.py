@@ -9,7 +9,8 @@ from klineage.gatelog import GateLog
 from klineage.kernel import KernelSource
 from klineage.lineage import Attempt, AttemptStatus, Simplifier
 from klineage.mechanisms import get
-from klineage.reachability import live_functions
+from klineage.problem import load_problem
+from klineage.reachability import live_functions, run_by_workloads
 from klineage.removal import DEAD_CODE, remove_mechanism
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +86,8 @@ def test_the_walk_peels_inside_a_path_before_dropping_it(tmp_path: Path) -> None
     inside = remove_mechanism(before, get("tensor_core_mma"), live_functions(before))
     assert inside.changed
     simplifier = Simplifier(GateLog(tmp_path / "log.jsonl", None))  # type: ignore[arg-type]
+    gemm = load_problem(ROOT / "expert_kernels" / "gemm_bf16")
+    simplifier._workload_axes = [dict(w.axes) for w in gemm.workloads]
     accepted = [
         (_attempt("launch_size_dispatch", before, after_dispatch, 0.993), after_dispatch),
         (_attempt("tensor_core_mma", before, inside.simplified, 0.95), inside.simplified),
@@ -92,3 +95,51 @@ def test_the_walk_peels_inside_a_path_before_dropping_it(tmp_path: Path) -> None
     chosen, _ = simplifier._choose(accepted, before)
     # the dispatch costs less speed, but removing it first would leave the mma path unmeasured
     assert chosen.mechanism == "tensor_core_mma"
+
+
+def test_softmax_fallback_runs_for_no_workload_until_rows_are_long() -> None:
+    softmax = load_problem(ROOT / "expert_kernels" / "softmax")
+    expert = KernelSource.from_file(softmax.kernel_path)
+    axes = [dict(w.axes) for w in softmax.workloads]  # every row at most 32768 long, aligned
+    ran = run_by_workloads(expert, axes) or set()
+    assert "softmax_online_rows" not in ran  # where the first walk measured block_per_row
+    assert {"run", "softmax_warp_rows", "softmax_block_rows"} <= ran
+    longer = run_by_workloads(expert, [*axes, {"rows": 8, "cols": 65536}]) or set()
+    assert "softmax_online_rows" in longer
+    unaligned = run_by_workloads(expert, [{"rows": 8, "cols": 1001}]) or set()
+    assert "softmax_online_rows" in unaligned and "softmax_warp_rows" not in unaligned
+
+
+def test_a_condition_that_does_not_fold_keeps_both_branches() -> None:
+    source = KernelSource(
+        """
+__global__ void small(float* y) { y[0] = 0.0f; }
+__global__ void large(float* y) { y[0] = 1.0f; }
+__global__ void never(float* y) { y[0] = 2.0f; }
+int query();
+extern "C" int run(float* y, int n) {
+  if (n < 0) { never<<<1, 1>>>(y); return 1; }
+  const int limit = query();
+  if (n <= limit) small<<<1, 1>>>(y);
+  else large<<<1, 1>>>(y);
+  return 0;
+}
+"""
+    )
+    ran = run_by_workloads(source, [{"n": 4}]) or set()
+    assert {"small", "large"} <= ran and "never" not in ran
+
+
+def test_the_walk_refuses_block_per_row_where_no_softmax_workload_runs(tmp_path: Path) -> None:
+    from klineage.lineage import LineageGraph
+
+    softmax = load_problem(ROOT / "expert_kernels" / "softmax")
+    expert = KernelSource.from_file(softmax.kernel_path)
+    simplifier = Simplifier(GateLog(tmp_path / "log.jsonl", None))  # type: ignore[arg-type]
+    simplifier._workload_axes = [dict(w.axes) for w in softmax.workloads]
+    lineage = LineageGraph(softmax.name)
+    removals = {r.mechanism.name: r for r in simplifier._removals(lineage, expert, 0)}
+    refused = [r for r in lineage.graph.graph["refusals"] if r["mechanism"] == "block_per_row"]
+    assert "block_per_row" not in removals
+    [dead] = [r["reason"] for r in refused if "none of the workloads runs" in r["reason"]]
+    assert dead.startswith("softmax_online_rows:")
