@@ -184,10 +184,11 @@ class _Branches:
             chosen = consequence if taken else alternative
             return self._statement(chosen) if chosen is not None else False
         saved = dict(self.values)
-        returned = [
-            self._statement(branch) if branch is not None else False
-            for branch in (consequence, alternative)
-        ]
+        returned, after = [], []
+        for branch in (consequence, alternative):
+            self.values = dict(saved)  # each branch starts from what was known before the if
+            returned.append(self._statement(branch) if branch is not None else False)
+            after.append(self.values)
         # after an unknown branch, a name either branch assigns is unknown
-        self.values = {k: v for k, v in saved.items() if self.values.get(k) == v}
+        self.values = {k: v for k, v in saved.items() if all(a.get(k) == v for a in after)}
         return all(returned) and alternative is not None

@@ -143,3 +143,23 @@ def test_the_walk_refuses_block_per_row_where_no_softmax_workload_runs(tmp_path:
     assert "block_per_row" not in removals
     [dead] = [r["reason"] for r in refused if "none of the workloads runs" in r["reason"]]
     assert dead.startswith("softmax_online_rows:")
+
+
+def test_a_value_set_in_one_unknown_branch_does_not_leak_into_the_other() -> None:
+    source = KernelSource(
+        """
+__global__ void a(float* y) { y[0] = 0.0f; }
+__global__ void b(float* y) { y[0] = 1.0f; }
+int query();
+extern "C" int run(float* y, int n) {
+  int mode = 0;
+  if (query() > 0) { const int mode = 1; (void)mode; } else { if (mode == 0) a<<<1, 1>>>(y); }
+  if (mode == 1) b<<<1, 1>>>(y);
+  return 0;
+}
+"""
+    )
+    ran = run_by_workloads(source, [{"n": 4}]) or set()
+    # the else branch sees the outer mode == 0, not the then-branch's; after the if, mode is
+    # unknown, so b may run
+    assert {"a", "b"} <= ran
