@@ -6,7 +6,9 @@ workload, and faster than the current state overall and in every trial, timed in
 - `skills`: retrieved skills in rank order (conditions checked before any gate run), a skill
   whose rewrite would close another's candidate sites moved after it (:mod:`klineage.ordering`),
   each mechanism applied at every candidate site with the carrier its evidence supports (a
-  vector width keeps its bytes on the target's element size);
+  vector width keeps its bytes on the target's element size); when one carrier passes the
+  keep rule, the skill's other carriers are gated from the same state and the fastest is kept
+  (the others are recorded as `outranked`);
 - `blind`: every catalog mechanism at every candidate site, one site per run, no conditions,
   no ordering beyond the catalog's;
 - `memory`: past before/after edits (the skills' anchors) retrieved by text similarity to the
@@ -82,7 +84,10 @@ class GateRunRecord(BaseModel):
         "skill), 'memory:<id>' or 'blind'"
     )
     carrier: dict[str, Any] = Field(default_factory=dict, description="instance choices")
-    outcome: str = Field(description="kept, slower (correct, not faster) or rejected")
+    outcome: str = Field(
+        description="kept, slower (correct, not faster), rejected, or outranked (kept-worthy, "
+        "but another carrier of the same skill was faster from the same state)"
+    )
     gate_status: str = Field(description="the gate's status")
     ratio: float | None = Field(default=None, description="current / new latency (pooled)")
     speedup: float = Field(description="speedup over the start after this run")
@@ -265,23 +270,45 @@ class Materializer:
                     if planned.skill is not None:
                         applied.add((current.fingerprint, planned.skill))
                 verdict = self.log.run(problem, new, against=current)
-                record, kept = self._record(len(records) + 1, move, verdict, speedup)
-                self._add_edge(lineage, current, new, verdict, move, kept, len(records))
-                if kept:
-                    speedup = record.speedup
-                    current, best_verdict = new, verdict
-                    if move.skill is not None:
-                        skill = self.skills[move.skill]
+                tries = [(move, new, verdict)]
+                if method == "skills" and move.source is None and self._keeps(verdict):
+                    # the skill's other carriers, from the same state: keep the fastest
+                    left = self.budget.gate_runs - len(records) - 1
+                    tries += self._other_carriers(
+                        problem, current, moves, planned, tried, prepared, refusals, left
+                    )
+                chosen = self._fastest_kept(tries)
+                for offset, (tried_move, tried_new, tried_verdict) in enumerate(tries):
+                    is_chosen = offset == chosen
+                    record, kept = self._record(
+                        len(records) + 1, tried_move, tried_verdict, speedup
+                    )
+                    if kept and not is_chosen:
+                        record.outcome, record.speedup = "outranked", speedup
+                    self._add_edge(
+                        lineage,
+                        current,
+                        tried_new,
+                        tried_verdict,
+                        tried_move,
+                        is_chosen,
+                        len(records),
+                    )
+                    records.append(record)
+                    self.on_run(method, record)
+                if chosen is not None:
+                    best_move, best_new, best_verdict = tries[chosen]
+                    speedup = records[len(records) - len(tries) + chosen].speedup
+                    current = best_new
+                    if best_move.skill is not None:
+                        skill = self.skills[best_move.skill]
                         used.append(
                             {
                                 "skill": skill.id,
                                 "source": skill.evidence.problem,
-                                "origin": move.origin,
+                                "origin": best_move.origin,
                             }
                         )
-                records.append(record)
-                self.on_run(method, record)
-                if kept:
                     improved = True
                     break  # re-rank from the new state
         lineage.graph.graph["final"] = current.fingerprint
@@ -300,6 +327,57 @@ class Materializer:
         )
         result.llm_rejections = rejections
         return result, lineage
+
+    # ---- carriers -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _keeps(verdict: GateVerdict) -> bool:
+        """The keep rule: correct, faster overall by KEEP_RATIO and faster in every trial."""
+        comparison = verdict.comparison
+        return bool(
+            verdict.passed
+            and comparison is not None
+            and comparison.ratio > KEEP_RATIO
+            and all(r > 1.0 for r in comparison.trial_ratios)
+        )
+
+    def _fastest_kept(self, tries: list[tuple[Move, KernelSource, GateVerdict]]) -> int | None:
+        kept = [i for i, (_, _, verdict) in enumerate(tries) if self._keeps(verdict)]
+        if not kept:
+            return None
+        return max(kept, key=lambda i: tries[i][2].comparison.ratio)  # type: ignore[union-attr]
+
+    def _other_carriers(
+        self,
+        problem: Problem,
+        current: KernelSource,
+        moves: Sequence[Move],
+        planned: Move,
+        tried: set[MoveKey],
+        prepared: dict[MoveKey, KernelSource | MechanismRefused],
+        refusals: list[str],
+        left: int,
+    ) -> list[tuple[Move, KernelSource, GateVerdict]]:
+        """Gate the skill's remaining carriers at `current` (the skill's evidence supports each),
+        within `left` gate runs; the caller keeps the fastest."""
+        out: list[tuple[Move, KernelSource, GateVerdict]] = []
+        later = moves[moves.index(planned) + 1 :]
+        for sibling in later:
+            if len(out) >= left:
+                break
+            if sibling.skill != planned.skill or sibling.ask_llm or sibling.source is not None:
+                continue
+            key = move_key(current, sibling)
+            if key in tried:
+                continue
+            tried.add(key)
+            try:
+                new = self._prepared(current, sibling, key, prepared)
+            except MechanismRefused as err:
+                refusals.append(f"{sibling.origin} {sibling.name}: {err.reason}")
+                continue
+            out.append((sibling, new, self.log.run(problem, new, against=current)))
+        return out
 
     # ---- building ahead -------------------------------------------------------------------------
 
@@ -501,12 +579,7 @@ class Materializer:
         index: int, move: Move, verdict: GateVerdict, speedup: float
     ) -> tuple[GateRunRecord, bool]:
         comparison = verdict.comparison
-        kept = bool(
-            verdict.passed
-            and comparison is not None
-            and comparison.ratio > KEEP_RATIO
-            and all(r > 1.0 for r in comparison.trial_ratios)
-        )
+        kept = Materializer._keeps(verdict)
         failing = [w for w in verdict.workloads if not w.passed]
         message = (
             failing[0].message if failing else ("" if verdict.build.ok else verdict.build.message)

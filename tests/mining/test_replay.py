@@ -221,3 +221,48 @@ def test_misses_name_the_mechanism_and_the_evidence(
     assert "fast_math" not in misses  # both kept it at the same gain
     saved = load_replay(tmp_path / "replay.json")
     assert [m.reason for m in saved.misses] == [m.reason for m in report.misses]
+
+
+class _CarrierAwareGate(StandInGate):
+    """The stand-in, where `__launch_bounds__(512)` is worth a further 1.3x (a carrier that
+    matters), so two carriers of one skill measure differently."""
+
+    def present(self, kernel: KernelSource) -> set[str]:
+        found = super().present(kernel)
+        if "__launch_bounds__(512)" in kernel.text:
+            found.add("bounds_512")
+        return found
+
+
+def test_a_kept_skill_keeps_its_fastest_carrier(
+    builder: Builder, skills: Path, tmp_path: Path
+) -> None:
+    library = SkillLibrary.load(skills)
+    bounds = next(s for s in library if s.mechanism == "launch_bounds")
+    wider = bounds.model_copy(update={"id": f"{bounds.id}-512", "carrier": {"block_size": 512}})
+    with_both = SkillLibrary(tmp_path / "lib", [*library, wider])
+    with_both.save()
+    gate = _CarrierAwareGate(
+        builder, cost={"launch_bounds": 1.02, "bounds_512": 1.3}, expert_mechanisms=EXPERT
+    )
+    report = replay(
+        [TARGET],
+        tmp_path / "lib",
+        tmp_path / "out",
+        gate=gate,
+        methods=["skills"],
+        budget=ReplayBudget(gate_runs=12),
+    )
+    [result] = report.results
+    bounds_runs = [r for r in result.runs if r.action == "launch_bounds"]
+    outcomes = {r.outcome for r in bounds_runs}
+    assert {"kept", "outranked"} <= outcomes
+    [kept] = [r for r in bounds_runs if r.outcome == "kept"]
+    assert kept.carrier.get("block_size") == 512
+    assert kept.ratio == pytest.approx(1.02 * 1.3, rel=0.01)
+    [passed_over] = [r for r in bounds_runs if r.outcome == "outranked"]
+    assert passed_over.ratio == pytest.approx(1.02, rel=0.01)
+    assert passed_over.speedup < kept.speedup  # it did not move the walk
+    lineage = json.loads((tmp_path / "out" / "lineages" / "exp_target_f32.skills.json").read_text())
+    chosen = [e for e in lineage["edges"] if e["mechanism"] == "launch_bounds" and e["chosen"]]
+    assert len(chosen) == 1
