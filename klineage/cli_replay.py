@@ -62,7 +62,8 @@ def replay_command(
 
     def on_run(problem: str, method: str, record: GateRunRecord) -> None:
         ratio = f"{record.ratio:.3f}" if record.ratio is not None else "-"
-        style = {"kept": "green", "slower": "yellow"}.get(record.outcome, "red")
+        styles = {"kept": "green", "slower": "yellow", "outranked": "cyan"}
+        style = styles.get(record.outcome, "red")
         by = " [LLM]" if is_llm_origin(record.origin) else ""
         console.print(
             Text(f"{problem} {method:6s} #{record.index:<3d} {record.action + by:24s} ")
