@@ -8,9 +8,14 @@ of each operand is served from L2.
 - detect: a run of consecutive declarations in a kernel that maps the block index to a
   tile through "group" arithmetic (names with group in them, or a call of a function named
   swizzle or raster on ``blockIdx``); the site spans the run;
-- remove and apply: refused. Any bijection from block ids to tiles computes the same
-  output, but rewriting the run to the plain row-major order needs the tile counts and the
-  tile origins identified, which is not done by rule here.
+- remove: when the run reads a group-size constant (a file-scope integer constant whose name
+  says group, above 1, e.g. ``kGroupM``), every read of it in the run becomes
+  ``1 /* klineage:rasterization kGroupM */``. Groups of one tile-row are the plain row-major
+  order, so the mapping stays a bijection and the output is the same; only the order in which
+  blocks meet the tiles changes. A run without such a constant is refused: rewriting it to
+  row-major would need its tile counts and origins identified, which no rule does;
+- apply: the marked reads get their constant back (a candidate exists only where a removal
+  left its marks; building a grouped order from scratch is not done by rule).
 """
 
 from __future__ import annotations
@@ -30,6 +35,40 @@ REFUSAL = (
     "to row-major order needs its tile counts and origins identified, which no rule does yet"
 )
 _GROUP = re.compile(r"(?i)group|swizzl|raster")
+_MARK = "klineage:rasterization"
+_MARKED = re.compile(r"^/\*\s*klineage:rasterization\s+([A-Za-z_]\w*)\s*\*/$")
+
+
+def _identifiers(source: ParsedSource, run: list[Node]) -> Iterator[Node]:
+    for statement in run:
+        yield from source.iter_nodes("identifier", within=statement)
+
+
+def group_size_reads(source: ParsedSource, run: list[Node]) -> tuple[str, list[Node]] | None:
+    """The group-size constant the run reads and every read of it; None without one."""
+    constants = source.integer_constants
+    for node in _identifiers(source, run):
+        name = source.text_of(node)
+        value = constants.get(name)
+        if _GROUP.search(name) and isinstance(value, int) and value > 1:
+            return name, [n for n in _identifiers(source, run) if source.text_of(n) == name]
+    return None
+
+
+def marked_reads(source: ParsedSource, run: list[Node]) -> list[tuple[int, int, str]]:
+    """(start byte, end byte, constant) of each `1 /* klineage:rasterization NAME */` in the
+    run. Found from the comments: tree-sitter may hang a trailing comment outside the
+    expression its `1` ends, so the `1` is read back from the bytes before the comment."""
+    found = []
+    for statement in run:
+        for comment in source.iter_nodes("comment", within=statement):
+            match = _MARKED.match(source.text_of(comment))
+            if match is None:
+                continue
+            before = source.data[: comment.start_byte].rstrip(b" \t")
+            if before.endswith(b"1") and not before[-2:-1].isalnum():
+                found.append((len(before) - 1, comment.end_byte, match.group(1)))
+    return found
 
 
 def _declared(source: ParsedSource, statement: Node) -> str | None:
@@ -76,27 +115,58 @@ class Rasterization(Mechanism):
         "running together share operand tiles in L2."
     )
 
-    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+    def _runs(self, source: ParsedSource) -> Iterator[tuple[Function, list[Node]]]:
         for function in source.kernels:
             run = raster_run(source, function)
             if run:
-                yield self.site(
-                    source,
-                    run[0],
-                    span=(run[0].start_byte, run[-1].end_byte),
-                    snippet=f"{function.name}: grouped block-to-tile mapping",
-                    detail={"kernel": function.name},
-                    refusal=REFUSAL,
-                )
+                yield function, run
+
+    def _site(
+        self, source: ParsedSource, function: Function, run: list[Node], **extra: str
+    ) -> Site:
+        return self.site(
+            source,
+            run[0],
+            span=(run[0].start_byte, run[-1].end_byte),
+            snippet=f"{function.name}: grouped block-to-tile mapping",
+            detail={"kernel": function.name},
+            **extra,
+        )
+
+    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        for function, run in self._runs(source):
+            if group_size_reads(source, run) is not None:
+                yield self._site(source, function, run)
+            elif not marked_reads(source, run):  # marked: already groups of one, row-major
+                yield self._site(source, function, run, refusal=REFUSAL)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
-        return iter(())
+        for function, run in self._runs(source):
+            if marked_reads(source, run):
+                yield self._site(source, function, run)
+
+    def _run_at(self, source: ParsedSource, site: Site) -> list[Node]:
+        for function, run in self._runs(source):
+            if function.name == site.function and run[0].start_byte == site.start_byte:
+                return run
+        return []
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
-        raise self.refuse(REFUSAL, site)
+        reads = group_size_reads(source, self._run_at(source, site))
+        if reads is None:
+            raise self.refuse(REFUSAL, site)
+        name, nodes = reads
+        return [Edit.replace(node, f"1 /* {_MARK} {name} */") for node in nodes]
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
-        raise self.refuse(REFUSAL, site, "apply")
+        marks = marked_reads(source, self._run_at(source, site))
+        if not marks:
+            raise self.refuse("no read of a group size marked by a removal here", site, "apply")
+        constants = source.integer_constants
+        missing = sorted({name for _, _, name in marks if name not in constants})
+        if missing:
+            raise self.refuse(f"the group size {missing[0]} is no longer defined", site, "apply")
+        return [Edit(start, end, name) for start, end, name in marks]
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None
