@@ -11,7 +11,7 @@ The walk's policy, at each state:
    Sites in functions no workload runs (klineage.reachability: the entry's branches followed
    with each workload's axes) are refused: a removal there changes no measurement, and would
    make a ~1.00x skill out of code no timing covered;
-2. among the accepted removals, first those that leave no function holding other mechanisms
+2. among the accepted removals, first those that leave no kernel holding other mechanisms
    unlaunched (a dispatch goes after the removals inside the path it drops, which can only be
    measured while that path runs); then mechanisms that no other mechanism still present
    `requires` (dependents go before their prerequisites); among those, peel the one that costs
@@ -46,9 +46,9 @@ from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
 from klineage.llm.base import Provider, ProviderError
 from klineage.llm.proposals import Proposal, Rejection, propose_removal
-from klineage.mechanisms import Mechanism, UnknownMechanism, all_mechanisms, get
+from klineage.mechanisms import Mechanism, Site, UnknownMechanism, all_mechanisms, get
 from klineage.problem import Problem
-from klineage.reachability import reached_from, run_by_workloads
+from klineage.reachability import reached_from_each, run_by_workloads
 from klineage.removal import Removal, remove_mechanism
 
 RULE_ORIGIN = "rule"
@@ -455,22 +455,15 @@ class Simplifier:
         """The functions some workload of the problem being walked runs (None: unknown)."""
         return run_by_workloads(kernel, self._workload_axes)
 
-    def _kernels_with_sites(self, kernel: KernelSource) -> set[str]:
-        """The running `__global__` functions that hold, themselves or in what they call, a
-        removable site of some mechanism. Kernels, not helpers: a rewrite may inline a helper
-        away, but a kernel left unlaunched is a dropped path."""
-        holding = {
-            site.function
-            for mechanism in self.mechanisms
-            for site in mechanism.detect(kernel)
-            if site.supported
-        }
+    def _kernels_with_sites(self, kernel: KernelSource, sites: Sequence[Site]) -> set[str]:
+        """The running `__global__` functions that hold, themselves or in what they call, one
+        of the removable `sites`. Kernels, not helpers: a rewrite may inline a helper away,
+        but a kernel left unlaunched is a dropped path."""
+        holding = {site.function for site in sites if site.supported}
         running = self._running(kernel)
-        return {
-            f.name
-            for f in kernel.parsed.kernels
-            if (running is None or f.name in running) and reached_from(kernel, {f.name}) & holding
-        }
+        kernels = [f.name for f in kernel.parsed.kernels if running is None or f.name in running]
+        reach = reached_from_each(kernel, kernels)
+        return {name for name in kernels if reach[name] & holding}
 
     def _detected(self, kernel: KernelSource) -> list[str]:
         return [m.name for m in self.mechanisms if any(s.supported for s in m.detect(kernel))]
@@ -654,9 +647,12 @@ class Simplifier:
     def _choose(
         self, accepted: list[tuple[Attempt, KernelSource]], current: KernelSource
     ) -> tuple[Attempt, KernelSource]:
-        present = {m.name for m in self.mechanisms if m.detect(current)}
+        detected = {m.name: m.detect(current) for m in self.mechanisms}
+        present = {name for name, sites in detected.items() if sites}
         required = {need for m in self.mechanisms if m.name in present for need in m.requires}
-        holding = self._kernels_with_sites(current)
+        holding = self._kernels_with_sites(
+            current, [site for sites in detected.values() for site in sites]
+        )
 
         def rank(pair: tuple[Attempt, KernelSource]) -> tuple[int, int, float, int, str]:
             attempt, child = pair

@@ -341,8 +341,9 @@ class Materializer:
             and all(r > 1.0 for r in comparison.trial_ratios)
         )
 
-    def _fastest_kept(self, tries: list[tuple[Move, KernelSource, GateVerdict]]) -> int | None:
-        kept = [i for i, (_, _, verdict) in enumerate(tries) if self._keeps(verdict)]
+    @staticmethod
+    def _fastest_kept(tries: list[tuple[Move, KernelSource, GateVerdict]]) -> int | None:
+        kept = [i for i, (_, _, verdict) in enumerate(tries) if Materializer._keeps(verdict)]
         if not kept:
             return None
         return max(kept, key=lambda i: tries[i][2].comparison.ratio)  # type: ignore[union-attr]

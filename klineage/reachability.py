@@ -61,9 +61,10 @@ def run_by_workloads(
     return _closure(parsed, roots) | {f.name for f in entries}
 
 
-def reached_from(kernel: KernelSource, names: set[str]) -> set[str]:
-    """The functions `names` reach by calls and launches, themselves included."""
-    return _closure(kernel.parsed, names)
+def reached_from_each(kernel: KernelSource, names: Sequence[str]) -> dict[str, set[str]]:
+    """For each name, the functions it reaches by calls and launches, itself included."""
+    references = _references(kernel.parsed)
+    return {name: _closure(kernel.parsed, {name}, references) for name in names}
 
 
 def _names_in(parsed: ParsedSource, node: Node) -> set[str]:
@@ -80,16 +81,24 @@ def _named_at_file_scope(parsed: ParsedSource) -> set[str]:
     } & defined
 
 
-def _closure(parsed: ParsedSource, roots: set[str]) -> set[str]:
+def _references(parsed: ParsedSource) -> dict[str, set[str]]:
+    """Function name -> the defined functions its body names."""
     defined = {f.name for f in parsed.functions}
-    referenced_by: dict[str, set[str]] = {}
+    references: dict[str, set[str]] = {}
     for function in parsed.functions:
         body = function.body if function.body is not None else function.node
-        referenced_by.setdefault(function.name, set()).update(_names_in(parsed, body) & defined)
-    live = set(roots) & defined
+        references.setdefault(function.name, set()).update(_names_in(parsed, body) & defined)
+    return references
+
+
+def _closure(
+    parsed: ParsedSource, roots: set[str], references: dict[str, set[str]] | None = None
+) -> set[str]:
+    references = _references(parsed) if references is None else references
+    live = set(roots) & set(references)
     todo = list(live)
     while todo:
-        for name in referenced_by.get(todo.pop(), set()):
+        for name in references.get(todo.pop(), set()):
             if name not in live:
                 live.add(name)
                 todo.append(name)
@@ -152,17 +161,11 @@ class _Branches:
                 else:
                     self.values[self.parsed.text_of(name)] = value
             return False
+        # anything else (an expression, a loop): every name inside may run, and an assignment
+        # makes what was known about its target unknown
         self.names |= _names_in(self.parsed, node)
         if kind == "return_statement":
             return True
-        if kind == "expression_statement":
-            # an assignment makes what was known about its target unknown
-            for assigned in self.parsed.iter_nodes("assignment_expression", within=node):
-                target = assigned.child_by_field_name("left")
-                if target is not None:
-                    self.values.pop(self.parsed.text_of(target), None)
-            return False
-        # loops and anything else: every name inside may run, and values may change
         for assigned in self.parsed.iter_nodes("assignment_expression", within=node):
             target = assigned.child_by_field_name("left")
             if target is not None:
