@@ -993,6 +993,48 @@ def _fold_define(text: str, constants: dict[str, int]) -> int | None:
     return constants.get(text)
 
 
+# ---------------------------------------------------------------------------------------------
+# Small node helpers, shared by the mechanisms
+# ---------------------------------------------------------------------------------------------
+
+
+def within(node: Node, outer: Node) -> bool:
+    """Whether ``node`` lies inside ``outer`` (or is it)."""
+    return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
+
+
+def strip_parens(node: Node) -> Node:
+    """``((x))`` -> ``x``."""
+    while node.type == "parenthesized_expression" and node.named_child_count == 1:
+        node = node.named_children[0]
+    return node
+
+
+def strip_casts(node: Node) -> Node:
+    """``(int64_t)(x)`` -> ``x``: parentheses and C casts dropped (casts change how an index
+    is computed, not which)."""
+    while True:
+        node = strip_parens(node)
+        if node.type != "cast_expression":
+            return node
+        value = node.child_by_field_name("value")
+        if value is None:
+            return node
+        node = value
+
+
+def call_name(source: ParsedSource, node: Node) -> str | None:
+    """The callee of a ``call_expression`` as written, template arguments left out."""
+    if node.type != "call_expression":
+        return None
+    function = node.child_by_field_name("function")
+    if function is None:
+        return None
+    if function.type == "template_function":
+        function = function.child_by_field_name("name")
+    return source.text_of(function) if function is not None else None
+
+
 def parse(kernel: KernelSource | str) -> ParsedSource:
     """Parse a kernel (or a source text). Prefer ``KernelSource.parsed``, which caches."""
     if isinstance(kernel, str):

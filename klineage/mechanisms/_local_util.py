@@ -31,7 +31,14 @@ from typing import Literal
 from klineage.cexpr import PRIMARY, precedence, to_size_expr
 from klineage.conditions import AxisDivisible, Condition, PointerAlignment, Prose, evaluate_size
 from klineage.facts import launch_block_size, launch_names, template_bindings
-from klineage.source import Function, Launch, Node, ParsedSource
+from klineage.source import (
+    Function,
+    Launch,
+    Node,
+    ParsedSource,
+    strip_casts,
+    strip_parens,
+)
 
 __all__ = [
     "ELEMENT_SIZES",
@@ -92,25 +99,6 @@ def walk(node: Node) -> Iterator[Node]:
         current = stack.pop()
         yield current
         stack.extend(reversed(current.children))
-
-
-def strip_parens(node: Node) -> Node:
-    """``((x))`` -> ``x``."""
-    while node.type == "parenthesized_expression" and node.named_child_count == 1:
-        node = node.named_children[0]
-    return node
-
-
-def strip_casts(node: Node) -> Node:
-    """``(int64_t)(x)`` -> ``x``: casts only change how an index is computed, not which."""
-    while True:
-        node = strip_parens(node)
-        if node.type != "cast_expression":
-            return node
-        value = node.child_by_field_name("value")
-        if value is None:
-            return node
-        node = value
 
 
 def builtin_of(source: ParsedSource, node: Node) -> str | None:

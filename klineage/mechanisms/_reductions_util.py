@@ -19,7 +19,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from klineage.cexpr import fold_int
-from klineage.source import Edit, Function, Node, ParsedSource
+from klineage.source import (
+    Edit,
+    Function,
+    Node,
+    ParsedSource,
+    call_name,
+    strip_casts,
+    strip_parens,
+    within,
+)
 
 __all__ = [
     "BUILTINS",
@@ -80,30 +89,6 @@ def inside(source: ParsedSource, outer: Node, *kinds: str) -> list[Node]:
     return found
 
 
-def within(node: Node, outer: Node) -> bool:
-    """Whether ``node`` lies inside ``outer`` (or is it)."""
-    return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
-
-
-def strip_parens(node: Node) -> Node:
-    """``((x))`` -> ``x``."""
-    while node.type == "parenthesized_expression" and node.named_child_count == 1:
-        node = node.named_children[0]
-    return node
-
-
-def strip_casts(node: Node) -> Node:
-    """``(int64_t)(x)`` -> ``x``: parentheses and C casts dropped."""
-    while True:
-        node = strip_parens(node)
-        if node.type != "cast_expression":
-            return node
-        value = node.child_by_field_name("value")
-        if value is None:
-            return node
-        node = value
-
-
 def is_builtin(source: ParsedSource, node: Node | None, name: str, field: str = "x") -> bool:
     """Whether ``node`` (casts and parentheses ignored) is ``name.field``, e.g. ``threadIdx.x``."""
     if node is None:
@@ -127,19 +112,6 @@ def builtin_uses(source: ParsedSource, within_node: Node, *names: str) -> list[N
         ):
             found.append(node)
     return found
-
-
-def call_name(source: ParsedSource, node: Node) -> str | None:
-    """The callee of a ``call_expression`` as written, template arguments left out."""
-    if node.type != "call_expression":
-        return None
-    function = node.child_by_field_name("function")
-    if function is None:
-        return None
-    if function.type == "template_function":
-        name = function.child_by_field_name("name")
-        return source.text_of(name) if name is not None else None
-    return source.text_of(function)
 
 
 def arguments_of(call: Node) -> list[Node]:

@@ -25,7 +25,15 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from klineage.source import LOOP_KINDS, Function, Node, ParsedSource
+from klineage.source import (
+    LOOP_KINDS,
+    Function,
+    Node,
+    ParsedSource,
+    call_name,
+    strip_parens,
+    within,
+)
 
 __all__ = [
     "FULL_MASK",
@@ -84,11 +92,6 @@ _INT_LITERAL = re.compile(r"^(0[xX][0-9a-fA-F]+|\d+)[uUlL]*$")
 # ---------------------------------------------------------------------------------------------
 
 
-def within(node: Node, outer: Node) -> bool:
-    """Whether ``node`` lies inside ``outer`` (or is it)."""
-    return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
-
-
 def normalized(text: str) -> str:
     """Text with all whitespace removed, to compare expressions written differently."""
     return "".join(text.split())
@@ -113,25 +116,6 @@ def node_starting_at(source: ParsedSource, start: int, kind: str) -> Node | None
             found = node
         node = node.parent
     return found
-
-
-def strip_parens(node: Node) -> Node:
-    """``((x))`` -> ``x``."""
-    while node.type == "parenthesized_expression" and node.named_child_count == 1:
-        node = node.named_children[0]
-    return node
-
-
-def call_name(source: ParsedSource, node: Node) -> str | None:
-    """The callee of a call expression as written, template arguments left out."""
-    if node.type != "call_expression":
-        return None
-    function = node.child_by_field_name("function")
-    if function is None:
-        return None
-    if function.type == "template_function":
-        function = function.child_by_field_name("name")
-    return source.text_of(function) if function is not None else None
 
 
 def call_args(node: Node) -> list[Node]:
