@@ -550,6 +550,23 @@ class Mechanism(ABC):
         return f"<mechanism {self.name} ({self.category})>"
 
 
+class DetectOnly(Mechanism):
+    """A mechanism the rules find but do not rewrite (a re-tiling, say): every site is refused
+    with ``refusal``, and there are no candidates."""
+
+    refusal: ClassVar[str]
+    """Why no rule removes or applies it."""
+
+    def find_candidates(self, source: ParsedSource) -> Iterable[Site]:
+        return iter(())
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        raise self.refuse(self.refusal, site)
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        raise self.refuse(self.refusal, site, "apply")
+
+
 # ---------------------------------------------------------------------------------------------
 # The registry
 # ---------------------------------------------------------------------------------------------

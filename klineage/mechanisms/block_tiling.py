@@ -29,9 +29,9 @@ from klineage.mechanisms._tiles_util import (
     strip_casts,
     top_declarations,
 )
-from klineage.mechanisms.base import Carrier, Mechanism, Site, register
+from klineage.mechanisms.base import DetectOnly, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
+from klineage.source import Function, Node, ParsedSource
 
 REFUSAL = (
     "the block tile fixes how the grid, the thread indexing, the staging and the launch split "
@@ -71,8 +71,9 @@ def tile_origins(source: ParsedSource, function: Function) -> list[tuple[Node, N
 
 
 @register
-class BlockTiling(Mechanism):
+class BlockTiling(DetectOnly):
     name = "block_tiling"
+    refusal = REFUSAL
     category = "parallelism"
     family = "block and warp tiling"
     intent = (
@@ -98,15 +99,6 @@ class BlockTiling(Mechanism):
                 detail={"kernel": function.name, "extents": ",".join(names)},
                 refusal=REFUSAL,
             )
-
-    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
-        return iter(())
-
-    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
-        raise self.refuse(REFUSAL, site)
-
-    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
-        raise self.refuse(REFUSAL, site, "apply")
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 
 from klineage.conditions import ArchAtLeast, Condition, Prose
 from klineage.kernel import KernelSource
-from klineage.mechanisms.base import Carrier, Mechanism, Site, register
+from klineage.mechanisms.base import DetectOnly, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, ParsedSource
+from klineage.source import Function, ParsedSource
 
 REFUSAL = (
     "moving tensor-core operands between global-to-register streaming and shared-memory "
@@ -64,8 +64,9 @@ def _streams_into_mma(source: ParsedSource, kernel: Function, mma: set[str]) -> 
 
 
 @register
-class RegisterFragmentStreaming(Mechanism):
+class RegisterFragmentStreaming(DetectOnly):
     name = "register_fragment_streaming"
+    refusal = REFUSAL
     category = "memory"
     family = "tensor-core MMA vs scalar FMA"
     intent = (
@@ -84,15 +85,6 @@ class RegisterFragmentStreaming(Mechanism):
                     detail={"kernel": kernel.name},
                     refusal=REFUSAL,
                 )
-
-    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
-        return iter(())
-
-    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
-        raise self.refuse(REFUSAL, site)
-
-    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
-        raise self.refuse(REFUSAL, site, "apply")
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None

@@ -27,9 +27,9 @@ from klineage.mechanisms._tiles_util import (
     strip_casts,
     top_declarations,
 )
-from klineage.mechanisms.base import Carrier, Mechanism, Site, register
+from klineage.mechanisms.base import DetectOnly, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
+from klineage.source import Function, Node, ParsedSource
 
 REFUSAL = (
     "the warp tile fixes the accumulator arrays, the fragment loads and the epilogue "
@@ -85,8 +85,9 @@ def warp_grid(source: ParsedSource, function: Function) -> list[Node]:
 
 
 @register
-class WarpTiling(Mechanism):
+class WarpTiling(DetectOnly):
     name = "warp_tiling"
+    refusal = REFUSAL
     category = "parallelism"
     family = "block and warp tiling"
     intent = (
@@ -109,15 +110,6 @@ class WarpTiling(Mechanism):
                 detail={"kernel": function.name},
                 refusal=REFUSAL,
             )
-
-    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
-        return iter(())
-
-    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
-        raise self.refuse(REFUSAL, site)
-
-    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
-        raise self.refuse(REFUSAL, site, "apply")
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None
