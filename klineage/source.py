@@ -1023,6 +1023,18 @@ def strip_casts(node: Node) -> Node:
         node = value
 
 
+def variable_of(source: ParsedSource, node: Node) -> str | None:
+    """The variable an lvalue belongs to: ``row[i].pair[j]`` -> ``row``, ``acc.m`` -> ``acc``;
+    None for anything not rooted in a name (``*p``)."""
+    node = strip_parens(node)
+    while node.type in ("subscript_expression", "field_expression"):
+        inner = node.child_by_field_name("argument")
+        if inner is None:
+            return None
+        node = strip_parens(inner)
+    return source.text_of(node) if node.type == "identifier" else None
+
+
 def call_name(source: ParsedSource, node: Node) -> str | None:
     """The callee of a ``call_expression`` as written, template arguments left out."""
     if node.type != "call_expression":

@@ -63,7 +63,7 @@ from klineage.mechanisms._reductions_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
+from klineage.source import Edit, Function, Node, ParsedSource, variable_of
 
 EXPS = frozenset({"expf", "__expf", "exp", "exp2f", "__exp2f"})
 ADDITIVE = 12
@@ -349,7 +349,7 @@ def _check_repeatable(
     for statement in statements:
         for node in inside(source, statement, "assignment_expression", "update_expression"):
             target = node.child_by_field_name("left") or node.child_by_field_name("argument")
-            root = _root_name(source, target) if target is not None else None
+            root = variable_of(source, target) if target is not None else None
             if root == name or root in declared or (shared and root in shared_names):
                 continue
             raise _Refused(
@@ -367,17 +367,6 @@ def _declared_names(source: ParsedSource, node: Node) -> list[str]:
         if current is not None:
             names.append(source.text_of(current))
     return names
-
-
-def _root_name(source: ParsedSource, node: Node) -> str | None:
-    """``scratch[w]`` -> ``scratch``, ``acc.m`` -> ``acc``, ``*p`` -> None."""
-    node = strip_parens(node)
-    while node.type in ("subscript_expression", "field_expression"):
-        inner = node.child_by_field_name("argument")
-        if inner is None:
-            return None
-        node = strip_parens(inner)
-    return source.text_of(node) if node.type == "identifier" else None
 
 
 def _butterfly_update(source: ParsedSource, statement: Node, name: str) -> bool:

@@ -39,7 +39,7 @@ from klineage.mechanisms._reductions_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
+from klineage.source import Edit, Function, Node, ParsedSource, variable_of
 
 MIN_PASSES = 2
 """Uses after the load that make a held row: one use is just a batched load."""
@@ -122,7 +122,7 @@ def _loads(source: ParsedSource, statement: Node, name: str) -> bool:
     expression that reads memory, or passes it to a call along with a pointer."""
     for node in inside(source, statement, "assignment_expression"):
         left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
-        if left is None or right is None or _root(source, left) != name:
+        if left is None or right is None or variable_of(source, left) != name:
             continue
         if _reads_memory(source, right, name):
             return True
@@ -133,22 +133,11 @@ def _loads(source: ParsedSource, statement: Node, name: str) -> bool:
     return False
 
 
-def _root(source: ParsedSource, node: Node) -> str | None:
-    """``row[i].pair[j]`` -> ``row``; the variable an lvalue belongs to."""
-    node = strip_parens(node)
-    while node.type in ("subscript_expression", "field_expression"):
-        inner = node.child_by_field_name("argument")
-        if inner is None:
-            return None
-        node = strip_parens(inner)
-    return source.text_of(node) if node.type == "identifier" else None
-
-
 def _reads_memory(source: ParsedSource, node: Node, name: str) -> bool:
     for inner in inside(source, node, "subscript_expression", "call_expression"):
         if inner.type == "call_expression" and call_name(source, inner) in ("__ldg", "__ldcs"):
             return True
-        if inner.type == "subscript_expression" and _root(source, inner) not in (name, None):
+        if inner.type == "subscript_expression" and variable_of(source, inner) not in (name, None):
             return True
     return False
 
@@ -172,7 +161,7 @@ class _Effects:
         source = self.source
         for node in inside(source, statement, "assignment_expression", "update_expression"):
             target = node.child_by_field_name("left") or node.child_by_field_name("argument")
-            if target is not None and _root(source, target) == self.name:
+            if target is not None and variable_of(source, target) == self.name:
                 return f"assigns {source.text_of(target)} (line {source.line_of(node.start_byte)})"
         for call in inside(source, statement, "call_expression"):
             why = self.call_writes_array(call)
@@ -205,7 +194,7 @@ class _Effects:
             target = node.child_by_field_name("left") or node.child_by_field_name("argument")
             if target is None:
                 continue
-            root = _root(source, target)
+            root = variable_of(source, target)
             if root is None:
                 written.add("?")
             elif root in self.roots:
@@ -250,7 +239,7 @@ class _Effects:
             declared.add(loop.variable)
         for node in inside(source, statement, "assignment_expression", "update_expression"):
             target = node.child_by_field_name("left") or node.child_by_field_name("argument")
-            root = _root(source, target) if target is not None else None
+            root = variable_of(source, target) if target is not None else None
             if root not in declared and root != self.name:
                 return f"the load also assigns {root} (line {source.line_of(node.start_byte)})"
         return None
