@@ -125,9 +125,7 @@ def mine(
 
     skills, probe_runs, trip_runs = _skills(problem, lineage, simplifier, log)
     lineage.save(root / "lineages" / f"{problem.name}.json")
-    library = SkillLibrary.load(root)
-    library.replace_problem(problem.name, skills)
-    library.save()
+    SkillLibrary.update_problem(root, problem.name, skills)
 
     attempts = lineage.attempts()
     recall, missed = _recall(problem, skills)

@@ -10,10 +10,13 @@ as JSONL (`skills.jsonl`) and as one `SKILL.md` per skill, the format agent tool
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import fcntl
 import json
+import shutil
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +248,25 @@ class SkillLibrary:
         for skill in skills:
             self.skills[skill.id] = skill
 
+    @classmethod
+    def update_problem(
+        cls, root: str | Path, problem: str, skills: Iterable[Skill]
+    ) -> SkillLibrary:
+        """Replace `problem`'s skills in the library at `root`, under a lock, so two `mine`
+        processes sharing one output folder never lose each other's skills. The folders of
+        `problem`'s skills that were not mined again are removed."""
+        folder = Path(root)
+        with _locked(folder):
+            library = cls.load(folder)
+            before = {k for k, s in library.skills.items() if s.evidence.problem == problem}
+            library.replace_problem(problem, skills)
+            library.save()
+            for stale in sorted(before - set(library.skills)):
+                card = folder / stale
+                if (card / "SKILL.md").is_file():
+                    shutil.rmtree(card)
+        return library
+
     def save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         lines = [s.model_dump_json() for s in self]
@@ -255,6 +277,14 @@ class SkillLibrary:
             folder = self.root / skill.id
             folder.mkdir(exist_ok=True)
             (folder / "SKILL.md").write_text(render_skill_md(skill), encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _yaml_value(value: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,34 @@ def test_mine_command_rejects_malformed_devices() -> None:
 
     result = CliRunner().invoke(app, ["mine", str(PROBLEM), "--devices", "zero"])
     assert result.exit_code == 2 and "expected GPU indexes" in result.output
+
+
+def test_re_mining_a_problem_keeps_the_others_and_drops_its_stale_cards(
+    builder: Builder, tmp_path: Path
+) -> None:
+    mine(PROBLEM, tmp_path, gate=_gate(builder))
+    mined = list(SkillLibrary.load(tmp_path))
+    other = mined[0].model_copy(
+        update={
+            "id": "other-skill",
+            "evidence": mined[0].evidence.model_copy(update={"problem": "other_problem"}),
+        }
+    )
+    SkillLibrary.update_problem(tmp_path, "other_problem", [other])
+    kept, dropped = mined[:2], mined[2:]
+
+    # two writers at once, as two `mine` processes sharing one --out folder would be
+    with ThreadPoolExecutor(2) as pool:
+        list(
+            pool.map(
+                lambda job: SkillLibrary.update_problem(tmp_path, *job),
+                [("exp_scale_f32", kept), ("other_problem", [other])] * 4,
+            )
+        )
+
+    library = SkillLibrary.load(tmp_path)
+    assert sorted(s.id for s in library) == sorted([other.id, *(s.id for s in kept)])
+    for skill in dropped:
+        assert not (tmp_path / skill.id).exists(), f"stale card {skill.id} left behind"
+    for skill in [*kept, other]:
+        assert (tmp_path / skill.id / "SKILL.md").is_file()
