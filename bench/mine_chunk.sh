@@ -6,11 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}
-if [ -f .state/gatelog.tgz ]; then
-  tar xzf .state/gatelog.tgz
-elif [ -f bench/state/mine_gatelog.tar.xz ] && [ ! -d skills_out/gatelog ]; then
-  tar xJf bench/state/mine_gatelog.tar.xz  # the verdicts behind the committed skills_out/
-fi
+source bench/mine_state.sh
 timeout "${CHUNK_SECONDS:-540}" python3 -m klineage.cli mine "$@" --out skills_out \
   --budget 300 --wall "${WALL_SECONDS:-480}" --resume --report "$OUT/mine_chunk.json"
 status=$?

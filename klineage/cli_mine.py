@@ -14,7 +14,7 @@ from rich.text import Text
 
 from klineage.cli_llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, WalkEvent, is_llm_origin
-from klineage.llm import ProviderError
+from klineage.llm import Provider, ProviderError
 from klineage.mine import MineReport, mine
 from klineage.skills import SkillLibrary, render_skill_md
 
@@ -147,6 +147,8 @@ def mine_command(
                     )
                 reports.append(result)
                 _print_report(result)
+                if report is not None:  # after each problem: a killed run keeps what finished
+                    _write_report(report, reports, provider)
     except GateSetupError as err:
         _fail(f"gate error: {err}")
     except ProviderError as err:
@@ -157,10 +159,14 @@ def mine_command(
         if provider is not None:
             console.print(usage_line(provider))
     if report is not None:
-        data: dict[str, object] = {"problems": [r.model_dump(mode="json") for r in reports]}
-        if provider is not None:
-            data["llm_usage"] = provider.accounting.summary()
-        report.write_text(json.dumps(data, indent=2) + "\n")
+        _write_report(report, reports, provider)
+
+
+def _write_report(path: Path, reports: list[MineReport], provider: Provider | None) -> None:
+    data: dict[str, object] = {"problems": [r.model_dump(mode="json") for r in reports]}
+    if provider is not None:
+        data["llm_usage"] = provider.accounting.summary()
+    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _print_report(r: MineReport) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,31 @@ def test_lineage_show_draws_the_dag(mined: Path, tmp_path: Path) -> None:
 def test_skills_list_without_skills_says_what_to_do(tmp_path: Path) -> None:
     result = runner.invoke(app, ["skills", "list", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "run `klineage mine` first" in result.output
+
+
+def test_mine_report_keeps_each_finished_problem_when_a_later_one_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GPU boundary: the command's gates are the labelled stand-in, built by the real nvcc stage
+    import contextlib
+
+    import klineage.gate.pool
+
+    builder = Builder(cache_dir=tmp_path / "cache")
+
+    @contextlib.contextmanager
+    def stand_in_gates(devices):  # type: ignore[no-untyped-def]
+        yield [_gate(builder)]
+
+    monkeypatch.setattr(klineage.gate.pool, "open_gates", stand_in_gates)
+    no_kernel = tmp_path / "no_kernel"
+    no_kernel.mkdir()
+    for name in ("definition.json", "workloads.jsonl"):
+        (no_kernel / name).write_text((PROBLEM / name).read_text())
+    report = tmp_path / "report.json"
+    args = ["mine", str(PROBLEM), str(no_kernel), "--out", str(tmp_path / "out")]
+    result = runner.invoke(app, [*args, "--report", str(report)])
+    assert result.exit_code == 2 and "no kernel.cu" in result.output
+    problems = json.loads(report.read_text())["problems"]
+    assert [p["problem"] for p in problems] == ["exp_scale_f32"]
+    assert problems[0]["termination"] == "complete" and problems[0]["skills"] == 5
