@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from klineage.gatelog import GateLog
@@ -31,15 +30,12 @@ extern "C" int run(float* y) {
 
 
 def _gemm_states() -> tuple[KernelSource, KernelSource]:
-    """gemm_bf16's main path before and after its launch-size dispatch was removed (H200 run)."""
-    data = json.loads((ROOT / "skills_out" / "lineages" / "gemm_bf16_nt.json").read_text())
-    nodes = {n["fingerprint"]: n for n in data["nodes"]}
-    edge = next(
-        e for e in data["edges"] if e["chosen"] and e["mechanism"] == "launch_size_dispatch"
-    )
-    return KernelSource(nodes[edge["parent"]]["source"]), KernelSource(
-        nodes[edge["child"]]["source"]
-    )
+    """gemm_bf16's expert before and after its launch-size dispatch is removed (the first H200
+    walk took that step while the skinny path still held its mma.sync)."""
+    expert = KernelSource.from_file(ROOT / "expert_kernels" / "gemm_bf16" / "kernel.cu")
+    removal = remove_mechanism(expert, get("launch_size_dispatch"), live_functions(expert))
+    assert removal.changed
+    return expert, removal.simplified
 
 
 def test_live_functions_follow_calls_launches_and_file_scope_tables() -> None:
@@ -49,12 +45,10 @@ def test_live_functions_follow_calls_launches_and_file_scope_tables() -> None:
 
 
 def test_the_gemm_dispatch_removal_leaves_the_skinny_path_dead() -> None:
-    expert = KernelSource.from_file(ROOT / "expert_kernels" / "gemm_bf16" / "kernel.cu")
-    assert live_functions(expert) == {f.name for f in expert.parsed.functions}
     before, after = _gemm_states()
     dead = {f.name for f in after.parsed.functions} - (live_functions(after) or set())
     assert {"gemm_skinny", "mma_bf16_16816"} <= dead
-    assert live_functions(before) == {f.name for f in before.parsed.functions}
+    assert live_functions(before) == {f.name for f in before.parsed.functions}  # the expert
 
 
 def test_a_mechanism_in_dead_code_is_refused_not_removed() -> None:
