@@ -78,7 +78,8 @@ class PtxEmulation(Mechanism):
         return iter(())
 
     def removal_refusal(self, source: ParsedSource, statement: Any) -> str | None:
-        """A reason to refuse removing a supported statement now (ordering), or None."""
+        """A reason to refuse removing a supported statement now (ordering, a need of the
+        whole file), or None."""
         return None
 
     def apply_refusal_of(self, source: ParsedSource, block: Node) -> str | None:

@@ -191,6 +191,14 @@ class TensorCoreMma(PtxEmulation):
                 "fragments, which only a person or an LLM does",
             )
 
+    def removal_refusal(self, source: ParsedSource, statement: AsmStatement) -> str | None:
+        # a file-level need: checked here on the whole file, not in `emulation`, which the
+        # restore check also runs on the remembered statement parsed alone
+        dtype, _ = _fragments(statement)
+        if dtype == "f16" and not any(h in source.data for h in _HALF_HEADERS):
+            return "the f16 emulation needs cuda_fp16.h, which the file lacks"
+        return None
+
     def emulation(self, source: ParsedSource, statement: AsmStatement) -> list[str]:
         if any("wgmma" in i for i in statement.instructions):
             raise Unsupported(
@@ -198,8 +206,6 @@ class TensorCoreMma(PtxEmulation):
                 "asynchronously across a warpgroup; no scalar form of it is written here"
             )
         dtype, (d, a, b, c) = _fragments(statement)
-        if dtype == "f16" and not any(h in source.data for h in _HALF_HEADERS):
-            raise Unsupported("the f16 emulation needs cuda_fp16.h, which the file lacks")
 
         def texts(group: list[AsmOperand]) -> str:
             return ", ".join(source.text_of(o.expr) for o in group)

@@ -115,3 +115,19 @@ def test_conditions() -> None:
     warp = next(c for c in conditions if isinstance(c, BlockSizeMultiple))
     assert (warp.k, warp.block_size) == (32, "32")
     assert any("multiple of 16" in c.prose for c in conditions)
+
+
+def test_an_f16_mma_removed_from_the_fmha_expert_is_restorable() -> None:
+    # the f16 emulation needs cuda_fp16.h: a need of the whole file, so the remembered
+    # statement (parsed alone when the stash is checked) must not be refused for lacking it
+    expert = KernelSource.from_file(REPO / "expert_kernels" / "fmha_fp16" / "kernel.cu")
+    site = next(s for s in mechanism.detect(expert) if s.node_kind == "expression_statement")
+    assert site.supported and "f16.f16" in str(site.detail["instruction"])
+    simplified = mechanism.remove(expert, site)
+    (candidate,) = [c for c in mechanism.candidates(simplified) if c.supported]
+    assert mechanism.apply(simplified, candidate).text == expert.text
+    without_header = KernelSource(expert.text.replace("#include <cuda_fp16.h>", ""))
+    site = next(
+        s for s in mechanism.detect(without_header) if s.node_kind == "expression_statement"
+    )
+    assert site.refusal == "the f16 emulation needs cuda_fp16.h, which the file lacks"
