@@ -88,22 +88,23 @@ def overhead() -> str:
 def mine() -> str:
     data = _load("mine.json")
     lines = [
-        "| expert | termination | steps | gate runs (walk + probes + round trips) | wall | "
-        "accepted / rejected | skills (verified) | recall | no skill for |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| expert | termination | steps | gate runs (walk + probes + round trips) | "
+        "verdicts logged | wall | accepted / rejected | skills (verified) | recall | "
+        "no skill for |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["problems"]:
         runs = r["walk_gate_runs"] + r["probe_gate_runs"] + r["round_trip_gate_runs"]
         lines.append(
             f"| {r['problem']} | {r['termination']} | {r['steps']} | {runs} "
             f"({r['walk_gate_runs']} + {r['probe_gate_runs']} + {r['round_trip_gate_runs']}) | "
-            f"{r['wall_seconds']:.0f} s | {r['accepted']} / {r['rejected']} | "
+            f"{r.get('verdicts_logged', '-')} | {r['wall_seconds']:.0f} s | "
+            f"{r['accepted']} / {r['rejected']} | "
             f"{r['skills']} ({r['verified']}) | {r['recall']:.0%} | {', '.join(r['missed'])} |"
         )
     for r in data.get("unfinished", []):
         lines.append(
-            f"| {r['problem']} | unfinished | - | {r['gate_runs_logged']} logged | - | - | - | - "
-            "| - |"
+            f"| {r['problem']} | unfinished | - | - | {r['gate_runs_logged']} | - | - | - | - | - |"
         )
     return "\n".join(lines)
 

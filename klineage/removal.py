@@ -107,8 +107,15 @@ def matching_candidate(
     mechanism: Mechanism, before: KernelSource, after: KernelSource
 ) -> Site | None:
     """The candidate of `after` where the removal that led from `before` happened: the smallest
-    candidate containing the changed bytes, else the nearest one; None without candidates."""
+    candidate containing the changed bytes, else the nearest one; None without candidates.
+    A pure deletion belongs to the code after it: a deleted line (a pragma at column 0 before
+    an indented loop) leaves its point in the whitespace before that code, not inside it."""
     start, end = changed_region(before.text, after.text)
+    if start == end:
+        data = after.text.encode()
+        while end < len(data) and data[end : end + 1].isspace():
+            end += 1
+        start = end
     candidates = [c for c in mechanism.candidates(after) if c.supported]
     if not candidates:
         return None

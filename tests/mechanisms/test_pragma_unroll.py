@@ -56,3 +56,25 @@ def test_a_loop_sharing_its_line_gets_the_pragma_on_a_line_of_its_own() -> None:
     applied = mechanism.apply(source, mechanism.candidates(source)[0])
     assert applied.text.splitlines()[1] == "#pragma unroll"
     assert len(mechanism.detect(applied)) == 1
+
+
+def test_column_zero_pragmas_inside_an_outer_loop_go_back_before_their_own_loops() -> None:
+    from klineage.removal import reapply, remove_mechanism
+
+    # the pragma lines sit at column 0, as in the fmha and top-k experts: deleting one leaves
+    # the change point in the indentation before its loop, which the outer loop contains
+    kernel = KernelSource(
+        "__global__ void k(float* y, int n) {\n"
+        "  for (int it = 0; it < n; ++it) {\n"
+        "#pragma unroll\n"
+        "    for (int j = 0; j < 4; ++j) y[j] += 1.0f;\n"
+        "#pragma unroll\n"
+        "    for (int j = 0; j < 8; ++j) y[j] *= 2.0f;\n"
+        "  }\n"
+        "}\n"
+    )
+    removal = remove_mechanism(kernel, get("pragma_unroll"))
+    assert removal.changed and "#pragma" not in removal.simplified.text
+    restored = reapply(removal).text
+    assert restored.count("#pragma unroll") == 2
+    assert " ".join(restored.split()) == " ".join(kernel.text.split())  # indentation aside
