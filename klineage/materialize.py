@@ -56,7 +56,7 @@ from klineage.mechanisms import (
     Refusal,
     all_mechanisms,
 )
-from klineage.ordering import closes, keep_options_open, transfer_carrier
+from klineage.ordering import closes, keep_options_open, transfer_carrier, without_foreign_names
 from klineage.problem import Problem
 from klineage.retrieve import bm25_scores, retrieve
 from klineage.skills import Skill, render_skill_md
@@ -443,11 +443,15 @@ class Materializer:
 
     def _carriers(self, skill: Skill, problem: Problem) -> list[Carrier]:
         """The skill's own carrier, then the others its mechanism was seen with; each first
-        as it transfers to the target (vector widths keep their bytes), then as learned."""
+        as it transfers to the target (vector widths keep their bytes), then as learned; choices
+        written as expressions over names the target lacks are left out."""
         seen, carriers = set(), []
         same = [skill] + [s for s in self.skills.values() if s.mechanism == skill.mechanism]
+        target = problem.kernel_path.read_text(encoding="utf-8") if problem.kernel_path else ""
         for candidate in same:
             learned = Carrier.model_validate(candidate.carrier or {})
+            if target:
+                learned = without_foreign_names(learned, target)
             moved = transfer_carrier(learned, candidate.scope.dtypes, problem)
             for carrier in (moved, learned):
                 key = carrier.model_dump_json()

@@ -16,6 +16,7 @@ Two lessons of the first replay experiment (bench/results/replay.json, `misses`)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -108,3 +109,21 @@ def transfer_carrier(carrier: Carrier, source_dtypes: Sequence[str], problem: Pr
     if width_bytes % target or width_bytes // target not in VECTOR_WIDTHS:
         return carrier
     return carrier.model_copy(update={"vector_width": width_bytes // target})
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+def without_foreign_names(carrier: Carrier, target_text: str) -> Carrier:
+    """`carrier` without its expression choices (a bound written `kThreads`, a block count
+    `kD == 128 ? 2 : 4`) that name something the target's source never mentions: written
+    there they would not compile, and the rule's own inference does better."""
+    known = set(_IDENTIFIER.findall(target_text))
+    foreign = {
+        key
+        for key, value in (carrier.model_extra or {}).items()
+        if isinstance(value, str) and not set(_IDENTIFIER.findall(value)) <= known
+    }
+    if not foreign:
+        return carrier
+    return Carrier.model_validate({k: v for k, v in carrier.as_dict().items() if k not in foreign})

@@ -9,7 +9,8 @@ of the worst case of 1024 threads.
   carrier (``block_size``, or ``bound`` for an expression such as a template parameter), or
   is inferred from the kernel's launches in the file when they all use one compile-time
   block size: a literal, a file constant (kept by name), or a template argument (written as
-  the kernel's template parameter). ``min_blocks`` adds the second argument.
+  the kernel's template parameter). ``min_blocks`` (or ``min_blocks_expr``, an expression)
+  adds the second argument.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class LaunchBounds(Mechanism):
         "block_size": "max threads per block (default: inferred from the launches)",
         "bound": "the max-threads expression to write, e.g. a template parameter",
         "min_blocks": "minimum resident blocks per SM (second argument)",
+        "min_blocks_expr": "the min-blocks expression to write, e.g. `kD == 128 ? 2 : 4`",
     }
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
@@ -144,6 +146,8 @@ class LaunchBounds(Mechanism):
             minimum = fold_int(source, args[1])
             if minimum is not None:
                 values["min_blocks"] = minimum
+            else:  # a template-dependent count: kept as written, or re-applying would drop it
+                values["min_blocks_expr"] = " ".join(source.text_of(args[1]).split())
         return Carrier(**values)
 
     def default_carrier(self, kernel: KernelSource, site: Site) -> Carrier:
@@ -159,7 +163,11 @@ class LaunchBounds(Mechanism):
         kernel = self._kernel(source, site)
         bound = self._choose_bound(source, kernel, site, carrier)
         minimum = carrier.get_int("min_blocks")
-        text = f"__launch_bounds__({bound}{f', {minimum}' if minimum else ''})"
+        expression = carrier.get_str("min_blocks_expr")
+        if minimum and expression:
+            raise self.refuse("give either min_blocks or min_blocks_expr, not both", site, "apply")
+        second = str(minimum) if minimum else expression
+        text = f"__launch_bounds__({bound}{f', {second}' if second else ''})"
         type_node = kernel.node.child_by_field_name("type")
         if type_node is None:
             raise self.refuse(f"{kernel.name} has no return type to place the bound after", site)

@@ -7,6 +7,7 @@ import pytest
 from klineage.conditions import BlockSizeAtMost
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, get
+from tests.conftest import REPO
 from tests.mechanisms.roundtrip import RoundTripSuite
 
 mechanism = get("launch_bounds")
@@ -76,3 +77,20 @@ def test_unknown_carrier_keys_are_refused() -> None:
     source = _kernel("k<<<rows, 128>>>(y, cols);")
     with pytest.raises(MechanismRefused, match="accepts: block_size, bound, min_blocks"):
         mechanism.apply(source, mechanism.candidates(source)[0], Carrier(unroll=4))
+
+
+def test_a_template_dependent_block_count_is_carried_and_restored() -> None:
+    from klineage.removal import reapply, remove_mechanism
+
+    expert = KernelSource.from_file(REPO / "expert_kernels" / "fmha_fp16" / "kernel.cu")
+    (site,) = mechanism.detect(expert)
+    assert mechanism.carrier_of(expert, site).as_dict() == {
+        "block_size": 128,  # kThreads folds to 128
+        "min_blocks_expr": "kD == 128 ? 2 : 4",
+    }
+    removal = remove_mechanism(expert, mechanism)
+    assert reapply(removal).text == expert.text  # re-applying once dropped the block count
+    (candidate,) = mechanism.candidates(removal.simplified)
+    both = Carrier(block_size=128, min_blocks=2, min_blocks_expr="kD == 128 ? 2 : 4")
+    with pytest.raises(MechanismRefused, match="not both"):
+        mechanism.apply(removal.simplified, candidate, both)

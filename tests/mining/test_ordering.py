@@ -57,3 +57,15 @@ def test_vector_widths_keep_their_bytes() -> None:
     # 2 bytes cannot be split into 4-byte elements: kept as learned
     assert transfer_carrier(Carrier(vector_width=1), ["bfloat16"], f32).vector_width == 1
     assert transfer_carrier(Carrier(block_size=512), ["float32"], bf16) == Carrier(block_size=512)
+
+
+def test_expression_choices_naming_what_the_target_lacks_are_left_out() -> None:
+    from klineage.ordering import without_foreign_names
+
+    learned = Carrier.model_validate(
+        {"block_size": 256, "bound": "kThreads", "min_blocks_expr": "kD == 128 ? 2 : 4"}
+    )
+    target = "template <int kThreads> __global__ void k(float* y) { y[0] = kThreads; }"
+    kept = without_foreign_names(learned, target)
+    assert kept.as_dict() == {"block_size": 256, "bound": "kThreads"}
+    assert without_foreign_names(learned, target + " constexpr int kD = 64;") == learned
