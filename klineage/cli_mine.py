@@ -180,6 +180,8 @@ def _print_report(r: MineReport) -> None:
     )
     if r.missed:
         console.print(f"  no skill for: {', '.join(r.missed)}")
+    if r.remaining:
+        console.print(f"  left in running code, every site refused: {', '.join(r.remaining)}")
     if r.llm_attempts or r.llm_rejections:
         console.print(
             f"  LLM: {r.llm_attempts} proposals gated ({r.llm_accepted} accepted), "

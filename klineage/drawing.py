@@ -1,5 +1,7 @@
-"""A PNG drawing of a lineage DAG: states in layers by depth, accepted edges solid green,
-rejected edges dashed red, the main path thick. Needs matplotlib (`pip install klineage[viz]`).
+"""A PNG drawing of a lineage DAG: the main path as a column down the left (each step labelled
+with the mechanism removed and the speed ratio it cost), and at each state the other attempts
+fanned out to its right, labelled with their mechanism: accepted edges solid green, rejected
+edges dashed red. Needs matplotlib (`pip install klineage[viz]`).
 """
 
 from __future__ import annotations
@@ -7,6 +9,30 @@ from __future__ import annotations
 from pathlib import Path
 
 from klineage.lineage import LineageGraph
+
+ACCEPTED = "#2b8a3e"
+REJECTED = "#c92a2a"
+
+
+def _positions(lineage: LineageGraph) -> dict[str, tuple[float, float]]:
+    """Main-path states at x = 0, one row per step; every other child of a state in the row
+    below it, from x = 1 rightwards."""
+    graph = lineage.graph
+    main = [lineage.root, *(a.child for a in lineage.main_path())]
+    positions = {node: (0.0, -float(row)) for row, node in enumerate(main)}
+    for row, node in enumerate(main):
+        others = sorted(
+            (d["mechanism"], child)
+            for _, child, d in graph.out_edges(node, data=True)
+            if child not in positions
+        )
+        for column, (_, child) in enumerate(others, start=1):
+            positions[child] = (float(column), -float(row) - 0.5)
+    # anything not reached from the main path (a resumed walk's strays) goes below it
+    strays = [n for n in graph.nodes if n not in positions]
+    for column, node in enumerate(strays):
+        positions[node] = (float(column), -float(len(main)) - 1.0)
+    return positions
 
 
 def draw_lineage(lineage: LineageGraph, path: str | Path) -> Path:
@@ -20,29 +46,51 @@ def draw_lineage(lineage: LineageGraph, path: str | Path) -> Path:
     import networkx as nx
 
     graph = lineage.graph
-    for _, data in graph.nodes(data=True):
-        data["layer"] = data.get("depth", 0)
-    positions = nx.multipartite_layout(graph, subset_key="layer", align="horizontal")
-    positions = {n: (x, -y) for n, (x, y) in positions.items()}
-    width = max(8.0, 1.2 * max(1, graph.number_of_nodes() // 3))
-    figure, axes = plt.subplots(figsize=(width, 8))
-    accepted = [(u, v) for u, v, d in graph.edges(data=True) if d["status"] == "accepted"]
-    chosen = [(u, v) for u, v, d in graph.edges(data=True) if d.get("chosen")]
-    rejected = [(u, v) for u, v, d in graph.edges(data=True) if d["status"] == "rejected"]
+    positions = _positions(lineage)
+    columns = max(x for x, _ in positions.values()) + 1
+    rows = -min(y for _, y in positions.values()) + 1
+    figure, axes = plt.subplots(figsize=(max(8.0, 1.1 * columns + 3), max(5.0, 0.7 * rows + 1)))
+    edges = list(graph.edges(data=True))
+    chosen = [(u, v) for u, v, d in edges if d.get("chosen")]
+    side = [(u, v, d) for u, v, d in edges if not d.get("chosen")]
     colors = [
-        "#2b8a3e" if data.get("status") == "PASSED" else "#c92a2a"
+        ACCEPTED if data.get("status") == "PASSED" else REJECTED
         for _, data in graph.nodes(data=True)
     ]
-    nx.draw_networkx_nodes(graph, positions, node_size=120, node_color=colors, ax=axes)
-    nx.draw_networkx_edges(graph, positions, edgelist=accepted, edge_color="#2b8a3e", ax=axes)
-    nx.draw_networkx_edges(
-        graph, positions, edgelist=rejected, edge_color="#c92a2a", style="dashed", ax=axes
-    )
+    nx.draw_networkx_nodes(graph, positions, node_size=60, node_color=colors, ax=axes)
+    for status, color, style in (("accepted", ACCEPTED, "solid"), ("rejected", REJECTED, "dashed")):
+        subset = [(u, v) for u, v, d in side if d["status"] == status]
+        nx.draw_networkx_edges(
+            graph, positions, edgelist=subset, edge_color=color, style=style, alpha=0.5, ax=axes
+        )
     nx.draw_networkx_edges(graph, positions, edgelist=chosen, width=3.0, ax=axes)
-    labels = {(u, v): d["mechanism"] for u, v, d in graph.edges(data=True) if d.get("chosen")}
-    nx.draw_networkx_edge_labels(graph, positions, edge_labels=labels, font_size=7, ax=axes)
+    for u, v, d in edges:
+        x, y = positions[v]
+        if d.get("chosen"):
+            ratio = f" ({d['ratio']:.2f}x)" if d.get("ratio") else ""
+            x0, y0 = positions[u]
+            axes.text(
+                x0 - 0.08, (y0 + y) / 2, d["mechanism"] + ratio, ha="right", va="center", fontsize=8
+            )
+        else:
+            color = ACCEPTED if d["status"] == "accepted" else REJECTED
+            axes.text(
+                x,
+                y - 0.12,
+                d["mechanism"],
+                ha="center",
+                va="top",
+                fontsize=5,
+                rotation=25,
+                color=color,
+            )
     termination = lineage.termination.value if lineage.termination else "?"
-    axes.set_title(f"{lineage.problem}: {termination} (green accepted, red dashed rejected)")
+    axes.set_title(
+        f"{lineage.problem}: {termination}. Main path down the left (ratio: optimized / simpler "
+        "latency); other attempts to the right, green accepted, red dashed rejected",
+        fontsize=9,
+    )
+    axes.set_xlim(-3.5, columns + 0.5)
     axes.axis("off")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

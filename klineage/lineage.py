@@ -47,6 +47,7 @@ from klineage.kernel import KernelSource
 from klineage.llm.base import Provider, ProviderError
 from klineage.llm.proposals import Proposal, Rejection, propose_removal
 from klineage.mechanisms import Mechanism, Site, UnknownMechanism, all_mechanisms, get
+from klineage.mechanisms.base import FILE_SCOPE
 from klineage.problem import Problem
 from klineage.reachability import reached_from_each, run_by_workloads
 from klineage.removal import Removal, remove_mechanism
@@ -409,7 +410,11 @@ class Simplifier:
             proposal = self._propose(lineage, problem, current, removals, step)
             tries: list[Removal | Proposal] = [*removals, *([proposal] if proposal else [])]
             if not tries:
-                lineage.graph.graph["termination"] = Termination.COMPLETE.value
+                # naive only when nothing live is left; live sites every rule refuses: stuck
+                remaining = sorted(self._live_status(current, refused_only=True))
+                lineage.graph.graph["remaining"] = remaining
+                finished = Termination.STUCK if remaining else Termination.COMPLETE
+                lineage.graph.graph["termination"] = finished.value
                 break
             children = [t.simplified if isinstance(t, Removal) else t.source for t in tries]
             self._prebuild(children)
@@ -653,17 +658,45 @@ class Simplifier:
         holding = self._kernels_with_sites(
             current, [site for sites in detected.values() for site in sites]
         )
+        removable = self._live_status(current, refused_only=False)
 
-        def rank(pair: tuple[Attempt, KernelSource]) -> tuple[int, int, float, int, str]:
+        def rank(pair: tuple[Attempt, KernelSource]) -> tuple[int, int, int, float, int, str]:
             attempt, child = pair
             is_prerequisite = 1 if attempt.mechanism in required else 0
             # a removal that leaves a kernel holding other mechanisms unlaunched goes after the
             # removals inside that kernel: their effect can only be measured while it runs
             live = self._running(child)
             kills = 1 if live is not None and holding - live else 0
+            # a removal after which another mechanism's live sites are still there but every
+            # rule refuses them goes after that mechanism: taking it first strands the walk
+            closes = 1 if self._closes(attempt.mechanism, removable, child) else 0
             cost = -(attempt.ratio if attempt.ratio is not None else 0.0)
             # on a tie, a rule's removal (reproducible without the LLM) goes first
             origin = int(is_llm_origin(attempt.origin))
-            return (kills, is_prerequisite, cost, origin, attempt.mechanism)
+            return (kills, closes, is_prerequisite, cost, origin, attempt.mechanism)
 
         return min(accepted, key=rank)
+
+    def _live_status(self, kernel: KernelSource, *, refused_only: bool) -> set[str]:
+        """Mechanisms with sites in code some workload runs: those with a removable site, or
+        (`refused_only`) those whose every live site is refused."""
+        running = self._running(kernel)
+        found = set()
+        for mechanism in self.mechanisms:
+            sites = [
+                s
+                for s in mechanism.detect(kernel)
+                if running is None or s.function == FILE_SCOPE or s.function in running
+            ]
+            if not sites:
+                continue
+            removable = any(s.supported for s in sites)
+            if removable != refused_only:
+                found.add(mechanism.name)
+        return found
+
+    def _closes(self, mechanism: str, removable: set[str], child: KernelSource) -> set[str]:
+        """The mechanisms removable before this removal whose live sites are all refused after
+        it (a mechanism gone from the child is not closed: the removal took it along)."""
+        stranded = self._live_status(child, refused_only=True)
+        return (removable - {mechanism}) & stranded

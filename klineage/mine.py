@@ -70,6 +70,11 @@ class MineReport(BaseModel):
     accepted: int = Field(description="accepted attempts")
     rejected: int = Field(description="rejected attempts")
     refusals: int = Field(description="sites the rules could not rewrite")
+    remaining: list[str] = Field(
+        default_factory=list,
+        description="mechanisms still in code the workloads run when the walk ended, every "
+        "site refused by its rule (the reason the walk is stuck rather than complete)",
+    )
     steps: int = Field(description="removals on the main path")
     skills: int = Field(description="skills written")
     verified: int = Field(description="skills verified by round trip")
@@ -141,6 +146,7 @@ def mine(
         accepted=sum(a.status is AttemptStatus.ACCEPTED for a in attempts),
         rejected=sum(a.status is AttemptStatus.REJECTED for a in attempts),
         refusals=len(lineage.graph.graph["refusals"]),
+        remaining=list(lineage.graph.graph.get("remaining", [])),
         steps=len(lineage.main_path()),
         skills=len(skills),
         verified=sum(bool(s.verified) for s in skills),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -183,3 +184,41 @@ def test_re_mining_a_problem_keeps_the_others_and_drops_its_stale_cards(
         assert not (tmp_path / skill.id).exists(), f"stale card {skill.id} left behind"
     for skill in [*kept, other]:
         assert (tmp_path / skill.id / "SKILL.md").is_file()
+
+
+WMMA_TILE = """#include <mma.h>
+// a wmma tile product: detected as tensor_core_mma, refused by its rule (opaque fragments)
+__device__ void wmma_tile(const half* a, const half* b, float* c) {
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, half, nvcuda::wmma::row_major> fa;
+  nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, half, nvcuda::wmma::col_major> fb;
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> fc;
+  nvcuda::wmma::fill_fragment(fc, 0.0f);
+  nvcuda::wmma::load_matrix_sync(fa, a, 16);
+  nvcuda::wmma::load_matrix_sync(fb, b, 16);
+  nvcuda::wmma::mma_sync(fc, fa, fb, fc);
+  nvcuda::wmma::store_matrix_sync(c, fc, 16, nvcuda::wmma::mem_row_major);
+}
+"""
+
+
+def test_a_walk_ending_with_refused_sites_in_running_code_is_stuck(
+    builder: Builder, tmp_path: Path
+) -> None:
+    problem = tmp_path / "exp_scale"
+    shutil.copytree(PROBLEM, problem)
+    kernel = problem / "kernel.cu"
+    text = kernel.read_text().replace("#include <stdint.h>\n", "#include <stdint.h>\n" + WMMA_TILE)
+    text = text.replace(
+        "  const int64_t base",
+        "  if (n < 0) wmma_tile((const half*)x, (const half*)x, y);  // never taken\n"
+        "  const int64_t base",
+    )
+    kernel.write_text(text)
+    report = mine(problem, tmp_path / "out", gate=_gate(builder))
+    # every catalog mechanism the rules can remove is gone, but the wmma product still runs
+    assert report.steps == 5 and report.skills == 5
+    assert report.termination == "stuck" and report.remaining == ["tensor_core_mma"]
+    lineage = LineageGraph.load(tmp_path / "out" / "lineages" / "exp_scale_f32.json")
+    assert lineage.graph.graph["remaining"] == ["tensor_core_mma"]
+    plain = mine(PROBLEM, tmp_path / "plain", gate=_gate(builder))
+    assert plain.termination == "complete" and plain.remaining == []

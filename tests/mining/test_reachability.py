@@ -157,3 +157,43 @@ extern "C" int run(float* y, int n) {
     # the else branch sees the outer mode == 0, not the then-branch's; after the if, mode is
     # unknown, so b may run
     assert {"a", "b"} <= ran
+
+
+def test_the_walk_defers_a_removal_that_strands_another_mechanism(tmp_path: Path) -> None:
+    """At softmax's online-softmax step (H200 lineage), removing online softmax left
+    block_per_row's live site refused and removing the warp shuffles left online softmax's
+    refused; fast_math and block_per_row strand nothing, so they go first, cheapest first."""
+    from klineage.lineage import LineageGraph
+
+    softmax = load_problem(ROOT / "expert_kernels" / "softmax")
+    lineage = LineageGraph.load(ROOT / "skills_out" / "lineages" / "softmax_rows_f32.json")
+    step = next(a for a in lineage.main_path() if a.mechanism == "online_softmax")
+    current = KernelSource(lineage.state(step.parent).source)
+    accepted = [
+        (a, KernelSource(lineage.state(a.child).source))
+        for a in lineage.attempts_from(step.parent)
+        if a.status is AttemptStatus.ACCEPTED
+    ]
+    assert {a.mechanism for a, _ in accepted} == {
+        "block_per_row",
+        "fast_math",
+        "online_softmax",
+        "warp_shuffle_reduction",
+    }
+    simplifier = Simplifier(GateLog(tmp_path / "log.jsonl", None))  # type: ignore[arg-type]
+    simplifier._workload_axes = [dict(w.axes) for w in softmax.workloads]
+    removable = simplifier._live_status(current, refused_only=False)
+    children = {a.mechanism: child for a, child in accepted}
+    assert simplifier._closes("online_softmax", removable, children["online_softmax"]) == {
+        "block_per_row"
+    }
+    assert simplifier._closes(
+        "warp_shuffle_reduction", removable, children["warp_shuffle_reduction"]
+    ) == {"online_softmax"}
+    # block_per_row takes the warp shuffles with it: gone, not stranded
+    assert simplifier._closes("block_per_row", removable, children["block_per_row"]) == set()
+    chosen, _ = simplifier._choose(accepted, current)
+    assert chosen.mechanism == "fast_math"  # the first H200 walk took online_softmax here
+    without_fast_math = [pair for pair in accepted if pair[0].mechanism != "fast_math"]
+    chosen, _ = simplifier._choose(without_fast_math, current)
+    assert chosen.mechanism == "block_per_row"
