@@ -220,3 +220,48 @@ def eval_context(
         block_size=block_size_of(source, name),
         shared_memory_bytes=shared_memory_of(source, name),
     )
+
+
+TEMPLATE_DEPTH = 8
+"""How many enclosing templates :func:`template_values` follows (recursive templates stop)."""
+
+
+def template_values(
+    source: ParsedSource, function: str, depth: int = 0
+) -> list[dict[str, int]] | None:
+    """Every binding of `function`'s template parameters the file instantiates, followed out
+    through enclosing templates: `swizzle<kD>` called in `fmha_fwd<kD>`, launched from
+    `launch<kD>`, which `run` calls as `launch<64>` and `launch<128>`, gives kD = 64 and 128.
+    `[{}]` for a function that is not a template; None when an instantiation cannot be
+    folded to integers (a type argument, a runtime value) or there is none."""
+    found = source.function(function)
+    if found is None or not found.template_params:
+        return [{}]
+    if depth >= TEMPLATE_DEPTH:
+        return None
+    uses: list[tuple[Node, tuple[Node, ...]]] = [
+        (launch.node, launch.template_args) for launch in source.launches_of(function)
+    ]
+    for call in source.calls_named(function):
+        if call.template_args is not None:
+            arguments = tuple(c for c in call.template_args.named_children if c.type != "comment")
+            uses.append((call.node, arguments))
+    if not uses:
+        return None
+    bindings: list[dict[str, int]] = []
+    for node, arguments in uses:
+        if len(arguments) != len(found.template_params):
+            return None  # defaulted or deduced arguments: not followed
+        enclosing = source.enclosing_function(node)
+        outer = template_values(source, enclosing.name, depth + 1) if enclosing else [{}]
+        if outer is None:
+            return None
+        for names in outer:
+            known = {**source.integer_constants, **names}
+            values = [fold_int(source, argument, known) for argument in arguments]
+            if any(v is None for v in values):
+                return None
+            binding = dict(zip(found.template_params, values, strict=True))
+            if binding not in bindings:
+                bindings.append(binding)  # type: ignore[arg-type]
+    return bindings

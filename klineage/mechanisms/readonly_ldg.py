@@ -7,7 +7,9 @@ streaming reads out of the way of L1 write traffic. Modern compilers often emit 
 - remove: ``__ldg(&p[i])`` -> ``p[i]``; ``__ldg(p + i)`` -> ``p[i]`` when ``p`` is a
   pointer; any other ``__ldg(e)`` -> ``*(e)``, parenthesized as its place needs;
 - apply: ``p[i]`` -> ``__ldg(&p[i])`` for a read of a ``const T*`` pointer (parameter or
-  local) of a type ``__ldg`` supports, in device-only code.
+  local) of a type ``__ldg`` supports, in device-only code; likewise ``*cast(e)`` ->
+  ``__ldg(cast(e))`` for a read through a cast to such a pointer
+  (``*reinterpret_cast<const uint4*>(p)``, the form the removal writes for other loads).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from klineage.conditions import ArchAtLeast, Condition, Prose
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Node, ParsedSource
+from klineage.source import Edit, Node, ParsedSource, call_name, strip_parens
 
 # Element types with an `__ldg` overload (sm_35+; the half types need cuda_fp16/bf16 headers).
 LDG_TYPES = frozenset(
@@ -129,6 +131,13 @@ class ReadonlyLdg(Mechanism):
                 element = _readonly_element(types.get(source.text_of(base), ""))
                 if element is not None:
                     yield self.site(source, node, detail={"pointer": source.text_of(base)})
+            for node in source.iter_nodes("pointer_expression", within=function.body):
+                address = node.child_by_field_name("argument")
+                if address is None or not source.text_of(node).startswith("*"):
+                    continue
+                cast = _const_pointer_cast(source, address)
+                if cast is not None and _is_rvalue(node):
+                    yield self.site(source, node, detail={"pointer": cast})
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         call = self.node_at(source, site, "call_expression")
@@ -151,7 +160,11 @@ class ReadonlyLdg(Mechanism):
         return [Edit.replace(call, wrap_at(call, text, binding))]
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
-        node = self.node_at(source, site, "subscript_expression")
+        node = self.node_at(source, site, "subscript_expression", "pointer_expression")
+        if node.type == "pointer_expression":
+            address = node.child_by_field_name("argument")
+            assert address is not None
+            return [Edit.replace(node, f"__ldg({source.text_of(strip_parens(address))})")]
         return [Edit.replace(node, f"__ldg(&{source.text_of(node)})")]
 
     def conditions(
@@ -188,3 +201,23 @@ def _base_pointer(source: ParsedSource, address: Node) -> str:
     if node.type == "binary_expression":
         node = node.child_by_field_name("left") or node
     return source.text_of(node)
+
+
+def _const_pointer_cast(source: ParsedSource, address: Node) -> str | None:
+    """The operand of a cast to a ``const T*`` of an ``__ldg`` type (``reinterpret_cast``,
+    ``static_cast`` or a C cast); None for anything else."""
+    node = strip_parens(address)
+    if node.type == "cast_expression":
+        target, value = node.child_by_field_name("type"), node.child_by_field_name("value")
+    elif call_name(source, node) in ("reinterpret_cast", "static_cast"):
+        function = node.child_by_field_name("function")
+        assert function is not None
+        types = function.child_by_field_name("arguments")
+        target = types.named_children[0] if types is not None and types.named_children else None
+        arguments = node.child_by_field_name("arguments")
+        value = arguments.named_children[0] if arguments and arguments.named_children else None
+    else:
+        return None
+    if target is None or value is None or _readonly_element(source.text_of(target)) is None:
+        return None
+    return source.text_of(value)

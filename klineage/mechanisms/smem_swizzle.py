@@ -22,12 +22,13 @@ memory wasted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from klineage.cexpr import fold_int
 from klineage.conditions import Condition, Prose
+from klineage.facts import template_values
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import names_in
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
@@ -130,11 +131,19 @@ def _calls(source: ParsedSource, name: str) -> int:
     return len(source.calls_named(name))
 
 
-def _chunks_per_row(source: ParsedSource, function: Function, row: str, chunk: str) -> int | None:
+def _chunks_per_row(
+    source: ParsedSource,
+    function: Function,
+    row: str,
+    chunk: str,
+    binding: Mapping[str, int] | None = None,
+) -> int | None:
     """Chunks in a row of the helper's layout: the pitch ``row`` is multiplied by, over the
-    chunk size (``chunk << 4`` or ``chunk * 16``); None when either is not constant."""
+    chunk size (``chunk << 4`` or ``chunk * 16``); None when either is not constant (with the
+    helper's template parameters bound as in `binding`)."""
     if function.body is None:
         return None
+    names = {**source.integer_constants, **(binding or {})}
     pitch = unit = None
     for node in source.iter_nodes("binary_expression", within=function.body):
         left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
@@ -144,11 +153,11 @@ def _chunks_per_row(source: ParsedSource, function: Function, row: str, chunk: s
         for mine, other in ((left, right), (right, left)):
             name = source.text_of(_inner(mine))
             if op == "*" and name == row:
-                pitch = fold_int(source, other)
+                pitch = fold_int(source, other, names)
             elif op == "*" and name == chunk:
-                unit = fold_int(source, other)
+                unit = fold_int(source, other, names)
         if op == "<<" and chunk in names_in(source, left):
-            shift = fold_int(source, right)
+            shift = fold_int(source, right, names)
             unit = None if shift is None else 1 << shift
     if pitch is None or not unit or pitch % unit:
         return None
@@ -244,8 +253,10 @@ class SmemSwizzle(Mechanism):
             raise self.refuse(f"{function.name} has no row and chunk parameters", site, "apply")
         if mask & (mask + 1):
             raise self.refuse(f"mask={mask} is not 2^k - 1", site, "apply")
-        chunks = _chunks_per_row(source, function, row, chunk)
-        if chunks is None or chunks % (mask + 1):
+        # a template helper is checked for every instantiation the file makes of it
+        bindings = template_values(source, function.name) or [None]
+        rows = [_chunks_per_row(source, function, row, chunk, b) for b in bindings]
+        if any(chunks is None or chunks % (mask + 1) for chunks in rows):
             raise self.refuse(
                 f"cannot tell that a row of {function.name}'s layout holds a multiple of "
                 f"{mask + 1} chunks; the permuted chunk could leave its row",

@@ -102,3 +102,28 @@ def test_expert_softmax_facts() -> None:
     context = eval_context(kernel)
     assert kernel.parsed.errors == ()
     assert context.block_size is None or evaluate_size(context.block_size, {}) is not None
+
+
+TEMPLATE_CHAIN = """
+template <int kD> __device__ int pitch(int row) { return row * (kD * 2); }
+template <int kD, int kRows> __global__ void k(int* y) { y[0] = pitch<kD>(kRows); }
+template <int kD> void launch(int* y) { k<kD, kD / 2><<<1, 32>>>(y); }
+constexpr int kWide = 256;
+extern "C" int run(int* y, int n) {
+  if (n > 64) launch<kWide>(y); else launch<64>(y);
+  return 0;
+}
+"""
+
+
+def test_template_values_follow_instantiations_out_through_enclosing_templates() -> None:
+    from klineage.facts import template_values
+
+    source = KernelSource(TEMPLATE_CHAIN).parsed
+    assert template_values(source, "pitch") == [{"kD": 256}, {"kD": 64}]
+    assert template_values(source, "k") == [{"kD": 256, "kRows": 128}, {"kD": 64, "kRows": 32}]
+    assert template_values(source, "run") == [{}]  # not a template
+    runtime = KernelSource(TEMPLATE_CHAIN.replace("launch<64>(y)", "launch<n>(y)")).parsed
+    assert template_values(runtime, "pitch") is None  # one instantiation is not constant
+    unused = KernelSource("template <int kD> __device__ int f() { return kD; }").parsed
+    assert template_values(unused, "f") is None

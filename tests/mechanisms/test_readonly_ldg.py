@@ -68,3 +68,23 @@ def test_ldg_with_two_arguments_is_detected_but_refused() -> None:
     with pytest.raises(MechanismRefused):
         mechanism.remove(source, site)
     assert remove_all(source, mechanism) is source
+
+
+def test_a_read_through_a_const_pointer_cast_is_a_candidate() -> None:
+    # the form the removal writes for `__ldg(reinterpret_cast<const uint4*>(p))` (gemm_bf16)
+    source = KernelSource(
+        "__device__ uint4 keep(const void* p, float* q) {\n"
+        "  float a = *(const float*)q + *(float*)q;\n"
+        "  const float* r = &*(const float*)q;\n"
+        "  return *reinterpret_cast<const uint4*>(p);\n"
+        "}\n"
+    )
+    candidates = mechanism.candidates(source)
+    assert [c.snippet for c in candidates] == [
+        "*(const float*)q",
+        "*reinterpret_cast<const uint4*>(p)",
+    ]  # not the non-const cast, not the address-taken one
+    applied = mechanism.apply(source, candidates[1]).text
+    assert "return __ldg(reinterpret_cast<const uint4*>(p));" in applied
+    applied = mechanism.apply(source, candidates[0]).text
+    assert "float a = __ldg((const float*)q) + *(float*)q;" in applied

@@ -64,3 +64,18 @@ def test_apply_checks_the_chunks_fit_in_a_row() -> None:
         mechanism.apply(after, candidate, Carrier(mask=15))
     with pytest.raises(MechanismRefused, match="is not 2\\^k - 1"):
         mechanism.apply(after, candidate, Carrier(mask=6))
+
+
+def test_a_template_helper_is_checked_for_every_instantiation() -> None:
+    from klineage.removal import reapply, remove_mechanism
+
+    # fmha's swizzle<kD>: rows of kD * 2 bytes, kD = 64 or 128 from the launches: 8 or 16 chunks
+    expert = KernelSource.from_file(REPO / "expert_kernels" / "fmha_fp16" / "kernel.cu")
+    removal = remove_mechanism(expert, mechanism)
+    assert removal.changed and reapply(removal).text == expert.text
+    # an instantiation with 64-byte rows (kD = 32: 4 chunks) cannot hold an 8-chunk permutation
+    narrow = KernelSource(removal.simplified.text.replace("launch<64>(", "launch<32>("))
+    assert "launch<32>(" in narrow.text
+    (candidate,) = mechanism.candidates(narrow)
+    with pytest.raises(MechanismRefused, match="multiple of 8 chunks"):
+        mechanism.apply(narrow, candidate)
