@@ -654,18 +654,37 @@ def _exchange_steps(source: ParsedSource) -> Iterator[ExchangeStep]:
         for block in inside(source, function.body, "compound_statement"):
             if source.enclosing_function(block) != function:
                 continue
-            step = _exchange_in_block(source, function, header, block)
-            if step is not None:
-                yield step
+            yield from _exchanges_in_block(source, function, header, block)
 
 
-def _exchange_in_block(
+def _exchanges_in_block(
     source: ParsedSource, function: Function, header: Header, block: Node
-) -> ExchangeStep | None:
+) -> Iterator[ExchangeStep]:
+    """The exchange steps of one block, wherever they start in it: a straight-line sequence
+    of steps (the removal of ``v += __shfl_xor_sync(m, v, 1); v += ...(v, 2);`` mid-function)
+    gives one step each."""
     statements = named_statements(block)
+    start = 0
+    while start < len(statements):
+        step = _exchange_at(source, function, header, block, statements, start)
+        if step is None:
+            start += 1
+            continue
+        yield step
+        start = statements.index(step.syncs[1]) + 1
+
+
+def _exchange_at(
+    source: ParsedSource,
+    function: Function,
+    header: Header,
+    block: Node,
+    statements: list[Node],
+    start: int,
+) -> ExchangeStep | None:
     writes: list[Node] = []
     values: dict[str, str] = {}
-    index = 0
+    index = start
     while index < len(statements):
         parsed = _write(source, statements[index], header)
         if parsed is None:
@@ -682,9 +701,9 @@ def _exchange_in_block(
     if not reads or {r.buffer for r in reads} != set(values):
         return None
     owner = block.parent if block.parent is not None else block
-    node = (
-        owner if owner.type in ("for_statement", "while_statement", "do_statement") else writes[0]
-    )
+    loop = owner.type in ("for_statement", "while_statement", "do_statement")
+    # a step opening a loop's body is the loop (``for (offset ...)``); any other, its writes
+    node = owner if loop and start == 0 else writes[0]
     return ExchangeStep(
         function=function,
         node=node,
@@ -768,7 +787,8 @@ def _buffers_read_elsewhere(source: ParsedSource, step: ExchangeStep, header: He
     body = step.function.body
     assert body is not None
     used: set[str] = set()
-    skip = [step.node] if step.node.type.endswith("statement") else [*step.writes, step.statement]
+    # a loop step is the whole loop; a straight-line step is its writes and its read
+    skip = [step.node] if step.node not in step.writes else [*step.writes, step.statement]
     declarations = [node for _, node in header.buffers.values()]
     for node in inside(source, body, "identifier"):
         name = source.text_of(node)

@@ -144,3 +144,23 @@ def test_experts_are_detected_where_listed() -> None:
 def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
     refusals = check_expert_removals_compile("warp_shuffle_reduction", mechanism_builder)
     assert refusals == []
+
+
+def test_straight_line_shuffles_mid_function_come_back_exactly() -> None:
+    from klineage.removal import reapply, remove_mechanism
+
+    # fmha's epilogue: quad sums of two row sums after other statements, no loop
+    kernel = KernelSource(
+        "__global__ void k(float* y) {\n"
+        "  float l0 = y[threadIdx.x], l1 = 2.0f * l0;\n"
+        "  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);\n"
+        "  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);\n"
+        "  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);\n"
+        "  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);\n"
+        "  y[threadIdx.x] = l0 + l1;\n"
+        "}\n"
+    )
+    removal = remove_mechanism(kernel, get("warp_shuffle_reduction"))
+    assert len(removal.sites) == 4 and "__shfl" not in removal.simplified.text
+    assert len(mechanism.candidates(removal.simplified)) == 4
+    assert reapply(removal).text == kernel.text  # the exchange buffer and lane math gone too
