@@ -20,6 +20,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import networkx as nx
+
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, UnknownMechanism, get
 from klineage.problem import Problem, dtype_itemsize
@@ -63,21 +65,28 @@ def keep_options_open(
     ranked: Sequence[T], mechanism_of: Callable[[T], str], closed: dict[str, set[str]]
 ) -> list[T]:
     """`ranked` reordered: repeatedly the best-ranked item whose mechanism closes no mechanism
-    still waiting (one none of whose items has been placed yet); when every item closes one
-    (a cycle), the best-ranked."""
+    still waiting (one none of whose items has been placed yet) outside its own cycle. Within a
+    cycle (a closes b, b closes a) one of them is lost whichever goes first, so the cycle keeps
+    rank order and nothing unrelated is moved ahead of it."""
     remaining = list(ranked)
     ordered: list[T] = []
     while remaining:
         placed = {mechanism_of(item) for item in ordered}
         waiting = {mechanism_of(item) for item in remaining} - placed
-        pick = next(
-            (
-                item
-                for item in remaining
-                if not closed.get(mechanism_of(item), set()) & (waiting - {mechanism_of(item)})
-            ),
-            remaining[0],
+        graph = nx.DiGraph()
+        graph.add_nodes_from(waiting)
+        graph.add_edges_from(
+            (a, b) for a in waiting for b in closed.get(a, set()) & waiting if a != b
         )
+        cycle_of = {m: frozenset(c) for c in nx.strongly_connected_components(graph) for m in c}
+        # free: what it closes among the waiting mechanisms all lies in its own cycle
+        mechanisms = {mechanism_of(item) for item in remaining}
+        free = {
+            m
+            for m in mechanisms
+            if closed.get(m, set()) & (waiting - {m}) <= cycle_of.get(m, frozenset())
+        }
+        pick = next((item for item in remaining if mechanism_of(item) in free), remaining[0])
         ordered.append(pick)
         remaining.remove(pick)
     return ordered

@@ -69,3 +69,14 @@ def test_expression_choices_naming_what_the_target_lacks_are_left_out() -> None:
     kept = without_foreign_names(learned, target)
     assert kept.as_dict() == {"block_size": 256, "bound": "kThreads"}
     assert without_foreign_names(learned, target + " constexpr int kD = 64;") == learned
+
+
+def test_a_cycle_is_not_overtaken_by_unrelated_skills() -> None:
+    # log_softmax: block_per_row and online_softmax close each other; one is lost either way,
+    # so the best-ranked goes at its rank instead of after every unrelated skill
+    ranked = ["bpr1", "fast1", "os1", "bpr2", "prag1"]
+    closed = {"bpr": {"os"}, "os": {"bpr"}, "prag": {"os"}}
+    ordered = keep_options_open(ranked, lambda item: item[:-1], closed)
+    assert ordered == ["bpr1", "fast1", "os1", "bpr2", "prag1"]
+    # before: every unrelated skill first, the best-ranked skill fourth
+    assert ordered.index("bpr1") < ordered.index("fast1")
