@@ -124,7 +124,7 @@ def mine_command(
     limits = MiningBudget(gate_runs=budget, wall_seconds=wall)
     reports: list[MineReport] = []
     try:
-        with open_gates(chosen_devices) as gates:
+        with open_gates(chosen_devices, time_reference="unpaired") as gates:
             for folder in problems:
                 view = WalkView(folder.name)
                 with Live(view.render(), console=console, refresh_per_second=4) as live:

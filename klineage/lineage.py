@@ -152,7 +152,9 @@ class StateInfo(BaseModel):
         default_factory=dict, description="workload label -> latency, when timed"
     )
     reference_ms: dict[str, float] = Field(
-        default_factory=dict, description="workload label -> PyTorch reference latency"
+        default_factory=dict,
+        description="workload label -> PyTorch reference latency (mining times the reference "
+        "for the expert's own verdict only, so later states usually have none)",
     )
     resources: dict[str, dict[str, int]] = Field(
         default_factory=dict,

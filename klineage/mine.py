@@ -106,7 +106,9 @@ def mine(
     if gate is None:
         from klineage.gate.pool import open_gates
 
-        with open_gates(devices) as opened:
+        # mining pairs every timed verdict with its parent state: the reference is timed only
+        # for the expert's own verdict
+        with open_gates(devices, time_reference="unpaired") as opened:
             return mine(
                 problem_dir,
                 out,

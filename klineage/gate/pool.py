@@ -104,13 +104,13 @@ def spread(workers: Sequence[W], count: int, work: Callable[[int, W], R]) -> lis
 
 
 @contextlib.contextmanager
-def open_gates(devices: Sequence[int] | None = None) -> Iterator[list[Gate]]:
+def open_gates(devices: Sequence[int] | None = None, **gate_options: Any) -> Iterator[list[Gate]]:
     """One gate per GPU in `devices` (default: every visible GPU), sharing one build cache; a
     single gate where none is visible (it explains, on its first run, that the check and time
-    stages need a GPU)."""
+    stages need a GPU). `gate_options` go to each Gate."""
     chosen = list(devices) if devices is not None else list(range(visible_gpus())) or [0]
     builder = Builder()
-    opened = [Gate(builder, device=d) for d in chosen]
+    opened = [Gate(builder, device=d, **gate_options) for d in chosen]
     try:
         yield opened
     finally:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from klineage.gate import worker
+from klineage.gate.result import Correctness, Status, Timing
 from klineage.gate.worker import ErrorReply, HelloReply
 
 
@@ -27,3 +29,24 @@ class NoGpuRunner:
 
     def __init__(self) -> None:
         raise RuntimeError("the GPU worker found no CUDA device")
+
+
+class TimingStandInRunner:
+    """Passes every check and times every target on paper: the PyTorch reference at 3 ms,
+    each kernel at 1 ms. Lets CPU-only CI see which targets the gate asks to time."""
+
+    def hello(self) -> HelloReply:
+        return HelloReply(hardware="cpu stand-in", libs={"pid": str(os.getpid())}, l2_bytes=0)
+
+    def handle(self, request: Any) -> worker.CheckReply | worker.TimeReply | ErrorReply:
+        if isinstance(request, worker.CheckRequest):
+            return worker.CheckReply(Status.PASSED, "", Correctness(trials=len(request.seeds)))
+        if isinstance(request, worker.TimeRequest):
+            trials = request.config.trials
+            return worker.TimeReply(
+                [
+                    Timing(samples_ms=[[3.0 if t == worker.REFERENCE else 1.0]] * trials)
+                    for t in request.targets
+                ]
+            )
+        return ErrorReply("kernel", f"cpu stand-in cannot run {type(request).__name__}", False)

@@ -73,3 +73,28 @@ def test_gate_without_a_gpu_says_what_to_do(tmp_path) -> None:
         pytest.raises(GateSetupError, match="pass --build-only"),
     ):
         gate.run(problem, kernel)
+
+
+@pytest.mark.nvcc
+def test_an_unpaired_only_gate_times_the_reference_only_without_a_baseline(tmp_path) -> None:
+    from klineage.gate.build import Builder
+    from klineage.gate.gate import Gate
+    from klineage.kernel import KernelSource
+    from klineage.problem import load_problem
+    from tests.conftest import FIXTURES
+
+    problem = load_problem(FIXTURES / "problems" / "scale_rows")
+    kernel = KernelSource.from_file(FIXTURES / "kernels" / "scale_rows" / "correct.cu")
+    runner = "tests.gate.cpu_stand_in:TimingStandInRunner"
+    builder = Builder(cache_dir=tmp_path)
+    with Gate(builder, worker_runner=runner, time_reference="unpaired") as gate:
+        paired = gate.run(problem, kernel, against=kernel)
+        alone = gate.run(problem, kernel)
+    for w in paired.workloads:  # mining's walk: the baseline is what the ratio is against
+        assert w.reference_timing is None and w.comparison is not None
+        assert w.comparison.ratio == pytest.approx(1.0)
+    for w in alone.workloads:  # the expert's own verdict still gets its reference time
+        assert w.reference_timing is not None and w.reference_latency_ms == pytest.approx(3.0)
+    with Gate(builder, worker_runner=runner) as gate:  # the default: always
+        always = gate.run(problem, kernel, against=kernel)
+    assert all(w.reference_latency_ms == pytest.approx(3.0) for w in always.workloads)

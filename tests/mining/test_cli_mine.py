@@ -65,7 +65,8 @@ def test_mine_report_keeps_each_finished_problem_when_a_later_one_fails(
     builder = Builder(cache_dir=tmp_path / "cache")
 
     @contextlib.contextmanager
-    def stand_in_gates(devices):  # type: ignore[no-untyped-def]
+    def stand_in_gates(devices, **options):  # type: ignore[no-untyped-def]
+        assert options == {"time_reference": "unpaired"}  # mining pairs every timed verdict
         yield [_gate(builder)]
 
     monkeypatch.setattr(klineage.gate.pool, "open_gates", stand_in_gates)
