@@ -81,3 +81,16 @@ def test_mine_report_keeps_each_finished_problem_when_a_later_one_fails(
     problems = json.loads(report.read_text())["problems"]
     assert [p["problem"] for p in problems] == ["exp_scale_f32"]
     assert problems[0]["termination"] == "complete" and problems[0]["skills"] == 5
+
+
+def test_the_drawing_puts_the_main_path_down_the_left(mined: Path) -> None:
+    from klineage.drawing import _positions
+    from klineage.lineage import LineageGraph
+
+    lineage = LineageGraph.load(mined / "lineages" / "exp_scale_f32.json")
+    positions = _positions(lineage)
+    main = [lineage.root, *(a.child for a in lineage.main_path())]
+    assert [positions[n] for n in main] == [(0.0, -float(row)) for row in range(len(main))]
+    side = [n for n in lineage.graph.nodes if n not in main]
+    assert side and all(positions[n][0] >= 1.0 for n in side)
+    assert set(positions) == set(lineage.graph.nodes)
