@@ -84,6 +84,20 @@ def test_paired_comparison_against_itself_is_about_one(gate: Gate) -> None:
     assert 0.8 < comparison.ratio < 1.25
 
 
+def test_an_unpaired_gate_compares_without_timing_the_reference(tmp_path: Path) -> None:
+    problem = load_problem(FIXTURES / "problems" / "scale_rows")
+    kernel = _kernel("correct.cu")
+    twin = KernelSource(kernel.text + "\n// twin\n", name="twin.cu")
+    builder = Builder(cache_dir=tmp_path)
+    with Gate(builder, time_reference="unpaired") as unpaired:
+        paired = unpaired.run(problem, kernel, workloads=problem.workloads[-1:], against=twin)
+        alone = unpaired.run(problem, kernel, workloads=problem.workloads[-1:])
+    (w,) = paired.workloads
+    assert w.reference_timing is None and w.comparison is not None
+    assert 0.8 < w.comparison.ratio < 1.25
+    assert alone.workloads[0].reference_latency_ms is not None
+
+
 def test_softmax_kernel_passes(gate: Gate) -> None:
     problem = load_problem(REPO / "expert_kernels" / "softmax")
     verdict = gate.run(problem, KernelSource.from_file(problem.root / "kernel.cu"))
