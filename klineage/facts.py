@@ -259,9 +259,10 @@ def template_values(
         for names in outer:
             known = {**source.integer_constants, **names}
             values = [fold_int(source, argument, known) for argument in arguments]
-            if any(v is None for v in values):
+            folded = [v for v in values if v is not None]
+            if len(folded) != len(values):
                 return None
-            binding = dict(zip(found.template_params, values, strict=True))
+            binding = dict(zip(found.template_params, folded, strict=True))
             if binding not in bindings:
-                bindings.append(binding)  # type: ignore[arg-type]
+                bindings.append(binding)
     return bindings
