@@ -1010,6 +1010,22 @@ def strip_parens(node: Node) -> Node:
     return node
 
 
+def plain_assignment(statement: Node | None) -> tuple[Node, Node] | None:
+    """``(left, right)`` of the statement ``left = right;`` (plain ``=``, not ``+=``); None for
+    any other statement."""
+    if statement is None or statement.type != "expression_statement":
+        return None
+    expression = statement.named_children[0] if statement.named_children else None
+    if expression is None or expression.type != "assignment_expression":
+        return None
+    operator = expression.child_by_field_name("operator")
+    left = expression.child_by_field_name("left")
+    right = expression.child_by_field_name("right")
+    if operator is None or operator.type != "=" or left is None or right is None:
+        return None
+    return left, right
+
+
 def strip_casts(node: Node) -> Node:
     """``(int64_t)(x)`` -> ``x``: parentheses and C casts dropped (casts change how an index
     is computed, not which)."""

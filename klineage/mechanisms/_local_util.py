@@ -800,6 +800,21 @@ def element_returns(element: ElementKernel) -> list[Node]:
     return found
 
 
+def element_text(source: ParsedSource, element: ElementKernel, reps: list[tuple[Node, str]]) -> str:
+    """The element code as text at the index declaration's indentation, newline first, with
+    ``reps`` (node, text) applied."""
+    if element.form == "return":
+        return splice(source, element.guard.end_byte, element.end_byte, reps)
+    consequence = element.guard.child_by_field_name("consequence")
+    assert consequence is not None
+    if consequence.type == "compound_statement":
+        inner = consequence.named_children
+        text = splice(source, consequence.start_byte + 1, inner[-1].end_byte, reps)
+        return unshift(text, 2) or text
+    indent = source.indent_of(element.decl.start_byte)
+    return f"\n{indent}" + splice(source, consequence.start_byte, consequence.end_byte, reps)
+
+
 def names_in_function(source: ParsedSource, function: Function) -> set[str]:
     """Every identifier (and field name) in a function: generated names must avoid them."""
     return {

@@ -60,7 +60,7 @@ from klineage.mechanisms._reductions_util import (
     strip_parens,
     within,
 )
-from klineage.source import Edit, Function, Launch, Node, ParsedSource
+from klineage.source import Edit, Function, Launch, Node, ParsedSource, plain_assignment
 
 __all__ = [
     "HELPERS",
@@ -1072,19 +1072,13 @@ class _InlineReductions:
         """``if (lane == 0) scratch[warp] = v;``: one thread per warp stores ``v``."""
         if statement.type != "if_statement" or statement.child_by_field_name("alternative"):
             return False
-        consequence = statement.child_by_field_name("consequence")
-        if consequence is None or consequence.type != "expression_statement":
+        found = plain_assignment(statement.child_by_field_name("consequence"))
+        if found is None:
             return False
-        assignment = consequence.named_children[0] if consequence.named_children else None
-        if assignment is None or assignment.type != "assignment_expression":
-            return False
-        left = assignment.child_by_field_name("left")
-        right = assignment.child_by_field_name("right")
-        base = left.child_by_field_name("argument") if left is not None else None
+        left, right = found
+        base = left.child_by_field_name("argument")
         return (
             base is not None
-            and right is not None
-            and _op(assignment) == "="
             and self.source.text_of(base) in self.shared
             and self.source.text_of(right) == variable
         )

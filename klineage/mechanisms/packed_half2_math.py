@@ -50,7 +50,7 @@ from klineage.mechanisms._local_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
+from klineage.source import Edit, Function, Node, ParsedSource, plain_assignment
 
 Precision = Literal["bf16", "half"]
 
@@ -306,16 +306,10 @@ def _pairable_call(source: ParsedSource, function: Function, call: Node) -> _Pai
 
 def _assignment(source: ParsedSource, statement: Node, field: str) -> tuple[Node, Node] | None:
     """(r, value) of the statement ``r.field = value;``."""
-    if statement.type != "expression_statement" or not statement.named_children:
+    found = plain_assignment(statement)
+    if found is None:
         return None
-    expression = statement.named_children[0]
-    if expression.type != "assignment_expression":
-        return None
-    operator = expression.child_by_field_name("operator")
-    left = expression.child_by_field_name("left")
-    right = expression.child_by_field_name("right")
-    if operator is None or operator.type != "=" or left is None or right is None:
-        return None
+    left, right = found
     base = _member_base(source, left, field)
     return None if base is None else (base, right)
 

@@ -50,6 +50,7 @@ from klineage.mechanisms._local_util import (
     element_kernels,
     element_refusal,
     element_returns,
+    element_text,
     grid_edits,
     identifiers,
     index_bound,
@@ -76,22 +77,6 @@ def _guard_text(source: ParsedSource, element: ElementKernel) -> str:
     if element.form == "return":
         return source.text_of(element.guard)
     return f"if ({element.name} >= {operand(source, element.bound, 10)}) return;"
-
-
-def _element_code(source: ParsedSource, element: ElementKernel) -> str:
-    """The element code at the declaration's indentation (newline first), its returns
-    turned into ``continue``."""
-    reps = [(node, "continue;") for node in element_returns(element)]
-    if element.form == "return":
-        return splice(source, element.guard.end_byte, element.end_byte, reps)
-    consequence = element.guard.child_by_field_name("consequence")
-    assert consequence is not None
-    if consequence.type == "compound_statement":
-        inner = consequence.named_children
-        text = splice(source, consequence.start_byte + 1, inner[-1].end_byte, reps)
-        return unshift(text, 2) or text
-    indent = source.indent_of(element.decl.start_byte)
-    return f"\n{indent}" + splice(source, consequence.start_byte, consequence.end_byte, reps)
 
 
 def coarsened_text(
@@ -123,13 +108,15 @@ def coarsened_text(
         start = f"({source.text_of(index.node)}) * {coarsen}"
         each = f"{first} + {step}"
     indent = source.indent_of(element.decl.start_byte)
+    # the element's returns become `continue`: they end one element, not the thread
+    body = element_text(source, element, [(n, "continue;") for n in element_returns(element)])
     return "\n".join(
         [
             f"{element.specifiers} {first} = {start};",
             f"{indent}#pragma unroll",
             f"{indent}for (int {step} = 0; {step} < {coarsen}; ++{step}) {{",
             f"{indent}  {element.specifiers} {i} = {each};",
-            f"{indent}  {_guard_text(source, element)}{shift(_element_code(source, element), 2)}",
+            f"{indent}  {_guard_text(source, element)}{shift(body, 2)}",
             f"{indent}}}",
         ]
     )

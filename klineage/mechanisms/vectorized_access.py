@@ -67,6 +67,7 @@ from klineage.mechanisms._local_util import (
     collective_in,
     element_kernels,
     element_refusal,
+    element_text,
     expr_type,
     global_index,
     grid_edits,
@@ -547,22 +548,6 @@ def _partition_prose(source: ParsedSource, function: Function, loop: _Loop) -> l
 # ---------------------------------------------------------------------------------------------
 
 
-def _element_text(
-    source: ParsedSource, element: ElementKernel, reps: list[tuple[Node, str]]
-) -> str:
-    """The element code as text at the index declaration's indentation, newline first."""
-    if element.form == "return":
-        return splice(source, element.guard.end_byte, element.end_byte, reps)
-    consequence = element.guard.child_by_field_name("consequence")
-    assert consequence is not None
-    if consequence.type == "compound_statement":
-        inner = consequence.named_children
-        text = splice(source, consequence.start_byte + 1, inner[-1].end_byte, reps)
-        return unshift(text, 2) or text
-    indent = source.indent_of(element.decl.start_byte)
-    return f"\n{indent}" + splice(source, consequence.start_byte, consequence.end_byte, reps)
-
-
 def kernel_text(source: ParsedSource, element: ElementKernel, plan: _Plan, width: int) -> str:
     """The canonical vectorized form of a one-thread-per-element kernel: the text from the
     index declaration to the end of the element code."""
@@ -575,8 +560,8 @@ def kernel_text(source: ParsedSource, element: ElementKernel, plan: _Plan, width
     bound = operand(source, element.bound, 10)
     gid = source.text_of(element.index.node)
     loads, stores = _vector_lines(plan, vectors, vec)
-    lane_body = _element_text(source, element, plan.replacements(f"{i}_lane"))
-    scalar_body = _element_text(source, element, [])
+    lane_body = element_text(source, element, plan.replacements(f"{i}_lane"))
+    scalar_body = element_text(source, element, [])
     lines = [
         f"{element.specifiers} {vec} = {gid};",
         f"{indent}if ({vec} * {width} >= {bound}) return;",

@@ -57,7 +57,7 @@ from klineage.mechanisms._selection_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, MechanismError, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
+from klineage.source import Edit, Function, Node, ParsedSource, plain_assignment
 
 _LANE_FORMS = frozenset(
     {"threadIdx.x&31", "threadIdx.x%32", "threadIdx.x%warpSize", "threadIdx.x&(warpSize-1)"}
@@ -113,18 +113,10 @@ def _only(statement: Node | None) -> Node | None:
 
 def _assignment(source: ParsedSource, statement: Node | None) -> tuple[str, Node] | None:
     """``(target, value)`` of ``name = value;``."""
-    if statement is None or statement.type != "expression_statement":
+    found = plain_assignment(statement)
+    if found is None or found[0].type != "identifier":
         return None
-    expression = statement.named_children[0] if statement.named_children else None
-    if expression is None or expression.type != "assignment_expression":
-        return None
-    operator = expression.child_by_field_name("operator")
-    left = expression.child_by_field_name("left")
-    right = expression.child_by_field_name("right")
-    if operator is None or operator.type != "=" or left is None or right is None:
-        return None
-    if left.type != "identifier":
-        return None
+    left, right = found
     return source.text_of(left), right
 
 
