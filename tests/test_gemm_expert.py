@@ -686,3 +686,20 @@ def test_gemm_passes_its_gate_on_every_workload(tmp_path: Path) -> None:
     with Gate(Builder(cache_dir=tmp_path)) as gate:
         verdict = gate.run(problem, KernelSource.from_file(problem.kernel_path), time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_gemm_without_the_swizzle_passes_its_gate(tmp_path: Path) -> None:
+    """The smem_swizzle removal rewrites the tiles as interleaved core matrices and the wgmma
+    descriptors to mode 0; the tensor cores must read the same products from it."""
+    from klineage.gate.gate import Gate
+    from klineage.mechanisms import get
+    from klineage.removal import remove_mechanism
+
+    problem = load_problem(FOLDER)
+    removal = remove_mechanism(KernelSource.from_file(problem.kernel_path), get("smem_swizzle"))
+    assert removal.changed
+    with Gate(Builder(cache_dir=tmp_path)) as gate:
+        verdict = gate.run(problem, removal.simplified, time_it=False)
+    assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]

@@ -39,7 +39,7 @@ from typing import Literal
 
 from klineage.cexpr import PRIMARY, fold_int, precedence, wrap_at
 from klineage.conditions import evaluate_size
-from klineage.facts import launch_names, template_bindings
+from klineage.facts import launch_names, template_bindings, template_values
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -871,6 +871,18 @@ _SIZE = {"block": "blockDim.x", "warp": "32"}
 _FIRST = {"block": "threadIdx.x == 0", "warp": "(threadIdx.x & 31) == 0"}
 
 
+def _group_stride(source: ParsedSource, kernel: str, group: Group, block_size: int) -> str:
+    """What a row loop strides by: a template parameter that equals ``block_size`` in every
+    instantiation (``kThreads``) when the kernel has one, so the stride stays a compile-time
+    constant as an expert writes it; else ``blockDim.x`` (or 32 for a warp)."""
+    if group != "block":
+        return _SIZE[group]
+    bindings = template_values(source, kernel) or [{}]
+    names = [n for n in bindings[0] if all(b.get(n) == block_size for b in bindings)]
+    names.sort(key=lambda n: not re.search("thread|block", n, re.IGNORECASE))
+    return names[0] if names else _SIZE[group]
+
+
 def spread_rows(
     source: ParsedSource, rows: ThreadRows, group: Group, block_size: int
 ) -> list[Edit]:
@@ -882,9 +894,10 @@ def spread_rows(
     else:
         edits.append(Edit.replace(rows.index, f"({source.text_of(rows.index)}) >> 5"))
     ops: list[str] = []
+    stride = _group_stride(source, rows.kernel.name, group, block_size)
     for loop in rows.loops:
         edits.append(Edit.replace(loop.start, _RANK[group]))
-        edits.append(Edit.replace(loop.update, f"{loop.variable} += {_SIZE[group]}"))
+        edits.append(Edit.replace(loop.update, f"{loop.variable} += {stride}"))
         indent = source.indent_of(loop.node.start_byte)
         lines = "".join(
             f"\n{indent}{name} = {group}_reduce_{op}({name});"
@@ -906,7 +919,13 @@ def _check_launch_bounds(source: ParsedSource, kernel: Function, block_size: int
     if kernel.launch_bounds is None:
         return
     args = [a for a in kernel.launch_bounds.named_children if a.type != "comment"]
-    bound = fold(source, args[0]) if args else None
+    # a template kernel's bound (``kThreads``) is checked in every instantiation
+    bindings = template_values(source, kernel.name) or [{}]
+    values = [
+        fold_int(source, args[0], {**source.integer_constants, **b}) if args else None
+        for b in bindings
+    ]
+    bound = None if None in values else min(v for v in values if v is not None)
     if bound is None:
         raise NotCanonical(
             f"{kernel.name} has __launch_bounds__ that do not fold to a number; the new block "

@@ -17,7 +17,12 @@ memory wasted.
 - apply: a helper with "swizzl" in its name that has no XOR yet gets ``chunk ^ (row & mask)``
   (carrier ``mask``, default 7; ``row`` and ``chunk`` name the parameters, default the
   first two), provided the row pitch it multiplies ``row`` by holds a whole multiple of
-  ``mask + 1`` chunks, so the permuted chunk stays inside its row.
+  ``mask + 1`` chunks, so the permuted chunk stays inside its row;
+- wgmma (Hopper): when the tensor cores read the tiles through shared-memory descriptors in
+  128-byte swizzle mode, the helper is usually called by the writers alone, and the layout
+  moves with the descriptors instead: the helper becomes interleaved core matrices, the
+  descriptor mode 0 with LBO 128, and the k steps along a row become core-matrix steps (see
+  :mod:`klineage.mechanisms._descriptor_swizzle`); applying reverses the three together.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ from klineage.cexpr import fold_int
 from klineage.conditions import Condition, Prose
 from klineage.facts import template_values
 from klineage.kernel import KernelSource
+from klineage.mechanisms._descriptor_swizzle import (
+    ROW_BYTES,
+    application_plan,
+    descriptors,
+    removal_plan,
+)
 from klineage.mechanisms._tiles_util import names_in
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -177,6 +188,7 @@ class SmemSwizzle(Mechanism):
         "mask": "row bits XORed into the chunk index (7: eight chunks, 128-byte rows)",
         "row": "the helper's row parameter (default: its first)",
         "chunk": "the helper's chunk parameter (default: its second)",
+        "pitch": "row pitch as written, for a layout wgmma descriptors read (default: 128)",
     }
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
@@ -195,7 +207,12 @@ class SmemSwizzle(Mechanism):
                         "chunk": source.text_of(found.kept),
                     }
                     refusal = None
-                    if _calls(source, function.name) < 2:
+                    if descriptors(source):
+                        plan = removal_plan(source, node, found.row, str(detail["chunk"]))
+                        refusal = plan if isinstance(plan, str) else None
+                        if not isinstance(plan, str):
+                            detail["pitch"] = plan.pitch
+                    elif _calls(source, function.name) < 2:
                         refusal = (
                             f"{function.name} is called fewer than twice, so the writes and the "
                             "reads of the buffer do not both go through it"
@@ -232,13 +249,19 @@ class SmemSwizzle(Mechanism):
         found = _helper_xor(source, function, node)
         if isinstance(found, str):
             raise self.refuse(found, site)
+        if descriptors(source):  # the tensor cores read the layout too: move both
+            plan = removal_plan(source, node, found.row, source.text_of(found.kept))
+            if isinstance(plan, str):
+                raise self.refuse(plan, site)
+            return plan.edits
         target = node
         if node.parent is not None and node.parent.type == "parenthesized_expression":
             target = node.parent
         return [Edit.replace(target, source.text_of(found.kept))]
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
-        values = {k: site.detail[k] for k in ("mask", "row", "chunk") if k in site.detail}
+        keys = ("mask", "row", "chunk", "pitch")
+        values = {k: site.detail[k] for k in keys if k in site.detail}
         return Carrier(**values)
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
@@ -253,6 +276,14 @@ class SmemSwizzle(Mechanism):
             raise self.refuse(f"{function.name} has no row and chunk parameters", site, "apply")
         if mask & (mask + 1):
             raise self.refuse(f"mask={mask} is not 2^k - 1", site, "apply")
+        if descriptors(source):  # wgmma reads the layout through descriptors: move both
+            if mask != DEFAULT_MASK:
+                raise self.refuse(f"mask={mask}: the descriptors' swizzle is mask 7", site, "apply")
+            pitch = carrier.get_str("pitch") or str(ROW_BYTES)
+            plan = application_plan(source, function, row, chunk, pitch)
+            if isinstance(plan, str):
+                raise self.refuse(plan, site, "apply")
+            return plan.edits
         # a template helper is checked for every instantiation the file makes of it
         bindings = template_values(source, function.name) or [None]
         rows = [_chunks_per_row(source, function, row, chunk, b) for b in bindings]
@@ -279,6 +310,20 @@ class SmemSwizzle(Mechanism):
     ) -> list[Condition]:
         function = kernel.parsed.enclosing_function(site.start_byte)
         name = function.name if function is not None else "the layout"
+        if descriptors(kernel.parsed):
+            return [
+                Prose(
+                    text=(
+                        f"{name} writes K-major tiles of 128-byte rows, each tile starts on a "
+                        "1024-byte boundary, and the wgmma descriptors that read them are in "
+                        "128-byte swizzle mode (mode 1, SBO 1024) with k16 steps of 32 bytes"
+                    ),
+                    why=(
+                        "the hardware swizzle permutes by address bits 4-9, so the writers' XOR "
+                        "matches it only on 1024-byte-aligned 8-row groups of 128-byte rows"
+                    ),
+                )
+            ]
         return [
             Prose(
                 text=f"every write and read of the swizzled buffer goes through {name}",

@@ -252,3 +252,30 @@ def test_a_block_larger_than_the_launch_bounds_is_refused() -> None:
     (candidate,) = mechanism.candidates(source)
     with pytest.raises(MechanismRefused, match=r"exceeds __launch_bounds__\(256\)"):
         mechanism.apply(source, candidate, Carrier(block_size=512))
+
+
+def test_a_template_kernel_keeps_its_compile_time_stride() -> None:
+    """RMSNorm's scalar fallback is ``template <int kThreads>`` with
+    ``__launch_bounds__(kThreads)``: re-applying strides by kThreads, as the expert does (a
+    ``blockDim.x`` stride measured 0.95x in the H200 round trip), and checks the bounds in
+    every instantiation instead of refusing them as not a number."""
+    import re
+
+    from klineage.removal import reapply, remove_mechanism
+    from tests.conftest import REPO
+
+    expert = KernelSource.from_file(REPO / "expert_kernels" / "fused_add_rmsnorm" / "kernel.cu")
+    removal = remove_mechanism(expert, get("block_per_row"))
+    assert removal.changed
+    assert "c += kThreads" not in removal.simplified.text.split("add_rmsnorm_rows_scalar")[1][:900]
+    strides = re.findall(r"c \+= (\w+)", reapply(removal).text)
+    assert strides == re.findall(r"c \+= (\w+)", expert.text) == ["kThreads", "kThreads"]
+    # a kernel instantiated with a bound below the carrier's block size is refused
+    narrow = KernelSource(
+        removal.simplified.text.replace(
+            "add_rmsnorm_rows_scalar<512>", "add_rmsnorm_rows_scalar<256>"
+        )
+    )
+    (candidate,) = [c for c in get("block_per_row").candidates(narrow) if c.supported]
+    with pytest.raises(MechanismRefused, match="exceeds __launch_bounds__\\(256\\)"):
+        get("block_per_row").apply(narrow, candidate, Carrier(block_size=512))

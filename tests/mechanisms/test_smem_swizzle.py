@@ -25,8 +25,8 @@ def test_experts_listing_it_are_detected() -> None:
 
 @pytest.mark.nvcc
 def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
-    # the wgmma gemm's swizzle is also the hardware's (descriptor mode) and is refused there;
-    # whatever expert removals exist must compile, and the mma.sync gemm's must exist
+    # every expert removal must compile (the wgmma gemm's moves its descriptors with it), and
+    # the mma.sync gemm's must exist
     for name, ok, message in expert_removal_builds(mechanism_builder, "smem_swizzle"):
         assert ok, f"{name} does not compile:\n{message}"
     kernel = KernelSource.from_file(REPO / "bench" / "gemm_variants" / "mma_sync.cu")
@@ -79,3 +79,72 @@ def test_a_template_helper_is_checked_for_every_instantiation() -> None:
     (candidate,) = mechanism.candidates(narrow)
     with pytest.raises(MechanismRefused, match="multiple of 8 chunks"):
         mechanism.apply(narrow, candidate)
+
+
+GEMM = REPO / "expert_kernels" / "gemm_bf16" / "kernel.cu"
+
+
+def test_a_layout_wgmma_reads_moves_with_its_descriptors() -> None:
+    from klineage.removal import reapply, remove_mechanism
+
+    expert = KernelSource.from_file(GEMM)
+    (site,) = mechanism.detect(expert)
+    assert site.supported and site.detail["pitch"] == "(kBK * 2)"
+    removal = remove_mechanism(expert, mechanism)
+    text = removal.simplified.text
+    # interleaved core matrices, read with swizzle mode 0, LBO 128 and k16 steps of 256 bytes
+    assert "(row >> 3) * 1024 + chunk * 128 + (row & 7) * 16" in text
+    assert "desc |= (uint64_t)0 << 62;" in text and "(uint64_t)(128 >> 4) << 16" in text
+    assert "smem_desc(a_base + ks * 256), smem_desc(b_base + ks * 256)" in text
+    assert "^ (row & 7)" not in text and "ks * 32" not in text
+    assert reapply(removal).text == expert.text
+    (condition,) = mechanism.conditions(expert, site)
+    assert "128-byte swizzle mode" in condition.text
+
+
+def _wgmma_file(helper: str, call: str, lbo: int = 16, mode: int = 1) -> KernelSource:
+    return KernelSource(
+        "#include <stdint.h>\n"
+        f"__device__ uint32_t swizzle(int row, int chunk) {{ return (uint32_t)({helper}); }}\n"
+        "__device__ uint64_t smem_desc(uint32_t addr) {\n"
+        "  uint64_t desc = (uint64_t)((addr & 0x3FFFF) >> 4);\n"
+        f"  desc |= (uint64_t)({lbo} >> 4) << 16;\n  desc |= (uint64_t)(1024 >> 4) << 32;\n"
+        f"  desc |= (uint64_t){mode} << 62;\n  return desc;\n}}\n"
+        "__global__ void k(uint64_t* y, uint32_t base) {\n"
+        '  asm volatile("// wgmma.mma_async stands here");\n'
+        f"  y[0] = swizzle(threadIdx.x, 1);\n  for (int ks = 0; ks < 4; ++ks) y[ks] = {call};\n}}\n"
+    )
+
+
+def test_descriptor_forms_outside_the_rule_are_refused() -> None:
+    swizzled = "row * 128 + ((chunk ^ (row & 7)) << 4)"
+    ok = _wgmma_file(swizzled, "smem_desc(base + ks * 32)")
+    (site,) = mechanism.detect(ok)
+    assert site.supported
+    cases = {
+        "rows of 256 bytes": _wgmma_file(
+            swizzled.replace("128", "256"), "smem_desc(base + ks * 32)"
+        ),
+        "adds a 'k * step' offset": _wgmma_file(swizzled, "smem_desc(base)"),
+        "a constant is added": _wgmma_file(swizzled, "smem_desc(base + ks * 32 + 16)"),
+        "swizzle mode 0": _wgmma_file(swizzled, "smem_desc(base + ks * 32)", mode=0),
+        "k step 24": _wgmma_file(swizzled, "smem_desc(base + ks * 24)"),
+    }
+    for reason, kernel in cases.items():
+        (site,) = mechanism.detect(kernel)
+        assert reason in (site.refusal or ""), (reason, site.refusal)
+
+
+def test_apply_needs_the_interleaved_form_the_removal_writes() -> None:
+    interleaved = "(row >> 3) * 1024 + chunk * 128 + (row & 7) * 16"
+    plain = _wgmma_file(interleaved, "smem_desc(base + ks * 256)", lbo=128, mode=0)
+    (candidate,) = mechanism.candidates(plain)
+    applied = mechanism.apply(plain, candidate).text
+    assert "row * 128 + ((chunk ^ (row & 7)) << 4)" in applied and "ks * 32" in applied
+    assert "(uint64_t)1 << 62" in applied and "(uint64_t)(16 >> 4) << 16" in applied
+    other = _wgmma_file("row * 128 + chunk * 16", "smem_desc(base + ks * 256)", lbo=128, mode=0)
+    (candidate,) = mechanism.candidates(other)
+    with pytest.raises(MechanismRefused, match="not the interleaved core-matrix layout"):
+        mechanism.apply(other, candidate)
+    with pytest.raises(MechanismRefused, match="the descriptors' swizzle is mask 7"):
+        mechanism.apply(plain, mechanism.candidates(plain)[0], Carrier(mask=3))
