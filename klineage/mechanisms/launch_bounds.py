@@ -186,9 +186,18 @@ class LaunchBounds(Mechanism):
         if size is not None:
             if not 0 < size <= MAX_THREADS:
                 raise self.refuse(f"block_size={size} is not in 1..{MAX_THREADS}", site, "apply")
+            launched = _fold_text(source, inferred) if inferred is not None else None
             # Keep the kernel's own spelling (kThreads) when it means the same number.
-            if inferred is not None and _fold_text(source, inferred) == size:
+            if launched == size:
                 return inferred
+            if launched is not None and launched > size:
+                # a block larger than the bound fails to launch (cudaErrorInvalidValue)
+                raise self.refuse(
+                    f"block_size={size} is below the {launched} threads {kernel.name} is "
+                    "launched with; the launch would fail",
+                    site,
+                    "apply",
+                )
             return str(size)
         if explicit:
             return explicit

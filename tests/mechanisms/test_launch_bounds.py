@@ -94,3 +94,15 @@ def test_a_template_dependent_block_count_is_carried_and_restored() -> None:
     both = Carrier(block_size=128, min_blocks=2, min_blocks_expr="kD == 128 ? 2 : 4")
     with pytest.raises(MechanismRefused, match="not both"):
         mechanism.apply(removal.simplified, candidate, both)
+
+
+def test_a_bound_below_the_launched_block_is_refused_before_the_gate() -> None:
+    """The H200 replay gated batched_hgemm with a 128 bound on a 256-thread launch: it failed
+    to launch (cudaErrorInvalidValue). That is now known without a gate run."""
+    source = _kernel("k<<<rows, 256>>>(y, cols);")
+    (candidate,) = mechanism.candidates(source)
+    with pytest.raises(MechanismRefused, match="below the 256 threads k is launched with"):
+        mechanism.apply(source, candidate, Carrier(block_size=128))
+    assert (
+        "__launch_bounds__(512)" in mechanism.apply(source, candidate, Carrier(block_size=512)).text
+    )
