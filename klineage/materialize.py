@@ -7,8 +7,9 @@ workload, and faster than the current state overall and in every trial, timed in
   whose rewrite would close another's candidate sites moved after it (:mod:`klineage.ordering`),
   each mechanism applied at every candidate site with the carrier its evidence supports (a
   vector width keeps its bytes on the target's element size); when one carrier passes the
-  keep rule, the skill's other carriers are gated from the same state and the fastest is kept
-  (the others are recorded as `outranked`);
+  keep rule, the skill's other carriers, and the rule's default choice for the target, are
+  gated from the same state and the fastest is kept (the others are recorded as `outranked`;
+  a carrier that writes a kernel already gated there costs no run);
 - `blind`: every catalog mechanism at every candidate site, one site per run, no conditions,
   no ordering beyond the catalog's;
 - `memory`: past before/after edits (the skills' anchors) retrieved by text similarity to the
@@ -275,7 +276,7 @@ class Materializer:
                     # the skill's other carriers, from the same state: keep the fastest
                     left = self.budget.gate_runs - len(records) - 1
                     tries += self._other_carriers(
-                        problem, current, moves, planned, tried, prepared, refusals, left
+                        problem, current, new, moves, planned, tried, prepared, refusals, left
                     )
                 chosen = self._fastest_kept(tries)
                 for offset, (tried_move, tried_new, tried_verdict) in enumerate(tries):
@@ -352,6 +353,7 @@ class Materializer:
         self,
         problem: Problem,
         current: KernelSource,
+        first: KernelSource,
         moves: Sequence[Move],
         planned: Move,
         tried: set[MoveKey],
@@ -360,8 +362,10 @@ class Materializer:
         left: int,
     ) -> list[tuple[Move, KernelSource, GateVerdict]]:
         """Gate the skill's remaining carriers at `current` (the skill's evidence supports each),
-        within `left` gate runs; the caller keeps the fastest."""
+        within `left` gate runs; the caller keeps the fastest. A carrier that writes the same
+        kernel as one already gated here (`first`, the passing one) costs no run."""
         out: list[tuple[Move, KernelSource, GateVerdict]] = []
+        written = {first.text}
         later = moves[moves.index(planned) + 1 :]
         for sibling in later:
             if len(out) >= left:
@@ -377,6 +381,9 @@ class Materializer:
             except MechanismRefused as err:
                 refusals.append(f"{sibling.origin} {sibling.name}: {err.reason}")
                 continue
+            if new.text in written:
+                continue
+            written.add(new.text)
             out.append((sibling, new, self.log.run(problem, new, against=current)))
         return out
 
@@ -444,7 +451,9 @@ class Materializer:
     def _carriers(self, skill: Skill, problem: Problem) -> list[Carrier]:
         """The skill's own carrier, then the others its mechanism was seen with; each first
         as it transfers to the target (vector widths keep their bytes), then as learned; choices
-        written as expressions over names the target lacks are left out."""
+        written as expressions over names the target lacks are left out. Last, the rule's own
+        default for the target: a choice tuned on one expert (a 512-thread block) must not hide
+        a better one for this kernel, and it is gated only once a learned carrier has passed."""
         seen, carriers = set(), []
         same = [skill] + [s for s in self.skills.values() if s.mechanism == skill.mechanism]
         target = problem.kernel_path.read_text(encoding="utf-8") if problem.kernel_path else ""
@@ -458,6 +467,8 @@ class Materializer:
                 if key not in seen:
                     seen.add(key)
                     carriers.append(carrier)
+        if Carrier().model_dump_json() not in seen:
+            carriers.append(Carrier())
         return carriers
 
     def _skill_moves(

@@ -287,6 +287,17 @@ def _locked(folder: Path) -> Iterator[None]:
         yield
 
 
+def _card_carrier(carrier: dict[str, Any]) -> dict[str, Any]:
+    """The carrier for reading: code it carries (a removed dispatch chain) is named by its
+    size, since the card's After section shows it; skills.jsonl keeps it whole."""
+    return {
+        key: f"<{value.count(chr(10)) + 1} lines of code, shown under After>"
+        if isinstance(value, str) and "\n" in value
+        else value
+        for key, value in carrier.items()
+    }
+
+
 def _yaml_value(value: Any) -> str:
     # JSON scalars and lists are valid YAML flow values: no YAML library needed
     return json.dumps(value, ensure_ascii=False)
@@ -320,7 +331,7 @@ def render_skill_md(skill: Skill) -> str:
         "",
     ]
     if skill.carrier:
-        lines += [f"Carrier (instance choices): `{json.dumps(skill.carrier)}`", ""]
+        lines += [f"Carrier (instance choices): `{json.dumps(_card_carrier(skill.carrier))}`", ""]
     lines += ["## When it is valid", ""]
     lines += [f"- {c}" for c in skill.condition_prose] or ["- no conditions were found"]
     for probe in skill.probe_evidence:

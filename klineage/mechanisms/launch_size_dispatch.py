@@ -13,13 +13,20 @@ register-resident rows up to a limit, a streaming fallback beyond it.
   code after it, the general path, runs for every size. Both are semantics-preserving as
   long as the fallback is valid for all sizes, which is what a fallback is for (stated as a
   condition); a chain that falls through into shared code, or has no fallback, is refused;
-- apply: refused: a dispatch needs the specialized kernels it chooses between, which only a
-  person or an LLM writes.
+- apply: a dispatch needs the specialized kernels it chooses between, which only a person or
+  an LLM writes, so a new dispatch is refused. What a rule can do is put back a removed one
+  whose kernels are still in the file (a round trip): the carrier ``dispatch`` holds the
+  chain as it was written (``declarations``: the locals only it read), and it goes back in
+  place of the general launch (its final ``else``), or before it for a chain of returning
+  branches. Every function the chain calls must be defined in the target; otherwise the
+  apply is refused as above.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import ClassVar
 
 from klineage.cexpr import fold_int
 from klineage.conditions import Condition, Prose
@@ -36,6 +43,12 @@ from klineage.problem import Problem
 from klineage.source import Edit, Node, ParsedSource
 
 _RELATIONAL = ("<", "<=", ">", ">=")
+# what a dispatch chooses between: kernels it launches (`k<T><<<`) and the specialized host
+# functions it calls with template arguments (`launch_rows<256, 4>(`); plain calls (`dim3(`,
+# `min(`) are left to the compiler
+_LAUNCHED = re.compile(r"\b([A-Za-z_]\w*)\s*(?:<[^<>;()]*>)?\s*<<<")
+_SPECIALIZED = re.compile(r"\b([A-Za-z_]\w*)\s*<[^<>;()]*>\s*\(")
+_KEYWORDS = {"static_cast", "reinterpret_cast", "const_cast", "dynamic_cast"}
 _APPLY_REFUSAL = (
     "a size dispatch chooses between specialized kernels for each size range; writing them "
     "is a job for a person or an LLM, not a rule"
@@ -149,6 +162,50 @@ def _refusal(links: list[tuple[Node | None, Node]]) -> str | None:
     )
 
 
+def _with_comments_above(source: ParsedSource, statement: Node) -> Node:
+    """The first of the whole-line comments written just above a statement (or itself)."""
+    start = statement
+    while (
+        start.prev_sibling is not None
+        and start.prev_sibling.type == "comment"
+        and source.starts_line(start.prev_sibling.start_byte)
+    ):
+        start = start.prev_sibling
+    return start
+
+
+def _blank_lines_above(source: ParsedSource, line_start: int) -> int:
+    """Where the run of blank lines that ends at ``line_start`` begins."""
+    start = line_start
+    while start > 0:
+        previous = source.line_start(start - 1)
+        if source.data[previous:start].strip():
+            break
+        start = previous
+    return start
+
+
+def _block(source: ParsedSource, chain: Node, orphaned: list[Edit], following: Node) -> str | None:
+    """For a chain of returning branches: the lines from its first declaration (or itself) to
+    the general path, as written, blank lines included, so that putting them back in place of
+    the blank lines the removal leaves restores the file exactly; None when other statements
+    lie among them."""
+    first = min([chain.start_byte, *(e.start_byte for e in orphaned)])
+    begin = _blank_lines_above(source, source.line_start(first))
+    end = source.line_start(_with_comments_above(source, following).start_byte)
+    removed = sorted(
+        [(e.start_byte, e.end_byte) for e in orphaned] + [(chain.start_byte, chain.end_byte)]
+    )
+    cursor, rest = begin, []
+    for start, stop in removed:
+        rest.append(source.data[cursor:start])
+        cursor = max(cursor, stop)
+    rest.append(source.data[cursor:end])
+    if b"".join(rest).strip():
+        return None
+    return source.data[begin:end].decode("utf-8")
+
+
 @register
 class LaunchSizeDispatch(Mechanism):
     name = "launch_size_dispatch"
@@ -188,7 +245,8 @@ class LaunchSizeDispatch(Mechanism):
         for launch in source.launches:
             function = source.enclosing_function(launch.node)
             if function is not None and function.extern_c:
-                yield self.site(source, launch.node, refusal=_APPLY_REFUSAL)
+                # supported: a carrier holding a removed chain can go back here
+                yield self.site(source, launch.node)
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         node = self.node_at(source, site, "if_statement")
@@ -206,8 +264,104 @@ class LaunchSizeDispatch(Mechanism):
             shift = 0
         return [Edit.replace(node, reindent(text, shift)), *orphaned_declarations(source, dropped)]
 
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "dispatch": "the removed if chain as written (re-applied only where its kernels exist)",
+        "declarations": "the locals only the chain read, as written, one per line",
+        "fallback": "'else': the chain's final else is the general path; 'after': the code "
+        "after a chain of returning branches is",
+        "next": "for 'after': the statement the chain stood before, as written",
+        "block": "for 'after': the lines from the declarations to that statement, as written",
+    }
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        source = kernel.parsed
+        node = self.node_at(source, site, "if_statement")
+        links = _chain(node)
+        if _refusal(links) is not None:
+            return Carrier()
+        dropped = [c for c, _ in links if c is not None] + [b for _, b in links[:-1]]
+        if links[-1][0] is not None:
+            dropped = [node]
+        orphaned = orphaned_declarations(source, dropped)
+        declarations = [source.data[e.start_byte : e.end_byte].decode().strip() for e in orphaned]
+        following = node.next_named_sibling
+        while following is not None and following.type == "comment":
+            following = following.next_named_sibling
+        after = links[-1][0] is not None and following is not None
+        extra: dict[str, str] = {}
+        if after and following is not None:
+            extra["next"] = source.text_of(following)
+            block = _block(source, node, orphaned, following)
+            if block is not None:
+                extra["block"] = block
+        return Carrier(
+            dispatch=source.text_of(node),
+            declarations="\n".join(declarations),
+            fallback="after" if after else "else",
+            **extra,
+        )
+
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
-        raise self.refuse(_APPLY_REFUSAL, site, "apply")
+        chain = carrier.get_str("dispatch")
+        if not chain:
+            raise self.refuse(_APPLY_REFUSAL, site, "apply")
+        defined = {f.name for f in source.functions}
+        called = {*_LAUNCHED.findall(chain), *_SPECIALIZED.findall(chain)} - _KEYWORDS
+        missing = sorted(name for name in called if name not in defined)
+        if missing:
+            raise self.refuse(
+                f"the kernels the dispatch chooses between are not all here ({', '.join(missing)} "
+                f"missing); {_APPLY_REFUSAL}",
+                site,
+                "apply",
+            )
+        launch = self.node_at(source, site, "call_expression")
+        if carrier.get_str("fallback") == "after":
+            statement = self._general_path(source, launch, carrier.get_str("next") or "", site)
+        else:
+            statement = launch
+            while statement.parent is not None and statement.type != "expression_statement":
+                statement = statement.parent
+        if statement.type not in ("expression_statement", "declaration"):
+            raise self.refuse("the general launch is not a statement of its own", site, "apply")
+        # the chain's continuation lines keep the columns they were written at
+        indent = " " * column(source, statement.start_byte)
+        declarations = (carrier.get_str("declarations") or "").splitlines()
+        text = "".join(f"{line}\n{indent}" for line in declarations if line) + chain
+        if carrier.get_str("fallback") == "after":
+            start = _with_comments_above(source, statement)
+            block = carrier.get_str("block")
+            if block is not None and source.starts_line(start.start_byte):
+                # the lines as written, in place of the blank lines the removal left
+                end = source.line_start(start.start_byte)
+                return [Edit(_blank_lines_above(source, end), end, block)]
+            return [Edit.insert(start.start_byte, f"{text}\n\n{indent}")]
+        general = " ".join(source.text_of(statement).split())
+        if not " ".join(chain.split()).endswith(general):
+            raise self.refuse(
+                "the chain's final else is not this launch, so it would not stand where the "
+                "general path is",
+                site,
+                "apply",
+            )
+        return [Edit.replace(statement, text)]
+
+    def _general_path(self, source: ParsedSource, launch: Node, first: str, site: Site) -> Node:
+        """The statement a chain of returning branches stood before (``first``, as written), in
+        the function of the candidate launch."""
+        function = source.enclosing_function(launch)
+        wanted = " ".join(first.split())
+        if function is not None and function.body is not None and wanted:
+            for block in source.iter_nodes("compound_statement", within=function.body):
+                for statement in statements(block):
+                    if " ".join(source.text_of(statement).split()) == wanted:
+                        return statement
+            for statement in statements(function.body):
+                if " ".join(source.text_of(statement).split()) == wanted:
+                    return statement
+        raise self.refuse(
+            "the statement the dispatch stood before is not in this function", site, "apply"
+        )
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None

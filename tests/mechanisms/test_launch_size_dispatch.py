@@ -6,7 +6,7 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import MechanismRefused, get
+from klineage.mechanisms import Carrier, MechanismRefused, get
 from tests.mechanisms.roundtrip import RoundTripSuite, fixture_pairs, removal_chain
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 
@@ -14,15 +14,42 @@ mechanism = get("launch_size_dispatch")
 
 
 class TestLaunchSizeDispatch(RoundTripSuite):
+    """Forward here is the round trip: the removed chain, carried, goes back where it was
+    (its kernels are still in the file)."""
+
     mechanism = "launch_size_dispatch"
 
-    def test_forward_restores_before(self) -> None:
-        """Apply is refused with a reason: a dispatch needs specialized kernels."""
-        for pair in self.pairs():
-            chain = removal_chain(self.subject, pair.before)
-            for candidate in self.subject.candidates(chain.states[-1]):
-                with pytest.raises(MechanismRefused, match="specialized kernels"):
-                    self.subject.apply(chain.states[-1], candidate)
+
+def test_a_new_dispatch_is_refused_with_the_reason() -> None:
+    """Without a carried chain, or with one whose kernels the target lacks, apply is refused:
+    a dispatch needs specialized kernels, which a rule does not write."""
+    for pair in fixture_pairs("launch_size_dispatch"):
+        chain = removal_chain(mechanism, pair.before)
+        for candidate in mechanism.candidates(chain.states[-1]):
+            with pytest.raises(MechanismRefused, match="specialized kernels"):
+                mechanism.apply(chain.states[-1], candidate)
+    pair = fixture_pairs("launch_size_dispatch")[0]
+    (site,) = [s for s in mechanism.detect(pair.before) if s.supported]
+    carried = mechanism.carrier_of(pair.before, site)
+    foreign = Carrier.model_validate(
+        {**carried.as_dict(), "dispatch": "if (n < 64) tiny_kernel<<<1, 64>>>(y, n);\nelse " + "x;"}
+    )
+    (candidate, *_) = mechanism.candidates(pair.after)
+    with pytest.raises(MechanismRefused, match=r"not all here \(tiny_kernel missing\)"):
+        mechanism.apply(pair.after, candidate, foreign)
+
+
+def test_the_experts_dispatches_go_back_exactly() -> None:
+    """softmax and RMSNorm (a final else) and gemm (returning branches before the tiled path,
+    with the comment above that path kept in place): removed, then re-applied byte for byte."""
+    from klineage.removal import reapply, remove_mechanism
+    from tests.conftest import REPO
+
+    for folder in ("softmax", "fused_add_rmsnorm", "gemm_bf16"):
+        expert = KernelSource.from_file(REPO / "expert_kernels" / folder / "kernel.cu")
+        removal = remove_mechanism(expert, mechanism)
+        assert removal.changed, folder
+        assert reapply(removal).text == expert.text, folder
 
 
 def test_experts_listing_it_are_detected() -> None:

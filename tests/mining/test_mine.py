@@ -222,3 +222,19 @@ def test_a_walk_ending_with_refused_sites_in_running_code_is_stuck(
     assert lineage.graph.graph["remaining"] == ["tensor_core_mma"]
     plain = mine(PROBLEM, tmp_path / "plain", gate=_gate(builder))
     assert plain.termination == "complete" and plain.remaining == []
+
+
+def test_a_card_names_carried_code_by_its_size() -> None:
+    """A dispatch skill carries its removed if chain (for the round trip); the card says how
+    many lines it is and points to the After code, while skills.jsonl keeps it whole."""
+    from klineage.skills import render_skill_md
+    from tests.conftest import REPO
+
+    library = SkillLibrary.load(REPO / "skills_out")
+    skill = next(iter(library))
+    chain = "if (cols <= 32) {\n  small<<<1, 32>>>(y);\n  return 0;\n}"
+    carried = skill.model_copy(update={"carrier": {"dispatch": chain, "fallback": "after"}})
+    card = render_skill_md(carried)
+    assert '"dispatch": "<4 lines of code, shown under After>"' in card
+    assert '"fallback": "after"' in card and "small<<<" not in card.split("## When")[0]
+    assert carried.carrier["dispatch"] == chain

@@ -266,3 +266,47 @@ def test_a_kept_skill_keeps_its_fastest_carrier(
     lineage = json.loads((tmp_path / "out" / "lineages" / "exp_target_f32.skills.json").read_text())
     chosen = [e for e in lineage["edges"] if e["mechanism"] == "launch_bounds" and e["chosen"]]
     assert len(chosen) == 1
+
+
+class _DefaultBoundGate(StandInGate):
+    """The stand-in, where the bound the target's own launch implies (256 threads) is worth a
+    further 1.3x and a bound tuned on another expert (512) is not."""
+
+    def present(self, kernel: KernelSource) -> set[str]:
+        found = super().present(kernel)
+        if "__launch_bounds__(256)" in kernel.text:
+            found.add("bounds_256")
+        return found
+
+
+def test_the_rules_default_carrier_competes_with_learned_ones(
+    builder: Builder, skills: Path, tmp_path: Path
+) -> None:
+    """A carrier learned on one expert (block size 512) passes; the rule's default for this
+    target (its 256-thread launch) is then gated from the same state and kept, faster."""
+    library = SkillLibrary.load(skills)
+    tuned = [
+        s.model_copy(update={"carrier": {"block_size": 512}})
+        if s.mechanism == "launch_bounds"
+        else s
+        for s in library
+    ]
+    SkillLibrary(tmp_path / "lib", tuned).save()
+    gate = _DefaultBoundGate(
+        builder, cost={"launch_bounds": 1.02, "bounds_256": 1.3}, expert_mechanisms=EXPERT
+    )
+    report = replay(
+        [TARGET],
+        tmp_path / "lib",
+        tmp_path / "out",
+        gate=gate,
+        methods=["skills"],
+        budget=ReplayBudget(gate_runs=12),
+    )
+    [result] = report.results
+    bounds_runs = [r for r in result.runs if r.action == "launch_bounds"]
+    [kept] = [r for r in bounds_runs if r.outcome == "kept"]
+    assert kept.carrier.get("block_size") is None  # the rule's default
+    assert kept.ratio == pytest.approx(1.02 * 1.3, rel=0.01)
+    [passed_over] = [r for r in bounds_runs if r.outcome == "outranked"]
+    assert passed_over.carrier.get("block_size") == 512
