@@ -9,6 +9,7 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
+from klineage.materialize import GateRunRecord
 from klineage.mine import mine
 from klineage.problem import load_problem
 from klineage.replay import ReplayBudget, load_replay, replay
@@ -223,6 +224,20 @@ def test_misses_name_the_mechanism_and_the_evidence(
     assert [m.reason for m in saved.misses] == [m.reason for m in report.misses]
 
 
+def _skills_bounds_runs(tmp_path: Path, gate: StandInGate) -> list[GateRunRecord]:
+    """The launch_bounds runs of the skills method replaying the library in tmp_path/lib."""
+    report = replay(
+        [TARGET],
+        tmp_path / "lib",
+        tmp_path / "out",
+        gate=gate,
+        methods=["skills"],
+        budget=ReplayBudget(gate_runs=12),
+    )
+    [result] = report.results
+    return [r for r in result.runs if r.action == "launch_bounds"]
+
+
 class _CarrierAwareGate(StandInGate):
     """The stand-in, where `__launch_bounds__(512)` is worth a further 1.3x (a carrier that
     matters), so two carriers of one skill measure differently."""
@@ -245,16 +260,7 @@ def test_a_kept_skill_keeps_its_fastest_carrier(
     gate = _CarrierAwareGate(
         builder, cost={"launch_bounds": 1.02, "bounds_512": 1.3}, expert_mechanisms=EXPERT
     )
-    report = replay(
-        [TARGET],
-        tmp_path / "lib",
-        tmp_path / "out",
-        gate=gate,
-        methods=["skills"],
-        budget=ReplayBudget(gate_runs=12),
-    )
-    [result] = report.results
-    bounds_runs = [r for r in result.runs if r.action == "launch_bounds"]
+    bounds_runs = _skills_bounds_runs(tmp_path, gate)
     outcomes = {r.outcome for r in bounds_runs}
     assert {"kept", "outranked"} <= outcomes
     [kept] = [r for r in bounds_runs if r.outcome == "kept"]
@@ -295,16 +301,7 @@ def test_the_rules_default_carrier_competes_with_learned_ones(
     gate = _DefaultBoundGate(
         builder, cost={"launch_bounds": 1.02, "bounds_256": 1.3}, expert_mechanisms=EXPERT
     )
-    report = replay(
-        [TARGET],
-        tmp_path / "lib",
-        tmp_path / "out",
-        gate=gate,
-        methods=["skills"],
-        budget=ReplayBudget(gate_runs=12),
-    )
-    [result] = report.results
-    bounds_runs = [r for r in result.runs if r.action == "launch_bounds"]
+    bounds_runs = _skills_bounds_runs(tmp_path, gate)
     [kept] = [r for r in bounds_runs if r.outcome == "kept"]
     assert kept.carrier.get("block_size") is None  # the rule's default
     assert kept.ratio == pytest.approx(1.02 * 1.3, rel=0.01)
