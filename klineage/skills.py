@@ -141,7 +141,14 @@ class Skill(BaseModel):
 
 
 def anchor_of(simplified: str, optimized: str, site: dict[str, Any] | None) -> tuple[str, str]:
-    """The changed region of each side, trimmed to whole lines."""
+    """The changed region of each side, trimmed to whole lines. A change made in several
+    places far apart (a descriptor, its layout helper and the k steps that use them) shows
+    each place with a line of context, the places separated by ``// ...``."""
+    hunks = _hunks(simplified, optimized)
+    if len(hunks) > 1:
+        before = "\n// ...\n".join(b for b, _ in hunks)
+        after = "\n// ...\n".join(a for _, a in hunks)
+        return _limited(before), _limited(after)
     start_opt, end_opt = changed_region(simplified, optimized)
     start_simple, end_simple = changed_region(optimized, simplified)
     return _lines_around(simplified, start_simple, end_simple), _lines_around(
@@ -149,12 +156,28 @@ def anchor_of(simplified: str, optimized: str, site: dict[str, Any] | None) -> t
     )
 
 
+def _hunks(simplified: str, optimized: str) -> list[tuple[str, str]]:
+    """(before, after) lines of each group of changes, with one line of context."""
+    old, new = simplified.splitlines(), optimized.splitlines()
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    return [
+        (
+            "\n".join(old[group[0][1] : group[-1][2]]),
+            "\n".join(new[group[0][3] : group[-1][4]]),
+        )
+        for group in matcher.get_grouped_opcodes(1)
+    ]
+
+
+def _limited(chunk: str) -> str:
+    return chunk if len(chunk) <= SNIPPET_LIMIT else chunk[:SNIPPET_LIMIT] + "\n..."
+
+
 def _lines_around(text: str, start: int, end: int) -> str:
     data = text.encode()
     first = data.rfind(b"\n", 0, start) + 1
     last = data.find(b"\n", end)
-    chunk = data[first : len(data) if last < 0 else last].decode("utf-8", "replace")
-    return chunk if len(chunk) <= SNIPPET_LIMIT else chunk[:SNIPPET_LIMIT] + "\n..."
+    return _limited(data[first : len(data) if last < 0 else last].decode("utf-8", "replace"))
 
 
 def unified_diff(simplified: str, optimized: str, name: str) -> str:

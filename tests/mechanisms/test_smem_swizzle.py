@@ -148,3 +148,18 @@ def test_apply_needs_the_interleaved_form_the_removal_writes() -> None:
         mechanism.apply(other, candidate)
     with pytest.raises(MechanismRefused, match="the descriptors' swizzle is mask 7"):
         mechanism.apply(plain, mechanism.candidates(plain)[0], Carrier(mask=3))
+
+
+def test_the_card_shows_each_place_the_layout_moved() -> None:
+    """The descriptor, the helper and the k steps are far apart in the file: the skill's
+    before/after anchor shows the three places, not one window cut off after the first."""
+    from klineage.removal import remove_mechanism
+    from klineage.skills import anchor_of
+
+    expert = KernelSource.from_file(GEMM)
+    removal = remove_mechanism(expert, mechanism)
+    before, after = anchor_of(removal.simplified.text, expert.text, None)
+    assert before.count("// ...") == after.count("// ...") == 2
+    assert "(uint64_t)0 << 62" in before and "(uint64_t)1 << 62" in after
+    assert "chunk * 128" in before and "(chunk ^ (row & 7)) << 4" in after
+    assert "ks * 256" in before and "ks * 32" in after
