@@ -368,6 +368,7 @@ def _round_trip(
         skill.verified = False
         skill.round_trip_note = f"{how}re-applying was refused: {err.reason}"
         return
+    skill.round_trip_exact = reapplied.fingerprint == optimized.fingerprint
     verdict = log.run(problem, reapplied, against=optimized)
     comparison = verdict.comparison
     if not verdict.passed or comparison is None:
@@ -382,10 +383,9 @@ def _round_trip(
     notes = [how.rstrip(": ")] if how else []
     if not skill.verified:
         notes.append("the re-applied kernel is slower than the optimized one")
-    identical = reapplied.fingerprint == optimized.fingerprint
     notes.append(
         "re-applying restored the optimized source exactly"
-        if identical
+        if skill.round_trip_exact
         else "re-applying gave a different source than the optimized one"
     )
     skill.round_trip_note = "; ".join(notes) if how else " ".join(notes)

@@ -58,6 +58,7 @@ def test_complete_walk_peels_cheapest_first_and_verifies_every_skill(
     fast_math = next(s for s in library if s.mechanism == "fast_math")
     assert fast_math.effect.geomean_speedup == pytest.approx(1.20, rel=1e-3)
     assert fast_math.verified and fast_math.round_trip_ratio == pytest.approx(1.0, rel=1e-3)
+    assert fast_math.round_trip_exact is True
     assert "__expf" in fast_math.anchor.after and "expf" in fast_math.anchor.before
     for skill in library:
         assert skill.conditions, f"{skill.id} has no condition"
@@ -238,3 +239,21 @@ def test_a_card_names_carried_code_by_its_size() -> None:
     assert '"dispatch": "<4 lines of code, shown under After>"' in card
     assert '"fallback": "after"' in card and "small<<<" not in card.split("## When")[0]
     assert carried.carrier["dispatch"] == chain
+
+
+def test_a_card_tells_timing_noise_from_a_different_rewrite() -> None:
+    """A round trip that restored the optimized source but read 0.991 in a trial (the cold
+    H200 softmax runs had three) stays NOT verified, and the card says the ratio is one kernel
+    timed twice; a different source gets no such sentence."""
+    from klineage.skills import render_skill_md
+    from tests.conftest import REPO
+
+    skill = next(iter(SkillLibrary.load(REPO / "skills_out")))
+    noisy = skill.model_copy(
+        update={"verified": False, "round_trip_ratio": 0.991, "round_trip_exact": True}
+    )
+    card = render_skill_md(noisy)
+    assert "Round trip: NOT verified (optimized / re-applied latency 0.991)" in card
+    assert "one kernel timed twice" in card
+    different = noisy.model_copy(update={"round_trip_exact": False})
+    assert "one kernel timed twice" not in render_skill_md(different)
