@@ -12,8 +12,10 @@ from klineage.facts import block_size_of
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_rows import (
     Group,
+    MergeReduction,
     NotCanonical,
     group_rows,
+    merge_reductions,
     spread_rows,
     thread_rows,
     thread_rows_shape,
@@ -34,7 +36,11 @@ class RowLayoutMechanism(Mechanism):
     group: ClassVar[Group]
     carrier_keys: ClassVar[dict[str, str]] = {
         "block_size": f"threads per block, a multiple of 32 up to {MAX_BLOCK} "
-        f"(default {DEFAULT_BLOCK})"
+        f"(default {DEFAULT_BLOCK})",
+        "merge_variable": "a user-typed accumulator (online softmax's max and sum) the "
+        "removed block reduction combined",
+        "merge_reduction": "that reduction as written (its merge and identity), to put back",
+        "merge_scratch": "the __shared__ declaration it publishes through",
     }
 
     def detected(self, source: ParsedSource, kernel: Function) -> bool:
@@ -95,9 +101,14 @@ class RowLayoutMechanism(Mechanism):
             raise self.refuse(
                 f"block_size={block} is not a multiple of 32 in 32..{MAX_BLOCK}", site, "apply"
             )
+        merges = []
+        variable = carrier.get_str("merge_variable")
+        text, scratch = carrier.get_str("merge_reduction"), carrier.get_str("merge_scratch")
+        if variable and text and scratch:
+            merges.append(MergeReduction(variable, text, scratch))
         try:
             rows = thread_rows(source, self._kernel(source, site))
-            return spread_rows(source, rows, self.group, block)
+            return spread_rows(source, rows, self.group, block, merges)
         except NotCanonical as why:
             raise self.refuse(str(why), site, "apply") from None
 
@@ -108,7 +119,16 @@ class RowLayoutMechanism(Mechanism):
         source = kernel.parsed
         sizes = {fold(source, launch.block) for launch in source.launches_of(site.function)}
         size = sizes.pop() if len(sizes) == 1 else None
-        return Carrier(block_size=size) if size is not None else Carrier()
+        extra: dict[str, str] = {}
+        kernel_function = source.function(site.function) if site.function else None
+        found = merge_reductions(source, kernel_function) if kernel_function else []
+        if len(found) == 1 and self.group == "block":  # carried for the round trip
+            extra = {
+                "merge_variable": found[0].variable,
+                "merge_reduction": found[0].text,
+                "merge_scratch": found[0].scratch,
+            }
+        return Carrier(block_size=size, **extra) if size is not None else Carrier(**extra)
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None

@@ -65,6 +65,7 @@ from klineage.source import Edit, Function, Launch, Node, ParsedSource, plain_as
 __all__ = [
     "HELPERS",
     "GroupRows",
+    "MergeReduction",
     "NotCanonical",
     "ThreadRows",
     "block_reduce_functions",
@@ -72,6 +73,7 @@ __all__ = [
     "helper_text",
     "is_block_per_row",
     "is_warp_per_row",
+    "merge_reductions",
     "spread_rows",
     "thread_rows",
     "thread_rows_shape",
@@ -79,7 +81,9 @@ __all__ = [
 ]
 
 Group = Literal["block", "warp"]
-Op = Literal["sum", "max", "min"]
+Op = Literal["sum", "max", "min", "merge"]
+"""``merge``: ``acc = f(acc, e)`` with a user type (online softmax's max-and-sum), spread only
+with a carried block reduction (:func:`merge_reductions`), i.e. in a round trip."""
 _SYNC = frozenset({"__syncthreads", "__syncthreads_or", "__syncthreads_and", "__syncthreads_count"})
 _WARP_INTRINSICS = frozenset(
     {"__syncwarp", "__shfl_sync", "__shfl_xor_sync", "__shfl_down_sync", "__shfl_up_sync",
@@ -534,6 +538,8 @@ class _ThreadWalker:
         self.store_targets: list[tuple[str, str, Node]] = []  # (base, index, node)
         self.loads: list[tuple[str, str, Node, bool]] = []  # (base, index, node, in loop)
         self.types = source.local_types(kernel)
+        # locals of a loop body pointing into the loop's element (float* e = (float*)&o[c])
+        self.element_pointers: set[str] = set()
 
     def line(self, node: Node) -> int:
         return self.source.line_of(node.start_byte)
@@ -605,12 +611,42 @@ class _ThreadWalker:
             elif parent is None or parent.type != "compound_statement":
                 raise NotCanonical(f"the store at line {self.line(statement)} is not in a block")
             self.stores.append(statement)
-        elif not _offset_by(self.source, target, loop.variable):
+        elif not _offset_by(self.source, target, loop.variable) and not self._element_store(target):
             raise NotCanonical(
                 f"the store at line {self.line(statement)} is not p[... + {loop.variable}], so two "
                 "threads of a group could write one element"
             )
         self.store_targets.append((base, index, target))
+
+    def _points_into_element(self, declaration: Node, variable: str) -> bool:
+        """``T* e = (T*)&out[c];``: the address of the loop's element, nothing else."""
+        addresses = [
+            n
+            for n in inside(self.source, declaration, "pointer_expression")
+            if self.source.text_of(n).startswith("&")
+        ]
+        for address in addresses:
+            argument = strip_parens(address.child_by_field_name("argument") or address)
+            if argument.type == "subscript_expression" and _offset_by(
+                self.source, argument, variable
+            ):
+                return len(addresses) == 1
+        return False
+
+    def _element_store(self, target: Node) -> bool:
+        """``e[2] = v`` through a pointer into this thread's element: a constant index."""
+        target = strip_parens(target)
+        base = target.child_by_field_name("argument")
+        indices = target.child_by_field_name("indices")
+        return (
+            target.type == "subscript_expression"
+            and base is not None
+            and self.source.text_of(base) in self.element_pointers
+            and indices is not None
+            and fold_int(self.source, indices.named_children[0]) is not None
+            if indices is not None and indices.named_children
+            else False
+        )
 
     def _address(self, target: Node) -> tuple[str, str]:
         target = strip_parens(target)
@@ -670,6 +706,8 @@ class _ThreadWalker:
                 self.loop_body(child, loop, local, self_reads)
         elif kind == "declaration":
             local.update(n for n in _declared(self.source, node))
+            if self._points_into_element(node, loop.variable):
+                self.element_pointers.update(_declared(self.source, node))
             self.reads(node, in_loop=True)
         elif kind == "expression_statement":
             self.loop_expression(node, loop, local, self_reads)
@@ -738,6 +776,14 @@ class _ThreadWalker:
                 for arg in args:
                     if self.source.text_of(strip_parens(arg)) == name:
                         return _MAX_FUNCS[function], arg
+            if plain_type(self.types.get(name, "")) != "float":
+                own = [
+                    n
+                    for n in inside(self.source, value, "identifier")
+                    if self.source.text_of(n) == name
+                ]
+                if len(own) == 1:  # acc = push(push(acc, v.x), v.y): a merge of a user type
+                    return "merge", own[0]
         raise NotCanonical(
             f"the loop assigns {name} at line {self.line(expression)}, which is not a sum, a "
             "max or a min of it"
@@ -763,6 +809,8 @@ class _ThreadWalker:
                 f"(line {self.line(node)}): a running value, not a reduction"
             )
         for name, op in loop.accumulators.items():
+            if op == "merge":
+                continue  # its merge and identity come with the carried reduction
             if plain_type(self.types.get(name, "")) != "float":
                 raise NotCanonical(f"{name} is not a float (only float reductions are emitted)")
             if op == "sum":
@@ -883,11 +931,89 @@ def _group_stride(source: ParsedSource, kernel: str, group: Group, block_size: i
     return names[0] if names else _SIZE[group]
 
 
+@dataclass(frozen=True)
+class MergeReduction:
+    """An inline block reduction of a user-typed accumulator, as written in a group-per-row
+    kernel: what a round trip carries to spread that accumulator again."""
+
+    variable: str
+    text: str
+    """The statements from the first warp merge to the last, their common indentation removed."""
+    scratch: str
+    """The ``__shared__`` declaration they publish through."""
+
+
+def merge_reductions(source: ParsedSource, kernel: Function) -> list[MergeReduction]:
+    """The inline block reductions of ``kernel`` over accumulators that are not floats."""
+    if kernel.body is None:
+        return []
+    finder = _InlineReductions(source, kernel.body)
+    types = source.local_types(kernel)
+    shared = [d for d in source.shared_declarations if within(d.node, kernel.body)]
+    found: list[MergeReduction] = []
+    for block in inside(source, kernel.body, "compound_statement"):
+        statements = named_statements(block)
+        for index, first in enumerate(statements):
+            try:
+                end = finder.run_end(statements, index)
+            except NotCanonical:
+                continue
+            variable = finder.warp_step(first)
+            if end is None or variable is None or plain_type(types.get(variable, "")) == "float":
+                continue
+            lines = source.text_of((first.start_byte, statements[end].end_byte)).split("\n")
+            base = first.start_byte - source.line_start(first.start_byte)
+            text = "\n".join(
+                [
+                    lines[0],
+                    *(line[base:] if not line[:base].strip() else line for line in lines[1:]),
+                ]
+            )
+            used = [d for d in shared if any(re.search(rf"\b{n}\b", text) for n in d.names)]
+            if len(used) == 1:
+                found.append(MergeReduction(variable, text, source.text_of(used[0].node)))
+    return found
+
+
+def _merge_edits(
+    source: ParsedSource, rows: ThreadRows, loop: RowLoop, name: str, merges: list[MergeReduction]
+) -> list[Edit]:
+    """The carried reduction of ``name`` after ``loop``, checked to start from the identity
+    the accumulator is initialized with."""
+    carried = next((m for m in merges if m.variable == name), None)
+    if carried is None:
+        raise NotCanonical(
+            f"the loop at line {source.line_of(loop.node.start_byte)} accumulates {name} with a "
+            "call, not a sum, a max or a min: combining the threads' values needs its merge, "
+            "which only a carried block reduction gives (a round trip)"
+        )
+    assert rows.kernel.body is not None
+    for node in inside(source, rows.kernel.body, "declaration"):
+        if node.end_byte > loop.node.start_byte:
+            break
+        declared = _declared(source, node)
+        if name in declared:
+            start = source.text_of(node).split(name, 1)[1].strip().rstrip(";").lstrip("=").strip()
+            if " ".join(start.split()) not in " ".join(carried.text.split()):
+                raise NotCanonical(
+                    f"{name} starts from {start}, which the carried reduction does not use as its "
+                    "identity, so each thread of a group would add its start value"
+                )
+    indent = source.indent_of(loop.node.start_byte)
+    body = carried.text.replace("\n", "\n" + indent)
+    return [Edit.insert(loop.node.end_byte, f"\n{indent}{body}")]
+
+
 def spread_rows(
-    source: ParsedSource, rows: ThreadRows, group: Group, block_size: int
+    source: ParsedSource,
+    rows: ThreadRows,
+    group: Group,
+    block_size: int,
+    merges: list[MergeReduction] | None = None,
 ) -> list[Edit]:
     """The edits that give each row of a canonical thread-per-row kernel to a block (or a
-    warp) of ``block_size`` threads."""
+    warp) of ``block_size`` threads. User-typed accumulators (``merge``) need their block
+    reduction in ``merges``."""
     edits: list[Edit] = []
     if group == "block":
         edits.append(Edit.replace(rows.index, source.text_of(rows.block_part)))
@@ -902,10 +1028,21 @@ def spread_rows(
         lines = "".join(
             f"\n{indent}{name} = {group}_reduce_{op}({name});"
             for name, op in loop.accumulators.items()
+            if op != "merge"
         )
         if lines:
             edits.append(Edit.insert(loop.node.end_byte, lines))
-        ops += [op for op in loop.accumulators.values() if op not in ops]
+        for name, op in loop.accumulators.items():
+            if op == "merge":
+                if group != "block":
+                    raise NotCanonical(f"{name} is a user-typed merge; only a block carries one")
+                edits += _merge_edits(source, rows, loop, name, merges or [])
+        ops += [op for op in loop.accumulators.values() if op not in ops and op != "merge"]
+    merged = {n for loop in rows.loops for n, op in loop.accumulators.items() if op == "merge"}
+    assert rows.kernel.body is not None
+    inner = source.indent_of(named_statements(rows.kernel.body)[0].start_byte)
+    for scratch in sorted({m.scratch for m in merges or [] if m.variable in merged}):
+        edits.append(Edit.insert(rows.kernel.body.start_byte + 1, f"\n{inner}{scratch}"))
     for store in rows.stores:
         edits.append(Edit.insert(store.start_byte, f"if ({_FIRST[group]}) "))
     _check_launch_bounds(source, rows.kernel, block_size)

@@ -279,3 +279,49 @@ def test_a_template_kernel_keeps_its_compile_time_stride() -> None:
     (candidate,) = [c for c in get("block_per_row").candidates(narrow) if c.supported]
     with pytest.raises(MechanismRefused, match="exceeds __launch_bounds__\\(256\\)"):
         get("block_per_row").apply(narrow, candidate, Carrier(block_size=512))
+
+
+SOFTMAX = "expert_kernels/softmax/kernel.cu"
+
+
+@pytest.mark.nvcc
+def test_an_online_softmax_merge_goes_back_with_its_carried_reduction(
+    mechanism_builder: Builder,
+) -> None:
+    """softmax_online_rows accumulates a MaxSum with push() and combines the threads with
+    warp_merge through shared memory. The removal carries that reduction; re-applying puts it
+    after each accumulating loop (both branches of `if (kAligned)`), with its scratch, and
+    compiles. The two H200 round trips of this skill were refused before this."""
+    from klineage.removal import reapply, remove_mechanism
+    from tests.conftest import REPO
+
+    mechanism = get("block_per_row")
+    expert = KernelSource.from_file(REPO / SOFTMAX)
+    removal = remove_mechanism(expert, mechanism)
+    assert [s.function for s in removal.sites] == ["softmax_online_rows"]
+    assert removal.carriers[0].get_str("merge_variable") == "acc"
+    back = reapply(removal)
+    kernel = back.text.split("softmax_online_rows(")[1].split("launch-size choice")[0]
+    assert kernel.count("acc = warp_merge(acc);") == 4  # a warp merge and a block merge, twice
+    assert back.text.count("__shared__ MaxSum scratch[kThreads / 32];") == 1
+    assert "c += kThreads" in kernel and "acc = push(acc, __ldg(row_in + c))" in kernel
+    compile_ok(mechanism_builder, [back])
+
+
+def test_a_user_typed_merge_needs_its_carried_reduction() -> None:
+    from klineage.removal import remove_mechanism
+    from tests.conftest import REPO
+
+    mechanism = get("block_per_row")
+    removal = remove_mechanism(KernelSource.from_file(REPO / SOFTMAX), mechanism)
+    simplified = removal.simplified
+    (candidate,) = [
+        c for c in mechanism.candidates(simplified) if c.function == "softmax_online_rows"
+    ]
+    assert candidate.supported  # stores through `float* elems = ...&out4[c]` are per element
+    with pytest.raises(MechanismRefused, match="only a carried block reduction gives"):
+        mechanism.apply(simplified, candidate, Carrier(block_size=512))
+    carried = removal.carriers[0].as_dict()
+    other = {**carried, "merge_reduction": carried["merge_reduction"].replace("-INFINITY", "0.0f")}
+    with pytest.raises(MechanismRefused, match="does not use as its identity"):
+        mechanism.apply(simplified, candidate, Carrier.model_validate(other))
