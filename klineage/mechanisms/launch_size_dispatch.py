@@ -215,6 +215,14 @@ class LaunchSizeDispatch(Mechanism):
         "Choose a kernel specialized for the problem's size range at launch time instead of "
         "one kernel general enough for every size."
     )
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "dispatch": "the removed if chain as written (re-applied only where its kernels exist)",
+        "declarations": "the locals only the chain read, as written, one per line",
+        "fallback": "'else': the chain's final else is the general path; 'after': the code "
+        "after a chain of returning branches is",
+        "next": "for 'after': the statement the chain stood before, as written",
+        "block": "for 'after': the lines from the declarations to that statement, as written",
+    }
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         launching = _launching_functions(source)
@@ -263,15 +271,6 @@ class LaunchSizeDispatch(Mechanism):
         if not source.starts_line(fallback.start_byte):
             shift = 0
         return [Edit.replace(node, reindent(text, shift)), *orphaned_declarations(source, dropped)]
-
-    carrier_keys: ClassVar[dict[str, str]] = {
-        "dispatch": "the removed if chain as written (re-applied only where its kernels exist)",
-        "declarations": "the locals only the chain read, as written, one per line",
-        "fallback": "'else': the chain's final else is the general path; 'after': the code "
-        "after a chain of returning branches is",
-        "next": "for 'after': the statement the chain stood before, as written",
-        "block": "for 'after': the lines from the declarations to that statement, as written",
-    }
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         source = kernel.parsed
