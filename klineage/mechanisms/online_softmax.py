@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from klineage.cexpr import operand
 from klineage.conditions import Condition, Prose
 from klineage.kernel import KernelSource
+from klineage.mechanisms._online_pair_apply import single_pass, two_pass_pair
 from klineage.mechanisms._reductions_exchange import shuffle_steps
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -605,9 +606,21 @@ class OnlineSoftmax(Mechanism):
             yield self.site(source, loop, detail={"form": "scalar"}, refusal=refusal)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        pushes = self._pushes(source)
         for function in source.functions:
             if function.body is None or not function.runs_on_device:
                 continue
+            for declaration in inside(source, function.body, "declaration") if pushes else []:
+                form = two_pass_pair(source, declaration, pushes)
+                if form is not None:
+                    yield self.site(
+                        source,
+                        declaration,
+                        span=(declaration.start_byte, form.end),
+                        kind="declaration",
+                        snippet=source.snippet(declaration),
+                        detail={"form": "pair"},
+                    )
             for loop in inside(source, function.body, "for_statement"):
                 found = _two_pass(source, loop)
                 if found is not None:
@@ -650,7 +663,22 @@ class OnlineSoftmax(Mechanism):
             )
         ]
 
+    @staticmethod
+    def _pushes(source: ParsedSource) -> dict[str, tuple[str, str, str]]:
+        return {
+            name: (pair.push, pair.max_field, pair.sum_field)
+            for name, pair in _pair_types(source).items()
+        }
+
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") == "pair":
+            pushes = self._pushes(source)
+            for declaration in source.nodes("declaration"):
+                if declaration.start_byte == site.start_byte:
+                    form = two_pass_pair(source, declaration, pushes)
+                    if form is not None:
+                        return single_pass(source, form)
+            raise self.refuse("the two passes are no longer in the form", site, "apply")
         loop = next(
             (n for n in source.nodes("for_statement") if n.start_byte == site.start_byte), None
         )

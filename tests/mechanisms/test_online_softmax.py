@@ -111,3 +111,30 @@ def test_a_pair_loop_with_other_effects_is_refused() -> None:
     source = KernelSource(PAIR.replace(loop, f"{{ {loop} y[r * cols + c] = 0.0f; }}"))
     (site,) = mechanism.detect(source)
     assert "which two passes would do twice" in (site.refusal or "")
+
+
+def test_the_two_passes_a_pair_removal_writes_go_back_to_one() -> None:
+    """The pair removal's two-pass form is a candidate, and applying there reads the pushed
+    elements back from the sum pass: the expert (four pushes per float4, a block combine
+    through shared memory) and the small pair kernel come back byte for byte."""
+    from klineage.removal import reapply, remove_mechanism
+    from tests.conftest import REPO
+
+    for kernel in (
+        KernelSource(PAIR),
+        KernelSource.from_file(REPO / "expert_kernels" / "softmax" / "kernel.cu"),
+    ):
+        removal = remove_mechanism(kernel, mechanism)
+        assert removal.changed
+        (candidate,) = mechanism.candidates(removal.simplified)
+        assert candidate.detail["form"] == "pair" and candidate.supported
+        assert reapply(removal).text == kernel.text
+
+
+def test_a_changed_two_pass_form_is_no_candidate() -> None:
+    source = KernelSource(PAIR)
+    simplified = mechanism.remove(source, mechanism.detect(source)[0])
+    assert mechanism.candidates(simplified)
+    # the sum pass no longer mirrors the first pass: nothing to read the pushes back from
+    edited = KernelSource(simplified.text.replace("acc.s = acc.s + ", "acc.s = 2.0f * acc.s + "))
+    assert mechanism.candidates(edited) == []
