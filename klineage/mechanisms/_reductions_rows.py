@@ -975,21 +975,52 @@ def merge_reductions(source: ParsedSource, kernel: Function) -> list[MergeReduct
     return found
 
 
+def _merge_point(source: ParsedSource, rows: ThreadRows, loops: list[RowLoop], name: str) -> Node:
+    """Where the carried reduction of ``name`` goes: after its one loop, or after the one
+    statement of the kernel body that holds all its loops (the branches of ``if (kAligned)``),
+    provided nothing in that statement reads ``name`` after a loop."""
+    assert rows.kernel.body is not None
+    if len(loops) == 1:
+        return loops[0].node
+    tops = set()
+    for loop in loops:
+        node = loop.node
+        while node.parent is not None and node.parent != rows.kernel.body:
+            node = node.parent
+        tops.add((node.start_byte, node.end_byte, node))
+    if len(tops) != 1:
+        raise NotCanonical(f"the loops that accumulate {name} are not in one statement")
+    ((_, _, top),) = tops
+    covered = [(loop.node.start_byte, loop.node.end_byte) for loop in loops]
+    for node in inside(source, top, "identifier"):
+        outside = not any(a <= node.start_byte < b for a, b in covered)
+        if (
+            source.text_of(node) == name
+            and outside
+            and any(node.start_byte >= b for _, b in covered)
+        ):
+            raise NotCanonical(
+                f"{name} is read at line {source.line_of(node.start_byte)}, after a loop "
+                "that accumulates it and before the statement ends"
+            )
+    return top
+
+
 def _merge_edits(
-    source: ParsedSource, rows: ThreadRows, loop: RowLoop, name: str, merges: list[MergeReduction]
+    source: ParsedSource, rows: ThreadRows, after: Node, name: str, merges: list[MergeReduction]
 ) -> list[Edit]:
-    """The carried reduction of ``name`` after ``loop``, checked to start from the identity
-    the accumulator is initialized with."""
+    """The carried reduction of ``name`` after ``after`` (its loop, or the statement holding
+    its loops), checked to start from the identity the accumulator is initialized with."""
     carried = next((m for m in merges if m.variable == name), None)
     if carried is None:
         raise NotCanonical(
-            f"the loop at line {source.line_of(loop.node.start_byte)} accumulates {name} with a "
+            f"the loop at line {source.line_of(after.start_byte)} accumulates {name} with a "
             "call, not a sum, a max or a min: combining the threads' values needs its merge, "
             "which only a carried block reduction gives (a round trip)"
         )
     assert rows.kernel.body is not None
     for node in inside(source, rows.kernel.body, "declaration"):
-        if node.end_byte > loop.node.start_byte:
+        if node.end_byte > after.start_byte:
             break
         declared = _declared(source, node)
         if name in declared:
@@ -999,9 +1030,9 @@ def _merge_edits(
                     f"{name} starts from {start}, which the carried reduction does not use as its "
                     "identity, so each thread of a group would add its start value"
                 )
-    indent = source.indent_of(loop.node.start_byte)
+    indent = source.indent_of(after.start_byte)
     body = carried.text.replace("\n", "\n" + indent)
-    return [Edit.insert(loop.node.end_byte, f"\n{indent}{body}")]
+    return [Edit.insert(after.end_byte, f"\n{indent}{body}")]
 
 
 def spread_rows(
@@ -1032,13 +1063,15 @@ def spread_rows(
         )
         if lines:
             edits.append(Edit.insert(loop.node.end_byte, lines))
-        for name, op in loop.accumulators.items():
-            if op == "merge":
-                if group != "block":
-                    raise NotCanonical(f"{name} is a user-typed merge; only a block carries one")
-                edits += _merge_edits(source, rows, loop, name, merges or [])
         ops += [op for op in loop.accumulators.values() if op not in ops and op != "merge"]
     merged = {n for loop in rows.loops for n, op in loop.accumulators.items() if op == "merge"}
+    for name in sorted(merged):
+        if group != "block":
+            raise NotCanonical(f"{name} is a user-typed merge; only a block carries one")
+        loops = [loop for loop in rows.loops if loop.accumulators.get(name) == "merge"]
+        edits += _merge_edits(
+            source, rows, _merge_point(source, rows, loops, name), name, merges or []
+        )
     assert rows.kernel.body is not None
     inner = source.indent_of(named_statements(rows.kernel.body)[0].start_byte)
     for scratch in sorted({m.scratch for m in merges or [] if m.variable in merged}):

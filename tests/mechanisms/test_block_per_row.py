@@ -290,7 +290,7 @@ def test_an_online_softmax_merge_goes_back_with_its_carried_reduction(
 ) -> None:
     """softmax_online_rows accumulates a MaxSum with push() and combines the threads with
     warp_merge through shared memory. The removal carries that reduction; re-applying puts it
-    after each accumulating loop (both branches of `if (kAligned)`), with its scratch, and
+    after the statement holding the accumulating loops (`if (kAligned)`), with its scratch, and
     compiles. The two H200 round trips of this skill were refused before this."""
     from klineage.removal import reapply, remove_mechanism
     from tests.conftest import REPO
@@ -302,7 +302,8 @@ def test_an_online_softmax_merge_goes_back_with_its_carried_reduction(
     assert removal.carriers[0].get_str("merge_variable") == "acc"
     back = reapply(removal)
     kernel = back.text.split("softmax_online_rows(")[1].split("launch-size choice")[0]
-    assert kernel.count("acc = warp_merge(acc);") == 4  # a warp merge and a block merge, twice
+    # once, after the `if (kAligned)` that holds both accumulating loops, as the expert has it
+    assert kernel.count("acc = warp_merge(acc);") == 2  # the warps, then the block
     assert back.text.count("__shared__ MaxSum scratch[kThreads / 32];") == 1
     assert "c += kThreads" in kernel and "acc = push(acc, __ldg(row_in + c))" in kernel
     compile_ok(mechanism_builder, [back])
@@ -325,3 +326,21 @@ def test_a_user_typed_merge_needs_its_carried_reduction() -> None:
     other = {**carried, "merge_reduction": carried["merge_reduction"].replace("-INFINITY", "0.0f")}
     with pytest.raises(MechanismRefused, match="does not use as its identity"):
         mechanism.apply(simplified, candidate, Carrier.model_validate(other))
+
+
+def test_a_merge_read_inside_its_statement_after_a_loop_is_refused() -> None:
+    """The carried reduction goes after the statement holding the loops; a read of the
+    accumulator in that statement after a loop would see one thread's part."""
+    from klineage.removal import remove_mechanism
+    from tests.conftest import REPO
+
+    mechanism = get("block_per_row")
+    removal = remove_mechanism(KernelSource.from_file(REPO / SOFTMAX), mechanism)
+    loop_end = "acc = push(push(push(push(acc, v.x), v.y), v.z), v.w);\n    }\n"
+    assert loop_end in removal.simplified.text
+    peeking = KernelSource(
+        removal.simplified.text.replace(loop_end, loop_end + "    const float peek = acc.m;\n")
+    )
+    (candidate,) = [c for c in mechanism.candidates(peeking) if c.function == "softmax_online_rows"]
+    with pytest.raises(MechanismRefused, match=r"acc is read at line \d+, after a loop"):
+        mechanism.apply(peeking, candidate, removal.carriers[0])
