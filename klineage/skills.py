@@ -319,12 +319,12 @@ def _locked(folder: Path) -> Iterator[None]:
 def _card_carrier(carrier: dict[str, Any]) -> dict[str, Any]:
     """The carrier for reading: code it carries (a removed dispatch chain) is named by its
     size, since the card's After section shows it; skills.jsonl keeps it whole."""
-    return {
-        key: f"<{value.count(chr(10)) + 1} lines of code, shown under After>"
-        if isinstance(value, str) and "\n" in value
-        else value
-        for key, value in carrier.items()
-    }
+    shown = dict(carrier)
+    for key, value in carrier.items():
+        if isinstance(value, str) and "\n" in value:
+            lines = value.count("\n") + 1
+            shown[key] = f"<{lines} lines of code, shown under After>"
+    return shown
 
 
 def _yaml_value(value: Any) -> str:

@@ -638,14 +638,12 @@ class _ThreadWalker:
         target = strip_parens(target)
         base = target.child_by_field_name("argument")
         indices = target.child_by_field_name("indices")
+        if target.type != "subscript_expression" or base is None or indices is None:
+            return False
         return (
-            target.type == "subscript_expression"
-            and base is not None
-            and self.source.text_of(base) in self.element_pointers
-            and indices is not None
+            self.source.text_of(base) in self.element_pointers
+            and bool(indices.named_children)
             and fold_int(self.source, indices.named_children[0]) is not None
-            if indices is not None and indices.named_children
-            else False
         )
 
     def _address(self, target: Node) -> tuple[str, str]:
@@ -982,15 +980,15 @@ def _merge_point(source: ParsedSource, rows: ThreadRows, loops: list[RowLoop], n
     assert rows.kernel.body is not None
     if len(loops) == 1:
         return loops[0].node
-    tops = set()
+    tops: dict[tuple[int, int], Node] = {}
     for loop in loops:
         node = loop.node
         while node.parent is not None and node.parent != rows.kernel.body:
             node = node.parent
-        tops.add((node.start_byte, node.end_byte, node))
+        tops[(node.start_byte, node.end_byte)] = node
     if len(tops) != 1:
         raise NotCanonical(f"the loops that accumulate {name} are not in one statement")
-    ((_, _, top),) = tops
+    (top,) = tops.values()
     covered = [(loop.node.start_byte, loop.node.end_byte) for loop in loops]
     for node in inside(source, top, "identifier"):
         outside = not any(a <= node.start_byte < b for a, b in covered)
@@ -1022,9 +1020,9 @@ def _merge_edits(
     for node in inside(source, rows.kernel.body, "declaration"):
         if node.end_byte > after.start_byte:
             break
-        declared = _declared(source, node)
-        if name in declared:
-            start = source.text_of(node).split(name, 1)[1].strip().rstrip(";").lstrip("=").strip()
+        initialized = _single_init(source, node)
+        if initialized is not None and initialized[0] == name:
+            start = source.text_of(initialized[1])
             if " ".join(start.split()) not in " ".join(carried.text.split()):
                 raise NotCanonical(
                     f"{name} starts from {start}, which the carried reduction does not use as its "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -238,14 +239,18 @@ def _skills_bounds_runs(tmp_path: Path, gate: StandInGate) -> list[GateRunRecord
     return [r for r in result.runs if r.action == "launch_bounds"]
 
 
-class _CarrierAwareGate(StandInGate):
-    """The stand-in, where `__launch_bounds__(512)` is worth a further 1.3x (a carrier that
-    matters), so two carriers of one skill measure differently."""
+class _BoundAwareGate(StandInGate):
+    """The stand-in, where one `__launch_bounds__(N)` is worth a further `cost["bounds_N"]`
+    (a carrier that matters), so two carriers of one skill measure differently."""
+
+    def __init__(self, builder: Builder, bound: int, **rules: Any) -> None:
+        super().__init__(builder, **rules)
+        self.bound = bound
 
     def present(self, kernel: KernelSource) -> set[str]:
         found = super().present(kernel)
-        if "__launch_bounds__(512)" in kernel.text:
-            found.add("bounds_512")
+        if f"__launch_bounds__({self.bound})" in kernel.text:
+            found.add(f"bounds_{self.bound}")
         return found
 
 
@@ -257,8 +262,8 @@ def test_a_kept_skill_keeps_its_fastest_carrier(
     wider = bounds.model_copy(update={"id": f"{bounds.id}-512", "carrier": {"block_size": 512}})
     with_both = SkillLibrary(tmp_path / "lib", [*library, wider])
     with_both.save()
-    gate = _CarrierAwareGate(
-        builder, cost={"launch_bounds": 1.02, "bounds_512": 1.3}, expert_mechanisms=EXPERT
+    gate = _BoundAwareGate(
+        builder, 512, cost={"launch_bounds": 1.02, "bounds_512": 1.3}, expert_mechanisms=EXPERT
     )
     bounds_runs = _skills_bounds_runs(tmp_path, gate)
     outcomes = {r.outcome for r in bounds_runs}
@@ -274,17 +279,6 @@ def test_a_kept_skill_keeps_its_fastest_carrier(
     assert len(chosen) == 1
 
 
-class _DefaultBoundGate(StandInGate):
-    """The stand-in, where the bound the target's own launch implies (256 threads) is worth a
-    further 1.3x and a bound tuned on another expert (512) is not."""
-
-    def present(self, kernel: KernelSource) -> set[str]:
-        found = super().present(kernel)
-        if "__launch_bounds__(256)" in kernel.text:
-            found.add("bounds_256")
-        return found
-
-
 def test_the_rules_default_carrier_competes_with_learned_ones(
     builder: Builder, skills: Path, tmp_path: Path
 ) -> None:
@@ -298,8 +292,9 @@ def test_the_rules_default_carrier_competes_with_learned_ones(
         for s in library
     ]
     SkillLibrary(tmp_path / "lib", tuned).save()
-    gate = _DefaultBoundGate(
-        builder, cost={"launch_bounds": 1.02, "bounds_256": 1.3}, expert_mechanisms=EXPERT
+    # the bound the target's own launch implies (256) is worth 1.3x more; the tuned 512 is not
+    gate = _BoundAwareGate(
+        builder, 256, cost={"launch_bounds": 1.02, "bounds_256": 1.3}, expert_mechanisms=EXPERT
     )
     bounds_runs = _skills_bounds_runs(tmp_path, gate)
     [kept] = [r for r in bounds_runs if r.outcome == "kept"]
