@@ -10,7 +10,10 @@ The walk's policy, at each state:
    then gated: correct on every workload, timed interleaved against the current state);
    Sites in functions no workload runs (klineage.reachability: the entry's branches followed
    with each workload's axes) are refused: a removal there changes no measurement, and would
-   make a ~1.00x skill out of code no timing covered;
+   make a ~1.00x skill out of code no timing covered. When removing a mechanism everywhere
+   is rejected and it had several sites, each site is then tried alone (its attempt id ends
+   `-site-<site id>`): the gate may need one site and not the others (gemm_bf16 needs its
+   K split at K = 28672 for accuracy, and not on the M <= 16 path);
 2. among the accepted removals, first those that leave no kernel holding other mechanisms
    unlaunched (a dispatch goes after the removals inside the path it drops, which can only be
    measured while that path runs); then mechanisms that no other mechanism still present
@@ -50,7 +53,7 @@ from klineage.mechanisms import Mechanism, Site, UnknownMechanism, all_mechanism
 from klineage.mechanisms.base import FILE_SCOPE
 from klineage.problem import Problem
 from klineage.reachability import reached_from_each, run_by_workloads
-from klineage.removal import Removal, remove_mechanism
+from klineage.removal import Removal, remove_each_site, remove_mechanism
 
 RULE_ORIGIN = "rule"
 LLM_PREFIX = "llm:"
@@ -418,26 +421,35 @@ class Simplifier:
                 finished = Termination.STUCK if remaining else Termination.COMPLETE
                 lineage.graph.graph["termination"] = finished.value
                 break
-            children = [t.simplified if isinstance(t, Removal) else t.source for t in tries]
-            self._prebuild(children)
-            if len(self.gates) > 1:  # verdicts made side by side, then read in order below
-                left = limits.gate_runs - (self.log.runs - runs_at_start)
-                pairs = [(child, current) for child in children[: max(0, left)]]
-                self.log.run_many(problem, pairs, self.gates)
-            accepted: list[tuple[Attempt, KernelSource]] = []
-            out_of_budget = False
-            for item in tries:
-                if spent():
-                    out_of_budget = True
-                    break
-                if isinstance(item, Removal):
-                    attempt = self._attempt(lineage, problem, current, item, step)
-                    child = item.simplified
-                else:
-                    attempt = self._llm_attempt(lineage, problem, current, item, step)
-                    child = item.source
-                if attempt.status is AttemptStatus.ACCEPTED:
-                    accepted.append((attempt, child))
+            accepted, out_of_budget = self._gate_tries(
+                lineage,
+                problem,
+                current,
+                tries,
+                step,
+                limits.gate_runs - (self.log.runs - runs_at_start),
+                spent,
+            )
+            # a mechanism that cannot go everywhere may still go from some of its sites
+            singles = [
+                single
+                for item in tries
+                if isinstance(item, Removal)
+                and len(item.sites) > 1
+                and self._rejected_removal(lineage, current, item)
+                for single in remove_each_site(current, item)
+            ]
+            if singles and not out_of_budget:
+                more, out_of_budget = self._gate_tries(
+                    lineage,
+                    problem,
+                    current,
+                    singles,
+                    step,
+                    limits.gate_runs - (self.log.runs - runs_at_start),
+                    spent,
+                )
+                accepted += more
             if out_of_budget and not accepted:
                 lineage.graph.graph["termination"] = Termination.BUDGET.value
                 break
@@ -455,6 +467,46 @@ class Simplifier:
         lineage.graph.graph["final"] = current.fingerprint
         self.on_event(WalkEvent("done", step, self.log.runs, current.fingerprint))
         return lineage
+
+    def _gate_tries(
+        self,
+        lineage: LineageGraph,
+        problem: Problem,
+        current: KernelSource,
+        tries: Sequence[Removal | Proposal],
+        step: int,
+        runs_left: int,
+        spent: Callable[[], bool],
+    ) -> tuple[list[tuple[Attempt, KernelSource]], bool]:
+        """Gate each try against `current` (side by side first, with several gates); the
+        accepted attempts with their children, and whether the budget ran out."""
+        children = [t.simplified if isinstance(t, Removal) else t.source for t in tries]
+        self._prebuild(children)
+        if len(self.gates) > 1:  # verdicts made side by side, then read in order below
+            pairs = [(child, current) for child in children[: max(0, runs_left)]]
+            self.log.run_many(problem, pairs, self.gates)
+        accepted: list[tuple[Attempt, KernelSource]] = []
+        for item in tries:
+            if spent():
+                return accepted, True
+            if isinstance(item, Removal):
+                attempt = self._attempt(lineage, problem, current, item, step)
+                child = item.simplified
+            else:
+                attempt = self._llm_attempt(lineage, problem, current, item, step)
+                child = item.source
+            if attempt.status is AttemptStatus.ACCEPTED:
+                accepted.append((attempt, child))
+        return accepted, False
+
+    def _rejected_removal(
+        self, lineage: LineageGraph, current: KernelSource, removal: Removal
+    ) -> bool:
+        """Whether the gate rejected `removal` as a whole at `current`."""
+        edge = (current.fingerprint, removal.simplified.fingerprint)
+        if not lineage.graph.has_edge(*edge):
+            return False
+        return lineage.graph.edges[edge]["status"] == AttemptStatus.REJECTED.value
 
     # ---- one step ---------------------------------------------------------------------------
 
@@ -575,7 +627,8 @@ class Simplifier:
             current,
             removal.simplified,
             step,
-            id=f"{current.fingerprint[:8]}-{removal.mechanism.name}",
+            id=f"{current.fingerprint[:8]}-{removal.mechanism.name}"
+            + (f"-site-{removal.sites[0].id}" if removal.alone else ""),
             mechanism=removal.mechanism.name,
             origin=RULE_ORIGIN,
             sites=[s.model_dump(mode="json") for s in removal.sites],

@@ -32,6 +32,8 @@ class Removal:
     """The instance choices read from each removed site."""
     refused: list[tuple[Site, str]] = field(default_factory=list)
     """Detected sites that could not be removed, with the reason."""
+    alone: bool = False
+    """One site taken out on its own, after removing the mechanism everywhere failed."""
 
     @property
     def original(self) -> KernelSource:
@@ -88,6 +90,34 @@ def remove_mechanism(
         removal.sites.append(site)
         removal.states.append(following)
     raise RuntimeError(f"{mechanism.name}: more than {REMOVAL_LIMIT} removals in one kernel")
+
+
+def remove_each_site(kernel: KernelSource, removal: Removal) -> list[Removal]:
+    """One single-site removal from `kernel` per site `removal` took out of it (sites matched
+    by id, since the later ones were found in later states). When taking a mechanism out
+    everywhere fails the gate, these find the sites that can go on their own: a K split that
+    only a long-K path needs for accuracy, say, while another path can do without."""
+    mechanism = removal.mechanism
+    detected = {site.id: site for site in mechanism.detect(kernel)}
+    singles = []
+    for removed in removal.sites:
+        site = detected.get(removed.id)
+        if site is None:
+            continue
+        try:
+            following = mechanism.remove(kernel, site)
+        except MechanismRefused:
+            continue
+        singles.append(
+            Removal(
+                mechanism=mechanism,
+                states=[kernel, following],
+                sites=[site],
+                carriers=[mechanism.carrier_of(kernel, site)],
+                alone=True,
+            )
+        )
+    return singles
 
 
 def changed_region(old: str, new: str) -> tuple[int, int]:

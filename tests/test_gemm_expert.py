@@ -703,3 +703,20 @@ def test_gemm_without_the_swizzle_passes_its_gate(tmp_path: Path) -> None:
     with Gate(Builder(cache_dir=tmp_path)) as gate:
         verdict = gate.run(problem, removal.simplified, time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_gemm_with_half_the_block_tile_passes_its_gate(tmp_path: Path) -> None:
+    """The block_tiling removal narrows the tile to 128 columns and the wgmma to m64n128k16;
+    the 64 accumulators a thread keeps must hold the same columns the epilogue writes."""
+    from klineage.gate.gate import Gate
+    from klineage.mechanisms import get
+    from klineage.removal import remove_mechanism
+
+    problem = load_problem(FOLDER)
+    removal = remove_mechanism(KernelSource.from_file(problem.kernel_path), get("block_tiling"))
+    assert removal.changed and "m64n128k16" in removal.simplified.text
+    with Gate(Builder(cache_dir=tmp_path)) as gate:
+        verdict = gate.run(problem, removal.simplified, time_it=False)
+    assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]

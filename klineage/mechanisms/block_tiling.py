@@ -9,15 +9,23 @@ of by every thread of its row.
   compile-time tile extents; the site is the declaration of those extents (file constants
   or ``#define``\\ s), or the origin declarations when the extents are literals or template
   parameters;
-- remove and apply: refused. The block tile fixes how the grid, the thread indexing, the
-  staging and the launch split the output; changing it is a re-tiling of the whole kernel.
+- remove and apply: refused in general. The block tile fixes how the grid, the thread
+  indexing, the staging and the launch split the output; changing it is a re-tiling of the
+  whole kernel.
+- one exception, the *wide wgmma tile*: a Hopper kernel whose warpgroups each cover the
+  tile's whole N extent with one ``wgmma.mma_async.m64n256k16`` (the widest there is) has a
+  second site at that extent. Removing it halves the tile to N = 128 and apply widens it back
+  to 256; see :mod:`klineage.mechanisms._wgmma_tile` for the four places that move together.
+  The tiling itself stays (wgmma needs a tile): what the skill teaches is the width.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import ClassVar
 
-from klineage.conditions import Condition, Prose
+from klineage.conditions import ArchAtLeast, Condition, Prose
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import (
     BLOCK_INDEX,
@@ -29,9 +37,17 @@ from klineage.mechanisms._tiles_util import (
     strip_casts,
     top_declarations,
 )
-from klineage.mechanisms.base import DetectOnly, Site, register
+from klineage.mechanisms._wgmma_tile import (
+    WIDEST_N,
+    RetileRefused,
+    Tile,
+    retile,
+    tile_of,
+    wgmma_wrappers,
+)
+from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Function, Node, ParsedSource
+from klineage.source import Edit, Function, Node, ParsedSource
 
 REFUSAL = (
     "the block tile fixes how the grid, the thread indexing, the staging and the launch split "
@@ -70,23 +86,48 @@ def tile_origins(source: ParsedSource, function: Function) -> list[tuple[Node, N
     return [(decl, extent) for name, decl, extent in found if name not in feeding]
 
 
+WIDE = "wide_wgmma_tile"
+"""``Site.detail["form"]`` of the removable wide-tile site."""
+
+
+def _extents(source: ParsedSource, function: Function) -> list[str]:
+    return sorted({source.text_of(extent) for _, extent in tile_origins(source, function)})
+
+
+def _wgmma_tile(source: ParsedSource, function: Function) -> Tile | None:
+    extents = _extents(source, function)
+    if len(extents) < 2 or not wgmma_wrappers(source):
+        return None
+    tile = tile_of(source, function, extents)
+    return tile if isinstance(tile, Tile) else None
+
+
+def _extent_declarator(tile: Tile) -> Node:
+    node = tile.extent_value.parent
+    assert node is not None  # the literal's init_declarator
+    return node
+
+
 @register
-class BlockTiling(DetectOnly):
+class BlockTiling(Mechanism):
     name = "block_tiling"
-    refusal = REFUSAL
     category = "parallelism"
     family = "block and warp tiling"
     intent = (
         "Give each block a rectangle of the output and stream only the operand rows and "
         "columns it needs, so every loaded element is reused across the whole tile."
     )
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "wrapper": "the wgmma wrapper's exact text at N = 256 (a removal carries it, so "
+        "re-applying restores it byte for byte; without it the wrapper is rendered)"
+    }
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         for function in source.kernels:
             origins = tile_origins(source, function)
             if len(origins) < 2:
                 continue
-            names = sorted({source.text_of(extent) for _, extent in origins})
+            names = _extents(source, function)
             declared = [constant_declaration(source, n) for n in names]
             nodes = [d for d in declared if d is not None] or [decl for decl, _ in origins]
             start = min(n.start_byte for n in nodes)
@@ -99,13 +140,101 @@ class BlockTiling(DetectOnly):
                 detail={"kernel": function.name, "extents": ",".join(names)},
                 refusal=REFUSAL,
             )
+            tile = _wgmma_tile(source, function)
+            if tile is not None and tile.wrapper.n == WIDEST_N:
+                yield self._wide_site(source, tile, names)
+
+    def _wide_site(self, source: ParsedSource, tile: Tile, names: list[str]) -> Site:
+        return self.site(
+            source,
+            _extent_declarator(tile),
+            snippet=(
+                f"{tile.kernel.name}: block tile {' x '.join(names)} with {tile.extent} = "
+                f"{tile.wrapper.n}, one {tile.wrapper.function.name} per warpgroup"
+            ),
+            detail={
+                "kernel": tile.kernel.name,
+                "extents": ",".join(names),
+                "form": WIDE,
+                "extent": tile.extent,
+                "n": tile.wrapper.n,
+            },
+        )
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for function in source.kernels:
+            tile = _wgmma_tile(source, function)
+            if tile is not None and tile.wrapper.n < WIDEST_N:
+                yield self._wide_site(source, tile, _extents(source, function))
+
+    def _tile_at(self, source: ParsedSource, site: Site, action: str) -> Tile:
+        kernel = source.function(str(site.detail.get("kernel", "")))
+        tile = _wgmma_tile(source, kernel) if kernel is not None else None
+        if tile is None:
+            raise self.refuse(REFUSAL, site, "apply" if action == "apply" else "remove")
+        return tile
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") != WIDE:
+            raise self.refuse(REFUSAL, site)
+        tile = self._tile_at(source, site, "remove")
+        try:
+            return retile(source, tile, tile.wrapper.n // 2)
+        except RetileRefused as err:
+            raise self.refuse(str(err), site) from err
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        tile = self._tile_at(source, site, "apply")
+        text = carrier.as_dict().get("wrapper")
+        wrapper_text = None
+        if text is not None:
+            wrapper_text = self._carried_wrapper(str(text), tile, site)
+        try:
+            return retile(source, tile, WIDEST_N, wrapper_text)
+        except RetileRefused as err:
+            raise self.refuse(str(err), site, "apply") from err
+
+    def _carried_wrapper(self, text: str, tile: Tile, site: Site) -> str:
+        """The carried wrapper, when it is the N = 256 form of the target's wrapper: one f32
+        m64n256 wgmma under the name the rename gives."""
+        carried = wgmma_wrappers(KernelSource(text=text, name="carried wrapper").parsed)
+        wanted = re.sub(rf"n{tile.wrapper.n}(?=k)", f"n{WIDEST_N}", tile.wrapper.function.name)
+        if len(carried) != 1 or carried[0].n != WIDEST_N or carried[0].function.name != wanted:
+            raise self.refuse(
+                f"the carried wrapper is not an f32 m64n{WIDEST_N} wgmma named {wanted}",
+                site,
+                "apply",
+            )
+        return text
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        if site.detail.get("form") != WIDE:
+            return Carrier()
+        tile = self._tile_at(kernel.parsed, site, "remove")
+        return Carrier(wrapper=kernel.parsed.text_of(tile.wrapper.function.outer))
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None
     ) -> list[Condition]:
-        return [
+        found: list[Condition] = [
             Prose(
                 text=f"the launch grid covers the output in tiles of {site.detail.get('extents')}",
                 why="each block computes one tile; partial tiles must be bounds-checked",
             )
         ]
+        if site.detail.get("form") == WIDE:
+            found += [
+                ArchAtLeast(sm=90, specific=True, why="wgmma exists only on sm_90a"),
+                Prose(
+                    text=(
+                        f"the tile's N extent {site.detail.get('extent')} is the wgmma's N, "
+                        "and every warpgroup holds one accumulator of N/2 floats per thread"
+                    ),
+                    why=(
+                        "at N = 256 that is 128 fp32 registers a thread for the accumulator "
+                        "alone: the kernel must run one block per SM (__launch_bounds__(..., 1))"
+                        " to keep them out of local memory"
+                    ),
+                ),
+            ]
+        return found

@@ -1,11 +1,16 @@
-"""The block_tiling mechanism: detected in tiled GEMMs; removal and application refused."""
+"""The block_tiling mechanism: detected in tiled GEMMs; removal and application refused,
+except for the width of a wgmma tile (N 256 <-> 128), which moves with its wrapper."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from klineage.gate.build import Builder
-from klineage.mechanisms import MechanismRefused, get
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, MechanismRefused, Site, get
+from klineage.mechanisms._wgmma_tile import RetileRefused, _retemplate, wgmma_wrappers
 from tests.mechanisms.roundtrip import RoundTripSuite, fixture_pairs
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 
@@ -31,7 +36,8 @@ def test_experts_listing_it_are_detected() -> None:
 
 @pytest.mark.nvcc
 def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
-    check_expert_removals_compile(mechanism_builder, "block_tiling", expect_some=False)
+    """gemm_bf16's wide wgmma tile is the one expert tile a rule narrows."""
+    check_expert_removals_compile(mechanism_builder, "block_tiling")
 
 
 def test_the_site_is_the_tile_extents() -> None:
@@ -41,10 +47,115 @@ def test_the_site_is_the_tile_extents() -> None:
 
 
 def test_one_origin_is_not_a_tile() -> None:
-    from klineage.kernel import KernelSource
-
     source = KernelSource(
         "constexpr int kThreads = 256;\n__global__ void k(float* y) {\n"
         "  const int i = blockIdx.x * kThreads + threadIdx.x;\n  y[i] = 0.0f;\n}\n"
     )
     assert mechanism.detect(source) == []
+
+
+# ----------------------------------------------------------------------------- wgmma width
+
+GEMM = Path(__file__).resolve().parents[2] / "expert_kernels" / "gemm_bf16" / "kernel.cu"
+
+
+def _gemm(text: str | None = None) -> KernelSource:
+    return KernelSource(text if text is not None else GEMM.read_text(), name="gemm_bf16")
+
+
+def _wide(kernel: KernelSource) -> Site:
+    (site,) = [s for s in mechanism.detect(kernel) if s.supported]
+    return site
+
+
+def test_the_wgmma_tile_has_a_removable_site_at_its_n_extent() -> None:
+    kernel = _gemm()
+    refused, wide = mechanism.detect(kernel)
+    assert refused.refusal is not None and wide.refusal is None
+    assert wide.detail["extent"] == "kBN" and wide.detail["n"] == 256
+    assert kernel.parsed.text_of((wide.start_byte, wide.end_byte)) == "kBN = 256"
+
+
+def test_removal_narrows_the_tile_the_wrapper_and_the_accumulators_together() -> None:
+    kernel = _gemm()
+    narrow = mechanism.remove(kernel, _wide(kernel))
+    text = narrow.text
+    assert "constexpr int kBN = 128;" in text
+    assert "void wgmma_m64n128k16(float (&d)[64]" in text
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" in text
+    assert '"}, %64, %65, 1, 1, 1, 0, 0;\\n"' in text
+    assert '"+f"(d[63])' in text and '"+f"(d[64])' not in text
+    assert "float d[64];" in text and "i < 64; ++i) d[i] = 0.0f;" in text
+    assert "wgmma_m64n128k16(d, smem_desc(" in text and "m64n256k16(d" not in text
+    # the narrow tile is no longer the widest one; the tile itself is still detected
+    assert [s.supported for s in mechanism.detect(narrow)] == [False]
+    (candidate,) = mechanism.candidates(narrow)
+    assert candidate.detail["n"] == 128
+
+
+def test_the_carried_wrapper_restores_the_expert_byte_for_byte() -> None:
+    kernel = _gemm()
+    site = _wide(kernel)
+    carrier = mechanism.carrier_of(kernel, site)
+    assert "m64n256k16" in str(carrier.as_dict()["wrapper"])
+    narrow = mechanism.remove(kernel, site)
+    (candidate,) = mechanism.candidates(narrow)
+    assert mechanism.apply(narrow, candidate, carrier).text == kernel.text
+
+
+def test_without_a_carrier_the_wrapper_is_rendered_with_every_operand() -> None:
+    kernel = _gemm()
+    narrow = mechanism.remove(kernel, _wide(kernel))
+    (candidate,) = mechanism.candidates(narrow)
+    wide = mechanism.apply(narrow, candidate)
+    (wrapper,) = wgmma_wrappers(wide.parsed)
+    assert wrapper.n == 256 and wrapper.function.name == "wgmma_m64n256k16"
+    assert [o.constraint for o in wrapper.asm.operands] == ["+f"] * 128 + ["l", "l"]
+    assert "{%0, %1," in wrapper.asm.template and "%127}, %128, %129, 1, 1, 1, 0, 0;" in (
+        wrapper.asm.template
+    )
+    # only the wrapper's line breaks differ from the expert's
+    assert wide.text.replace("\n", "").replace(" ", "").replace('""', "") == (
+        kernel.text.replace("\n", "").replace(" ", "").replace('""', "")
+    )
+
+
+def test_a_carried_wrapper_of_another_shape_is_refused() -> None:
+    kernel = _gemm()
+    narrow = mechanism.remove(kernel, _wide(kernel))
+    (candidate,) = mechanism.candidates(narrow)
+    wrapper = narrow.parsed.function("wgmma_m64n128k16")
+    assert wrapper is not None
+    carried = Carrier(wrapper=narrow.parsed.text_of(wrapper.outer))
+    with pytest.raises(MechanismRefused, match="not an f32 m64n256 wgmma"):
+        mechanism.apply(narrow, candidate, carried)
+
+
+def test_a_square_tile_takes_the_extent_that_counts_the_accumulators() -> None:
+    """kBM = kBN = 256: the epilogue's loops over d run to kBN / 8, so kBN is N."""
+    square = _gemm(GEMM.read_text().replace("constexpr int kBM = 128;", "constexpr int kBM = 256;"))
+    site = _wide(square)
+    assert site.detail["extent"] == "kBN"
+    narrow = mechanism.remove(square, site)
+    assert "constexpr int kBM = 256;" in narrow.text and "constexpr int kBN = 128;" in narrow.text
+
+
+def test_an_accumulator_read_past_the_narrow_tile_is_refused() -> None:
+    text = GEMM.read_text().replace(
+        "  wgmma_wait<0>();\n", "  wgmma_wait<0>();\n  d[0] += d[100];\n", 1
+    )
+    kernel = _gemm(text)
+    with pytest.raises(MechanismRefused, match=r"d\[100\].*outside 64 accumulators"):
+        mechanism.remove(kernel, _wide(kernel))
+
+
+def test_retemplate_renumbers_the_operands_after_the_accumulators() -> None:
+    template = (
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p;"
+    )
+    assert _retemplate(template, 16, 8) == (
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p;"
+    )
+    with pytest.raises(RetileRefused, match="accumulator list"):
+        _retemplate(template.replace("%3, %4", "%4, %3"), 16, 8)

@@ -7,6 +7,8 @@ mining logic (walk, graph, conditions, skills, persistence, resume) runs on a CP
 - latency = base * product of `cost[m]` over catalog mechanisms NOT present in the kernel
   (removing mechanism m makes the kernel `cost[m]` times slower);
 - `breaks`: mechanisms whose removal makes the kernel wrong (INCORRECT_NUMERICAL);
+- `needed_text`: source texts whose absence makes the kernel wrong (one site of a mechanism
+  that cannot go while its others can);
 - `probe_failures`: mechanism -> predicate over axis values; while the mechanism is present,
   workloads where the predicate holds fail with RUNTIME_ERROR (misaligned address).
 """
@@ -42,12 +44,14 @@ class StandInGate:
         breaks: Sequence[str] = (),
         probe_failures: dict[str, Callable[[dict[str, int]], bool]] | None = None,
         expert_mechanisms: Sequence[str] = (),
+        needed_text: Sequence[str] = (),
     ) -> None:
         self.builder = builder
         self.cost = cost or {}
         self.breaks = set(breaks)
         self.probe_failures = probe_failures or {}
         self.expert_mechanisms = set(expert_mechanisms)
+        self.needed_text = tuple(needed_text)
         self.runs = 0
 
     def build(self, kernel: KernelSource) -> BuildResult:
@@ -86,8 +90,9 @@ class StandInGate:
             return verdict
         present = self.present(kernel)
         base = self.present(against) if against is not None else set()
+        missing = [text for text in self.needed_text if text not in kernel.text]
         for workload in problem.workloads if workloads is None else workloads:
-            verdict.workloads.append(self._one(workload, present, base, time_it, against))
+            verdict.workloads.append(self._one(workload, present, base, time_it, against, missing))
         return verdict
 
     def _one(
@@ -97,6 +102,7 @@ class StandInGate:
         base: set[str],
         time_it: bool,
         against: KernelSource | None,
+        missing: Sequence[str] = (),
     ) -> WorkloadVerdict:
         result = WorkloadVerdict(
             workload_uuid=workload.uuid, label=workload.label, status=Status.PASSED
@@ -105,6 +111,11 @@ class StandInGate:
         failing_probe = [
             m for m, rule in self.probe_failures.items() if m in present and rule(workload.axes)
         ]
+        if missing:
+            result.status = Status.INCORRECT_NUMERICAL
+            result.message = f"y: 3 of 4096 elements wrong (stand-in: {missing[0]!r} removed)"
+            result.correctness = Correctness(max_absolute_error=0.5, bad_elements=3, trials=1)
+            return result
         if broken:
             result.status = Status.INCORRECT_NUMERICAL
             result.message = f"y: 12 of 4096 elements wrong (stand-in: {sorted(broken)} removed)"

@@ -96,6 +96,57 @@ def test_a_removal_that_breaks_is_rejected_and_the_walk_gets_stuck(
     assert any(r.kind == "rejected_sibling" and r.mechanism == "pragma_unroll" for r in risky.risks)
 
 
+SPLIT_LOOP = """\
+  if (base + 4 <= n) {
+#pragma unroll 4
+    for (int k = 0; k < 4; ++k) y[base + k] = __expf(__ldg(&x[base + k])) * alpha;
+  } else {
+    for (int64_t i = base; i < n; ++i) y[i] = __expf(__ldg(&x[i])) * alpha;
+  }
+"""
+
+
+def _with_a_tail_loop(folder: Path) -> Path:
+    """exp_scale with a full-vector path and a tail loop: two __ldg sites."""
+    shutil.copytree(PROBLEM, folder)
+    kernel = folder / "kernel.cu"
+    text = kernel.read_text()
+    start = text.index("#pragma unroll 4")
+    end = text.index("  }\n}", start) + len("  }\n")
+    kernel.write_text(text[:start] + SPLIT_LOOP + text[end:])
+    return folder
+
+
+def test_a_mechanism_that_cannot_go_everywhere_goes_where_it_can(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """The tail loop's __ldg is needed (the stand-in says so); the full path's is not.
+    Removing both is rejected, so each site is tried alone: the full path's removal becomes
+    the skill, and the rejected whole removal is one of its risks."""
+    problem = _with_a_tail_loop(tmp_path / "problem")
+    gate = _gate(builder, needed_text=["__ldg(&x[i])"])
+    report = mine(problem, tmp_path / "out", gate=gate)
+    assert report.recall == 1.0 and "readonly_ldg" not in report.missed
+    lineage = LineageGraph.load(tmp_path / "out" / "lineages" / "exp_scale_f32.json")
+    root = lineage.attempts_from(lineage.root)
+    ldg = [a for a in root if a.mechanism == "readonly_ldg"]
+    assert [(a.status, len(a.sites)) for a in ldg] == [
+        (AttemptStatus.REJECTED, 2),
+        (AttemptStatus.ACCEPTED, 1),
+        (AttemptStatus.REJECTED, 1),
+    ]
+    alone = ldg[1]
+    assert alone.id.endswith(f"-site-{alone.sites[0]['id']}")
+    child = lineage.state(alone.child).source
+    assert "__expf(x[base + k])" in child and "__ldg(&x[i])" in child
+    skill = next(s for s in SkillLibrary.load(tmp_path / "out") if s.mechanism == "readonly_ldg")
+    assert skill.verified and "__ldg(&x[base + k])" in skill.anchor.after
+    assert any(r.kind == "rejected_sibling" and r.mechanism == "readonly_ldg" for r in skill.risks)
+    # the tail's __ldg never goes: every later state rejects removing it again
+    final = lineage.state(lineage.graph.graph["final"]).source
+    assert "__ldg(&x[i])" in final and "__ldg(&x[base + k])" not in final
+
+
 def test_conditions_are_inferred_from_probes(builder: Builder, tmp_path: Path) -> None:
     # while __launch_bounds__ is present, probes with cols % 4 != 0 fail (the stand-in's rule)
     rules = {"probe_failures": {"launch_bounds": lambda axes: axes["cols"] % 4 != 0}}
