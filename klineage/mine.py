@@ -279,12 +279,21 @@ def _skill_of(
         ]
     for sibling in lineage.attempts_from(attempt.parent):
         if sibling.status is AttemptStatus.REJECTED:
+            where = ""
+            if sibling.mechanism == attempt.mechanism:  # which sites set it apart from this one
+                where = (
+                    "removing it at "
+                    + ", ".join(
+                        f"{s['function']}:{s['start_line']} ({s['snippet']})" for s in sibling.sites
+                    )
+                    + ": "
+                )
             risks.append(
                 Risk(
                     kind="rejected_sibling",
                     mechanism=sibling.mechanism,
                     status=sibling.gate_status,
-                    message=sibling.message[:800],
+                    message=(where + sibling.message)[:800],
                 )
             )
     first: Site | None = removal.sites[0] if removal is not None and removal.sites else None

@@ -319,8 +319,8 @@ def _locked(folder: Path) -> Iterator[None]:
 def _card_carrier(carrier: dict[str, Any]) -> dict[str, Any]:
     """The carrier for reading: code it carries (a removed dispatch chain) is named by its
     size, since the card's After section shows it; skills.jsonl keeps it whole."""
-    shown = dict(carrier)
-    for key, value in carrier.items():
+    shown = {key: value for key, value in carrier.items() if value is not None}
+    for key, value in list(shown.items()):
         if isinstance(value, str) and "\n" in value:
             lines = value.count("\n") + 1
             shown[key] = f"<{lines} lines of code, shown under After>"
@@ -359,7 +359,7 @@ def render_skill_md(skill: Skill) -> str:
         f"{proposed}. Apply it{where} where the code looks like *Before* below.",
         "",
     ]
-    if skill.carrier:
+    if _card_carrier(skill.carrier):
         lines += [f"Carrier (instance choices): `{json.dumps(_card_carrier(skill.carrier))}`", ""]
     lines += ["## When it is valid", ""]
     lines += [f"- {c}" for c in skill.condition_prose] or ["- no conditions were found"]
@@ -397,7 +397,8 @@ def render_skill_md(skill: Skill) -> str:
         lines += ["", f"Round trip: not tried ({skill.round_trip_note})"]
     lines += ["", "## Risks", ""]
     lines += [
-        f"- {r.kind}: {r.mechanism} {r.workload} -> {r.status}: {r.message[:240]}"
+        f"- {r.kind}: {' '.join(filter(None, (r.mechanism, r.workload)))} -> {r.status}: "
+        f"{r.message[:320]}"
         for r in skill.risks
     ] or ["- none observed"]
     lines += ["", "## Before", "", "```cuda", skill.anchor.before, "```", ""]

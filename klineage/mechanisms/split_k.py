@@ -12,14 +12,18 @@ and a small kernel (or atomics) sums the partials.
   because the code already handles ``splits == 1`` (it is the initial value), and the split
   kernels become dead code. The kernel-side sites are refused (they follow the host's
   choice);
-- apply: refused: splitting K needs a partial-sum workspace or atomics and a reduction
-  kernel, which only a person or an LLM writes.
+- apply: a choice a removal carried goes back after the split count's ``= 1`` declaration,
+  where the code after it still branches on the count (the workspace, the split kernels and
+  the reduction are all still there; only the choice was deleted). A new split is refused:
+  it needs a partial-sum workspace or atomics and a reduction kernel, which only a person or
+  an LLM writes, and a heuristic for when to split.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import ClassVar
 
 from klineage.conditions import Condition, Prose
 from klineage.kernel import KernelSource
@@ -108,6 +112,47 @@ def _initial(source: ParsedSource, name: str, before: Node) -> str | None:
     return None
 
 
+def _restorable(source: ParsedSource, function: Function) -> Iterator[tuple[Node, str]]:
+    """``int splits = 1;`` declarations of a host function that no choice follows but later
+    code still reads (the split path is there, its choice is gone), with the local's name."""
+    if function.body is None or function.runs_on_device:
+        return
+    choices = {node for node, _ in _host_choices(source, function)}
+    for block in source.iter_nodes("compound_statement", within=function.body):
+        body = statements(block)
+        for index, statement in enumerate(body):
+            if statement.type != "declaration":
+                continue
+            for declarator in statement.children_by_field_name("declarator"):
+                inner = declarator.child_by_field_name("declarator")
+                value = declarator.child_by_field_name("value")
+                if inner is None or value is None or source.text_of(value).strip() != "1":
+                    continue
+                name = source.text_of(inner)
+                later = body[index + 1 :]
+                if not _SPLIT.search(name) or any(s in choices for s in later):
+                    continue
+                if any(name in names_in(source, s) for s in later):
+                    yield statement, name
+
+
+def _carried_choice(text: str, name: str) -> bool:
+    """Whether ``text`` is one host choice ``if (...) name = ...;`` and nothing else."""
+    probe = KernelSource(f"void choose() {{\n  int {name} = 1;\n{text}\n}}\n", name="carried")
+    source = probe.parsed
+    function = source.function("choose")
+    if function is None or function.body is None or source.errors:
+        return False
+    found = list(_host_choices(source, function))
+    return (
+        len(found) == 1
+        and found[0][1] is None
+        and len(statements(function.body)) == 2
+        and names_in(source, found[0][0].child_by_field_name("consequence") or found[0][0])
+        >= {name}
+    )
+
+
 def _kernel_sites(source: ParsedSource, function: Function) -> list[Node]:
     """K ranges from ``blockIdx.y/z`` times a split size, and loops over a split count."""
     found: list[Node] = []
@@ -171,7 +216,20 @@ class SplitK(Mechanism):
                     refusal=KERNEL_REFUSAL,
                 )
 
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "choice": "the host's `if (...) splits = ...;` a removal carried, as written; it goes "
+        "back after the count's `= 1` declaration (a new choice is refused)",
+    }
+
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for function in source.functions:
+            for declaration, name in _restorable(source, function):
+                yield self.site(
+                    source,
+                    declaration,
+                    snippet=f"{source.snippet(declaration)} (no choice raises {name})",
+                    detail={"side": "host", "split": name},
+                )
         for launch in source.launches:
             function = source.enclosing_function(launch.node)
             if function is not None and function.extern_c:
@@ -189,8 +247,28 @@ class SplitK(Mechanism):
                 return [statement_deletion(source, node)]
         raise self.refuse("the split choice is not found", site)
 
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        if site.detail.get("side") != "host":
+            return Carrier()
+        node = self.node_at(kernel.parsed, site, "if_statement")
+        return Carrier(choice=kernel.parsed.text_of(node))
+
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
-        raise self.refuse(APPLY_REFUSAL, site, "apply")
+        name = site.detail.get("split")
+        choice = carrier.as_dict().get("choice")
+        if not isinstance(name, str) or not isinstance(choice, str):
+            raise self.refuse(APPLY_REFUSAL, site, "apply")
+        if not _carried_choice(choice, name):
+            raise self.refuse(
+                f"the carried choice is not one `if (...) {name} = ...;` without an else",
+                site,
+                "apply",
+            )
+        declaration = self.node_at(source, site, "declaration")
+        end = source.data.find(b"\n", declaration.end_byte)
+        at = len(source.data) if end < 0 else end + 1
+        indent = source.indent_of(declaration.start_byte)
+        return [Edit.insert(at, f"{indent}{choice}\n")]
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None

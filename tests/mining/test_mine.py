@@ -141,7 +141,10 @@ def test_a_mechanism_that_cannot_go_everywhere_goes_where_it_can(
     assert "__expf(x[base + k])" in child and "__ldg(&x[i])" in child
     skill = next(s for s in SkillLibrary.load(tmp_path / "out") if s.mechanism == "readonly_ldg")
     assert skill.verified and "__ldg(&x[base + k])" in skill.anchor.after
-    assert any(r.kind == "rejected_sibling" and r.mechanism == "readonly_ldg" for r in skill.risks)
+    own = [r for r in skill.risks if r.kind == "rejected_sibling" and r.mechanism == "readonly_ldg"]
+    # each names the sites it removed: both, then the tail's alone
+    assert [r.message.count("exp_scale:") for r in own] == [2, 1]
+    assert all(r.message.startswith("removing it at exp_scale:") for r in own)
     # the tail's __ldg never goes: every later state rejects removing it again
     final = lineage.state(lineage.graph.graph["final"]).source
     assert "__ldg(&x[i])" in final and "__ldg(&x[base + k])" not in final
@@ -290,6 +293,17 @@ def test_a_card_names_carried_code_by_its_size() -> None:
     assert '"dispatch": "<4 lines of code, shown under After>"' in card
     assert '"fallback": "after"' in card and "small<<<" not in card.split("## When")[0]
     assert carried.carrier["dispatch"] == chain
+
+
+def test_a_card_leaves_out_unset_carrier_choices() -> None:
+    from klineage.skills import render_skill_md
+    from tests.conftest import REPO
+
+    skill = next(iter(SkillLibrary.load(REPO / "skills_out")))
+    unset = {"vector_width": None, "tile_size": None, "unroll": None}
+    assert "Carrier" not in render_skill_md(skill.model_copy(update={"carrier": unset}))
+    card = render_skill_md(skill.model_copy(update={"carrier": {**unset, "unroll": 4}}))
+    assert 'Carrier (instance choices): `{"unroll": 4}`' in card
 
 
 def test_a_card_tells_timing_noise_from_a_different_rewrite() -> None:
