@@ -132,6 +132,8 @@ def tile_of(source: ParsedSource, kernel: Function, extents: list[str]) -> Tile 
     wrappers = {w.function.name: w for w in wgmma_wrappers(source)}
     if kernel.body is None:
         return f"{kernel.name} has no body"
+    if not wrappers:
+        return "the file has no device function wrapping one f32 wgmma.mma_async"
     calls = [
         c for c in source.calls_named(*wrappers) if source.enclosing_function(c.node) == kernel
     ]

@@ -159,3 +159,11 @@ def test_retemplate_renumbers_the_operands_after_the_accumulators() -> None:
     )
     with pytest.raises(RetileRefused, match="accumulator list"):
         _retemplate(template.replace("%3, %4", "%4, %3"), 16, 8)
+
+
+def test_a_kernel_without_a_wgmma_wrapper_has_no_wgmma_tile() -> None:
+    from klineage.mechanisms._wgmma_tile import tile_of
+
+    before = fixture_pairs("block_tiling")[0].before
+    kernel = before.parsed.kernels[0]
+    assert "no device function wrapping" in str(tile_of(before.parsed, kernel, ["kBM", "kBN"]))
