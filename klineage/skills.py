@@ -319,12 +319,14 @@ def _locked(folder: Path) -> Iterator[None]:
 def _card_carrier(carrier: dict[str, Any]) -> dict[str, Any]:
     """The carrier for reading: code it carries (a removed dispatch chain) is named by its
     size, since the card's After section shows it; skills.jsonl keeps it whole."""
-    shown = {key: value for key, value in carrier.items() if value is not None}
-    for key, value in list(shown.items()):
-        if isinstance(value, str) and "\n" in value:
-            lines = value.count("\n") + 1
-            shown[key] = f"<{lines} lines of code, shown under After>"
-    return shown
+    return {key: _card_value(value) for key, value in carrier.items() if value is not None}
+
+
+def _card_value(value: Any) -> Any:
+    if isinstance(value, str) and "\n" in value:
+        lines = value.count("\n") + 1
+        return f"<{lines} lines of code, shown under After>"
+    return value
 
 
 def _yaml_value(value: Any) -> str:
@@ -359,8 +361,9 @@ def render_skill_md(skill: Skill) -> str:
         f"{proposed}. Apply it{where} where the code looks like *Before* below.",
         "",
     ]
-    if _card_carrier(skill.carrier):
-        lines += [f"Carrier (instance choices): `{json.dumps(_card_carrier(skill.carrier))}`", ""]
+    carrier = _card_carrier(skill.carrier)
+    if carrier:
+        lines += [f"Carrier (instance choices): `{json.dumps(carrier)}`", ""]
     lines += ["## When it is valid", ""]
     lines += [f"- {c}" for c in skill.condition_prose] or ["- no conditions were found"]
     for probe in skill.probe_evidence:

@@ -222,7 +222,7 @@ def retile(
                 "accumulators"
             )
     edits += _loop_bounds(source, tile, old_count, new_count)
-    new_name = _renamed(wrapper.function.name, wrapper.n, new_n)
+    new_name = renamed_wrapper(wrapper.function.name, wrapper.n, new_n)
     if new_name != wrapper.function.name:
         for call in source.calls_named(wrapper.function.name):
             callee = call.node.child_by_field_name("function")
@@ -235,7 +235,8 @@ def retile(
     return edits
 
 
-def _renamed(name: str, n: int, new_n: int) -> str:
+def renamed_wrapper(name: str, n: int, new_n: int) -> str:
+    """A wrapper's name at ``new_n``: the shape it spells (``m64n256k16``) follows."""
     return re.sub(rf"n{n}(?=k)", f"n{new_n}", name)
 
 

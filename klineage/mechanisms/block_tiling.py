@@ -21,7 +21,6 @@ of by every thread of its row.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -41,11 +40,12 @@ from klineage.mechanisms._wgmma_tile import (
     WIDEST_N,
     RetileRefused,
     Tile,
+    renamed_wrapper,
     retile,
     tile_of,
     wgmma_wrappers,
 )
-from klineage.mechanisms.base import Carrier, Mechanism, Site, register
+from klineage.mechanisms.base import Action, Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 from klineage.source import Edit, Function, Node, ParsedSource
 
@@ -94,9 +94,8 @@ def _extents(source: ParsedSource, function: Function) -> list[str]:
     return sorted({source.text_of(extent) for _, extent in tile_origins(source, function)})
 
 
-def _wgmma_tile(source: ParsedSource, function: Function) -> Tile | None:
-    extents = _extents(source, function)
-    if len(extents) < 2 or not wgmma_wrappers(source):
+def _wgmma_tile(source: ParsedSource, function: Function, extents: list[str]) -> Tile | None:
+    if len(extents) < 2:
         return None
     tile = tile_of(source, function, extents)
     return tile if isinstance(tile, Tile) else None
@@ -140,7 +139,7 @@ class BlockTiling(Mechanism):
                 detail={"kernel": function.name, "extents": ",".join(names)},
                 refusal=REFUSAL,
             )
-            tile = _wgmma_tile(source, function)
+            tile = _wgmma_tile(source, function, names)
             if tile is not None and tile.wrapper.n == WIDEST_N:
                 yield self._wide_site(source, tile, names)
 
@@ -163,15 +162,16 @@ class BlockTiling(Mechanism):
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for function in source.kernels:
-            tile = _wgmma_tile(source, function)
+            names = _extents(source, function)
+            tile = _wgmma_tile(source, function, names)
             if tile is not None and tile.wrapper.n < WIDEST_N:
-                yield self._wide_site(source, tile, _extents(source, function))
+                yield self._wide_site(source, tile, names)
 
-    def _tile_at(self, source: ParsedSource, site: Site, action: str) -> Tile:
+    def _tile_at(self, source: ParsedSource, site: Site, action: Action) -> Tile:
         kernel = source.function(str(site.detail.get("kernel", "")))
-        tile = _wgmma_tile(source, kernel) if kernel is not None else None
+        tile = _wgmma_tile(source, kernel, _extents(source, kernel)) if kernel else None
         if tile is None:
-            raise self.refuse(REFUSAL, site, "apply" if action == "apply" else "remove")
+            raise self.refuse(REFUSAL, site, action)
         return tile
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
@@ -198,7 +198,7 @@ class BlockTiling(Mechanism):
         """The carried wrapper, when it is the N = 256 form of the target's wrapper: one f32
         m64n256 wgmma under the name the rename gives."""
         carried = wgmma_wrappers(KernelSource(text=text, name="carried wrapper").parsed)
-        wanted = re.sub(rf"n{tile.wrapper.n}(?=k)", f"n{WIDEST_N}", tile.wrapper.function.name)
+        wanted = renamed_wrapper(tile.wrapper.function.name, tile.wrapper.n, WIDEST_N)
         if len(carried) != 1 or carried[0].n != WIDEST_N or carried[0].function.name != wanted:
             raise self.refuse(
                 f"the carried wrapper is not an f32 m64n{WIDEST_N} wgmma named {wanted}",

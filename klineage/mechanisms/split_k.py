@@ -188,6 +188,10 @@ class SplitK(Mechanism):
         "Split the reduction dimension across blocks when the output alone cannot fill the "
         "GPU, and sum the partial results afterwards."
     )
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "choice": "the host's `if (...) splits = ...;` a removal carried, as written; it goes "
+        "back after the count's `= 1` declaration (a new choice is refused)",
+    }
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         for function in source.functions:
@@ -215,11 +219,6 @@ class SplitK(Mechanism):
                     detail={"side": "kernel"},
                     refusal=KERNEL_REFUSAL,
                 )
-
-    carrier_keys: ClassVar[dict[str, str]] = {
-        "choice": "the host's `if (...) splits = ...;` a removal carried, as written; it goes "
-        "back after the count's `= 1` declaration (a new choice is refused)",
-    }
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for function in source.functions:
