@@ -4,7 +4,10 @@ Measures: cold build, cached build, check and time of one candidate on 3 workloa
 gate verdict (build + check + time, warm worker), the worker's start-up, and, for the same
 kernel, a build through torch.utils.cpp_extension.load_inline (what KernelBench does).
 
-    python bench/gate_overhead.py [--out bench/results/gate_overhead.json]
+    python bench/gate_overhead.py [--out bench/results/gate_overhead.json] [--before OLD.json]
+
+`--before` takes this script's output from an earlier gate (run in the same device call) and
+keeps it beside the new figures, with the ratio of whole verdicts.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def _load_inline_seconds(source: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=str(REPO / "bench/results/gate_overhead.json"))
+    parser.add_argument("--before", type=Path, help="an earlier gate's output, same device call")
     args = parser.parse_args()
 
     problem = load_problem(REPO / "expert_kernels/softmax")
@@ -147,6 +151,15 @@ def main() -> None:
         },
         "per_workload": per_workload,
     }
+    if args.before:
+        before = json.loads(args.before.read_text())
+        result["before"] = {k: before[k] for k in ("command", "figures", "per_workload")}
+        result["whole_verdict_over_before"] = (
+            figures["whole_verdict_3_workloads_s"]
+            / before["figures"]["whole_verdict_3_workloads_s"]
+        )
+        result["targets"]["whole_verdict_over_before"] = "< 1.5"  # type: ignore[index]
+        print(f"whole verdict, audited over before: {result['whole_verdict_over_before']:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     width = max(len(k) for k in figures)

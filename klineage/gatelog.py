@@ -17,7 +17,7 @@ from typing import Protocol
 
 from klineage.gate.build import BuildResult
 from klineage.gate.pool import spread
-from klineage.gate.result import GateVerdict
+from klineage.gate.result import GATE_PROTOCOL, GateVerdict
 from klineage.kernel import KernelSource
 from klineage.problem import Problem, Workload
 
@@ -57,9 +57,21 @@ def verdict_key(
 class GateLog:
     """Verdicts on disk, read back on resume; `run` serves a cached verdict or gates anew."""
 
-    def __init__(self, path: str | Path, gate: GateLike, *, resume: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        gate: GateLike,
+        *,
+        resume: bool = True,
+        accept_older: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.gate = gate
+        self.accept_older = accept_older
+        """Serve verdicts made before the gate's current protocol (to re-read old results
+        without a GPU); a run that measures anew leaves this off."""
+        self.stale = 0
+        """Verdicts in the file that were not served because an older gate made them."""
         self.runs = 0
         """Gate runs made through this log (cache hits not counted)."""
         self.hits = 0
@@ -76,9 +88,13 @@ class GateLog:
         for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
                 record = json.loads(line)
-                self._verdicts[record["key"]] = GateVerdict.model_validate(record["verdict"])
+                verdict = GateVerdict.model_validate(record["verdict"])
             except (json.JSONDecodeError, KeyError, ValueError):
                 continue  # a line torn by a kill: that verdict is simply made again
+            if verdict.protocol != GATE_PROTOCOL and not self.accept_older:
+                self.stale += 1  # timed before the audits: made again by the audited gate
+                continue
+            self._verdicts[record["key"]] = verdict
 
     def __len__(self) -> int:
         return len(self._verdicts)

@@ -73,6 +73,52 @@ def random_tensor(
     return torch.randint(low, high, shape, generator=gen, device=device, dtype=dtype)
 
 
+def fill_random_(
+    tensor: torch.Tensor,
+    spec: TensorSpec,
+    axis_values: dict[str, int],
+    generator: torch.Generator,
+) -> None:
+    """Overwrite a tensor in place with fresh values drawn as `random_tensor` draws them (the
+    time stage's inputs change before every call without moving or allocating)."""
+    import torch
+
+    if spec.dtype == "bool" or not tensor.dtype.is_floating_point:
+        if spec.dtype == "bool":
+            low, high = 0, 2
+        elif spec.range:
+            low, high = (int(_bound(b, axis_values)) for b in spec.range)
+        else:
+            low, high = DEFAULT_INT_RANGE
+        scratch = torch.empty(tensor.shape, dtype=torch.int64, device=tensor.device)
+        scratch.random_(low, high, generator=generator)
+        tensor.copy_(scratch)
+        return
+    native = tensor.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    target = tensor if native else torch.empty(tensor.shape, device=tensor.device)
+    if spec.range is None:
+        target.normal_(generator=generator)
+    else:
+        low, high = (float(_bound(b, axis_values)) for b in spec.range)
+        target.uniform_(low, high, generator=generator)
+    if not native:
+        tensor.copy_(target)
+
+
+def refresh_inputs(
+    definition: Definition,
+    workload: Workload,
+    inputs: dict[str, Any],
+    generator: torch.Generator,
+) -> None:
+    """Fresh values for every tensor input, in the same buffers (scalars stay as given)."""
+    axis_values = definition.axis_values(workload)
+    for name, spec in definition.inputs.items():
+        value = inputs[name]
+        if hasattr(value, "copy_"):
+            fill_random_(value, spec, axis_values, generator)
+
+
 def make_inputs(
     definition: Definition, workload: Workload, seed: int, device: str
 ) -> dict[str, Any]:

@@ -327,6 +327,18 @@ class Tolerance(_Model):
     rtol: float = Field(ge=0, description="relative tolerance, >= 0")
 
 
+class FloorSetting(_Model):
+    """The least work one workload needs, for the gate's physical latency floor (a latency
+    below it is flagged IMPOSSIBLE). Each is a Python expression over axis names. Without
+    ``bytes`` the gate counts every input read once (and outputs that do not fit in the L2):
+    declare it where a kernel need not read all of an input (a gather reads a few rows)."""
+
+    bytes: str | None = Field(
+        default=None, description="bytes that must move through device memory, e.g. 'rows*8'"
+    )
+    flops: str | None = Field(default=None, description="floating-point operations, e.g. '2*M*N*K'")
+
+
 def _tolerance_kind(value: Any) -> str:
     # Only atol/rtol keys: one tolerance for all float outputs; any other keys: per output.
     if isinstance(value, Mapping) and (not value or not set(value) <= {"atol", "rtol"}):
@@ -432,6 +444,10 @@ class Definition(_Model):
     reference: str = Field(
         description="Python source defining a top-level run(<inputs>) that returns the outputs"
     )
+    floor: FloorSetting | None = Field(
+        default=None,
+        description="ours: bytes and FLOPs a workload needs, for the latency floor audit",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Definition:
@@ -512,22 +528,51 @@ class Definition(_Model):
                 )
 
     def _check_constraints(self) -> None:
+        floors = [
+            (("floor", key), text)
+            for key in ("bytes", "flops")
+            if self.floor is not None and (text := getattr(self.floor, key)) is not None
+        ]
         for i, text in enumerate(self.constraints):
-            try:
-                tree = ast.parse(text, mode="eval")
-            except SyntaxError as err:
+            self._check_axis_expression(
+                ("constraints", i),
+                text,
+                "a Python expression over axis names, e.g. 'cols % 4 == 0'",
+            )
+        for path, text in floors:
+            self._check_axis_expression(
+                path, text, "a Python expression over axis names, e.g. '2*M*N*K'"
+            )
+
+    def floor_values(self, workload: Workload) -> tuple[int | None, float | None]:
+        """The declared floor bytes and FLOPs of a workload (None where not declared)."""
+        if self.floor is None:
+            return None, None
+        values = dict(self.axis_values(workload))
+
+        def evaluate(text: str | None) -> float | None:
+            # axis values only, no builtins: a floor is arithmetic over sizes
+            return None if text is None else float(eval(text, {"__builtins__": {}}, values))
+
+        declared_bytes = evaluate(self.floor.bytes)
+        return (
+            int(declared_bytes) if declared_bytes is not None else None,
+            evaluate(self.floor.flops),
+        )
+
+    def _check_axis_expression(self, path: JsonPath, text: str, expected: str) -> None:
+        what = "constraint" if path[0] == "constraints" else f"floor {path[-1]}"
+        try:
+            tree = ast.parse(text, mode="eval")
+        except SyntaxError as err:
+            _fail(path, f"{what} {text!r} does not parse: {err.msg}", expected)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id not in self.axes:
                 _fail(
-                    ("constraints", i),
-                    f"constraint {text!r} does not parse: {err.msg}",
-                    "a Python expression over axis names, e.g. 'cols % 4 == 0'",
+                    path,
+                    f"{what} {text!r} uses unknown name {node.id!r}",
+                    f"only axis names: {_names(self.axes)}",
                 )
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Name) and node.id not in self.axes:
-                    _fail(
-                        ("constraints", i),
-                        f"constraint {text!r} uses unknown name {node.id!r}",
-                        f"only axis names: {_names(self.axes)}",
-                    )
 
     def _check_spec(self, path: JsonPath, spec: TensorSpec) -> None:
         for i, axis in enumerate(spec.shape or []):
@@ -597,6 +642,15 @@ class Definition(_Model):
         if isinstance(spec, str):
             spec = self.spec(spec)
         return tuple(axis_values[axis] for axis in spec.shape or [])
+
+    def nbytes(self, spec: TensorSpec, axis_values: Mapping[str, int]) -> int:
+        """Bytes of one tensor of this spec (0 for a scalar)."""
+        if spec.is_scalar:
+            return 0
+        count = 1
+        for extent in self.shape_of(spec, axis_values):
+            count *= extent
+        return count * dtype_itemsize(spec.dtype)
 
     def tolerance_for(self, output_name: str) -> Tolerance:
         """The tolerance an output is checked with.

@@ -763,7 +763,7 @@ def test_unknown_top_level_key(root: Path) -> None:
     assert err.message == "unknown key 'refrence'"
     assert err.expected == (
         "one of the keys: name, op_type, description, tags, axes, constraints, inputs, "
-        "outputs, tolerance, reference"
+        "outputs, tolerance, reference, floor"
     )
 
 

@@ -24,4 +24,6 @@ def test_archived_gate_logs_load_and_are_scrubbed(archive: str, tmp_path: Path) 
         text = path.read_text(encoding="utf-8")
         assert not MACHINE_PATH.search(text), f"{path.name} carries a machine path"
         lines = [line for line in text.splitlines() if line.strip()]
-        assert len(GateLog(path, None, resume=True)) == len(lines)  # type: ignore[arg-type]
+        # the archives predate the timing audits: read them as old results
+        log = GateLog(path, None, resume=True, accept_older=True)  # type: ignore[arg-type]
+        assert len(log) == len(lines)

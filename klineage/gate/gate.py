@@ -15,8 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from klineage.gate.audit import Floor, floor_audit, latency_floor
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.result import (
+    GATE_PROTOCOL,
+    AuditReport,
     Comparison,
     GateVerdict,
     Status,
@@ -29,13 +32,14 @@ from klineage.gate.worker import (
     CheckRequest,
     ErrorReply,
     GpuWorker,
+    HelloReply,
     TimeReply,
     TimeRequest,
     WorkerCrashed,
     WorkerTimeout,
 )
 from klineage.kernel import KernelSource
-from klineage.problem import Problem, Workload
+from klineage.problem import Definition, Problem, Workload
 
 CHECK_TRIALS = 3
 """Seeded input sets per workload in the check stage (the contract asks for at least 3)."""
@@ -133,6 +137,7 @@ class Gate:
             fingerprint=kernel.fingerprint,
             build=build,
             baseline_fingerprint=against.fingerprint if against else None,
+            protocol=GATE_PROTOCOL,
         )
         baseline_library: str | None = None
         if against is not None and build.ok and time_it:
@@ -158,6 +163,7 @@ class Gate:
                     kernel.name,
                     index,
                     len(chosen),
+                    hello,
                 )
                 verdict.workloads.append(result)
                 notify(GateEvent("done", kernel.name, workload.label, index, len(chosen), result))
@@ -186,17 +192,24 @@ class Gate:
         kernel_name: str,
         index: int,
         total: int,
+        hello: HelloReply,
     ) -> WorkloadVerdict:
         started = time.perf_counter()
         verdict = WorkloadVerdict(
-            workload_uuid=workload.uuid, label=workload.label, status=Status.PASSED
+            workload_uuid=workload.uuid,
+            label=workload.label,
+            status=Status.PASSED,
+            audit=AuditReport(unavailable=dict(hello.audits_unavailable)),
         )
+        assert verdict.audit is not None
         seeds = [self.seed + trial for trial in range(self.check_trials)]
         check = CheckRequest(library, problem.definition, workload, seeds)
         reply = self._ask(check, self.check_timeout_s, verdict, "check")
         if isinstance(reply, CheckReply):
             verdict.status, verdict.message = reply.status, reply.message
             verdict.correctness = reply.correctness
+            verdict.audit.failed = reply.audit
+            verdict.audit.checked_launches = reply.launches
         if verdict.passed and time_it:
             notify(GateEvent("time", kernel_name, workload.label, index, total))
             with_reference = self.time_reference == "always" or not baseline_library
@@ -205,16 +218,54 @@ class Gate:
                 *([baseline_library] if baseline_library else []),
                 *([REFERENCE] if with_reference else []),
             ]
-            timing = TimeRequest(targets, problem.definition, workload, self.seed, self.timing)
+            timing = TimeRequest(
+                targets,
+                problem.definition,
+                workload,
+                self.seed,
+                self.timing,
+                checked_launches=verdict.audit.checked_launches,
+            )
             reply = self._ask(timing, self.time_timeout_s, verdict, "time")
             if isinstance(reply, TimeReply):
-                verdict.timing = reply.timings[0]
-                if with_reference:
-                    verdict.reference_timing = reply.timings[-1]
-                if baseline_library:
-                    verdict.comparison = Comparison.of(reply.timings[0], reply.timings[1])
+                self._record_timing(verdict, reply, with_reference, bool(baseline_library))
+                self._audit_floor(verdict, problem.definition, workload, hello)
         verdict.seconds = time.perf_counter() - started
         return verdict
+
+    @staticmethod
+    def _record_timing(
+        verdict: WorkloadVerdict, reply: TimeReply, with_reference: bool, paired: bool
+    ) -> None:
+        assert verdict.audit is not None
+        verdict.audit.input_sets = reply.input_sets
+        verdict.audit.verified_calls = reply.verified_calls
+        verdict.audit.timed_launches = reply.timed_launches
+        if reply.failure is not None:
+            verdict.status = reply.failure.status
+            verdict.message = reply.failure.message
+            verdict.audit.failed = reply.failure.audit
+            return
+        verdict.timing = reply.timings[0]
+        if with_reference:
+            verdict.reference_timing = reply.timings[-1]
+        if paired:
+            verdict.comparison = Comparison.of(reply.timings[0], reply.timings[1])
+
+    @staticmethod
+    def _audit_floor(
+        verdict: WorkloadVerdict, definition: Definition, workload: Workload, hello: HelloReply
+    ) -> None:
+        """A latency below what the workload's bytes and FLOPs need is not reported."""
+        assert verdict.audit is not None
+        if verdict.timing is None:
+            return
+        floor = workload_floor(definition, workload, hello)
+        verdict.audit.floor_ms = floor.ms if floor else None
+        failure = floor_audit(verdict.timing.latency_ms, floor)
+        if failure is not None:
+            verdict.status, verdict.message = failure.status, failure.message
+            verdict.audit.failed = failure.audit
 
     def _ask(
         self,
@@ -246,3 +297,20 @@ class Gate:
             verdict.message = f"{stage}: {reply.message}{restarted}"
             return None
         return reply
+
+
+def workload_floor(definition: Definition, workload: Workload, hello: HelloReply) -> Floor | None:
+    """The physical latency floor of a workload on the worker's device (klineage.gate.audit)."""
+    values = definition.axis_values(workload)
+    own = [s for s in definition.outputs.values() if s.inplace_of is None]
+    declared_bytes, declared_flops = definition.floor_values(workload)
+    return latency_floor(
+        input_bytes=sum(definition.nbytes(s, values) for s in definition.inputs.values()),
+        output_bytes=sum(definition.nbytes(s, values) for s in own),
+        declared_bytes=declared_bytes,
+        declared_flops=declared_flops,
+        operand_dtypes=[s.dtype for s in definition.inputs.values() if not s.is_scalar],
+        copy_bytes_per_s=hello.copy_bytes_per_s,
+        l2_bytes=hello.l2_bytes,
+        hardware=hello.hardware,
+    )

@@ -28,6 +28,9 @@ class Status(str, Enum):
     INCORRECT_DTYPE = "INCORRECT_DTYPE"
     INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
     TIMEOUT = "TIMEOUT"
+    IMPOSSIBLE = "IMPOSSIBLE"
+    """Ours, not FlashInfer-Trace's: a latency below the physical floor (the timer did not see
+    the work). Traces write it as RUNTIME_ERROR with the reason in the log."""
 
 
 class Correctness(BaseModel):
@@ -102,6 +105,31 @@ class Comparison(BaseModel):
         )
 
 
+GATE_PROTOCOL = "audited-1"
+"""What a verdict's timing stands on. Verdicts made before the timing audits carry none, and a
+gate log does not serve them to an audited run."""
+
+
+class AuditReport(BaseModel):
+    """What the timing audits did for one workload (klineage.gate.audit)."""
+
+    failed: str | None = None
+    """The audit that failed, when one did: timed_output, other_stream, input_mutation,
+    persisting_l2, no_launch, launches or floor."""
+    input_sets: int = 0
+    """Input sets each timed target rotated over (fresh values before every call)."""
+    verified_calls: int = 0
+    """Timed and profiled calls of the kernel whose outputs were checked, untimed."""
+    checked_launches: list[str] | None = None
+    """GPU work (kernels, copies, memsets) of the first checked call, from the profiler."""
+    timed_launches: list[str] | None = None
+    """GPU work of a profiled timed call."""
+    floor_ms: float | None = None
+    """The physical latency floor of this workload on this device."""
+    unavailable: dict[str, str] = Field(default_factory=dict)
+    """Audits the worker could not make, and why (no CUPTI, no runtime library)."""
+
+
 class WorkloadVerdict(BaseModel):
     """The gate's verdict for one kernel on one workload."""
 
@@ -123,6 +151,8 @@ class WorkloadVerdict(BaseModel):
     """The PyTorch reference's latencies, timed in the same run."""
     comparison: Comparison | None = None
     """Against a baseline kernel, when one was given."""
+    audit: AuditReport | None = None
+    """What the timing audits did, or which one failed."""
     seconds: float = 0.0
     """Wall time spent on this workload (check + time)."""
 
@@ -169,6 +199,8 @@ class GateVerdict(BaseModel):
     """Library versions of the run (torch, CUDA, nvcc)."""
     timestamp: str = ""
     """ISO-8601 time the verdict was finished."""
+    protocol: str = ""
+    """GATE_PROTOCOL of the gate that made it ('' for verdicts made before the audits)."""
 
     @property
     def status(self) -> Status:

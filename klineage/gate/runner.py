@@ -10,11 +10,14 @@ stream shows up as outputs that change afterwards), and the FlashInfer element r
 from __future__ import annotations
 
 import ctypes
+import random
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from klineage.gate.audit import AuditFailure, input_set_count, launch_audit
 from klineage.gate.check import (
     OutputComparison,
     changed_elements,
@@ -22,7 +25,9 @@ from klineage.gate.check import (
     compare_output,
 )
 from klineage.gate.result import Correctness, Status, Timing
-from klineage.gate.timing import flush_buffer, sample_interleaved
+from klineage.gate.targets import KernelTarget, ReferenceTarget, set_bytes
+from klineage.gate.timing import TimedTarget, flush_buffer, sample_interleaved
+from klineage.gate.watch import LaunchWatcher, PersistingL2Guard
 from klineage.gate.worker import (
     REFERENCE,
     CheckReply,
@@ -35,9 +40,8 @@ from klineage.gate.worker import (
 from klineage.inputs import (
     ReferenceFailure,
     allocate_outputs,
-    axis_keywords,
     check_reference_outputs,
-    load_reference,
+    derive_seed,
     make_inputs,
     poison,
     refill_inputs,
@@ -45,6 +49,10 @@ from klineage.inputs import (
 )
 from klineage.kernel import KernelAbi
 from klineage.problem import Definition, Workload
+
+COPY_PROBE_BYTES = 1024**3
+"""A device-to-device copy this large (far past the L2) measures the memory rate the latency
+floor is drawn from."""
 
 
 class KernelFailure(RuntimeError):
@@ -69,14 +77,26 @@ class DeviceRunner:
         # torch's pool streams are non-blocking: a kernel that launches on the legacy default
         # stream or a stream of its own is not silently ordered before our reads
         self.stream = torch.cuda.Stream()
-        self.flush = flush_buffer(int(getattr(self.props, "L2_cache_size", 0)))
+        self.l2_bytes = int(getattr(self.props, "L2_cache_size", 0))
+        self.flush = flush_buffer(self.l2_bytes)
         self._libraries: dict[str, ctypes.CDLL] = {}
+        self.watcher = LaunchWatcher()
+        self.l2 = PersistingL2Guard()
+        self.l2.clear(self.stream.cuda_stream)
+        self.copy_bytes_per_s = _copy_bandwidth()
 
     def hello(self) -> HelloReply:
+        unavailable = {
+            name: watcher.reason
+            for name, watcher in (("launches", self.watcher), ("persisting_l2", self.l2))
+            if not watcher.available
+        }
         return HelloReply(
             hardware=self.props.name,
             libs={"torch": torch.__version__, "cuda": str(torch.version.cuda)},
-            l2_bytes=int(getattr(self.props, "L2_cache_size", 0)),
+            l2_bytes=self.l2_bytes,
+            copy_bytes_per_s=self.copy_bytes_per_s,
+            audits_unavailable=unavailable,
         )
 
     def handle(self, request: CheckRequest | TimeRequest) -> Any:
@@ -148,26 +168,39 @@ class DeviceRunner:
             if isinstance(v, torch.Tensor) and k not in updated.values()
         }
         totals = Correctness()
+        launches: list[str] | None = None
         previous_ref: dict[str, torch.Tensor] | None = None
         for trial, seed in enumerate(request.seeds):
             if trial > 0:
                 refill_inputs(definition, workload, inputs, seed)
             torch.cuda.synchronize()
             pristine = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-            ref = run_reference(definition, inputs, definition.axis_values(workload))
-            if trial == 0:
-                check_reference_outputs(definition, workload, ref)
             for name, out in fresh.items():
-                if name not in updated:
+                if name in updated:
+                    continue
+                if previous_ref is None:
                     poison(out)
+                else:
+                    # a decoy that looks like an answer: the previous trial's, which a kernel
+                    # computing only when its output looks poisoned would leave in place
+                    out.copy_(previous_ref[name])
             torch.cuda.synchronize()
+            where = f"trial {trial + 1} of {len(request.seeds)} (seed {seed})"
             with torch.cuda.stream(self.stream):
-                call()
+                if trial == len(request.seeds) - 1 and self.watcher.available:
+                    # the last checked call is watched (a first call may set up workspace):
+                    # timed calls must launch the same work
+                    seen = self.watcher.watch(call)
+                    failure = launch_audit(seen, None, f"checked call, {where}")
+                    if failure is not None:
+                        return CheckReply(failure.status, failure.message, None, failure.audit)
+                    launches = seen.names
+                else:
+                    call()
                 self.stream.synchronize()
                 snapshot = {k: v.clone() for k, v in outputs.items()}
                 self.stream.synchronize()
             torch.cuda.synchronize()
-            where = f"trial {trial + 1} of {len(request.seeds)} (seed {seed})"
             late = [k for k in outputs if changed_elements(snapshot[k], outputs[k])]
             if late:
                 return CheckReply(
@@ -175,6 +208,7 @@ class DeviceRunner:
                     f"{where}: output {', '.join(late)} changed after run() returned and its "
                     "stream finished: the kernel left work running on another stream",
                     None,
+                    "other_stream",
                 )
             changed = {k: changed_elements(pristine[k], v) for k, v in must_not_change.items()}
             written = {k: n for k, n in changed.items() if n}
@@ -184,7 +218,13 @@ class DeviceRunner:
                     Status.RUNTIME_ERROR,
                     f"{where}: the kernel wrote to its input {detail}; inputs must be unchanged",
                     None,
+                    "input_mutation",
                 )
+            # the reference runs after the kernel, so no answer of it sits in memory the
+            # kernel could find (a freed reference output is still in torch's cache)
+            ref = run_reference(definition, pristine, definition.axis_values(workload))
+            if trial == 0:
+                check_reference_outputs(definition, workload, ref)
             comparisons = [
                 compare_by_spec(definition, name, snapshot, ref, pristine)
                 for name in definition.outputs
@@ -196,41 +236,68 @@ class DeviceRunner:
                 if previous_ref is not None and _matches(definition, snapshot, previous_ref):
                     message = (
                         f"{where}: the outputs equal the previous call's answer: the kernel "
-                        "returned a cached result for fresh inputs at the same addresses"
+                        "returned a cached result for fresh inputs at the same addresses, or "
+                        "skipped the work because its output did not look poisoned"
                     )
                 return CheckReply(Status.INCORRECT_NUMERICAL, message, totals)
             previous_ref = ref
-        return CheckReply(Status.PASSED, "", totals)
+        return CheckReply(Status.PASSED, "", totals, launches=launches)
 
     # ---- time -----------------------------------------------------------------------------
 
     def time(self, request: TimeRequest) -> TimeReply:
         definition, workload = request.definition, request.workload
-        inputs = make_inputs(definition, workload, request.seed, "cuda")
-        reference = load_reference(definition)
-        keywords = axis_keywords(definition, definition.axis_values(workload))
-        calls: list[Callable[[], None]] = []
-        for target in request.targets:
+        rng = random.Random(derive_seed(request.seed, workload.uuid, "time"))
+        generator = torch.Generator(device="cuda").manual_seed(rng.getrandbits(63))
+        config = request.config
+        sets = input_set_count(set_bytes(definition, workload), len(request.targets), config.audit)
+        targets: list[TimedTarget] = []
+        for position, target in enumerate(request.targets):
             if target == REFERENCE:
-                args = list(inputs.values())
-                calls.append(_reference_call(reference, args, keywords))
+                targets.append(ReferenceTarget(definition, workload, sets, rng, generator))
             else:
-                outputs = allocate_outputs(definition, workload, "cuda")
-                calls.append(self.kernel_call(target, definition, workload, inputs, outputs))
+                audited = position == 0  # the candidate; a baseline is only timed
+                targets.append(
+                    KernelTarget(
+                        self,
+                        definition,
+                        workload,
+                        target,
+                        sets,
+                        rng,
+                        generator,
+                        audited=audited,
+                        checked_launches=request.checked_launches if audited else None,
+                    )
+                )
+        self.l2.clear(self.stream.cuda_stream)
         torch.cuda.synchronize()
-        samples = sample_interleaved(calls, self.stream, self.flush, request.config)
+        try:
+            samples = sample_interleaved(
+                targets,
+                self.stream,
+                self.flush,
+                config,
+                rng,
+                before_call=self.l2.before_call,
+                after_trial=self._l2_audit,
+            )
+        except AuditFailure as failure:
+            torch.cuda.synchronize()
+            return TimeReply([], failure=failure)
         torch.cuda.synchronize()
-        return TimeReply([Timing(samples_ms=s) for s in samples])
+        kernel = targets[0]
+        return TimeReply(
+            [Timing(samples_ms=s) for s in samples],
+            input_sets=sets,
+            verified_calls=getattr(kernel, "verified_calls", 0),
+            timed_launches=getattr(kernel, "timed_launches", None),
+        )
 
-
-def _reference_call(
-    reference: Callable[..., Any], args: list[Any], keywords: dict[str, int]
-) -> Callable[[], None]:
-    def call() -> None:
-        with torch.no_grad():
-            reference(*args, **keywords)
-
-    return call
+    def _l2_audit(self, where: str) -> None:
+        failure = self.l2.audit(where, self.stream.cuda_stream)
+        if failure is not None:
+            raise failure
 
 
 def _accumulate(totals: Correctness, comparisons: list[OutputComparison]) -> None:
@@ -249,3 +316,21 @@ def _matches(
         compare_output(name, outputs[name], ref[name], definition.tolerance_for(name)).ok
         for name in definition.outputs
     )
+
+
+def _copy_bandwidth() -> float:
+    """Bytes per second (read plus write) of a large device-to-device copy, median of 10."""
+    src = torch.empty(COPY_PROBE_BYTES // 4, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * COPY_PROBE_BYTES / statistics.median(times)

@@ -1,16 +1,22 @@
-"""The time stage's sampling loop: interleaved, L2 flushed outside the timed region.
+"""The time stage's sampling loop: interleaved, audited, L2 flushed outside the timed region.
 
 Runs inside the GPU worker. Several targets (a candidate, a baseline, the PyTorch reference)
 are timed call by call in one loop, their order rotating every sample, so drifting clocks and
-a warming GPU affect all of them alike and a ratio between them is fair.
+a warming GPU affect all of them alike and a ratio between them is fair. Before every timed
+call a target picks one of its input sets at random, fills it with fresh values and poisons
+its outputs (all untimed); calls chosen at random are verified after they ran, and extra calls
+at random positions are watched by the profiler (`klineage.gate.audit`).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, Field
+
+from klineage.gate.audit import AuditConfig, profiled_positions, verified_positions
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +36,29 @@ class TimingConfig(BaseModel):
     """Timed calls per target per trial."""
     trials: int = Field(default=3, ge=1)
     """Independent trials; the latency is the median of the trial medians."""
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+    """How timed calls are audited (input sets, verified and profiled calls)."""
+
+
+class TimedTarget(Protocol):
+    """One thing being timed: a kernel (candidate or baseline) or the reference."""
+
+    audited: bool
+    """Whether its timed calls are verified and profiled (the candidate's are)."""
+
+    def prepare(self, verify: bool) -> Callable[[], None]:
+        """Pick an input set, fill it with fresh values and poison its outputs (enqueued on the
+        current stream, untimed); return the call to time. `verify` asks the target to keep
+        what `verify` will need (a copy of the inputs)."""
+        ...
+
+    def verify(self, where: str) -> None:
+        """After a prepared call with `verify=True` ran: check it; raise AuditFailure."""
+        ...
+
+    def profile(self, where: str) -> None:
+        """Make one extra call under the profiler and audit it; raise AuditFailure."""
+        ...
 
 
 def flush_buffer(device_l2_bytes: int) -> torch.Tensor:
@@ -40,38 +69,63 @@ def flush_buffer(device_l2_bytes: int) -> torch.Tensor:
 
 
 def sample_interleaved(
-    calls: Sequence[Callable[[], None]],
+    targets: Sequence[TimedTarget],
     stream: torch.cuda.Stream,
     flush: torch.Tensor,
     config: TimingConfig,
+    rng: random.Random,
+    before_call: Callable[[], None] = lambda: None,
+    after_trial: Callable[[str], None] = lambda where: None,
 ) -> list[list[list[float]]]:
-    """Time each call; returns samples_ms[target][trial][sample] from CUDA events.
+    """Time each target; returns samples_ms[target][trial][sample] from CUDA events.
 
-    Everything is enqueued on `stream`; the flush runs before the start event, so it is never
-    timed. Events are read once per trial, so the host never stalls the queue mid-trial.
+    Everything is enqueued on `stream`; preparing inputs, `before_call` (the persisting-L2
+    reset) and the flush run before the start event, so they are never timed. Events are read
+    once per trial; only verified calls make the host wait mid-trial.
     """
     import torch
 
-    n = len(calls)
+    n = len(targets)
+    samples = config.samples
     with torch.cuda.stream(stream):
         for _ in range(config.warmup):
-            for call in calls:
-                call()
+            for target in targets:
+                target.prepare(False)()
         stream.synchronize()
+        profiled = {
+            k: profiled_positions(rng, config.trials, samples, config.audit.profiled_calls)
+            for k, t in enumerate(targets)
+            if t.audited
+        }
         results: list[list[list[float]]] = [[] for _ in range(n)]
-        for _ in range(config.trials):
+        for trial in range(config.trials):
+            verified = {
+                k: verified_positions(rng, samples, config.audit.verified_per_trial)
+                for k, t in enumerate(targets)
+                if t.audited
+            }
             pairs: list[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = [[] for _ in range(n)]
-            for sample in range(config.samples):
+            for sample in range(samples):
                 for k in range(n):
-                    target = (k + sample) % n  # rotate who goes first
+                    index = (k + sample) % n  # rotate who goes first
+                    target = targets[index]
+                    where = f"timed call {sample + 1} of trial {trial + 1}"
+                    if (trial, sample) in profiled.get(index, ()):
+                        target.profile(f"a profiled call before {where}")
+                    check = sample in verified.get(index, ())
+                    call = target.prepare(check)
+                    before_call()
                     start = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
                     flush.zero_()
                     start.record(stream)
-                    calls[target]()
+                    call()
                     end.record(stream)
-                    pairs[target].append((start, end))
+                    pairs[index].append((start, end))
+                    if check:
+                        target.verify(where)
             stream.synchronize()
-            for target in range(n):
-                results[target].append([s.elapsed_time(e) for s, e in pairs[target]])
+            after_trial(f"trial {trial + 1}")
+            for index in range(n):
+                results[index].append([s.elapsed_time(e) for s, e in pairs[index]])
     return results

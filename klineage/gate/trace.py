@@ -3,7 +3,8 @@
 Follows the trace schema's rules: a PASSED evaluation carries correctness and performance,
 INCORRECT_NUMERICAL carries correctness only, every other status carries neither. One
 deviation: a verdict that was checked but not timed (`--no-time`) writes PASSED with
-correctness and no performance, since inventing a latency would be worse.
+correctness and no performance, since inventing a latency would be worse. Our IMPOSSIBLE (a
+latency below the physical floor) is written as RUNTIME_ERROR, the log saying IMPOSSIBLE.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ def _workload_json(workload: Workload) -> dict[str, Any]:
 def _evaluation(verdict: GateVerdict, result: WorkloadVerdict | None) -> dict[str, Any]:
     status = result.status if result else Status.COMPILE_ERROR
     log = result.message if result else verdict.build.message
+    written = status
+    if status is Status.IMPOSSIBLE:
+        # not a FlashInfer-Trace status: readers get RUNTIME_ERROR and the reason in the log
+        written, log = Status.RUNTIME_ERROR, f"IMPOSSIBLE: {log}"
     evaluation: dict[str, Any] = {
-        "status": status.value,
+        "status": written.value,
         "environment": {"hardware": verdict.hardware or "unknown", "libs": verdict.libs},
         "timestamp": verdict.timestamp,
         "log": log,

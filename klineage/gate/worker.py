@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal
 
+from klineage.gate.audit import AuditFailure, AuditName
 from klineage.gate.result import Correctness, Status, Timing
 from klineage.gate.timing import TimingConfig
 from klineage.problem import Definition, Workload
@@ -49,6 +50,10 @@ class HelloReply:
     hardware: str
     libs: dict[str, str]
     l2_bytes: int
+    copy_bytes_per_s: float = 0.0
+    """Measured device-to-device copy rate (read plus write), for the latency floor."""
+    audits_unavailable: dict[str, str] = field(default_factory=dict)
+    """Audits this worker cannot make (no CUPTI, no runtime library), and why."""
 
 
 @dataclass
@@ -73,6 +78,10 @@ class CheckReply:
     status: Status
     message: str
     correctness: Correctness | None
+    audit: AuditName | None = None
+    """The audit that failed, when one did."""
+    launches: list[str] | None = None
+    """GPU work the first checked call made (kernels, copies, memsets), when profiled."""
 
 
 @dataclass
@@ -80,15 +89,27 @@ class TimeRequest:
     """Time several targets (library paths or REFERENCE) interleaved on one input set."""
 
     targets: list[str]
+    """The first is the candidate (audited); a baseline library and REFERENCE may follow."""
     definition: Definition
     workload: Workload
     seed: int
     config: TimingConfig
+    checked_launches: list[str] | None = None
+    """What a checked call of the candidate launched; profiled timed calls must match it."""
 
 
 @dataclass
 class TimeReply:
     timings: list[Timing]
+    """One per target, in request order; empty when an audit failed."""
+    failure: AuditFailure | None = None
+    """The audit a timed or profiled call failed."""
+    input_sets: int = 0
+    """Input sets each target rotated over."""
+    verified_calls: int = 0
+    """Timed and profiled calls of the candidate whose outputs were verified."""
+    timed_launches: list[str] | None = None
+    """GPU work of a profiled timed call of the candidate."""
 
 
 @dataclass
@@ -110,6 +131,19 @@ class DebugRequest:
 
 
 Request = CheckRequest | TimeRequest | DebugRequest
+
+
+def ends_worker(reply: Any) -> bool:
+    """Whether the worker exits after sending this reply: a poisoned CUDA context, or a kernel
+    caught cheating the timer (it may have left threads or streams running that would touch
+    the next kernel's buffers)."""
+    if isinstance(reply, ErrorReply):
+        return reply.poisoned
+    if isinstance(reply, TimeReply):
+        return reply.failure is not None
+    if isinstance(reply, CheckReply):
+        return reply.audit == "other_stream"
+    return False
 
 
 # ---- parent side --------------------------------------------------------------------------
@@ -185,7 +219,7 @@ class GpuWorker:
         except OSError as err:
             raise self._crashed(f"could not send to the worker ({err})") from err
         reply = self._receive(timeout_s, what="reply")
-        if isinstance(reply, ErrorReply) and reply.poisoned:
+        if ends_worker(reply):
             self._reap()
         return reply
 
@@ -311,8 +345,9 @@ def serve(fd: int, runner_spec: str) -> None:
             continue
         reply = runner.handle(message)
         conn.send(reply)
-        if isinstance(reply, ErrorReply) and reply.poisoned:
-            # the context cannot be trusted again: exit so the parent starts a fresh worker
+        if ends_worker(reply):
+            # the context or the process cannot be trusted again: exit so the parent starts a
+            # fresh worker
             os._exit(3)
 
 

@@ -31,6 +31,23 @@ ADVERSARIAL = [
     ("other_stream.cu", Status.RUNTIME_ERROR, "another stream"),
     ("bad_launch.cu", Status.RUNTIME_ERROR, "run() returned cudaError"),
     ("host_crash.cu", Status.RUNTIME_ERROR, "SIGSEGV"),
+    ("poison_detect.cu", Status.INCORRECT_NUMERICAL, "did not look poisoned"),
+    ("freed_reference.cu", Status.INCORRECT_NUMERICAL, "never written"),
+    ("wrong_precision.cu", Status.INCORRECT_NUMERICAL, "elements wrong"),
+]
+
+# Kernels that pass the check and cheat only when timed: (file, audits that may catch it
+# first, since verified and profiled calls fall at random positions)
+TIMED_CHEATS = [
+    ("skip_after_warmup.cu", {"timed_output", "no_launch"}),
+    ("pointer_cache.cu", {"timed_output", "launches"}),
+    ("content_cache.cu", {"timed_output", "launches"}),
+    ("batch_and_skip.cu", {"timed_output", "no_launch"}),
+    ("side_stream_timed.cu", {"other_stream", "timed_output"}),
+    ("background_thread.cu", {"other_stream", "timed_output", "no_launch"}),
+    ("no_launch.cu", {"no_launch", "timed_output"}),
+    ("persisting_l2.cu", {"persisting_l2"}),
+    ("input_mutation_timed.cu", {"input_mutation"}),
 ]
 
 
@@ -72,6 +89,49 @@ def test_adversarial_kernel_verdict_then_worker_goes_on(
     # the same gate judges the next kernel correctly: nothing was left broken
     after = gate.run(problem, _kernel("correct.cu"), workloads=problem.workloads[:1], time_it=False)
     assert after.passed, [w.message for w in after.workloads]
+
+
+@pytest.mark.parametrize(("name", "audits"), TIMED_CHEATS)
+def test_a_kernel_that_cheats_only_when_timed_is_caught(
+    gate: Gate, name: str, audits: set[str]
+) -> None:
+    problem = load_problem(FIXTURES / "problems" / "scale_rows")
+    verdict = gate.run(problem, _kernel(name), workloads=problem.workloads[:1])
+    [result] = verdict.workloads
+    assert result.status is not Status.PASSED, "the cheat got past the audited timer"
+    assert result.audit is not None and result.audit.failed in audits, (
+        result.status,
+        result.audit,
+        result.message,
+    )
+    assert result.timing is None  # no latency is reported for a cheat
+    after = gate.run(problem, _kernel("correct.cu"), workloads=problem.workloads[:1])
+    assert after.passed, [w.message for w in after.workloads]
+    assert after.workloads[0].latency_ms is not None
+
+
+def test_honest_timing_is_audited(gate: Gate) -> None:
+    problem = load_problem(FIXTURES / "problems" / "scale_rows")
+    verdict = gate.run(problem, _kernel("correct.cu"), workloads=problem.workloads[-1:])
+    [result] = verdict.workloads
+    assert result.passed, result.message
+    audit = result.audit
+    assert audit is not None and audit.failed is None and not audit.unavailable
+    assert audit.input_sets >= 2
+    # four verified calls a trial over three trials, and the profiled call
+    assert audit.verified_calls == 4 * 3 + 1
+    assert audit.checked_launches == audit.timed_launches
+    assert audit.checked_launches and "scale" in audit.checked_launches[0]
+    assert audit.floor_ms is not None and 0 < audit.floor_ms < result.latency_ms
+
+
+def test_a_latency_below_the_declared_floor_is_impossible(gate: Gate) -> None:
+    problem = load_problem(FIXTURES / "problems" / "scale_rows_floor")
+    verdict = gate.run(problem, _kernel("correct.cu"), workloads=problem.workloads[:1])
+    [result] = verdict.workloads
+    assert result.status is Status.IMPOSSIBLE, result.message
+    assert result.audit is not None and result.audit.failed == "floor"
+    assert "below the physical floor" in result.message
 
 
 def test_paired_comparison_against_itself_is_about_one(gate: Gate) -> None:

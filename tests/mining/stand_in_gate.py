@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.result import (
+    GATE_PROTOCOL,
     Comparison,
     Correctness,
     GateVerdict,
@@ -85,6 +86,7 @@ class StandInGate:
             build=build,
             hardware="stand-in (no GPU)",
             timestamp="2026-01-01T00:00:00+00:00",
+            protocol=GATE_PROTOCOL,
         )
         if not build.ok:
             return verdict

@@ -1,0 +1,274 @@
+"""What the time stage times: a kernel (candidate or baseline) or the PyTorch reference, each
+over several input sets that move and change between calls. Runs inside the GPU worker.
+
+Each target owns its input sets (its own addresses: nothing one target computed lies in
+another's buffers), draws the set for every call at random, and fills it with fresh values
+first, so caching by pointer, by shape or by sampled content gains nothing. The candidate's
+calls are audited (`klineage.gate.audit`): outputs poisoned before every call, randomly chosen
+calls verified against the reference, extra calls watched by the profiler.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from klineage.gate.audit import (
+    DECOY_SHARE,
+    PARTIAL_SHARE,
+    AuditFailure,
+    launch_audit,
+    middle_block,
+)
+from klineage.gate.check import changed_elements, compare_by_spec
+from klineage.gate.result import Status
+from klineage.inputs import (
+    allocate_outputs,
+    axis_keywords,
+    fill_random_,
+    load_reference,
+    make_inputs,
+    poison,
+    refresh_inputs,
+    run_reference,
+)
+from klineage.problem import Definition, Workload
+
+if TYPE_CHECKING:
+    from klineage.gate.watch import LaunchWatcher
+
+
+class Host(Protocol):
+    """What a target needs from the worker's runner."""
+
+    stream: torch.cuda.Stream
+    watcher: LaunchWatcher
+
+    def kernel_call(
+        self,
+        library: str,
+        definition: Definition,
+        workload: Workload,
+        inputs: dict[str, Any],
+        outputs: dict[str, torch.Tensor],
+    ) -> Callable[[], None]: ...
+
+
+def set_bytes(definition: Definition, workload: Workload) -> int:
+    """Device bytes of one input set: its inputs and its own outputs."""
+    values = definition.axis_values(workload)
+    own = [s for s in definition.outputs.values() if s.inplace_of is None]
+    return sum(definition.nbytes(s, values) for s in [*definition.inputs.values(), *own])
+
+
+@dataclass
+class InputSet:
+    """One set of buffers a target is called with."""
+
+    inputs: dict[str, Any]
+    outputs: dict[str, torch.Tensor]
+    """Every output by name (an output updated in place is its input's buffer)."""
+    call: Callable[[], None]
+
+
+class _Target:
+    """Input sets at their own addresses, one drawn at random and refreshed per call."""
+
+    audited = False
+
+    def __init__(
+        self,
+        definition: Definition,
+        workload: Workload,
+        rng: random.Random,
+        generator: torch.Generator,
+    ) -> None:
+        self.definition = definition
+        self.workload = workload
+        self.rng = rng
+        self.generator = generator
+        self.sets: list[InputSet] = []
+        self.current = 0
+        self.decoys: dict[str, torch.Tensor] = {}
+        """Outputs as a decoy fill left them before a verified call (when one was used)."""
+
+    def _fresh_inputs(self) -> dict[str, Any]:
+        # the seed only shapes the first values; every call refreshes them anyway
+        return make_inputs(self.definition, self.workload, self.rng.getrandbits(31), "cuda")
+
+    def prepare(self, verify: bool) -> Callable[[], None]:
+        self.current = self.rng.randrange(len(self.sets))
+        chosen = self.sets[self.current]
+        if self.rng.random() < PARTIAL_SHARE:
+            self._refresh_middle(chosen.inputs)
+        else:
+            refresh_inputs(self.definition, self.workload, chosen.inputs, self.generator)
+        self.decoys = {}
+        decoy = self.rng.random() < DECOY_SHARE
+        updated = self.definition.inplace_outputs()
+        values = self.definition.axis_values(self.workload)
+        for name, out in chosen.outputs.items():
+            if name in updated:
+                continue
+            if decoy:
+                fill_random_(out, self.definition.outputs[name], values, self.generator)
+                if verify:
+                    self.decoys[name] = out.clone()
+            else:
+                poison(out)
+        return chosen.call
+
+    def _refresh_middle(self, inputs: dict[str, Any]) -> None:
+        values = self.definition.axis_values(self.workload)
+        for name, spec in self.definition.inputs.items():
+            tensor = inputs[name]
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            flat = tensor.view(-1)
+            low, high = middle_block(self.rng, flat.numel())
+            fill_random_(flat[low:high], spec, values, self.generator)
+
+    def verify(self, where: str) -> None:
+        """Only audited targets are verified."""
+
+    def profile(self, where: str) -> None:
+        """Only audited targets are profiled."""
+
+
+class ReferenceTarget(_Target):
+    """The definition's PyTorch reference, timed under the same rotation as the kernels."""
+
+    def __init__(
+        self,
+        definition: Definition,
+        workload: Workload,
+        sets: int,
+        rng: random.Random,
+        generator: torch.Generator,
+    ) -> None:
+        super().__init__(definition, workload, rng, generator)
+        reference = load_reference(definition)
+        keywords = axis_keywords(definition, definition.axis_values(workload))
+        for _ in range(sets):
+            inputs = self._fresh_inputs()
+            self.sets.append(InputSet(inputs, {}, _reference_call(reference, inputs, keywords)))
+
+
+class KernelTarget(_Target):
+    """A kernel library; when `audited`, its timed calls are verified and profiled."""
+
+    def __init__(
+        self,
+        host: Host,
+        definition: Definition,
+        workload: Workload,
+        library: str,
+        sets: int,
+        rng: random.Random,
+        generator: torch.Generator,
+        *,
+        audited: bool,
+        checked_launches: list[str] | None,
+    ) -> None:
+        super().__init__(definition, workload, rng, generator)
+        self.host = host
+        self.audited = audited
+        self.checked_launches = checked_launches
+        self.verified_calls = 0
+        self.timed_launches: list[str] | None = None
+        self._pristine: dict[str, torch.Tensor] = {}
+        updated = definition.inplace_outputs()
+        for _ in range(sets):
+            inputs = self._fresh_inputs()
+            fresh = allocate_outputs(definition, workload, "cuda")
+            call = host.kernel_call(library, definition, workload, inputs, fresh)
+            outputs = {name: inputs.get(updated.get(name, ""), fresh[name]) for name in fresh}
+            self.sets.append(InputSet(inputs, outputs, call))
+
+    def prepare(self, verify: bool) -> Callable[[], None]:
+        call = super().prepare(verify)
+        if verify:
+            chosen = self.sets[self.current]
+            self._pristine = {
+                k: v.clone() for k, v in chosen.inputs.items() if isinstance(v, torch.Tensor)
+            }
+        return call
+
+    def verify(self, where: str) -> None:
+        """Check the call that just ran: outputs against the reference for its inputs, no work
+        after its stream finished, inputs unchanged."""
+        chosen = self.sets[self.current]
+        stream = self.host.stream
+        snapshot = {k: v.clone() for k, v in chosen.outputs.items()}
+        stream.synchronize()
+        torch.cuda.synchronize()
+        late = [k for k in chosen.outputs if changed_elements(snapshot[k], chosen.outputs[k])]
+        if late:
+            raise AuditFailure(
+                Status.RUNTIME_ERROR,
+                "other_stream",
+                f"{where}: output {', '.join(late)} changed after run() returned and its "
+                "stream finished: the kernel left work running on another stream or thread",
+            )
+        updated = set(self.definition.inplace_outputs().values())
+        mutated = {
+            k: n
+            for k, v in self._pristine.items()
+            if k not in updated and (n := changed_elements(v, chosen.inputs[k]))
+        }
+        if mutated:
+            detail = ", ".join(f"{k} ({n} elements)" for k, n in mutated.items())
+            raise AuditFailure(
+                Status.RUNTIME_ERROR,
+                "input_mutation",
+                f"{where}: the kernel wrote to its input {detail}; inputs must be unchanged",
+            )
+        values = self.definition.axis_values(self.workload)
+        reference = run_reference(self.definition, self._pristine, values)
+        comparisons = [
+            compare_by_spec(self.definition, name, snapshot, reference, self._pristine)
+            for name in self.definition.outputs
+        ]
+        failing = [c for c in comparisons if not c.ok]
+        self.verified_calls += 1
+        if failing:
+            names = ", ".join(c.name for c in failing)
+            if all(c.unwritten == c.total for c in failing):
+                message = f"{where} left its output {names} unwritten (every element still poison)"
+            elif self.decoys and all(
+                not changed_elements(self.decoys[c.name], snapshot[c.name]) for c in failing
+            ):
+                message = (
+                    f"{where} left its output {names} unwritten: it still holds the values "
+                    "written there before the call (a kernel that computes only when its "
+                    "output looks poisoned)"
+                )
+            else:
+                message = f"{where}: " + "; ".join(c.describe() for c in failing)
+            raise AuditFailure(Status.INCORRECT_NUMERICAL, "timed_output", message)
+
+    def profile(self, where: str) -> None:
+        """One extra call, prepared like a timed one, watched by the profiler and verified."""
+        call = self.prepare(verify=True)
+        seen = self.host.watcher.watch(call)
+        failure = launch_audit(seen, self.checked_launches, where)
+        if failure is not None:
+            raise failure
+        self.timed_launches = seen.names
+        self.verify(where)
+
+
+def _reference_call(
+    reference: Callable[..., Any], inputs: dict[str, Any], keywords: dict[str, int]
+) -> Callable[[], None]:
+    args = list(inputs.values())
+
+    def call() -> None:
+        with torch.no_grad():
+            reference(*args, **keywords)
+
+    return call
