@@ -222,7 +222,8 @@ class DeviceRunner:
                 )
             # the reference runs after the kernel, so no answer of it sits in memory the
             # kernel could find (a freed reference output is still in torch's cache)
-            ref = run_reference(definition, pristine, definition.axis_values(workload))
+            given = {k: pristine.get(k, v) for k, v in inputs.items()}  # scalars as given
+            ref = run_reference(definition, given, definition.axis_values(workload))
             if trial == 0:
                 check_reference_outputs(definition, workload, ref)
             comparisons = [
