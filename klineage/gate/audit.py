@@ -166,21 +166,26 @@ class CallLaunches:
 
 
 def launches_between_markers(activities: Sequence[GpuActivity]) -> CallLaunches:
-    """Split a profiled window at its two marker kernels: work that started after the opening
-    marker is the call's; any of it that ended after the closing marker started ran outside
-    the timed region."""
+    """Split a profiled window at its two marker kernels (the opening one long, so that work
+    the call starts without waiting for the caller's stream overlaps it). Everything else in
+    the window is the call's; work on another stream that started before the opening marker
+    ended, or that ended after the closing marker started, was not ordered with the caller's
+    stream: the timer did not see it. Work joined to the caller's stream (fork-join through
+    events) lies between the markers and passes."""
     markers = [a for a in activities if MARKER_KERNEL in a.name]
     if len(markers) < 2:
         raise ValueError(f"expected two marker kernels in the profile, found {len(markers)}")
     opening = min(markers, key=lambda a: a.start_ns)
     closing = max(markers, key=lambda a: a.start_ns)
-    ours = sorted(
-        (a for a in activities if MARKER_KERNEL not in a.name and a.start_ns >= opening.end_ns),
-        key=lambda a: a.start_ns,
-    )
+    ours = sorted((a for a in activities if MARKER_KERNEL not in a.name), key=lambda a: a.start_ns)
     return CallLaunches(
         names=[a.name for a in ours],
-        outside=[a for a in ours if a.end_ns > closing.start_ns],
+        outside=[
+            a
+            for a in ours
+            if a.end_ns > closing.start_ns
+            or (a.stream != opening.stream and a.start_ns < opening.end_ns)
+        ],
     )
 
 
@@ -195,8 +200,9 @@ def launch_audit(
         return AuditFailure(
             Status.RUNTIME_ERROR,
             "other_stream",
-            f"{where}: GPU work ({late}) was still running after the timed region closed: the "
-            "kernel left work on another stream or thread, which the timer does not see",
+            f"{where}: GPU work ({late}) ran on another stream without being ordered with the "
+            "stream run() was given (or still ran after the call was over): the timer does not "
+            "see it",
         )
     if not timed.names:
         return AuditFailure(

@@ -23,8 +23,11 @@ from klineage.gate.audit import (
 )
 from klineage.gate.result import Status
 
-MARKER_CYCLES = 1000
-"""Length of the marker kernels that open and close a watched call (about half a microsecond)."""
+OPENING_MARKER_CYCLES = 40_000
+"""The opening marker spins about 20 us: work run() starts on a stream of its own without
+waiting for the given stream runs meanwhile, where the audit sees it."""
+CLOSING_MARKER_CYCLES = 1000
+"""The closing marker spins about half a microsecond."""
 
 CUDA_LIMIT_PERSISTING_L2 = 0x06
 """cudaLimitPersistingL2CacheSize, from the CUDA runtime's cudaLimit enum."""
@@ -57,9 +60,9 @@ class LaunchWatcher:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                torch.cuda._sleep(MARKER_CYCLES)
+                torch.cuda._sleep(OPENING_MARKER_CYCLES)
                 call()
-                torch.cuda._sleep(MARKER_CYCLES)
+                torch.cuda._sleep(CLOSING_MARKER_CYCLES)
                 torch.cuda.synchronize()
                 time.sleep(GRACE_S)  # a thread the call left behind may launch a little later
                 torch.cuda.synchronize()
