@@ -19,7 +19,9 @@ EXPERTS="expert_kernels/softmax expert_kernels/fused_add_rmsnorm expert_kernels/
 overhead() {
   python3 - "$@" <<'PY'
 import runpy, sys
+from pathlib import Path
 script = sys.argv[1]
+sys.path.insert(0, str(Path(script).resolve().parent))
 sys.argv = sys.argv[1:]
 main = runpy.run_path(script, run_name="bench")["main"]
 main.__globals__["_load_inline_seconds"] = lambda source: float("nan")
