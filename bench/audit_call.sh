@@ -29,7 +29,8 @@ main()
 PY
 }
 
-overhead /tmp/before/bench/gate_overhead.py --out "$OUT/overhead_before.json"
+# from the old tree's folder: `python -m` in the worker puts the working folder first on its path
+(cd /tmp/before && overhead bench/gate_overhead.py --out "$OUT/overhead_before.json")
 overhead bench/gate_overhead.py --out "$OUT/gate_overhead.json" --before "$OUT/overhead_before.json"
 # shellcheck disable=SC2086  # EXPERTS is a list of folders
 (cd /tmp/before && python3 bench/experts.py $EXPERTS --out "$OUT/experts_before.json") \
