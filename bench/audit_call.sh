@@ -32,10 +32,16 @@ PY
 # from the old tree's folder: `python -m` in the worker puts the working folder first on its path
 (cd /tmp/before && overhead bench/gate_overhead.py --out "$OUT/overhead_before.json")
 overhead bench/gate_overhead.py --out "$OUT/gate_overhead.json" --before "$OUT/overhead_before.json"
-# shellcheck disable=SC2086  # EXPERTS is a list of folders
-(cd /tmp/before && python3 bench/experts.py $EXPERTS --out "$OUT/experts_before.json") \
-  > "$OUT/experts_before.log" 2>&1
-# shellcheck disable=SC2086
-python3 bench/experts.py $EXPERTS --out "$OUT/experts.json" > "$OUT/experts.log" 2>&1
-python3 bench/gate_audit.py --out "$OUT/gate_audit.json" \
-  --experts-before "$OUT/experts_before.json" --experts-after "$OUT/experts.json"
+if [ -z "${EXPERTS_FROM:-}" ]; then
+  # shellcheck disable=SC2086  # EXPERTS is a list of folders
+  (cd /tmp/before && python3 bench/experts.py $EXPERTS --out "$OUT/experts_before.json") \
+    > "$OUT/experts_before.log" 2>&1
+  # shellcheck disable=SC2086
+  python3 bench/experts.py $EXPERTS --out "$OUT/experts.json" > "$OUT/experts.log" 2>&1
+  before="$OUT/experts_before.json" after="$OUT/experts.json"
+else
+  # both experts runs were made in an earlier call and kept: EXPERTS_FROM=bench/results
+  before="$EXPERTS_FROM/experts_before_audits.json" after="$EXPERTS_FROM/experts.json"
+fi
+python3 bench/gate_audit.py --out "$OUT/gate_audit.json" --experts-before "$before" \
+  --experts-after "$after"
