@@ -42,7 +42,7 @@ AuditName = Literal[
 MARKER_KERNEL = "spin"
 """Substring of the marker kernels (torch.cuda._sleep) that open and close a profiled call."""
 
-GRACE_S = 0.002
+GRACE_S = 0.0005
 """How long a profiled call's window stays open after the device is idle, so work that a
 background thread launches just after run() returns is still seen."""
 
@@ -75,7 +75,7 @@ class AuditConfig(BaseModel):
     input_sets: int = Field(default=3, ge=2)
     """Input sets per timed target, each at its own addresses; every timed call picks one at
     random and fills it with fresh values first."""
-    verified_per_trial: int = Field(default=4, ge=1)
+    verified_per_trial: int = Field(default=3, ge=1)
     """Timed calls per trial, at random positions, whose outputs are checked (untimed)."""
     profiled_calls: int = Field(default=1, ge=1)
     """Extra calls per timed kernel, at random positions, watched by the profiler (launches,

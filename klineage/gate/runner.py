@@ -280,8 +280,7 @@ class DeviceRunner:
                 self.flush,
                 config,
                 rng,
-                before_call=self.l2.before_call,
-                after_trial=self._l2_audit,
+                audit_device=self._l2_audit,
             )
         except AuditFailure as failure:
             torch.cuda.synchronize()

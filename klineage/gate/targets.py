@@ -24,7 +24,7 @@ from klineage.gate.audit import (
     launch_audit,
     middle_block,
 )
-from klineage.gate.check import changed_elements, compare_by_spec
+from klineage.gate.check import changed_elements, compare_by_spec, output_ok
 from klineage.gate.result import Status
 from klineage.inputs import (
     allocate_outputs,
@@ -230,12 +230,18 @@ class KernelTarget(_Target):
         values = self.definition.axis_values(self.workload)
         given = {k: self._pristine.get(k, v) for k, v in chosen.inputs.items()}
         reference = run_reference(self.definition, given, values)
+        self.verified_calls += 1
+        if all(
+            spec.compare == "elementwise"
+            and output_ok(snapshot[name], reference[name], self.definition.tolerance_for(name))
+            for name, spec in self.definition.outputs.items()
+        ):
+            return
         comparisons = [
             compare_by_spec(self.definition, name, snapshot, reference, self._pristine)
             for name in self.definition.outputs
         ]
         failing = [c for c in comparisons if not c.ok]
-        self.verified_calls += 1
         if failing:
             names = ", ".join(c.name for c in failing)
             if all(c.unwritten == c.total for c in failing):

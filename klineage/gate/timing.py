@@ -74,14 +74,14 @@ def sample_interleaved(
     flush: torch.Tensor,
     config: TimingConfig,
     rng: random.Random,
-    before_call: Callable[[], None] = lambda: None,
-    after_trial: Callable[[str], None] = lambda where: None,
+    audit_device: Callable[[str], None] = lambda where: None,
 ) -> list[list[list[float]]]:
     """Time each target; returns samples_ms[target][trial][sample] from CUDA events.
 
-    Everything is enqueued on `stream`; preparing inputs, `before_call` (the persisting-L2
-    reset) and the flush run before the start event, so they are never timed. Events are read
-    once per trial; only verified calls make the host wait mid-trial.
+    Everything is enqueued on `stream`; preparing inputs and the flush run before the start
+    event, so they are never timed. Events are read once per trial; only verified calls make
+    the host wait mid-trial. `audit_device` (the persisting-L2 audit) runs after every verified
+    call and at the end of every trial, off the clock, and raises AuditFailure.
     """
     import torch
 
@@ -114,7 +114,6 @@ def sample_interleaved(
                         target.profile(f"a profiled call before {where}")
                     check = sample in verified.get(index, ())
                     call = target.prepare(check)
-                    before_call()
                     start = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
                     flush.zero_()
@@ -124,8 +123,9 @@ def sample_interleaved(
                     pairs[index].append((start, end))
                     if check:
                         target.verify(where)
+                        audit_device(where)
             stream.synchronize()
-            after_trial(f"trial {trial + 1}")
+            audit_device(f"trial {trial + 1}")
             for index in range(n):
                 results[index].append([s.elapsed_time(e) for s, e in pairs[index]])
     return results

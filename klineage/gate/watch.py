@@ -82,8 +82,10 @@ class LaunchWatcher:
 
 
 class PersistingL2Guard:
-    """Keeps the persisting-L2 set-aside at zero and resets persisting lines before every
-    timed call, so the L2 flush evicts everything; notices a kernel that reserves it."""
+    """Keeps the persisting-L2 set-aside at zero, so the L2 flush evicts everything, and
+    notices a kernel that reserves it. With no set-aside no line can persist, so the lines are
+    not reset before every call: cudaCtxResetPersistingL2Cache takes effect on return, and
+    calling it per sample would stall the timing loop's queue."""
 
     def __init__(self) -> None:
         self.runtime = _load_cudart()
@@ -109,10 +111,6 @@ class PersistingL2Guard:
             self.runtime.cudaStreamSetAttribute(
                 ctypes.c_void_p(stream), CUDA_STREAM_ATTR_ACCESS_POLICY_WINDOW, empty
             )
-
-    def before_call(self) -> None:
-        if self.runtime is not None:
-            self.runtime.cudaCtxResetPersistingL2Cache()
 
     def audit(self, where: str, stream: int | None = None) -> AuditFailure | None:
         reserved = self.limit()
