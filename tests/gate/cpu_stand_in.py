@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from klineage.gate import worker
+from klineage.gate.audit import AuditFailure
 from klineage.gate.result import Correctness, Status, Timing
 from klineage.gate.worker import ErrorReply, HelloReply
 
@@ -50,3 +51,39 @@ class TimingStandInRunner:
                 ]
             )
         return ErrorReply("kernel", f"cpu stand-in cannot run {type(request).__name__}", False)
+
+
+class CheatingTimerStandInRunner(TimingStandInRunner):
+    """Passes every check, then reports the audit failure the real runner sends when a timed
+    call left its output unwritten: lets CPU-only CI follow a failure to the verdict."""
+
+    def handle(self, request: Any) -> worker.CheckReply | worker.TimeReply | ErrorReply:
+        if isinstance(request, worker.TimeRequest):
+            failure = AuditFailure(
+                Status.INCORRECT_NUMERICAL,
+                "timed_output",
+                "timed call 7 of trial 1 left its output y unwritten (every element still poison)",
+            )
+            return worker.TimeReply([], failure=failure, input_sets=3, verified_calls=2)
+        return super().handle(request)
+
+
+class FastTimerStandInRunner(TimingStandInRunner):
+    """A device with a measured copy rate whose timed calls take 0.1 ns each: far below any
+    workload's physical floor."""
+
+    def hello(self) -> HelloReply:
+        return HelloReply(
+            hardware="cpu stand-in",
+            libs={"pid": str(os.getpid())},
+            l2_bytes=50 * 10**6,
+            copy_bytes_per_s=4.0e12,
+        )
+
+    def handle(self, request: Any) -> worker.CheckReply | worker.TimeReply | ErrorReply:
+        if isinstance(request, worker.TimeRequest):
+            trials = request.config.trials
+            return worker.TimeReply(
+                [Timing(samples_ms=[[1e-7]] * trials) for _ in request.targets], input_sets=3
+            )
+        return super().handle(request)
