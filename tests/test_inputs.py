@@ -84,3 +84,24 @@ def test_poison_makes_outputs_unmistakable(scale_rows) -> None:
     ints = torch.zeros(4, dtype=torch.int32)
     poison(ints)
     assert bool((ints == torch.iinfo(torch.int32).min).all())
+
+
+def test_fresh_values_respect_ranges_and_stay_in_their_buffers() -> None:
+    from klineage.inputs import refresh_inputs
+
+    problem = load_problem(REPO / "heldout" / "embedding_gather")
+    definition, workload = problem.definition, problem.workloads[0]
+    inputs = make_inputs(definition, workload, 0, "cpu")
+    before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    addresses = {k: inputs[k].data_ptr() for k in before}
+    refresh_inputs(definition, workload, inputs, torch.Generator().manual_seed(5))
+    values = definition.axis_values(workload)
+    for name, spec in definition.inputs.items():
+        value = inputs[name]
+        if not isinstance(value, torch.Tensor):
+            continue
+        assert value.data_ptr() == addresses[name]  # same buffer, fresh values
+        assert not torch.equal(value, before[name]), f"{name} kept its values"
+        if spec.range is not None:
+            low, high = (values[b] if isinstance(b, str) else b for b in spec.range)
+            assert int(value.min()) >= low and int(value.max()) < high

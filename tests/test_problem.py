@@ -875,3 +875,24 @@ def test_indices_of_needs_its_source_and_values(tmp_path) -> None:
         load_definition(path)
     assert info.value.field == "outputs.i.compare"
     assert "indices_of needs" in str(info.value)
+
+
+# The latency floor (our extension)
+
+
+def test_a_declared_floor_is_evaluated_per_workload(root: Path) -> None:
+    edit_definition(
+        root, lambda d: d.__setitem__("floor", {"bytes": "rows*cols*8", "flops": "rows*cols"})
+    )
+    problem = load_problem(root)
+    first = problem.workloads[0]
+    rows, cols = first.axes["rows"], first.axes["cols"]
+    assert problem.definition.floor_values(first) == (rows * cols * 8, float(rows * cols))
+
+
+def test_a_floor_naming_an_unknown_axis_points_at_its_line(root: Path) -> None:
+    text = edit_definition(root, lambda d: d.__setitem__("floor", {"bytes": "rows*colz*4"}))
+    err = load_error(root)
+    assert err.line == line_of(text, '"bytes"')
+    assert err.field == "floor.bytes"
+    assert err.message == "floor bytes 'rows*colz*4' uses unknown name 'colz'"

@@ -120,3 +120,21 @@ def test_timing_is_the_median_of_trial_medians() -> None:
     timing = Timing(samples_ms=[[1.0, 2.0, 9.0], [3.0, 3.0, 3.0], [0.5, 0.6, 0.7]])
     assert timing.trial_medians_ms == [2.0, 3.0, 0.6]
     assert timing.latency_ms == 2.0
+
+
+def test_an_impossible_latency_is_written_as_a_runtime_error_that_says_so(
+    problem, build_cache: Path
+) -> None:
+    w0 = problem.workloads[0]
+    result = WorkloadVerdict(
+        workload_uuid=w0.uuid,
+        label=w0.label,
+        status=Status.IMPOSSIBLE,
+        message="measured 0.1 us, below the physical floor of 3 us",
+    )
+    source = (KERNELS / "correct.cu").read_text()
+    [trace] = verdict_to_traces(_verdict(build_cache, source, [result]), problem)[:1]
+    evaluation = trace["evaluation"]
+    assert evaluation["status"] == "RUNTIME_ERROR"
+    assert evaluation["log"].startswith("IMPOSSIBLE: measured 0.1 us")
+    assert "performance" not in evaluation
