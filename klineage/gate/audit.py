@@ -42,7 +42,7 @@ AuditName = Literal[
 MARKER_KERNEL = "spin"
 """Substring of the marker kernels (torch.cuda._sleep) that open and close a profiled call."""
 
-GRACE_S = 0.0005
+GRACE_S = 0.0002
 """How long a profiled call's window stays open after the device is idle, so work that a
 background thread launches just after run() returns is still seen."""
 
