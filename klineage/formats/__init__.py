@@ -1,0 +1,1 @@
+"""The field's formats in and out: KernelBench problems, FlashInfer-Trace solutions."""
