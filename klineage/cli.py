@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from klineage.cli_formats import export_command, import_command
 from klineage.cli_mechanisms import mechanisms_app
 from klineage.cli_mine import lineage_app, mine_command, skills_app
 from klineage.cli_replay import replay_command
@@ -28,6 +29,8 @@ app.command("mine")(mine_command)
 app.command("replay")(replay_command)
 app.add_typer(skills_app, name="skills")
 app.add_typer(lineage_app, name="lineage")
+app.command("import")(import_command)
+app.command("export")(export_command)
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 

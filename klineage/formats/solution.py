@@ -193,15 +193,17 @@ def import_solution(
             f"is {definition.name!r}"
         )
     kernel = _klineage_kernel(solution, definition, Path(solution_path))
-    out.mkdir(parents=True, exist_ok=True)
-    if not (out / DEFINITION_FILE).is_file():
-        dump_definition(definition, out)
-    if not (out / WORKLOADS_FILE).is_file():
+    new_workloads = not (out / WORKLOADS_FILE).is_file()
+    if new_workloads:  # everything is checked before anything is written
         if workloads_path is None:
             raise SolutionError(
                 f"{out} holds no {WORKLOADS_FILE}: give the workloads (--workloads)"
             )
-        load_workloads(workloads_path, required=True, definition=definition)  # validate first
+        load_workloads(workloads_path, required=True, definition=definition)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / DEFINITION_FILE).is_file():
+        dump_definition(definition, out)
+    if new_workloads and workloads_path is not None:
         (out / WORKLOADS_FILE).write_text(Path(workloads_path).read_text(encoding="utf-8"))
     (out / KERNEL_FILE).write_text(kernel.text, encoding="utf-8")
     for source in solution.sources:
