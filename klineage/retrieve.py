@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -159,16 +159,28 @@ def first_violation(
 
 
 def retrieve(
-    skills: Sequence[Skill],
+    skills: Iterable[Skill],
     problem: Problem,
-    kernel: KernelSource,
+    kernel: KernelSource | str | None = None,
     *,
     arch: str = "sm_90",
     use_conditions: bool = True,
     keep_unknown: bool = False,
 ) -> Retrieval:
-    """Rank `skills` for the target; drop those that cannot apply or whose conditions fail.
+    """Rank `skills` (a list, or a :class:`SkillLibrary`) for the target `problem`; drop those
+    that cannot apply or whose conditions fail, each with its reason.
+
+        library = SkillLibrary.load("skills_out")
+        problem = load_problem("heldout/gelu")
+        for ranked in retrieve(library, problem).ranked:
+            print(ranked.skill, ranked.score)
+
+    `kernel` is the target kernel (default: the problem's kernel.cu; source text works too).
     With `keep_unknown`, skills whose mechanism is not in the catalog are kept (for an LLM)."""
+    if kernel is None:
+        kernel = problem.kernel_source()
+    elif isinstance(kernel, str):
+        kernel = KernelSource(kernel, name=f"{problem.name}.cu")
     result = Retrieval()
     usable: list[tuple[Skill, list[Site]]] = []
     context = eval_context(kernel, arch=arch)

@@ -77,7 +77,7 @@ def test_problem_loads_with_workloads_probes_and_kernel(folder: Path) -> None:
 @by_folder
 def test_kernel_keeps_to_the_naive_rules(folder: Path) -> None:
     problem = _problem(folder)
-    code = _strip_comments(problem.kernel_source())
+    code = _strip_comments(problem.kernel_source().text)
     found = [what for what, pattern in FORBIDDEN.items() if re.search(pattern, code)]
     assert not found, f"{folder.name}/kernel.cu uses: {', '.join(found)}"
     assert re.search(r"<<<\s*\(unsigned\)\s*\(?blocks", code) or "+ 255) / 256" in code
@@ -88,7 +88,7 @@ def test_kernel_keeps_to_the_naive_rules(folder: Path) -> None:
 def test_kernel_exports_the_abi_prototype(folder: Path) -> None:
     problem = _problem(folder)
     want = KernelAbi.from_definition(problem.definition).prototype
-    code = " ".join(_strip_comments(problem.kernel_source()).split())
+    code = " ".join(_strip_comments(problem.kernel_source().text).split())
     got = re.sub(r"\s*([(),*])\s*", r"\1", code)
     assert re.sub(r"\s*([(),*])\s*", r"\1", want) in got, f"expected {want}"
 
@@ -105,7 +105,7 @@ def test_reference_runs_on_the_cpu_on_the_smallest_probe(folder: Path) -> None:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, BuildResult]:
     builder = Builder(cache_dir=tmp_path_factory.mktemp("heldout-build"))
-    sources = [(_problem(f).kernel_source(), f"{f.name}/kernel.cu") for f in FOLDERS]
+    sources = [(_problem(f).kernel_source().text, f"{f.name}/kernel.cu") for f in FOLDERS]
     results = builder.build_many(sources)
     return {f.name: r for f, r in zip(FOLDERS, results, strict=True)}
 
