@@ -15,11 +15,11 @@ from rich.text import Text
 from klineage.cli_mechanisms import mechanisms_app
 from klineage.cli_mine import lineage_app, mine_command, skills_app
 from klineage.cli_replay import replay_command
-from klineage.gate.build import Builder, BuildResult
+from klineage.gate.build import Builder, BuildResult, check_abi
 from klineage.gate.gate import Gate, GateEvent, GateSetupError
 from klineage.gate.result import GateVerdict, Status
 from klineage.gate.trace import append_traces, verdict_to_traces
-from klineage.kernel import KernelSource
+from klineage.kernel import KernelAbi, KernelSource
 from klineage.problem import Problem, ProblemError, load_problem
 
 app = typer.Typer(help="Mine verified GPU-kernel optimization skills.", no_args_is_help=True)
@@ -75,8 +75,9 @@ def gate(
     baseline = _read_kernel(against) if against else None
     builder = Builder(arch=arch)
     if build_only:
+        abi = KernelAbi.from_definition(problem.definition)
         with console.status(f"building {source.name} for {arch}"):
-            build = builder.build(source.text, name=source.name)
+            build = check_abi(builder.build(source.text, name=source.name), source.text, abi)
         _print_build(source, build)
         if json_out:
             json_out.write_text(build.model_dump_json(indent=2))
