@@ -190,9 +190,14 @@ def _print_report(r: MineReport) -> None:
 
 
 def _library(out: Path) -> SkillLibrary:
-    library = SkillLibrary.load(out)
-    if not len(library):
+    try:
+        library = SkillLibrary.load(out)
+    except FileNotFoundError:
         _fail(f"{out}: no skills.jsonl here; run `klineage mine` first or pass --out")
+    except ValueError as err:  # a corrupt line: one line naming the file and line
+        _fail(str(err))
+    if not len(library):
+        _fail(f"{out}: skills.jsonl holds no skills; run `klineage mine` first or pass --out")
     return library
 
 
