@@ -25,9 +25,9 @@ from typing import Annotated, NoReturn
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from klineage.cli_format import Column, print_rows
 from klineage.kernel import KernelSource
 from klineage.mechanisms import (
     Carrier,
@@ -100,26 +100,43 @@ def list_mechanisms(json_out: JsonFlag = False) -> None:
         ]
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table("mechanism", "category", "family", "carrier", "intent", show_lines=False)
-    for m in mechanisms:
-        table.add_row(m.name, m.category, m.family, ", ".join(m.carrier_keys) or "-", m.intent)
-    console.print(table)
+    columns = [
+        Column("mechanism", key=True),
+        Column("category", short=True),
+        Column("family", optional=True),
+        Column("carrier", short=True),
+        Column("intent", min_width=40),
+    ]
+    rows = [
+        [m.name, m.category, m.family, ", ".join(m.carrier_keys) or "-", m.intent]
+        for m in mechanisms
+    ]
+    print_rows(console, columns, rows)
 
 
-def _site_table(sites: list[tuple[int, Site]], title: str) -> Table:
-    table = Table("#", "mechanism", "function", "lines", "kind", "snippet", "note", title=title)
-    for index, site in sites:
-        note = f"refused: {site.refusal}" if site.refusal else ""
-        table.add_row(
+def _print_site_table(sites: list[tuple[int, Site]], title: str) -> None:
+    columns = [
+        Column("#", key=True, justify="right"),
+        Column("mechanism", key=True),
+        Column("function", key=True),
+        Column("lines", short=True),
+        Column("kind", optional=True, short=True),
+        Column("snippet", min_width=20),
+        Column("note", min_width=20),
+    ]
+    rows = [
+        [
             str(index),
             site.mechanism,
             site.function,
             site.lines,
             site.node_kind,
-            Text(site.snippet),
-            Text(note, style="yellow"),
-        )
-    return table
+            Text(" ".join(site.snippet.split())),
+            Text(f"refused: {site.refusal}" if site.refusal else "", style="yellow"),
+        ]
+        for index, site in sites
+    ]
+    print_rows(console, columns, rows, title=title)
 
 
 def _print_sites(
@@ -141,7 +158,7 @@ def _print_sites(
     if not numbered:
         console.print(f"no {what} sites in {kernel.name}")
         return
-    console.print(_site_table(numbered, f"{len(numbered)} {what} sites in {kernel.name}"))
+    _print_site_table(numbered, f"{len(numbered)} {what} sites in {kernel.name}")
     errors_in_parse = kernel.parsed.errors
     if errors_in_parse:
         lines = ", ".join(str(e.line) for e in errors_in_parse[:8])

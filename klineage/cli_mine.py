@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
+from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
+from klineage.cli_format import Column, print_rows
 from klineage.cli_llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, WalkEvent, is_llm_origin
 from klineage.llm import Provider, ProviderError
 from klineage.mine import MineReport, mine
-from klineage.skills import SkillLibrary, render_skill_md
+from klineage.problem import ProblemError, load_problem
+from klineage.skills import SkillLibrary, SkillLookupError, render_skill_md
 
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
@@ -203,61 +207,90 @@ def _library(out: Path) -> SkillLibrary:
 
 @skills_app.command("list")
 def skills_list(out: OutOption = Path("skills_out")) -> None:
-    """One line per skill: id, mechanism, gain, conditions, verified."""
-    table = Table()
-    table.add_column("id", no_wrap=True)
-    table.add_column("gain", no_wrap=True)
-    table.add_column("verified", no_wrap=True)
-    table.add_column("conditions", overflow="ellipsis", no_wrap=True, max_width=60)
+    """One line per skill: id, measured gain, what it measured, verified, conditions."""
+    columns = [
+        Column("id", key=True),
+        Column.figure("gain"),
+        Column("measured", short=True),
+        Column("verified", short=True),
+        Column("conditions", optional=True, min_width=30),
+    ]
+    rows = []
     for skill in _library(out):
         gain = skill.effect.geomean_speedup
-        table.add_row(
-            skill.id,
-            f"{gain:.2f}x" if gain else "-",
-            {True: "yes", False: "no", None: "-"}[skill.verified],
-            "; ".join(skill.condition_prose)[:80],
+        rows.append(
+            [
+                skill.id,
+                f"{gain:.2f}x" if gain else "-",
+                skill.effect.measured.value,
+                {True: "yes", False: "no", None: "-"}[skill.verified],
+                "; ".join(skill.condition_prose),
+            ]
         )
-    console.print(table)
+    print_rows(console, columns, rows)
 
 
 @skills_app.command("show")
 def skills_show(
     skill_id: Annotated[str, typer.Argument(help="A skill id (or a unique prefix).")],
     out: OutOption = Path("skills_out"),
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Print the SKILL.md text exactly, even on a terminal.")
+    ] = False,
 ) -> None:
-    """Print a skill's card (the SKILL.md text)."""
+    """Print a skill's card: SKILL.md exactly as written (`> card.md` gives the same file),
+    or on a terminal rendered as Markdown."""
     try:
         skill = _library(out).get(skill_id)
-    except KeyError as err:
-        _fail(str(err.args[0]))
+    except SkillLookupError as err:
+        _fail(err.message)
+    card = render_skill_md(skill)
+    if raw or not console.is_terminal:
+        sys.stdout.write(card if card.endswith("\n") else card + "\n")
         return
-    console.print(render_skill_md(skill), markup=False, highlight=False)
+    front, body = _split_front_matter(card)
+    console.print(Text(front, style="dim"), soft_wrap=True)
+    console.print(Markdown(body, code_theme="ansi_dark"))
+
+
+def _split_front_matter(card: str) -> tuple[str, str]:
+    """(the YAML front matter with its fences, the Markdown after it)."""
+    if card.startswith("---\n"):
+        end = card.find("\n---\n", 4)
+        if end > 0:
+            return card[: end + 4], card[end + 5 :]
+    return "", card
 
 
 @lineage_app.command("show")
 def lineage_show(
-    problem: Annotated[str, typer.Argument(help="The problem's definition name.")],
+    problem: Annotated[
+        str, typer.Argument(help="The problem: its folder (expert_kernels/softmax) or its name.")
+    ],
     out: OutOption = Path("skills_out"),
     png: Annotated[Path | None, typer.Option(help="Also draw the DAG to this PNG.")] = None,
 ) -> None:
     """The main path as a table, and optionally a drawing of the whole DAG."""
-    path = out / "lineages" / f"{problem}.json"
+    name = _problem_name(problem)
+    path = out / "lineages" / f"{name}.json"
     if not path.is_file():
         known = sorted(p.stem for p in (out / "lineages").glob("*.json"))
-        _fail(f"{path}: no lineage for {problem!r}; known: {', '.join(known) or '(none)'}")
-    lineage = LineageGraph.load(path)
-    table = Table(
-        "step",
-        "mechanism",
-        "origin",
-        "ratio",
-        "trials",
-        "parent",
-        "child",
-        title=(f"{lineage.problem}: {lineage.termination.value if lineage.termination else '?'}"),
-    )
-    for attempt in lineage.main_path():
-        table.add_row(
+        _fail(f"{path}: no lineage for {name!r}; known: {', '.join(known) or '(none)'}")
+    try:
+        lineage = LineageGraph.load(path)
+    except ValueError as err:
+        _fail(str(err).splitlines()[0])
+    columns = [
+        Column("step", key=True, justify="right"),
+        Column("mechanism", key=True),
+        Column("origin", short=True, optional=True),
+        Column("ratio", short=True),
+        Column("trials", short=True, optional=True),
+        Column("parent", short=True),
+        Column("child", short=True),
+    ]
+    rows = [
+        [
             str(attempt.step),
             attempt.mechanism,
             attempt.origin,
@@ -265,7 +298,11 @@ def lineage_show(
             ", ".join(f"{r:.3f}" for r in attempt.trial_ratios),
             attempt.parent[:10],
             attempt.child[:10],
-        )
+        ]
+        for attempt in lineage.main_path()
+    ]
+    termination = lineage.termination.value if lineage.termination else "?"
+    print_rows(console, columns, rows, title=f"{lineage.problem}: {termination}")
     attempts = lineage.attempts()
     rejected = [a for a in attempts if a.status is AttemptStatus.REJECTED]
     notes = Text(
@@ -279,9 +316,23 @@ def lineage_show(
             f"; {lineage.graph.graph.get('llm') or 'LLM'}: {len(by_llm)} attempts "
             f"({accepted} accepted), {len(lineage.llm_rejections)} answers not used"
         )
-    console.print(Group(table, notes))
+    console.print(notes)
     if png is not None:
         from klineage.drawing import draw_lineage
 
-        draw_lineage(lineage, png)
+        try:
+            draw_lineage(lineage, png)
+        except RuntimeError as err:  # no matplotlib: say how to get it, in one line
+            _fail(str(err))
         console.print(f"drew {png}")
+
+
+def _problem_name(problem: str) -> str:
+    """The definition name of a problem folder, or `problem` itself when it names one."""
+    folder = Path(problem)
+    if not (folder / "definition.json").is_file():
+        return problem
+    try:
+        return load_problem(folder).name
+    except ProblemError as err:
+        _fail(str(err))

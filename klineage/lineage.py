@@ -233,6 +233,8 @@ class LineageGraph:
         return Termination(value) if value else None
 
     def state(self, fingerprint: str) -> StateInfo:
+        """The kernel state with this fingerprint: its source, gate verdict and resources
+        (KeyError when the lineage has no such state)."""
         return StateInfo.model_validate(self.graph.nodes[fingerprint])
 
     def attempts(self) -> list[Attempt]:
@@ -272,7 +274,13 @@ class LineageGraph:
 
     @classmethod
     def load(cls, path: str | Path) -> LineageGraph:
-        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        """The lineage `mine` saved at `path` (`skills_out/lineages/<problem>.json`); a file
+        that is not one raises ValueError naming it."""
+        file = Path(path)
+        try:
+            return cls.from_json(json.loads(file.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, KeyError, TypeError, nx.NetworkXError) as err:
+            raise ValueError(f"{file}: not a lineage written by `klineage mine` ({err})") from err
 
 
 def llm_rejection(

@@ -399,12 +399,15 @@ class SkillLibrary:
             return self.skills[matches[0]]
         if matches:
             raise SkillLookupError(
-                f"{skill_id!r} is ambiguous: it starts {len(matches)} skill ids; give more of "
-                "one:\n" + "\n".join(f"  {m}" for m in matches),
+                f"{skill_id!r} is ambiguous: {len(matches)} skill ids start with it; give "
+                "more of one:\n" + "\n".join(f"  {m}" for m in matches),
                 matches,
             )
-        close = difflib.get_close_matches(skill_id, list(self.skills), n=5, cutoff=0.5)
-        hint = "; did you mean " + ", ".join(close) if close else ""
+        # a misspelt mechanism (`vectorised`) is close to the ids' first part, not the whole
+        heads = {k: k.split("--")[0] for k in self.skills}
+        near = set(difflib.get_close_matches(skill_id.split("--")[0], set(heads.values())))
+        close = sorted(k for k, head in heads.items() if head in near)[:8]
+        hint = "; did you mean:\n" + "\n".join(f"  {c}" for c in close) if close else ""
         raise SkillLookupError(
             f"no skill {skill_id!r} in {self.root} ({len(self)} skills, `klineage skills list` "
             f"shows them){hint}",
