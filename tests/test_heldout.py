@@ -103,8 +103,8 @@ def test_reference_runs_on_the_cpu_on_the_smallest_probe(folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, BuildResult]:
-    builder = Builder(cache_dir=tmp_path_factory.mktemp("heldout-build"))
+def builds(shared_builder: Builder) -> dict[str, BuildResult]:
+    builder = shared_builder
     sources = [(_problem(f).kernel_source().text, f"{f.name}/kernel.cu") for f in FOLDERS]
     results = builder.build_many(sources)
     return {f.name: r for f, r in zip(FOLDERS, results, strict=True)}

@@ -14,6 +14,7 @@ from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Terminat
 from klineage.mine import mine
 from klineage.skills import Measured, SkillLibrary
 from tests.conftest import FIXTURES
+from tests.mining.conftest import Mined
 from tests.mining.stand_in_gate import StandInGate
 
 pytestmark = pytest.mark.nvcc
@@ -30,19 +31,12 @@ COST = {
 }
 
 
-@pytest.fixture(scope="module")
-def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
-    return Builder(cache_dir=tmp_path_factory.mktemp("cache"))
-
-
 def _gate(builder: Builder, **rules) -> StandInGate:
     return StandInGate(builder, cost=COST, expert_mechanisms=EXPERT, **rules)
 
 
-def test_complete_walk_peels_cheapest_first_and_verifies_every_skill(
-    builder: Builder, tmp_path: Path
-) -> None:
-    report = mine(PROBLEM, tmp_path, gate=_gate(builder))
+def test_complete_walk_peels_cheapest_first_and_verifies_every_skill(mined: Mined) -> None:
+    report, tmp_path = mined.report, mined.out
     assert report.termination == "complete"
     assert report.steps == 5 and report.skills == 5 and report.verified == 5
     assert report.recall == 1.0 and report.missed == []
