@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from klineage import __version__
 from klineage.cli_format import Column, print_rows, short_kernel_names
 from klineage.cli_mechanisms import mechanisms_app
 from klineage.cli_mine import lineage_app, mine_command, skills_app
@@ -22,7 +23,13 @@ from klineage.gate.trace import append_traces, verdict_to_traces
 from klineage.kernel import KernelAbi, KernelSource
 from klineage.problem import Problem, ProblemError, load_problem
 
-app = typer.Typer(help="Mine verified GPU-kernel optimization skills.", no_args_is_help=True)
+# Plain help (rich_markup_mode=None): paragraphs re-wrapped to the terminal, flags without a
+# `<bool>`, long values such as the --llm spec never cut.
+app = typer.Typer(
+    help="Mine verified GPU-kernel optimization skills.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 app.add_typer(mechanisms_app, name="mechanisms")
 app.command("mine")(mine_command)
 app.command("replay")(replay_command)
@@ -37,14 +44,29 @@ class WorkloadSet(str, enum.Enum):
     probes = "probes"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"klineage {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[
+        bool | None,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = None,
+) -> None:
     """klineage: gate, mine and replay CUDA kernel optimizations."""
 
 
 @app.command()
 def gate(
-    problem_dir: Annotated[Path, typer.Argument(help="Problem folder (definition.json, ...).")],
+    problem_dir: Annotated[
+        Path, typer.Argument(metavar="PROBLEM_DIR", help="Problem folder (definition.json, ...).")
+    ],
     kernel: Annotated[
         Path | None, typer.Option(help="Kernel .cu to gate (default: PROBLEM_DIR/kernel.cu).")
     ] = None,

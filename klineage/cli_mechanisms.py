@@ -42,12 +42,15 @@ from klineage.mechanisms import (
 mechanisms_app = typer.Typer(
     help="The mechanism catalog: list, detect, remove and apply optimizations.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 
-KernelArg = Annotated[Path, typer.Argument(help="A CUDA kernel source (.cu).")]
-MechanismArg = Annotated[str, typer.Argument(help="A mechanism name (see `list`).")]
+KernelArg = Annotated[Path, typer.Argument(metavar="KERNEL", help="A CUDA kernel source (.cu).")]
+MechanismArg = Annotated[
+    str, typer.Argument(metavar="MECHANISM", help="A mechanism name (see `list`).")
+]
 Only = Annotated[
     list[str] | None,
     typer.Option("--mechanism", "-m", help="Only this mechanism (repeatable)."),
@@ -230,10 +233,8 @@ def remove(
     source = _read(kernel)
     chosen = _mechanism(mechanism)
     sites = chosen.detect(source)
-    if not sites:
-        errors.print(Text(f"no {chosen.name} site in {source.name}; nothing to remove"))
-        _emit(source, source, kernel, out, in_place)
-        return
+    if not sites:  # nothing was removed: say so with the refusal code, write nothing
+        _fail(f"no {chosen.name} site in {source.name}; nothing to remove", code=1)
     target = _pick(sites, site, chosen, "detected")
     try:
         result = chosen.remove(source, target)
@@ -262,12 +263,17 @@ def apply(
         choices = Carrier.from_pairs(carrier or [])
     except (ValueError, ValidationError) as err:
         _fail(f"--carrier: {err}")
+    unknown = chosen.unknown_carrier_keys(choices)
+    if unknown:  # a typo in the command, not a refusal of the rule: bad input
+        accepted = ", ".join(chosen.carrier_keys) or "none"
+        _fail(f"--carrier: unknown key(s) {', '.join(unknown)}; {chosen.name} accepts: {accepted}")
     target = _pick(chosen.candidates(source), site, chosen, "candidate")
     try:
         result = chosen.apply(source, target, choices)
     except MechanismRefused as refused:
         _fail(str(refused), code=1)
-    errors.print(Text(f"applied {chosen.name} at {target} ({choices})"))
+    carrier_text = f" with {choices}" if choices.as_dict() else " with the rule's default carrier"
+    errors.print(Text(f"applied {chosen.name} at {target}{carrier_text}"))
     _print_conditions(chosen, result, _reapplied(chosen, result, target))
     _emit(source, result, kernel, out, in_place)
 

@@ -25,8 +25,8 @@ from klineage.skills import SkillLibrary, SkillLookupError, render_skill_md
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 
-skills_app = typer.Typer(help="Read mined skills.", no_args_is_help=True)
-lineage_app = typer.Typer(help="Read mined lineages.", no_args_is_help=True)
+skills_app = typer.Typer(help="Read mined skills.", no_args_is_help=True, rich_markup_mode=None)
+lineage_app = typer.Typer(help="Read mined lineages.", no_args_is_help=True, rich_markup_mode=None)
 
 OutOption = Annotated[Path, typer.Option("--out", help="The skills folder.")]
 
@@ -92,7 +92,9 @@ class WalkView:
 
 
 def mine_command(
-    problems: Annotated[list[Path], typer.Argument(help="Expert problem folders.")],
+    problems: Annotated[
+        list[Path], typer.Argument(metavar="PROBLEM_DIR", help="Expert problem folders.")
+    ],
     out: Annotated[Path, typer.Option(help="Where skills and lineages go.")] = Path("skills_out"),
     budget: Annotated[int, typer.Option(help="Gate runs the walk may spend per problem.")] = 300,
     wall: Annotated[float, typer.Option(help="Wall seconds per problem's walk.")] = 3600.0,
@@ -116,7 +118,13 @@ def mine_command(
     """Walk each expert kernel backward through the gate and write verified skills.
 
     With --llm, each state also gets one removal proposed by the LLM, gated like the
-    catalog's and recorded in the lineage with its origin."""
+    catalog's and recorded in the lineage with its origin.
+
+    \b
+    PROVIDER:MODEL for --llm, keys from the environment:
+      anthropic:MODEL
+      openai:MODEL
+      openai-compatible:MODEL@http://HOST:PORT/v1"""
     from klineage.gate.gate import GateSetupError
     from klineage.gate.pool import open_gates, parse_devices
 
@@ -232,7 +240,7 @@ def skills_list(out: OutOption = Path("skills_out")) -> None:
 
 @skills_app.command("show")
 def skills_show(
-    skill_id: Annotated[str, typer.Argument(help="A skill id (or a unique prefix).")],
+    skill_id: Annotated[str, typer.Argument(metavar="ID", help="A skill id (or a unique prefix).")],
     out: OutOption = Path("skills_out"),
     raw: Annotated[
         bool, typer.Option("--raw", help="Print the SKILL.md text exactly, even on a terminal.")
@@ -265,7 +273,10 @@ def _split_front_matter(card: str) -> tuple[str, str]:
 @lineage_app.command("show")
 def lineage_show(
     problem: Annotated[
-        str, typer.Argument(help="The problem: its folder (expert_kernels/softmax) or its name.")
+        str,
+        typer.Argument(
+            metavar="PROBLEM", help="The problem: its folder (expert_kernels/softmax) or its name."
+        ),
     ],
     out: OutOption = Path("skills_out"),
     png: Annotated[Path | None, typer.Option(help="Also draw the DAG to this PNG.")] = None,

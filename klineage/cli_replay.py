@@ -21,7 +21,10 @@ errors = Console(stderr=True, soft_wrap=True)
 
 
 def replay_command(
-    problems: Annotated[list[Path], typer.Argument(help="Problem folders with a naive kernel.")],
+    problems: Annotated[
+        list[Path],
+        typer.Argument(metavar="PROBLEM_DIR", help="Problem folders with a naive kernel."),
+    ],
     skills: Annotated[Path, typer.Option(help="The mined skills folder.")] = Path("skills_out"),
     budget: Annotated[int, typer.Option(help="Gate runs per problem and method.")] = 30,
     baselines: Annotated[
@@ -45,7 +48,13 @@ def replay_command(
     """Replay mined skills on each problem's naive kernel, beside the baselines.
 
     With --llm, the skills method asks the LLM to apply a retrieved skill when no rule can
-    (the rule refused, or the catalog lacks the skill's mechanism); the baselines never do."""
+    (the rule refused, or the catalog lacks the skill's mechanism); the baselines never do.
+
+    \b
+    PROVIDER:MODEL for --llm, keys from the environment:
+      anthropic:MODEL
+      openai:MODEL
+      openai-compatible:MODEL@http://HOST:PORT/v1"""
     from klineage.gate.gate import GateSetupError
 
     chosen = ["skills"] + [b.strip() for b in baselines.split(",") if b.strip()]

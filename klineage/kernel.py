@@ -86,6 +86,7 @@ class KernelSource:
 
     @classmethod
     def from_file(cls, path: str | Path) -> KernelSource:
+        """The kernel in a `.cu` file, named after it; FileNotFoundError when there is none."""
         file = Path(path)
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no such kernel file; pass the path of a .cu file")
@@ -93,6 +94,7 @@ class KernelSource:
 
     @cached_property
     def fingerprint(self) -> str:
+        """A short stable id of the source, blind to line endings and trailing blanks."""
         return fingerprint_of(self.text)
 
     @cached_property
@@ -156,6 +158,7 @@ class KernelAbi:
 
     @classmethod
     def from_definition(cls, definition: Definition) -> KernelAbi:
+        """The signature `definition` implies; AbiError when the ABI cannot express it."""
         params: list[AbiParam] = []
         updated_in_place = set(definition.inplace_outputs().values())
         for role, specs in (("input", definition.inputs), ("output", definition.outputs)):
@@ -190,10 +193,12 @@ class KernelAbi:
 
     @property
     def argtypes(self) -> list[type]:
+        """The `ctypes` argument types of `run`, in order."""
         return [p.ctype for p in self.params]
 
     @property
     def prototype(self) -> str:
+        """The C declaration the kernel must export: `extern "C" int run(...)`."""
         args = ", ".join(p.c_declaration for p in self.params)
         return f'extern "C" int run({args})'
 

@@ -440,6 +440,7 @@ class SkillLibrary:
         return library
 
     def save(self) -> None:
+        """Write `skills.jsonl` and one `<id>/SKILL.md` per skill into the folder."""
         self.root.mkdir(parents=True, exist_ok=True)
         lines = [s.model_dump_json() for s in self]
         tmp = self.root / "skills.jsonl.tmp"

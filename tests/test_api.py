@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from klineage import SkillLibrary, load_problem, retrieve
+from klineage.skills import SkillLookupError
 from tests.conftest import REPO
 
 
@@ -69,3 +75,44 @@ def test_retrieve_takes_a_library_and_the_problems_own_kernel() -> None:
     assert by_default.ranked, "the library has skills for gelu"
     assert [r.skill for r in by_default.ranked] == [r.skill for r in given.ranked]
     assert [r.skill for r in as_text.ranked] == [r.skill for r in given.ranked]
+
+
+def test_a_mistyped_skills_folder_is_an_error_not_an_empty_library(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="skill_out: no such folder"):
+        SkillLibrary.load(tmp_path / "skill_out")
+    assert len(SkillLibrary.load(tmp_path / "skill_out", missing_ok=True)) == 0
+
+
+def test_an_ambiguous_skill_prefix_names_every_match() -> None:
+    library = SkillLibrary.load(REPO / "skills_out")
+    with pytest.raises(SkillLookupError, match="ambiguous") as info:
+        library.get("vectorized")
+    assert len(info.value.candidates) == 8
+    with pytest.raises(SkillLookupError, match="did you mean") as info:
+        library.get("vectorised")
+    assert all(c.startswith("vectorized_access--") for c in info.value.candidates)
+
+
+def _undocumented(obj: object, prefix: str) -> list[str]:
+    missing = [] if obj.__doc__ else [prefix]
+    if not inspect.isclass(obj):
+        return missing
+    for attr, value in vars(obj).items():
+        if attr.startswith("_"):
+            continue
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        elif isinstance(value, property):
+            value = value.fget
+        elif isinstance(value, functools.cached_property):
+            value = value.func
+        if inspect.isfunction(value) and not value.__doc__:
+            missing.append(f"{prefix}.{attr}")
+    return missing
+
+
+def test_every_public_name_and_method_has_a_docstring() -> None:
+    import klineage
+
+    missing = [m for name in klineage.__all__ for m in _undocumented(getattr(klineage, name), name)]
+    assert missing == []

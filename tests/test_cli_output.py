@@ -116,3 +116,74 @@ def test_lineage_show_takes_the_folder_or_the_name() -> None:
     by_folder = runner.invoke(app, ["lineage", "show", folder, "--out", str(SKILLS)])
     assert by_name.exit_code == by_folder.exit_code == 0, by_folder.output
     assert by_name.output == by_folder.output and "online_softmax" in by_name.output
+
+
+@pytest.mark.parametrize("command", ["mine", "replay"])
+def test_mine_and_replay_without_a_gpu_stop_at_once(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import klineage.gate.pool
+
+    monkeypatch.setattr(klineage.gate.pool, "visible_gpus", lambda: 0)  # as on this CPU machine
+    folder = "expert_kernels/softmax" if command == "mine" else "heldout/gelu"
+    out = tmp_path / "out"
+    extra = ["--skills", str(SKILLS)] if command == "replay" else []
+    result = runner.invoke(app, [command, str(REPO / folder), "--out", str(out), *extra])
+    assert result.exit_code == 2
+    assert "no CUDA GPU is visible" in result.output and "klineage gate" in result.output
+    assert "mining softmax" not in result.output  # no empty live panel
+    assert not out.exists()  # no gatelog/ left behind
+
+
+def _one_line_error(output: str) -> str:
+    assert "Traceback" not in output
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+def test_a_corrupt_skills_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "skills.jsonl").write_text('{"id": "x"}\n')
+    for command in (["skills", "list"], ["skills", "show", "x"]):
+        result = runner.invoke(app, [*command, "--out", str(tmp_path)])
+        assert result.exit_code == 2
+        assert _one_line_error(result.output).startswith(f"{tmp_path / 'skills.jsonl'}:1: ")
+
+
+def test_a_corrupt_lineage_is_one_line_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "lineages").mkdir()
+    (tmp_path / "lineages" / "p.json").write_text('{"nodes": [')
+    result = runner.invoke(app, ["lineage", "show", "p", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "p.json: not a lineage" in _one_line_error(result.output)
+
+
+def test_png_without_matplotlib_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    png = tmp_path / "dag.png"
+    args = ["lineage", "show", "softmax_rows_f32", "--out", str(SKILLS), "--png", str(png)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and not png.exists()
+    assert result.output.splitlines()[-1] == (
+        "drawing needs matplotlib: pip install 'klineage[viz]'"
+    )
+    assert "Traceback" not in result.output
+
+
+def test_version_and_help_read_well_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.output.startswith("klineage ")
+    for command in (["mine"], ["replay"], ["gate"], ["skills", "list"], ["mechanisms", "apply"]):
+        shown = runner.invoke(app, [*command, "--help"])
+        assert shown.exit_code == 0, shown.output
+        assert "<bool>" not in shown.output and "…" not in shown.output
+        assert max(len(line) for line in shown.output.splitlines()) <= 80
+    llm = runner.invoke(app, ["mine", "--help"]).output
+    assert "openai-compatible:MODEL@http://HOST:PORT/v1" in llm
+    # a paragraph is re-wrapped, not broken where the docstring's line ended
+    assert "gated like\n  the catalog's" in llm or "gated like the catalog's" in llm

@@ -57,6 +57,12 @@ def _strip_comments(source: str) -> str:
     return re.sub(r"//[^\n]*", "", source)
 
 
+@by_folder
+def test_the_folder_names_the_problem_it_holds(folder: Path) -> None:
+    # `heldout/gelu` holds gelu_tanh_f32; a folder naming another operation misleads
+    assert _problem(folder).name.split("_")[0] == folder.name.split("_")[0]
+
+
 def test_there_are_22_heldout_problems() -> None:
     assert len(FOLDERS) == EXPECTED_COUNT, [p.name for p in FOLDERS]
     names = [_problem(f).name for f in FOLDERS]

@@ -103,6 +103,7 @@ class Gate:
         self.close()
 
     def close(self) -> None:
+        """Stop this gate's GPU worker process."""
         self.worker.close()
 
     # ---- stages -----------------------------------------------------------------------------
