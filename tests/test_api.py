@@ -116,3 +116,27 @@ def test_every_public_name_and_method_has_a_docstring() -> None:
 
     missing = [m for name in klineage.__all__ for m in _undocumented(getattr(klineage, name), name)]
     assert missing == []
+
+
+def test_torch_is_an_extra_and_reading_never_imports_it() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("torch") for d in project["dependencies"])
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("torch") for d in extras["torch"])
+    assert any(d.startswith("torch") for d in extras["dev"])  # the tests run references
+    out = _fresh_python(
+        """
+        import sys
+        sys.modules["torch"] = None  # import torch fails, as where it is not installed
+        from typer.testing import CliRunner
+        from klineage import SkillLibrary, load_problem, retrieve
+        from klineage.cli import app
+        ranked = retrieve(SkillLibrary.load("skills_out"), load_problem("heldout/gelu")).ranked
+        listed = CliRunner().invoke(app, ["skills", "list"])
+        mechanisms = CliRunner().invoke(app, ["mechanisms", "list"])
+        print(bool(ranked), listed.exit_code, mechanisms.exit_code)
+        """
+    )
+    assert out == "True 0 0"
