@@ -183,6 +183,8 @@ def test_version_and_help_read_well_at_80_columns(monkeypatch: pytest.MonkeyPatc
         assert shown.exit_code == 0, shown.output
         assert "<bool>" not in shown.output and "…" not in shown.output
         assert max(len(line) for line in shown.output.splitlines()) <= 80
+    listed = runner.invoke(app, ["skills", "list", "--help"]).output
+    assert "mechanism" not in listed  # it promised a column the table does not have
     llm = runner.invoke(app, ["mine", "--help"]).output
     assert "openai-compatible:MODEL@http://HOST:PORT/v1" in llm
     # a paragraph is re-wrapped, not broken where the docstring's line ended

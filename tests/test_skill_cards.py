@@ -156,3 +156,12 @@ def test_a_skill_prints_as_a_short_summary(library: SkillLibrary) -> None:
     )
     text = str(skill)
     assert len(text) < 1000 and text.startswith("online_softmax--softmax_rows_f32--183af9ff")
+
+
+def test_the_committed_cards_are_what_the_library_renders(library: SkillLibrary) -> None:
+    # bench/rerender_skills.py wrote them; a change to the card format must re-render them
+    lines = (REPO / "skills_out" / "skills.jsonl").read_text(encoding="utf-8").splitlines()
+    assert lines == [skill.model_dump_json() for skill in library]
+    for skill in library:
+        card = (REPO / "skills_out" / skill.id / "SKILL.md").read_text(encoding="utf-8")
+        assert card == render_skill_md(skill), skill.id
