@@ -85,8 +85,21 @@ def overhead() -> str:
     return "\n".join(lines)
 
 
+def _verified_now() -> dict[str, int]:
+    """Verified skills per problem as skills_out/ judges them now (a reproduced gain); the
+    device's reports in mine.json counted every reproduced round trip, gain or not."""
+    counts: dict[str, int] = {}
+    path = RESULTS.parents[1] / "skills_out" / "skills.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        skill = json.loads(line)
+        problem = skill["evidence"]["problem"]
+        counts[problem] = counts.get(problem, 0) + bool(skill.get("verified"))
+    return counts
+
+
 def mine() -> str:
     data = _load("mine.json")
+    verified = _verified_now()
     lines = [
         "| expert | termination | steps | gate runs (walk + probes + round trips) | "
         "verdicts logged | wall | accepted / rejected | skills (verified) | recall | "
@@ -100,7 +113,8 @@ def mine() -> str:
             f"({r['walk_gate_runs']} + {r['probe_gate_runs']} + {r['round_trip_gate_runs']}) | "
             f"{r.get('verdicts_logged', '-')} | {r['wall_seconds']:.0f} s | "
             f"{r['accepted']} / {r['rejected']} | "
-            f"{r['skills']} ({r['verified']}) | {r['recall']:.0%} | {', '.join(r['missed'])} |"
+            f"{r['skills']} ({verified.get(r['problem'], r['verified'])}) | {r['recall']:.0%} | "
+            f"{', '.join(r['missed'])} |"
         )
     for r in data.get("unfinished", []):
         lines.append(

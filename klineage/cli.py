@@ -9,21 +9,28 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
-from klineage.cli_formats import export_command, import_command
+from klineage import __version__
+from klineage.cli_format import Column, print_rows, short_kernel_names
+from klineage.cli_import_export import export_command, import_command
 from klineage.cli_mechanisms import mechanisms_app
 from klineage.cli_mine import lineage_app, mine_command, skills_app
 from klineage.cli_replay import replay_command
-from klineage.gate.build import Builder, BuildResult
+from klineage.gate.build import Builder, BuildResult, check_abi
 from klineage.gate.gate import Gate, GateEvent, GateSetupError
 from klineage.gate.result import GateVerdict, Status
 from klineage.gate.trace import append_traces, verdict_to_traces
-from klineage.kernel import KernelSource
+from klineage.kernel import KernelAbi, KernelSource
 from klineage.problem import Problem, ProblemError, load_problem
 
-app = typer.Typer(help="Mine verified GPU-kernel optimization skills.", no_args_is_help=True)
+# Plain help (rich_markup_mode=None): paragraphs re-wrapped to the terminal, flags without a
+# `<bool>`, long values such as the --llm spec never cut.
+app = typer.Typer(
+    help="Mine verified GPU-kernel optimization skills.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 app.add_typer(mechanisms_app, name="mechanisms")
 app.command("mine")(mine_command)
 app.command("replay")(replay_command)
@@ -40,14 +47,29 @@ class WorkloadSet(str, enum.Enum):
     probes = "probes"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"klineage {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[
+        bool | None,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = None,
+) -> None:
     """klineage: gate, mine and replay CUDA kernel optimizations."""
 
 
 @app.command()
 def gate(
-    problem_dir: Annotated[Path, typer.Argument(help="Problem folder (definition.json, ...).")],
+    problem_dir: Annotated[
+        Path, typer.Argument(metavar="PROBLEM_DIR", help="Problem folder (definition.json, ...).")
+    ],
     kernel: Annotated[
         Path | None, typer.Option(help="Kernel .cu to gate (default: PROBLEM_DIR/kernel.cu).")
     ] = None,
@@ -78,8 +100,9 @@ def gate(
     baseline = _read_kernel(against) if against else None
     builder = Builder(arch=arch)
     if build_only:
+        abi = KernelAbi.from_definition(problem.definition)
         with console.status(f"building {source.name} for {arch}"):
-            build = builder.build(source.text, name=source.name)
+            build = check_abi(builder.build(source.text, name=source.name), source.text, abi)
         _print_build(source, build)
         if json_out:
             json_out.write_text(build.model_dump_json(indent=2))
@@ -164,16 +187,25 @@ def _print_build(source: KernelSource, build: BuildResult) -> None:
     hit = "cached" if build.cached else f"{build.seconds:.2f} s"
     console.print(f"[green]built[/green] {source.name} ({source.fingerprint}, {hit})")
     if build.report and build.report.kernels:
-        table = Table("kernel", "registers", "shared memory", "spills (st/ld)", "stack")
-        for k in build.report.kernels:
-            table.add_row(
-                k.name,
+        kernels = build.report.kernels
+        columns = [
+            Column("kernel", key=True),
+            Column.figure("registers"),
+            Column.figure("shared"),
+            Column.figure("spills st/ld"),
+            Column.figure("stack"),
+        ]
+        rows = [
+            [
+                name,
                 str(k.registers),
                 f"{k.shared_bytes} B",
                 f"{k.spill_store_bytes}/{k.spill_load_bytes} B",
                 f"{k.stack_bytes} B",
-            )
-        console.print(table)
+            ]
+            for name, k in zip(short_kernel_names([k.name for k in kernels]), kernels, strict=True)
+        ]
+        print_rows(console, columns, rows)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -182,15 +214,23 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def _print_verdict(verdict: GateVerdict) -> None:
     compared = any(w.comparison for w in verdict.workloads)
-    columns = ["workload", "status", "max abs err", "max rel err", "latency (ms)"]
-    columns += ["reference (ms)", "speedup"] + (["vs baseline"] if compared else [])
-    table = Table(*columns, title=f"{verdict.problem} on {verdict.hardware}")
+    columns = [
+        Column("workload", key=True),
+        Column("status", key=True),
+        Column("max abs err", short=True, optional=True),
+        Column("max rel err", short=True, optional=True),
+        Column("latency (ms)", short=True),
+        Column("reference (ms)", short=True),
+        Column("speedup", short=True),
+        *([Column("vs baseline", short=True)] if compared else []),
+    ]
+    rows = []
     for w in verdict.workloads:
         color = "green" if w.passed else "red"
         c = w.correctness
-        row = [
+        row: list[str | Text] = [
             w.label,
-            f"[{color}]{w.status.value}[/{color}]",
+            Text(w.status.value, style=color),
             _fmt(c.max_absolute_error if c else None, ".2e"),
             _fmt(c.max_relative_error if c else None, ".2e"),
             _fmt(w.latency_ms, ".4f"),
@@ -199,8 +239,8 @@ def _print_verdict(verdict: GateVerdict) -> None:
         ]
         if compared:
             row.append(_fmt(w.comparison.ratio if w.comparison else None, ".3f"))
-        table.add_row(*row)
-    console.print(table)
+        rows.append(row)
+    print_rows(console, columns, rows, title=f"{verdict.problem} on {verdict.hardware}")
     for w in verdict.workloads:
         if w.status is not Status.PASSED:
             console.print(Text(f"{w.label}: ", style="red") + Text(w.message), soft_wrap=True)

@@ -18,9 +18,7 @@ LlmOption = Annotated[
     typer.Option(
         "--llm",
         metavar="PROVIDER:MODEL",
-        help="Also ask an LLM (anthropic:MODEL, openai:MODEL, "
-        "openai-compatible:MODEL@http://HOST:PORT/v1), under the same gate and budget. "
-        "Keys come from the environment.",
+        help="Also ask an LLM, under the same gate and budget (the specs are listed above).",
     ),
 ]
 LlmCacheOption = Annotated[

@@ -25,9 +25,9 @@ from typing import Annotated, NoReturn
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from klineage.cli_format import Column, print_rows
 from klineage.kernel import KernelSource
 from klineage.mechanisms import (
     Carrier,
@@ -42,12 +42,15 @@ from klineage.mechanisms import (
 mechanisms_app = typer.Typer(
     help="The mechanism catalog: list, detect, remove and apply optimizations.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 
-KernelArg = Annotated[Path, typer.Argument(help="A CUDA kernel source (.cu).")]
-MechanismArg = Annotated[str, typer.Argument(help="A mechanism name (see `list`).")]
+KernelArg = Annotated[Path, typer.Argument(metavar="KERNEL", help="A CUDA kernel source (.cu).")]
+MechanismArg = Annotated[
+    str, typer.Argument(metavar="MECHANISM", help="A mechanism name (see `list`).")
+]
 Only = Annotated[
     list[str] | None,
     typer.Option("--mechanism", "-m", help="Only this mechanism (repeatable)."),
@@ -100,26 +103,43 @@ def list_mechanisms(json_out: JsonFlag = False) -> None:
         ]
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table("mechanism", "category", "family", "carrier", "intent", show_lines=False)
-    for m in mechanisms:
-        table.add_row(m.name, m.category, m.family, ", ".join(m.carrier_keys) or "-", m.intent)
-    console.print(table)
+    columns = [
+        Column("mechanism", key=True),
+        Column("category", short=True),
+        Column("family", optional=True),
+        Column("carrier", short=True),
+        Column("intent", min_width=40),
+    ]
+    rows = [
+        [m.name, m.category, m.family, ", ".join(m.carrier_keys) or "-", m.intent]
+        for m in mechanisms
+    ]
+    print_rows(console, columns, rows)
 
 
-def _site_table(sites: list[tuple[int, Site]], title: str) -> Table:
-    table = Table("#", "mechanism", "function", "lines", "kind", "snippet", "note", title=title)
-    for index, site in sites:
-        note = f"refused: {site.refusal}" if site.refusal else ""
-        table.add_row(
+def _print_site_table(sites: list[tuple[int, Site]], title: str) -> None:
+    columns = [
+        Column("#", key=True, justify="right"),
+        Column("mechanism", key=True),
+        Column("function", key=True),
+        Column("lines", short=True),
+        Column("kind", optional=True, short=True),
+        Column("snippet", min_width=20),
+        Column("note", min_width=20),
+    ]
+    rows = [
+        [
             str(index),
             site.mechanism,
             site.function,
             site.lines,
             site.node_kind,
-            Text(site.snippet),
-            Text(note, style="yellow"),
-        )
-    return table
+            Text(" ".join(site.snippet.split())),
+            Text(f"refused: {site.refusal}" if site.refusal else "", style="yellow"),
+        ]
+        for index, site in sites
+    ]
+    print_rows(console, columns, rows, title=title)
 
 
 def _print_sites(
@@ -141,7 +161,7 @@ def _print_sites(
     if not numbered:
         console.print(f"no {what} sites in {kernel.name}")
         return
-    console.print(_site_table(numbered, f"{len(numbered)} {what} sites in {kernel.name}"))
+    _print_site_table(numbered, f"{len(numbered)} {what} sites in {kernel.name}")
     errors_in_parse = kernel.parsed.errors
     if errors_in_parse:
         lines = ", ".join(str(e.line) for e in errors_in_parse[:8])
@@ -213,10 +233,8 @@ def remove(
     source = _read(kernel)
     chosen = _mechanism(mechanism)
     sites = chosen.detect(source)
-    if not sites:
-        errors.print(Text(f"no {chosen.name} site in {source.name}; nothing to remove"))
-        _emit(source, source, kernel, out, in_place)
-        return
+    if not sites:  # nothing was removed: say so with the refusal code, write nothing
+        _fail(f"no {chosen.name} site in {source.name}; nothing to remove", code=1)
     target = _pick(sites, site, chosen, "detected")
     try:
         result = chosen.remove(source, target)
@@ -245,12 +263,17 @@ def apply(
         choices = Carrier.from_pairs(carrier or [])
     except (ValueError, ValidationError) as err:
         _fail(f"--carrier: {err}")
+    unknown = chosen.unknown_carrier_keys(choices)
+    if unknown:  # a typo in the command, not a refusal of the rule: bad input
+        accepted = ", ".join(chosen.carrier_keys) or "none"
+        _fail(f"--carrier: unknown key(s) {', '.join(unknown)}; {chosen.name} accepts: {accepted}")
     target = _pick(chosen.candidates(source), site, chosen, "candidate")
     try:
         result = chosen.apply(source, target, choices)
     except MechanismRefused as refused:
         _fail(str(refused), code=1)
-    errors.print(Text(f"applied {chosen.name} at {target} ({choices})"))
+    carrier_text = f" with {choices}" if choices.as_dict() else " with the rule's default carrier"
+    errors.print(Text(f"applied {chosen.name} at {target}{carrier_text}"))
     _print_conditions(chosen, result, _reapplied(chosen, result, target))
     _emit(source, result, kernel, out, in_place)
 

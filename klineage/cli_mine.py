@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
+from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
+from klineage.cli_format import Column, print_rows
 from klineage.cli_llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, WalkEvent, is_llm_origin
 from klineage.llm import Provider, ProviderError
 from klineage.mine import MineReport, mine
-from klineage.skills import SkillLibrary, render_skill_md
+from klineage.problem import ProblemError, load_problem
+from klineage.skills import SkillLibrary, SkillLookupError, render_skill_md
 
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 
-skills_app = typer.Typer(help="Read mined skills.", no_args_is_help=True)
-lineage_app = typer.Typer(help="Read mined lineages.", no_args_is_help=True)
+skills_app = typer.Typer(help="Read mined skills.", no_args_is_help=True, rich_markup_mode=None)
+lineage_app = typer.Typer(help="Read mined lineages.", no_args_is_help=True, rich_markup_mode=None)
 
 OutOption = Annotated[Path, typer.Option("--out", help="The skills folder.")]
 
@@ -88,7 +92,9 @@ class WalkView:
 
 
 def mine_command(
-    problems: Annotated[list[Path], typer.Argument(help="Expert problem folders.")],
+    problems: Annotated[
+        list[Path], typer.Argument(metavar="PROBLEM_DIR", help="Expert problem folders.")
+    ],
     out: Annotated[Path, typer.Option(help="Where skills and lineages go.")] = Path("skills_out"),
     budget: Annotated[int, typer.Option(help="Gate runs the walk may spend per problem.")] = 300,
     wall: Annotated[float, typer.Option(help="Wall seconds per problem's walk.")] = 3600.0,
@@ -112,7 +118,13 @@ def mine_command(
     """Walk each expert kernel backward through the gate and write verified skills.
 
     With --llm, each state also gets one removal proposed by the LLM, gated like the
-    catalog's and recorded in the lineage with its origin."""
+    catalog's and recorded in the lineage with its origin.
+
+    \b
+    PROVIDER:MODEL for --llm, keys from the environment:
+      anthropic:MODEL
+      openai:MODEL
+      openai-compatible:MODEL@http://HOST:PORT/v1"""
     from klineage.gate.gate import GateSetupError
     from klineage.gate.pool import open_gates, parse_devices
 
@@ -190,69 +202,106 @@ def _print_report(r: MineReport) -> None:
 
 
 def _library(out: Path) -> SkillLibrary:
-    library = SkillLibrary.load(out)
-    if not len(library):
+    try:
+        library = SkillLibrary.load(out)
+    except FileNotFoundError:
         _fail(f"{out}: no skills.jsonl here; run `klineage mine` first or pass --out")
+    except ValueError as err:  # a corrupt line: one line naming the file and line
+        _fail(str(err))
+    if not len(library):
+        _fail(f"{out}: skills.jsonl holds no skills; run `klineage mine` first or pass --out")
     return library
 
 
 @skills_app.command("list")
 def skills_list(out: OutOption = Path("skills_out")) -> None:
-    """One line per skill: id, mechanism, gain, conditions, verified."""
-    table = Table()
-    table.add_column("id", no_wrap=True)
-    table.add_column("gain", no_wrap=True)
-    table.add_column("verified", no_wrap=True)
-    table.add_column("conditions", overflow="ellipsis", no_wrap=True, max_width=60)
+    """One line per skill: id, measured gain, what it measured, verified, conditions."""
+    columns = [
+        Column("id", key=True),
+        Column.figure("gain"),
+        Column("measured", short=True),
+        Column("verified", short=True),
+        Column("conditions", optional=True, min_width=30),
+    ]
+    rows = []
     for skill in _library(out):
         gain = skill.effect.geomean_speedup
-        table.add_row(
-            skill.id,
-            f"{gain:.2f}x" if gain else "-",
-            {True: "yes", False: "no", None: "-"}[skill.verified],
-            "; ".join(skill.condition_prose)[:80],
+        rows.append(
+            [
+                skill.id,
+                f"{gain:.2f}x" if gain else "-",
+                skill.effect.measured.value,
+                {True: "yes", False: "no", None: "-"}[skill.verified],
+                "; ".join(skill.condition_prose),
+            ]
         )
-    console.print(table)
+    print_rows(console, columns, rows)
 
 
 @skills_app.command("show")
 def skills_show(
-    skill_id: Annotated[str, typer.Argument(help="A skill id (or a unique prefix).")],
+    skill_id: Annotated[str, typer.Argument(metavar="ID", help="A skill id (or a unique prefix).")],
     out: OutOption = Path("skills_out"),
+    raw: Annotated[
+        bool, typer.Option("--raw", help="Print the SKILL.md text exactly, even on a terminal.")
+    ] = False,
 ) -> None:
-    """Print a skill's card (the SKILL.md text)."""
+    """Print a skill's card: SKILL.md exactly as written (`> card.md` gives the same file),
+    or on a terminal rendered as Markdown."""
     try:
         skill = _library(out).get(skill_id)
-    except KeyError as err:
-        _fail(str(err.args[0]))
+    except SkillLookupError as err:
+        _fail(err.message)
+    card = render_skill_md(skill)
+    if raw or not console.is_terminal:
+        sys.stdout.write(card if card.endswith("\n") else card + "\n")
         return
-    console.print(render_skill_md(skill), markup=False, highlight=False)
+    front, body = _split_front_matter(card)
+    console.print(Text(front, style="dim"), soft_wrap=True)
+    console.print(Markdown(body, code_theme="ansi_dark"))
+
+
+def _split_front_matter(card: str) -> tuple[str, str]:
+    """(the YAML front matter with its fences, the Markdown after it)."""
+    if card.startswith("---\n"):
+        end = card.find("\n---\n", 4)
+        if end > 0:
+            return card[: end + 4], card[end + 5 :]
+    return "", card
 
 
 @lineage_app.command("show")
 def lineage_show(
-    problem: Annotated[str, typer.Argument(help="The problem's definition name.")],
+    problem: Annotated[
+        str,
+        typer.Argument(
+            metavar="PROBLEM", help="The problem: its folder (expert_kernels/softmax) or its name."
+        ),
+    ],
     out: OutOption = Path("skills_out"),
     png: Annotated[Path | None, typer.Option(help="Also draw the DAG to this PNG.")] = None,
 ) -> None:
     """The main path as a table, and optionally a drawing of the whole DAG."""
-    path = out / "lineages" / f"{problem}.json"
+    name = _problem_name(problem)
+    path = out / "lineages" / f"{name}.json"
     if not path.is_file():
         known = sorted(p.stem for p in (out / "lineages").glob("*.json"))
-        _fail(f"{path}: no lineage for {problem!r}; known: {', '.join(known) or '(none)'}")
-    lineage = LineageGraph.load(path)
-    table = Table(
-        "step",
-        "mechanism",
-        "origin",
-        "ratio",
-        "trials",
-        "parent",
-        "child",
-        title=(f"{lineage.problem}: {lineage.termination.value if lineage.termination else '?'}"),
-    )
-    for attempt in lineage.main_path():
-        table.add_row(
+        _fail(f"{path}: no lineage for {name!r}; known: {', '.join(known) or '(none)'}")
+    try:
+        lineage = LineageGraph.load(path)
+    except ValueError as err:
+        _fail(str(err).splitlines()[0])
+    columns = [
+        Column("step", key=True, justify="right"),
+        Column("mechanism", key=True),
+        Column("origin", short=True, optional=True),
+        Column("ratio", short=True),
+        Column("trials", short=True, optional=True),
+        Column("parent", short=True),
+        Column("child", short=True),
+    ]
+    rows = [
+        [
             str(attempt.step),
             attempt.mechanism,
             attempt.origin,
@@ -260,7 +309,11 @@ def lineage_show(
             ", ".join(f"{r:.3f}" for r in attempt.trial_ratios),
             attempt.parent[:10],
             attempt.child[:10],
-        )
+        ]
+        for attempt in lineage.main_path()
+    ]
+    termination = lineage.termination.value if lineage.termination else "?"
+    print_rows(console, columns, rows, title=f"{lineage.problem}: {termination}")
     attempts = lineage.attempts()
     rejected = [a for a in attempts if a.status is AttemptStatus.REJECTED]
     notes = Text(
@@ -274,9 +327,23 @@ def lineage_show(
             f"; {lineage.graph.graph.get('llm') or 'LLM'}: {len(by_llm)} attempts "
             f"({accepted} accepted), {len(lineage.llm_rejections)} answers not used"
         )
-    console.print(Group(table, notes))
+    console.print(notes)
     if png is not None:
         from klineage.drawing import draw_lineage
 
-        draw_lineage(lineage, png)
+        try:
+            draw_lineage(lineage, png)
+        except RuntimeError as err:  # no matplotlib: say how to get it, in one line
+            _fail(str(err))
         console.print(f"drew {png}")
+
+
+def _problem_name(problem: str) -> str:
+    """The definition name of a problem folder, or `problem` itself when it names one."""
+    folder = Path(problem)
+    if not (folder / "definition.json").is_file():
+        return problem
+    try:
+        return load_problem(folder).name
+    except ProblemError as err:
+        _fail(str(err))

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from klineage.cli_format import Column, print_rows
 from klineage.cli_llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.gate.pool import parse_devices
 from klineage.lineage import is_llm_origin
@@ -21,7 +21,10 @@ errors = Console(stderr=True, soft_wrap=True)
 
 
 def replay_command(
-    problems: Annotated[list[Path], typer.Argument(help="Problem folders with a naive kernel.")],
+    problems: Annotated[
+        list[Path],
+        typer.Argument(metavar="PROBLEM_DIR", help="Problem folders with a naive kernel."),
+    ],
     skills: Annotated[Path, typer.Option(help="The mined skills folder.")] = Path("skills_out"),
     budget: Annotated[int, typer.Option(help="Gate runs per problem and method.")] = 30,
     baselines: Annotated[
@@ -45,7 +48,13 @@ def replay_command(
     """Replay mined skills on each problem's naive kernel, beside the baselines.
 
     With --llm, the skills method asks the LLM to apply a retrieved skill when no rule can
-    (the rule refused, or the catalog lacks the skill's mechanism); the baselines never do."""
+    (the rule refused, or the catalog lacks the skill's mechanism); the baselines never do.
+
+    \b
+    PROVIDER:MODEL for --llm, keys from the environment:
+      anthropic:MODEL
+      openai:MODEL
+      openai-compatible:MODEL@http://HOST:PORT/v1"""
     from klineage.gate.gate import GateSetupError
 
     chosen = ["skills"] + [b.strip() for b in baselines.split(",") if b.strip()]
@@ -98,65 +107,78 @@ def replay_command(
 
 def print_report(report: ReplayReport, out: Console | None = None) -> None:
     show = out or console
-    table = Table(
-        "problem",
-        "method",
-        "start (ms)",
-        "best (ms)",
-        "vs naive",
-        "vs PyTorch",
-        "runs to 90%",
-        "wasted",
-        "skills used (from)",
-    )
+    columns = [
+        Column("problem", key=True),
+        Column("method", key=True),
+        Column.figure("start (ms)", optional=True),
+        Column.figure("best (ms)", optional=True),
+        Column.figure("vs naive"),
+        Column.figure("vs PyTorch"),
+        Column.figure("runs to 90%"),
+        Column.figure("wasted"),
+        Column("skills used (from)", optional=True, min_width=24),
+    ]
+    rows = []
     for r in report.results:
-        start = sum(r.start_ms.values())
-        best = sum(r.best_ms.values())
         used = ", ".join(
             f"{u['skill'].split('--')[0]} ({u['source']}"
             + (", by the LLM" if is_llm_origin(u.get("origin", "")) else "")
             + ")"
             for u in r.skills_used
         )
-        table.add_row(
-            r.problem,
-            r.method,
-            f"{start:.4f}",
-            f"{best:.4f}",
-            f"{r.speedup:.2f}x",
-            f"{r.speedup_vs_reference:.2f}x",
-            str(r.runs_to_90),
-            str(r.wasted),
-            used,
+        rows.append(
+            [
+                r.problem,
+                r.method,
+                f"{sum(r.start_ms.values()):.4f}",
+                f"{sum(r.best_ms.values()):.4f}",
+                f"{r.speedup:.2f}x",
+                f"{r.speedup_vs_reference:.2f}x",
+                str(r.runs_to_90),
+                str(r.wasted),
+                used,
+            ]
         )
-    show.print(table)
-    summary = Table(
-        "method",
-        "geomean vs naive",
-        "geomean vs PyTorch",
-        "fast_1.0",
-        "fast_1.5",
-        "mean runs to 90%",
-        "wasted",
+    print_rows(show, columns, rows)
+    summary = [
+        Column("method", key=True),
+        Column.figure("geomean vs naive"),
+        Column.figure("geomean vs PyTorch"),
+        Column.figure("fast_1.0"),
+        Column.figure("fast_1.5"),
+        Column.figure("mean runs to 90%", optional=True),
+        Column.figure("wasted"),
+    ]
+    print_rows(
+        show,
+        summary,
+        [
+            [
+                s.method,
+                f"{s.geomean_speedup:.2f}x",
+                f"{s.geomean_vs_reference:.2f}x",
+                f"{s.fast_p['1.0']:.0%}",
+                f"{s.fast_p['1.5']:.0%}",
+                f"{s.mean_runs_to_90:.1f}",
+                str(s.total_wasted),
+            ]
+            for s in report.summary
+        ],
     )
-    for s in report.summary:
-        summary.add_row(
-            s.method,
-            f"{s.geomean_speedup:.2f}x",
-            f"{s.geomean_vs_reference:.2f}x",
-            f"{s.fast_p['1.0']:.0%}",
-            f"{s.fast_p['1.5']:.0%}",
-            f"{s.mean_runs_to_90:.1f}",
-            str(s.total_wasted),
-        )
-    show.print(summary)
     if report.misses:
-        misses = Table("problem", "mechanism", "baseline kept it at", "why skills did not")
-        for miss in report.misses:
-            misses.add_row(
+        misses = [
+            Column("problem", key=True),
+            Column("mechanism", key=True),
+            Column("baseline kept it at", short=True),
+            Column("why skills did not", min_width=30),
+        ]
+        rows = [
+            [
                 miss.problem,
                 miss.mechanism,
                 f"{miss.ratio:.2f}x ({miss.baseline})",
                 f"{miss.reason}: {miss.detail}",
-            )
-        show.print(misses)
+            ]
+            for miss in report.misses
+        ]
+        print_rows(show, misses, rows)

@@ -60,11 +60,12 @@ class GateLog:
     def __init__(
         self,
         path: str | Path,
-        gate: GateLike,
+        gate: GateLike | None,
         *,
         resume: bool = True,
         accept_older: bool = False,
     ) -> None:
+        """`gate` makes the verdicts the log lacks; without one the log is only read."""
         self.path = Path(path)
         self.gate = gate
         self.accept_older = accept_older
@@ -99,6 +100,17 @@ class GateLog:
     def __len__(self) -> int:
         return len(self._verdicts)
 
+    def logged(
+        self,
+        kernel: KernelSource,
+        workloads: Sequence[Workload],
+        *,
+        time_it: bool = True,
+        against: KernelSource | None = None,
+    ) -> GateVerdict | None:
+        """The verdict the log holds for this question, or None; never gates."""
+        return self._verdicts.get(verdict_key(kernel, list(workloads), time_it, against))
+
     def run(
         self,
         problem: Problem,
@@ -119,6 +131,8 @@ class GateLog:
                 self.hits += 1
             return self._verdicts[key]
         judge = gate if gate is not None else self.gate
+        if judge is None:
+            raise RuntimeError(f"{self.path}: no verdict logged for {kernel.name} and no gate")
         verdict = judge.run(problem, kernel, workloads=chosen, time_it=time_it, against=against)
         record = {"key": key, "verdict": json.loads(verdict.model_dump_json())}
         with self._lock:  # several gates (one per GPU) may report at once

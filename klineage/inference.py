@@ -102,3 +102,28 @@ def _candidates(problem: Problem, good: Sequence[Workload], why: str) -> list[Co
             candidates.append(AxisAtLeast(axis=axis, n=min(values), why=why))
             candidates.append(AxisAtMost(axis=axis, n=max(values), why=why))
     return candidates
+
+
+def why_no_condition(
+    probes: Sequence[Workload],
+    optimized: GateVerdict | None,
+    simplified: GateVerdict | None,
+    stated_by: str = "the mechanism states none",
+) -> str:
+    """Why a skill has no condition, in words: what the mechanism says, which probes were
+    tried, and how each state did on them (nothing separated the two)."""
+    if not probes:
+        return f"{stated_by}, and the problem has no probes to learn one from"
+    if optimized is None or simplified is None:
+        return f"{stated_by}, and its {len(probes)} probes were not gated"
+    opt = {w.workload_uuid: w.passed for w in optimized.workloads}
+    simple = {w.workload_uuid: w.passed for w in simplified.workloads}
+    both = [p.label for p in probes if opt.get(p.uuid) and simple.get(p.uuid)]
+    neither = [p.label for p in probes if not opt.get(p.uuid) and not simple.get(p.uuid)]
+    only = [p.label for p in probes if opt.get(p.uuid) and not simple.get(p.uuid)]
+    parts = [f"{len(both)} passed with and without it"]
+    if neither:
+        parts.append(f"{len(neither)} failed with and without it: {'; '.join(neither[:4])}")
+    if only:
+        parts.append(f"{len(only)} failed only without it: {'; '.join(only[:4])}")
+    return f"{stated_by}; of the {len(probes)} probes tried, " + ", ".join(parts)

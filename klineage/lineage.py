@@ -201,15 +201,19 @@ class LineageGraph:
     # ---- building ---------------------------------------------------------------------------
 
     def add_state(self, info: StateInfo, *, root: bool = False) -> None:
+        """Add a kernel state, keyed by its fingerprint (one already there is kept); `root`
+        marks the state the walk starts from."""
         if info.fingerprint not in self.graph:
             self.graph.add_node(info.fingerprint, **info.model_dump(mode="json"))
         if root:
             self.graph.graph["root"] = info.fingerprint
 
     def add_attempt(self, attempt: Attempt) -> None:
+        """Add an attempt as an edge from its parent state to its child state."""
         self.graph.add_edge(attempt.parent, attempt.child, **attempt.model_dump(mode="json"))
 
     def add_refusal(self, parent: str, mechanism: str, reason: str, step: int) -> None:
+        """Record a site a rule refused to rewrite, with the reason."""
         entry = {"parent": parent, "mechanism": mechanism, "reason": reason, "step": step}
         self.graph.graph["refusals"].append(entry)
 
@@ -221,30 +225,38 @@ class LineageGraph:
 
     @property
     def problem(self) -> str:
+        """The name of the problem this lineage was mined from."""
         return str(self.graph.graph["problem"])
 
     @property
     def root(self) -> str | None:
+        """The fingerprint of the expert state the walk started from."""
         return self.graph.graph.get("root")
 
     @property
     def termination(self) -> Termination | None:
+        """How the walk ended (complete, stuck, budget), None while it runs."""
         value = self.graph.graph.get("termination")
         return Termination(value) if value else None
 
     def state(self, fingerprint: str) -> StateInfo:
+        """The kernel state with this fingerprint: its source, gate verdict and resources
+        (KeyError when the lineage has no such state)."""
         return StateInfo.model_validate(self.graph.nodes[fingerprint])
 
     def attempts(self) -> list[Attempt]:
+        """Every attempt (edge), accepted or rejected."""
         return [Attempt.model_validate(d) for _, _, d in self.graph.edges(data=True)]
 
     def attempts_from(self, fingerprint: str) -> list[Attempt]:
+        """The attempts made from the state with this fingerprint."""
         return [
             Attempt.model_validate(d) for _, _, d in self.graph.out_edges(fingerprint, data=True)
         ]
 
     @property
     def llm_rejections(self) -> list[dict[str, Any]]:
+        """The LLM answers that never became an attempt, with why."""
         return list(self.graph.graph.get("llm_rejections", []))
 
     def main_path(self) -> list[Attempt]:
@@ -255,9 +267,11 @@ class LineageGraph:
     # ---- persistence ------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
+        """The lineage as node-link JSON data (what `save` writes)."""
         return nx.node_link_data(self.graph, edges="edges")
 
     def save(self, path: str | Path) -> Path:
+        """Write the lineage as node-link JSON to `path`, atomically; returns the path."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(target.suffix + ".tmp")
@@ -267,12 +281,19 @@ class LineageGraph:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LineageGraph:
+        """The lineage in node-link JSON data (what `to_json` gives)."""
         graph = nx.node_link_graph(data, directed=True, edges="edges")
         return cls(str(graph.graph.get("problem", "")), graph)
 
     @classmethod
     def load(cls, path: str | Path) -> LineageGraph:
-        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        """The lineage `mine` saved at `path` (`skills_out/lineages/<problem>.json`); a file
+        that is not one raises ValueError naming it."""
+        file = Path(path)
+        try:
+            return cls.from_json(json.loads(file.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, KeyError, TypeError, nx.NetworkXError) as err:
+            raise ValueError(f"{file}: not a lineage written by `klineage mine` ({err})") from err
 
 
 def llm_rejection(

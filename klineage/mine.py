@@ -23,8 +23,10 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from klineage.conditions import Prose, conditions_to_json, merge_conditions, parse_condition
+from klineage.gate.build import specific_arch_for
+from klineage.gate.result import GateVerdict
 from klineage.gatelog import GateLike, GateLog
-from klineage.inference import infer_condition
+from klineage.inference import infer_condition, why_no_condition
 from klineage.kernel import KernelSource
 from klineage.lineage import (
     Attempt,
@@ -77,7 +79,9 @@ class MineReport(BaseModel):
     )
     steps: int = Field(description="removals on the main path")
     skills: int = Field(description="skills written")
-    verified: int = Field(description="skills verified by round trip")
+    verified: int = Field(
+        description="skills whose round trip reproduced a measured gain (Skill.verified)"
+    )
     recall: float | None = Field(description="share of mechanisms.json entries that became skills")
     missed: list[str] = Field(default_factory=list, description="listed mechanisms with no skill")
     llm_attempts: int = Field(default=0, description="attempts proposed by the LLM (gated)")
@@ -201,6 +205,9 @@ def _skills(
     return skills, probe_runs, log.runs - trip_start
 
 
+BUILD_ARCH = "sm_90"
+"""What mining's gates build for (the Builder's default); wgmma states need its `a` form."""
+
 NO_LLM_ROUND_TRIP = "no rule can re-apply an LLM-proposed removal"
 
 
@@ -247,6 +254,7 @@ def _skill_of(
     conditions = _static_conditions(removal, mechanism, optimized, problem)
     risks: list[Risk] = []
     probe_evidence: list[dict[str, Any]] = []
+    opt = simple = None
     if problem.probes:
         opt = log.run(problem, optimized, workloads=problem.probes, time_it=False)
         simple = log.run(problem, simplified, workloads=problem.probes, time_it=False)
@@ -265,18 +273,13 @@ def _skill_of(
                 for p in inferred.supporting
             ]
     if not conditions:
-        # say so rather than leave the card silent: a reader must know nothing was found
-        conditions = [
-            Prose(
-                text="no condition found: the rewrite is valid for every size",
-                why=(
-                    "the mechanism states none and no probe failed"
-                    if mechanism is not None
-                    else "no rule states conditions for this LLM-proposed change, and no "
-                    "probe failed"
-                ),
-            )
-        ]
+        # say so rather than leave the card silent: a reader must know what was tried
+        stated_by = (
+            "the mechanism states none"
+            if mechanism is not None
+            else "no rule states conditions for this LLM-proposed change"
+        )
+        conditions = [no_condition(problem, opt, simple, stated_by)]
     for sibling in lineage.attempts_from(attempt.parent):
         if sibling.status is AttemptStatus.REJECTED:
             where = ""
@@ -298,12 +301,6 @@ def _skill_of(
             )
     first: Site | None = removal.sites[0] if removal is not None and removal.sites else None
     before, after = anchor_of(child.source, parent.source, None)
-    dtypes = sorted(
-        {
-            s.dtype
-            for s in [*problem.definition.inputs.values(), *problem.definition.outputs.values()]
-        }
-    )
     intent = attempt.intent if is_llm_origin(attempt.origin) and attempt.intent else ""
     return Skill(
         id=skill_id(attempt, problem),
@@ -336,11 +333,33 @@ def _skill_of(
             gate_status=attempt.gate_status,
             hardware=str(lineage.graph.graph.get("hardware", "")),
         ),
-        scope=Scope(op_type=problem.definition.op_type, dtypes=dtypes),
+        scope=scope_of(problem, optimized),
         requires=list(mechanism.requires) if mechanism is not None else [],
         conflicts=list(mechanism.conflicts) if mechanism is not None else [],
         diff=unified_diff(child.source, parent.source, f"{problem.name}/kernel.cu"),
     )
+
+
+def no_condition(
+    problem: Problem,
+    optimized: GateVerdict | None,
+    simplified: GateVerdict | None,
+    stated_by: str = "the mechanism states none",
+) -> Prose:
+    """The condition of a skill nothing constrains, saying what was probed."""
+    return Prose(
+        text="no condition found: no size tried separates it from the simpler kernel",
+        why=why_no_condition(problem.probes, optimized, simplified, stated_by),
+    )
+
+
+def scope_of(problem: Problem, optimized: KernelSource) -> Scope:
+    """Where the skill was learned: the op type, the tensors' dtypes, and the architecture
+    the optimized state was built for (sm_90a where it issues wgmma)."""
+    definition = problem.definition
+    dtypes = sorted({s.dtype for s in [*definition.inputs.values(), *definition.outputs.values()]})
+    arch = specific_arch_for(BUILD_ARCH, optimized.text) or BUILD_ARCH
+    return Scope(op_type=definition.op_type, dtypes=dtypes, arch=arch)
 
 
 def _reapply_by_rule(
@@ -374,23 +393,24 @@ def _round_trip(
             simplified = KernelSource(lineage.state(skill.evidence.simplified).source)
             reapplied = _reapply_by_rule(mechanism, optimized, simplified)
     except MechanismRefused as err:
-        skill.verified = False
+        skill.round_trip_reproduced = skill.verified = False
         skill.round_trip_note = f"{how}re-applying was refused: {err.reason}"
         return
     skill.round_trip_exact = reapplied.fingerprint == optimized.fingerprint
     verdict = log.run(problem, reapplied, against=optimized)
     comparison = verdict.comparison
     if not verdict.passed or comparison is None:
-        skill.verified = False
+        skill.round_trip_reproduced = skill.verified = False
         failing = [w for w in verdict.workloads if not w.passed]
         reason = failing[0].message if failing else verdict.build.message
         skill.round_trip_note = f"{how}the re-applied kernel failed the gate: {reason[:400]}"
         return
     skill.round_trip_ratio = comparison.ratio
     skill.round_trip_trial_ratios = comparison.trial_ratios
-    skill.verified = comparison.not_slower
+    skill.round_trip_reproduced = comparison.not_slower
+    skill.settle_verified()
     notes = [how.rstrip(": ")] if how else []
-    if not skill.verified:
+    if not skill.round_trip_reproduced:
         notes.append("the re-applied kernel is slower than the optimized one")
     notes.append(
         "re-applying restored the optimized source exactly"

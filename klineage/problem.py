@@ -42,6 +42,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from klineage.kernel import KernelSource
+
 if TYPE_CHECKING:
     import torch
 
@@ -690,15 +692,16 @@ class Problem(_Model):
         """The required workloads, then the probes."""
         return [*self.workloads, *self.probes]
 
-    def kernel_source(self) -> str:
-        """The text of kernel.cu; a ProblemError when the problem has none."""
+    def kernel_source(self) -> KernelSource:
+        """The problem's kernel.cu, ready for the gate, mining or `retrieve`; a ProblemError
+        when the problem has none."""
         if self.kernel_path is None or not self.kernel_path.is_file():
             raise ProblemError(
                 f"this problem has no {KERNEL_FILE}",
                 file=self.kernel_path or self.root / KERNEL_FILE,
                 expected=f"a {KERNEL_FILE} with the kernel source next to {DEFINITION_FILE}",
             )
-        return self.kernel_path.read_text(encoding="utf-8")
+        return KernelSource.from_file(self.kernel_path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ A skill is ranked by four signals:
   dropped with that reason);
 - text: BM25 (bm25s) between the target (its definition and code identifiers) and the skill
   (intent, conditions, before/after code);
-- gain: the speedup it measured on its source kernel.
+- gain: the speedup it measured on its source kernel (none for a step within the timing
+  noise; a step that measured slower counts against it).
 Before any gate run, a skill is dropped when a condition fails on one of the target's
 workloads: the mechanism's static conditions computed on the target itself (its axes, its
 launch), plus the skill's learned conditions over axes the target shares. The reason names
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -30,7 +31,7 @@ from klineage.facts import eval_context
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Site, UnknownMechanism, get
 from klineage.problem import Problem
-from klineage.skills import Skill
+from klineage.skills import Measured, Skill
 
 # Measured gain leads (a 10% faster source kernel is worth ~1 point); scope and text relevance
 # order skills of similar gain.
@@ -57,7 +58,11 @@ class Ranked(BaseModel):
     score: float = Field(description="the combined score (higher first)")
     scope: float = Field(description="scope match, 0..1")
     text: float = Field(description="BM25 relevance, normalized 0..1 over the library")
-    gain: float = Field(description="log of the skill's measured geometric-mean speedup")
+    gain: float = Field(
+        description="log of the skill's measured geometric-mean speedup; 0 when it measured "
+        "no gain beyond the timing noise (negative when it measured slower)"
+    )
+    measured: str = Field(description="what the skill measured: gain, no measurable gain, slower")
     sites: int = Field(description="candidate sites of its mechanism in the target")
 
 
@@ -159,16 +164,28 @@ def first_violation(
 
 
 def retrieve(
-    skills: Sequence[Skill],
+    skills: Iterable[Skill],
     problem: Problem,
-    kernel: KernelSource,
+    kernel: KernelSource | str | None = None,
     *,
     arch: str = "sm_90",
     use_conditions: bool = True,
     keep_unknown: bool = False,
 ) -> Retrieval:
-    """Rank `skills` for the target; drop those that cannot apply or whose conditions fail.
+    """Rank `skills` (a list, or a :class:`SkillLibrary`) for the target `problem`; drop those
+    that cannot apply or whose conditions fail, each with its reason.
+
+        library = SkillLibrary.load("skills_out")
+        problem = load_problem("heldout/gelu")
+        for ranked in retrieve(library, problem).ranked:
+            print(ranked.skill, ranked.score)
+
+    `kernel` is the target kernel (default: the problem's kernel.cu; source text works too).
     With `keep_unknown`, skills whose mechanism is not in the catalog are kept (for an LLM)."""
+    if kernel is None:
+        kernel = problem.kernel_source()
+    elif isinstance(kernel, str):
+        kernel = KernelSource(kernel, name=f"{problem.name}.cu")
     result = Retrieval()
     usable: list[tuple[Skill, list[Site]]] = []
     context = eval_context(kernel, arch=arch)
@@ -199,8 +216,10 @@ def retrieve(
     texts = bm25_scores(target_text(problem, kernel), [skill_text(s) for s, _ in usable])
     for (skill, sites), text in zip(usable, texts, strict=True):
         scope = scope_score(skill, problem, arch)
+        measured = skill.effect.measured
         geo = skill.effect.geomean_speedup or 1.0
-        gain = math.log(max(geo, 1e-6))
+        # a step within the timing noise gained nothing: it must not rank as a gain
+        gain = 0.0 if measured is Measured.NO_GAIN else math.log(max(geo, 1e-6))
         score = WEIGHTS["scope"] * scope + WEIGHTS["text"] * text + WEIGHTS["gain"] * gain
         result.ranked.append(
             Ranked(
@@ -211,6 +230,7 @@ def retrieve(
                 scope=scope,
                 text=text,
                 gain=gain,
+                measured=measured.value,
                 sites=len(sites),
             )
         )

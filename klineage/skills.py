@@ -12,20 +12,50 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import enum
 import fcntl
 import json
+import re
 import shutil
 import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from klineage.gate.result import geomean
 from klineage.removal import changed_region
 
 SNIPPET_LIMIT = 1600
+
+NOISE = 0.01
+"""Speedups within 1% of 1.0 are timing noise: the gate's own "not slower" bar is 0.99."""
+
+
+def _near_one(speedup: float) -> str:
+    """Three decimals, or four where three would round onto the 1% bar (1.0098 -> 1.0098x)."""
+    shown = f"{speedup:.3f}"
+    return f"{speedup:.4f}x" if shown in {"0.990", "1.010"} else f"{shown}x"
+
+
+class Measured(str, enum.Enum):
+    """What a step measured: a gain, nothing beyond the timing noise, or a slowdown."""
+
+    GAIN = "gain"
+    NO_GAIN = "no measurable gain"
+    SLOWER = "slower"
+
+
+def measured_of(speedups: Sequence[float]) -> Measured:
+    """GAIN when every value is at least 1% faster, SLOWER when every one is at least 1%
+    slower, else NO_GAIN (the trials disagree, or they sit inside the noise)."""
+    # a hair of slack so that a speedup of exactly 1.01 is not lost to float rounding
+    if speedups and min(speedups) >= (1 + NOISE) * (1 - 1e-9):
+        return Measured.GAIN
+    if speedups and max(speedups) <= (1 - NOISE) * (1 + 1e-9):
+        return Measured.SLOWER
+    return Measured.NO_GAIN
 
 
 class Anchor(BaseModel):
@@ -48,6 +78,11 @@ class WorkloadEffect(BaseModel):
     before_ms: float = Field(description="latency of the simpler kernel")
     after_ms: float = Field(description="latency of the optimized kernel")
 
+    @property
+    def measured(self) -> Measured:
+        """GAIN or SLOWER only when every trial agrees by more than the noise."""
+        return measured_of(self.trial_speedups or [self.speedup])
+
 
 class Effect(BaseModel):
     """Measured effect of the skill, from paired interleaved timing on the H200."""
@@ -63,6 +98,37 @@ class Effect(BaseModel):
     spill_bytes_delta: dict[str, int] = Field(
         default_factory=dict, description="kernel -> spill bytes after minus before"
     )
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="gain: the geometric mean is at least 1% faster and some workload is, in "
+        "every trial; slower: the geometric mean is at least 1% slower; else no measurable gain"
+    )
+    @property
+    def measured(self) -> Measured:
+        geo = self.geomean_speedup
+        if geo is None or not self.workloads:
+            return Measured.NO_GAIN
+        overall = measured_of([geo])
+        if overall is Measured.GAIN and not any(
+            w.measured is Measured.GAIN for w in self.workloads
+        ):
+            return Measured.NO_GAIN
+        return overall
+
+    def summary(self) -> str:
+        """The effect in words, plainly: a gain, no measurable gain, or slower."""
+        geo = f"{self.geomean_speedup:.2f}x" if self.geomean_speedup else "unmeasured"
+        if self.measured is Measured.GAIN:
+            return f"measured gain: {geo}"
+        if self.measured is Measured.SLOWER:
+            return f"measured slower: {geo} on these workloads, no gain"
+        if self.geomean_speedup and self.geomean_speedup >= 1 + NOISE:
+            return (
+                f"no measurable gain on these workloads: {self.geomean_speedup:.3f}x overall, "
+                "but no workload faster in every trial"
+            )
+        exact = _near_one(self.geomean_speedup) if self.geomean_speedup else "unmeasured"
+        return f"no measurable gain on these workloads: {exact}, within the 1% timing noise"
 
 
 class Risk(BaseModel):
@@ -130,7 +196,15 @@ class Skill(BaseModel):
     provides: list[str] = Field(default_factory=list, description="what it establishes")
     conflicts: list[str] = Field(default_factory=list, description="mechanisms it excludes")
     verified: bool | None = Field(
-        default=None, description="round trip recovered the optimized speed (None: not tried)"
+        default=None,
+        description="the round trip reproduced a gain: the step measured a gain (`effect."
+        "measured`) and the kernel re-applied by the rule was as fast as the optimized one "
+        "(`round_trip_reproduced`); None: no round trip was tried",
+    )
+    round_trip_reproduced: bool | None = Field(
+        default=None,
+        description="the re-applied kernel was as fast as the optimized one (ratio >= 0.99 "
+        "overall and per trial), whether or not the step gained anything; None: not tried",
     )
     round_trip_ratio: float | None = Field(
         default=None, description="optimized / re-applied latency (>= 0.99 to verify)"
@@ -144,6 +218,27 @@ class Skill(BaseModel):
         "is then the timing noise of one kernel",
     )
     diff: str = Field(default="", description="unified diff, simplified -> optimized")
+
+    def settle_verified(self) -> None:
+        """Set `verified` from the round trip and the effect: reproducing a step that gained
+        nothing (or was slower) verifies the code, not a gain."""
+        if self.round_trip_reproduced is None:
+            self.verified = None
+            return
+        self.verified = self.round_trip_reproduced and self.effect.measured is Measured.GAIN
+
+    def __repr__(self) -> str:
+        return f"Skill({self.id!r}, {self.effect.summary()}, verified={self.verified})"
+
+    def __str__(self) -> str:
+        verdict = {True: "verified", False: "not verified", None: "no round trip"}
+        lines = [
+            f"{self.id}: {self.mechanism}, {self.effect.summary()}, {verdict[self.verified]}",
+            f"  {self.intent}",
+            *(f"  when: {c}" for c in self.condition_prose),
+            f"  learned from {self.evidence.problem} ({len(self.effect.workloads)} workloads)",
+        ]
+        return "\n".join(lines)
 
 
 def anchor_of(simplified: str, optimized: str, site: dict[str, Any] | None) -> tuple[str, str]:
@@ -176,7 +271,14 @@ def _hunks(simplified: str, optimized: str) -> list[tuple[str, str]]:
 
 
 def _limited(chunk: str) -> str:
-    return chunk if len(chunk) <= SNIPPET_LIMIT else chunk[:SNIPPET_LIMIT] + "\n..."
+    """At most SNIPPET_LIMIT characters, cut after a whole line (never inside a token), with
+    a line saying how much was left out."""
+    if len(chunk) <= SNIPPET_LIMIT:
+        return chunk
+    cut = chunk.rfind("\n", 0, SNIPPET_LIMIT)
+    kept = chunk[: cut if cut > 0 else SNIPPET_LIMIT]
+    left = chunk[len(kept) :].strip("\n").count("\n") + 1
+    return f"{kept}\n// ... {left} more lines (the skill's diff has them all)"
 
 
 def _lines_around(text: str, start: int, end: int) -> str:
@@ -233,6 +335,19 @@ def effect_of(rows: Sequence[dict[str, Any]], before: dict, after: dict) -> Effe
 # ---- the library on disk ---------------------------------------------------------------------
 
 
+class SkillLookupError(KeyError):
+    """No skill has the id asked for, or several start with it."""
+
+    def __init__(self, message: str, candidates: Sequence[str]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.candidates = list(candidates)
+        """The ids that matched a prefix, or the closest ids when none did."""
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class SkillLibrary:
     """Skills in a folder: `skills.jsonl` plus `<id>/SKILL.md` for each."""
 
@@ -241,11 +356,22 @@ class SkillLibrary:
         self.skills: dict[str, Skill] = {s.id: s for s in skills}
 
     @classmethod
-    def load(cls, root: str | Path) -> SkillLibrary:
+    def load(cls, root: str | Path, *, missing_ok: bool = False) -> SkillLibrary:
+        """The skills in folder `root` (its `skills.jsonl`), e.g. ``SkillLibrary.load(
+        "skills_out")``. A folder without one raises FileNotFoundError, so that a mistyped
+        path does not read as an empty library; `missing_ok` gives an empty library instead
+        (a folder mining is about to fill). A line that is not a skill raises ValueError
+        naming the file and line."""
         folder = Path(root)
         path = folder / "skills.jsonl"
         if not path.is_file():
-            return cls(folder)
+            if missing_ok:
+                return cls(folder)
+            where = "no such folder" if not folder.is_dir() else "no skills.jsonl in this folder"
+            raise FileNotFoundError(
+                f"{folder}: {where}; give the folder mining wrote (`mine(..., out=...)`, "
+                "`klineage mine --out`; default skills_out)"
+            )
         skills = []
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
@@ -253,23 +379,40 @@ class SkillLibrary:
             try:
                 skills.append(Skill.model_validate_json(line))
             except ValueError as err:
-                raise ValueError(f"{path}:{number}: not a skill ({err})") from err
+                first = str(err).splitlines()[0]
+                raise ValueError(f"{path}:{number}: not a skill ({first})") from err
         return cls(folder, skills)
 
     def __len__(self) -> int:
         return len(self.skills)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Skill]:
         return iter(sorted(self.skills.values(), key=lambda s: s.id))
 
     def get(self, skill_id: str) -> Skill:
+        """The skill with this id, or the one whose id starts with it. No match, or a prefix
+        several ids share, raises :class:`SkillLookupError` naming the candidates."""
         if skill_id in self.skills:
             return self.skills[skill_id]
-        matches = [s for s in self.skills.values() if s.id.startswith(skill_id)]
+        matches = sorted(k for k in self.skills if k.startswith(skill_id))
         if len(matches) == 1:
-            return matches[0]
-        known = ", ".join(sorted(self.skills)[:20])
-        raise KeyError(f"no skill {skill_id!r} in {self.root}; known: {known}")
+            return self.skills[matches[0]]
+        if matches:
+            raise SkillLookupError(
+                f"{skill_id!r} is ambiguous: {len(matches)} skill ids start with it; give "
+                "more of one:\n" + "\n".join(f"  {m}" for m in matches),
+                matches,
+            )
+        # a misspelt mechanism (`vectorised`) is close to the ids' first part, not the whole
+        heads = {k: k.split("--")[0] for k in self.skills}
+        near = set(difflib.get_close_matches(skill_id.split("--")[0], set(heads.values())))
+        close = sorted(k for k, head in heads.items() if head in near)[:8]
+        hint = "; did you mean:\n" + "\n".join(f"  {c}" for c in close) if close else ""
+        raise SkillLookupError(
+            f"no skill {skill_id!r} in {self.root} ({len(self)} skills, `klineage skills list` "
+            f"shows them){hint}",
+            close,
+        )
 
     def replace_problem(self, problem: str, skills: Iterable[Skill]) -> None:
         """Drop the skills mined from `problem` and add `skills` in their place."""
@@ -286,7 +429,7 @@ class SkillLibrary:
         `problem`'s skills that were not mined again are removed."""
         folder = Path(root)
         with _locked(folder):
-            library = cls.load(folder)
+            library = cls.load(folder, missing_ok=True)
             before = {k for k, s in library.skills.items() if s.evidence.problem == problem}
             library.replace_problem(problem, skills)
             library.save()
@@ -297,6 +440,7 @@ class SkillLibrary:
         return library
 
     def save(self) -> None:
+        """Write `skills.jsonl` and one `<id>/SKILL.md` per skill into the folder."""
         self.root.mkdir(parents=True, exist_ok=True)
         lines = [s.model_dump_json() for s in self]
         tmp = self.root / "skills.jsonl.tmp"
@@ -334,12 +478,86 @@ def _yaml_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+# the marks a rule leaves in a simplified state so that it can restore it (`1 /* klineage:
+# rasterization kGroupM */`, a stashed `asm` statement): internal, not code a reader writes
+_INTERNAL_MARK = re.compile(r"[ \t]*/\*\s*klineage:.*?\*/", re.DOTALL)
+
+
+def card_code(code: str) -> str:
+    """An anchor as a card shows it: without the rules' internal restore marks."""
+    return _INTERNAL_MARK.sub("", code)
+
+
+def _where(anchor: Anchor) -> str:
+    if not anchor.function:
+        return ""
+    if anchor.function == "<file>":  # a site outside every function: a constant, a type
+        return " at file scope"
+    return f" in `{anchor.function}`"
+
+
+def _effect_lines(effect: Effect) -> list[str]:
+    """What the measurements say, in a sentence or two, naming the workloads that disagree."""
+    faster = [w for w in effect.workloads if w.measured is Measured.GAIN]
+    slower = [w for w in effect.workloads if w.measured is Measured.SLOWER]
+    count = len(effect.workloads)
+    lines = [f"{_sentence(effect.summary())} (the geometric mean of the speedups below)."]
+    parts = []
+    if faster and effect.measured is not Measured.GAIN:
+        parts.append(f"faster in every trial on {len(faster)} of {count} workloads")
+    if slower:
+        parts.append(f"slower in every trial on {len(slower)} of {count} (see Risks)")
+    if parts:
+        lines.append(_sentence("; ".join(parts)) + ".")
+    return lines
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _round_trip_lines(skill: Skill) -> list[str]:
+    ratio = f"{skill.round_trip_ratio:.3f}" if skill.round_trip_ratio else "-"
+    verdict = "verified" if skill.verified else "NOT verified"
+    lines = [f"Round trip: {verdict} (optimized / re-applied latency {ratio})"]
+    if skill.round_trip_reproduced and not skill.verified:
+        lines.append(
+            "The re-applied kernel is as fast as the optimized one, but the step itself "
+            f"measured {skill.effect.measured.value}: the round trip reproduced the code, "
+            "not a gain."
+        )
+    if skill.round_trip_note:
+        lines.append(skill.round_trip_note)
+    if skill.round_trip_reproduced is False and skill.round_trip_exact:
+        lines.append(
+            "The re-applied source is the optimized source (same fingerprint): this ratio "
+            "is one kernel timed twice, so the 0.99 bar (overall and in every trial) fell "
+            "inside its timing noise; the rewrite itself is reproduced exactly."
+        )
+    return lines
+
+
+def _risk_lines(skill: Skill) -> list[str]:
+    lines = []
+    effect = skill.effect
+    slower = [w for w in effect.workloads if w.measured is Measured.SLOWER]
+    if effect.measured is Measured.SLOWER:
+        lines.append(f"- measured slower: {effect.geomean_speedup:.2f}x geometric mean")
+    lines += [f"- slower on {w.label}: {w.speedup:.3f}x in every trial" for w in slower]
+    lines += [
+        f"- {r.kind}: {' '.join(filter(None, (r.mechanism, r.workload)))} -> {r.status}: "
+        f"{r.message[:320]}"
+        for r in skill.risks
+    ]
+    return lines or ["- none observed"]
+
+
 def render_skill_md(skill: Skill) -> str:
-    """YAML front matter (id, intent, conditions, scope) then the card in Markdown."""
+    """YAML front matter (id, intent, conditions, measured effect, scope) then the card."""
     when = "; ".join(skill.condition_prose) or "no conditions were found"
-    speed = f"{skill.effect.geomean_speedup:.2f}x" if skill.effect.geomean_speedup else "unmeasured"
     description = (
-        f"{skill.intent} Use when: {when}. Measured gain: {speed} ({skill.scope.op_type})."
+        f"{skill.intent} Use when: {when}. "
+        f"{_sentence(skill.effect.summary())} ({skill.scope.op_type})."
     )
     front = {
         "name": skill.id,
@@ -348,17 +566,20 @@ def render_skill_md(skill: Skill) -> str:
         "intent": skill.intent,
         "mechanism": skill.mechanism,
         "conditions": skill.condition_prose,
+        "measured": skill.effect.measured.value,
+        "geomean_speedup": (
+            round(skill.effect.geomean_speedup, 4) if skill.effect.geomean_speedup else None
+        ),
         "scope": skill.scope.model_dump(),
         "verified": skill.verified,
     }
     lines = ["---"] + [f"{k}: {_yaml_value(v)}" for k, v in front.items()] + ["---", ""]
     lines += [f"# {skill.id}", "", "## Overview", "", skill.intent, ""]
     proposed = f", proposed by {skill.origin}" if skill.origin != "rule" else ""
-    where = f" in `{skill.anchor.function}`" if skill.anchor.function else ""
     lines += [
         f"Mechanism `{skill.mechanism}` ({skill.category or '-'}, {skill.family or '-'}), "
         f"learned from `{skill.evidence.problem}` on {skill.evidence.hardware or 'the GPU'}"
-        f"{proposed}. Apply it{where} where the code looks like *Before* below.",
+        f"{proposed}. Apply it{_where(skill.anchor)} where the code looks like *Before* below.",
         "",
     ]
     carrier = _card_carrier(skill.carrier)
@@ -368,7 +589,7 @@ def render_skill_md(skill: Skill) -> str:
     lines += [f"- {c}" for c in skill.condition_prose] or ["- no conditions were found"]
     for probe in skill.probe_evidence:
         lines.append(f"  - probe {probe['workload']}: {probe['status']} ({probe['message'][:160]})")
-    lines += ["", "## Effect", ""]
+    lines += ["", "## Effect", "", *_effect_lines(skill.effect), ""]
     lines += ["| workload | speedup | trials | before (ms) | after (ms) |", "|---|---|---|---|---|"]
     for w in skill.effect.workloads:
         trials = ", ".join(f"{t:.3f}" for t in w.trial_speedups)
@@ -385,25 +606,10 @@ def render_skill_md(skill: Skill) -> str:
             deltas.append(f"- {name}: {delta:+d} in `{kernel}`")
     lines += ["", *deltas] if deltas else []
     if skill.verified is not None:
-        verdict = "verified" if skill.verified else "NOT verified"
-        ratio = f"{skill.round_trip_ratio:.3f}" if skill.round_trip_ratio else "-"
-        lines += ["", f"Round trip: {verdict} (optimized / re-applied latency {ratio})"]
-        if skill.round_trip_note:
-            lines.append(f"{skill.round_trip_note}")
-        if skill.verified is False and skill.round_trip_exact:
-            lines.append(
-                "The re-applied source is the optimized source (same fingerprint): this ratio "
-                "is one kernel timed twice, so the 0.99 bar (overall and in every trial) fell "
-                "inside its timing noise; the rewrite itself is reproduced exactly."
-            )
+        lines += ["", *_round_trip_lines(skill)]
     elif skill.round_trip_note:
         lines += ["", f"Round trip: not tried ({skill.round_trip_note})"]
-    lines += ["", "## Risks", ""]
-    lines += [
-        f"- {r.kind}: {' '.join(filter(None, (r.mechanism, r.workload)))} -> {r.status}: "
-        f"{r.message[:320]}"
-        for r in skill.risks
-    ] or ["- none observed"]
-    lines += ["", "## Before", "", "```cuda", skill.anchor.before, "```", ""]
-    lines += ["## After", "", "```cuda", skill.anchor.after, "```", ""]
+    lines += ["", "## Risks", "", *_risk_lines(skill)]
+    lines += ["", "## Before", "", "```cuda", card_code(skill.anchor.before), "```", ""]
+    lines += ["## After", "", "```cuda", card_code(skill.anchor.after), "```", ""]
     return "\n".join(lines)

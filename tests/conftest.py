@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from klineage.gate.build import Builder
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -33,3 +35,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def build_cache(tmp_path: Path) -> Path:
     """A private build cache per test, so cache hits are never borrowed from another test."""
     return tmp_path / "build-cache"
+
+
+@pytest.fixture(scope="session")
+def shared_builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
+    """One nvcc builder and cache for the whole run, for tests that need builds to succeed
+    rather than to exercise the cache: a source several tests build (an expert kernel, a
+    state every mining walk passes through) compiles once. Tests of the cache use
+    `build_cache`."""
+    return Builder(cache_dir=tmp_path_factory.mktemp("shared-builds"))

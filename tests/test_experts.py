@@ -45,9 +45,8 @@ def test_expert_validates_and_reference_runs_on_cpu(folder: Path) -> None:
 
 
 @pytest.mark.nvcc
-def test_every_expert_builds_without_spills(tmp_path: Path) -> None:
-    builder = Builder(cache_dir=tmp_path)
-    results = builder.build_many([((p / "kernel.cu").read_text(), p.name) for p in EXPERTS])
+def test_every_expert_builds_without_spills(shared_builder: Builder) -> None:
+    results = shared_builder.build_many([((p / "kernel.cu").read_text(), p.name) for p in EXPERTS])
     for folder, result in zip(EXPERTS, results, strict=True):
         assert result.ok, f"{folder.name}: {result.message}"
         assert result.report is not None and result.report.kernels

@@ -471,8 +471,9 @@ def test_folder_validates_and_reference_runs_on_cpu() -> None:
 
 
 @pytest.mark.nvcc
-def test_kernel_builds_for_sm90_without_spills(tmp_path: Path) -> None:
-    result = Builder(cache_dir=tmp_path, arch="sm_90").build(KERNEL.read_text(), "kernel.cu")
+def test_kernel_builds_for_sm90_without_spills(shared_builder: Builder) -> None:
+    assert shared_builder.arch == "sm_90"
+    result = shared_builder.build(KERNEL.read_text(), "kernel.cu")
     assert result.ok, result.message
     assert result.report is not None and len(result.report.kernels) == 2
     assert result.report.total_spills == 0

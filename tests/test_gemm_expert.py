@@ -660,8 +660,9 @@ def test_folder_validates_and_reference_runs_on_cpu() -> None:
 
 
 @pytest.mark.nvcc
-def test_kernel_builds_for_sm90a_without_spills(tmp_path: Path) -> None:
-    result = Builder(cache_dir=tmp_path, arch="sm_90").build(KERNEL.read_text(), "kernel.cu")
+def test_kernel_builds_for_sm90a_without_spills(shared_builder: Builder) -> None:
+    assert shared_builder.arch == "sm_90"
+    result = shared_builder.build(KERNEL.read_text(), "kernel.cu")
     assert result.ok, result.message
     assert result.arch == "sm_90a"  # wgmma: the build stage picks the arch-specific target
     assert result.report is not None and len(result.report.kernels) >= 5
@@ -669,9 +670,9 @@ def test_kernel_builds_for_sm90a_without_spills(tmp_path: Path) -> None:
 
 
 @pytest.mark.nvcc
-def test_mma_sync_version_builds_for_sm90_without_spills(tmp_path: Path) -> None:
+def test_mma_sync_version_builds_for_sm90_without_spills(shared_builder: Builder) -> None:
     """bench/gemm_variants/mma_sync.cu: the earlier tiled path on mma.sync + ldmatrix."""
-    result = Builder(cache_dir=tmp_path, arch="sm_90").build(MODELLED.read_text(), MODELLED.name)
+    result = shared_builder.build(MODELLED.read_text(), MODELLED.name)
     assert result.ok, result.message
     assert result.arch == "sm_90"
     assert result.report is not None and result.report.total_spills == 0

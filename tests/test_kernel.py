@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from klineage.kernel import AbiError, KernelAbi, KernelSource, fingerprint_of
-from klineage.problem import load_definition
+from klineage.problem import load_definition, load_problem
 from tests.conftest import FIXTURES, REPO
 
 
@@ -116,3 +116,59 @@ def test_inplace_output_has_no_pointer_and_its_input_is_mutable(tmp_path: Path) 
         'extern "C" int run(float* x, float alpha, float* y, int64_t rows, int64_t cols, '
         "cudaStream_t stream)"
     )
+
+
+SOFTMAX_PROTOTYPE = (
+    'extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream)'
+)
+
+
+def _softmax_abi() -> KernelAbi:
+    return KernelAbi.from_definition(load_definition(REPO / "expert_kernels" / "softmax"))
+
+
+def test_a_run_missing_an_axis_is_named_with_the_expected_line() -> None:
+    source = (
+        "#include <cuda_runtime.h>\n"
+        "// run(x, y, rows, cols, stream) is what the definition wants\n"
+        'extern "C" int run(const float* x, float* y, int64_t rows, cudaStream_t stream) {\n'
+        "  return 0;\n}\n"
+    )
+    message = _softmax_abi().mismatch(source, "mine.cu")
+    assert message is not None
+    first, found, expected = message.splitlines()
+    assert first.startswith("mine.cu:3: run(...) does not match")
+    assert "4 parameters where the definition implies 5" in first and "cols" in first
+    assert found.split(":", 1)[1].strip().startswith('extern "C" int run(const float* x')
+    assert expected == f"  expected: {SOFTMAX_PROTOTYPE}"
+
+
+def test_a_narrow_axis_and_a_value_for_a_pointer_are_mismatches() -> None:
+    narrow = 'extern "C" int run(const float* x, float* y, int rows, long long cols, void* s);'
+    message = _softmax_abi().mismatch(narrow)
+    assert message is not None and "parameter 3 `int rows` should be int64_t rows" in message
+    assert "parameter 4" not in message  # long long is 64 bits, and a void* carries the stream
+    value = 'extern "C" { int run(float x, float* y, int64_t rows, int64_t cols, cudaStream_t s) {'
+    assert "should be a device pointer" in (_softmax_abi().mismatch(value + "}}") or "")
+
+
+def test_matching_runs_pass_whatever_their_names_and_qualifiers() -> None:
+    abi = _softmax_abi()
+    variants = [
+        SOFTMAX_PROTOTYPE + " { return 0; }",
+        'extern "C" int run(const float* __restrict__ in, float* __restrict__ out, '
+        "int64_t, int64_t, cudaStream_t) { return 0; }",
+        'extern "C" __host__ int run(const void* x, void* y, long rows, size_t cols,\n'
+        "                            cudaStream_t stream) { return run_impl(x, y); }",
+        "__global__ void k() {}\n",  # no run at all: the symbol check reports that
+    ]
+    assert [abi.mismatch(v) for v in variants] == [None] * len(variants)
+
+
+def test_every_committed_kernel_matches_its_definition() -> None:
+    folders = sorted([*REPO.glob("expert_kernels/*/"), *REPO.glob("heldout/*/")])
+    assert len(folders) >= 27
+    for folder in folders:
+        problem = load_problem(folder)
+        abi = KernelAbi.from_definition(problem.definition)
+        assert abi.mismatch(problem.kernel_source().text) is None, folder.name

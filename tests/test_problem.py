@@ -196,7 +196,9 @@ def test_kernel_source(root: Path) -> None:
     (root / "kernel.cu").write_text("__global__ void k() {}\n")
     problem = load_problem(root)
     assert problem.kernel_path == root / "kernel.cu"
-    assert problem.kernel_source() == "__global__ void k() {}\n"
+    source = problem.kernel_source()
+    assert source.text == "__global__ void k() {}\n"
+    assert (source.name, source.path) == ("kernel.cu", root / "kernel.cu")
 
 
 def test_loading_does_not_import_torch() -> None:

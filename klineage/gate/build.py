@@ -36,6 +36,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from klineage.gate.ptxas import PtxasReport, demangle, parse_ptxas
+from klineage.kernel import KernelAbi
 
 __all__ = [
     "BASE_FLAGS",
@@ -45,6 +46,7 @@ __all__ = [
     "Builder",
     "FailureKind",
     "arch_flags",
+    "check_abi",
     "default_cache_dir",
     "render_compile_errors",
 ]
@@ -77,6 +79,7 @@ class FailureKind(str, enum.Enum):
     NVCC = "nvcc"  # nvcc (front end, ptxas or host compiler) exited non-zero
     TIMEOUT = "timeout"  # nvcc ran past timeout_s
     MISSING_RUN = "missing_run"  # compiled, but no extern "C" run symbol
+    SIGNATURE = "signature"  # run(...) is declared with other parameters than the ABI's
 
 
 class BuildResult(BaseModel):
@@ -524,6 +527,27 @@ def _missing_run_message(library: Path, name: str) -> str | None:
         shown = ", ".join(demangle(mangled))
         message += f'\n  found C++-mangled {shown}: declare it extern "C"'
     return message
+
+
+def check_abi(result: BuildResult, source: str, abi: KernelAbi) -> BuildResult:
+    """`result` with the source's `run(...)` held against the definition's ABI. A run with
+    other parameters links fine but would be called with the wrong arguments, so, like a
+    missing run, it is a COMPILE_ERROR: the kernel does not build into what the harness
+    calls. The message shows the declaration found and the line expected."""
+    if result.failure is FailureKind.MISSING_RUN:
+        return result.model_copy(
+            update={"message": f"{result.message}\n  expected: {abi.prototype}"}
+        )
+    mismatch = abi.mismatch(source, result.source_name) if result.ok else None
+    if mismatch is None:
+        return result
+    update = {
+        "status": BuildStatus.COMPILE_ERROR,
+        "failure": FailureKind.SIGNATURE,
+        "message": mismatch,
+        "library": None,
+    }
+    return result.model_copy(update=update)
 
 
 def _rerender_message(stored: BuildResult, source: str, name: str) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from klineage.gate.audit import Floor, floor_audit, latency_floor
-from klineage.gate.build import Builder, BuildResult
+from klineage.gate.build import Builder, BuildResult, check_abi
 from klineage.gate.result import (
     GATE_PROTOCOL,
     AuditReport,
@@ -38,7 +38,7 @@ from klineage.gate.worker import (
     WorkerCrashed,
     WorkerTimeout,
 )
-from klineage.kernel import KernelSource
+from klineage.kernel import KernelAbi, KernelSource
 from klineage.problem import Definition, Problem, Workload
 
 CHECK_TRIALS = 3
@@ -107,12 +107,18 @@ class Gate:
         self.close()
 
     def close(self) -> None:
+        """Stop this gate's GPU worker process."""
         self.worker.close()
 
     # ---- stages -----------------------------------------------------------------------------
 
-    def build(self, kernel: KernelSource) -> BuildResult:
-        return self.builder.build(kernel.text, name=kernel.name)
+    def build(self, kernel: KernelSource, problem: Problem | None = None) -> BuildResult:
+        """Compile `kernel` (no GPU needed); with `problem`, its `run(...)` must match the
+        definition's ABI, else the result is a COMPILE_ERROR showing the expected line."""
+        result = self.builder.build(kernel.text, name=kernel.name)
+        if problem is None:
+            return result
+        return check_abi(result, kernel.text, KernelAbi.from_definition(problem.definition))
 
     def run(
         self,
@@ -130,7 +136,7 @@ class Gate:
         notify = on_event or (lambda event: None)
         chosen = list(problem.workloads if workloads is None else workloads)
         notify(GateEvent("build", kernel.name, total=len(chosen)))
-        build = self.build(kernel)
+        build = self.build(kernel, problem)
         verdict = GateVerdict(
             problem=problem.name,
             kernel=kernel.name,

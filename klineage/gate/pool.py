@@ -13,13 +13,20 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from klineage.gate.build import Builder
-from klineage.gate.gate import Gate
+from klineage.gate.gate import Gate, GateSetupError
 from klineage.gate.result import GateVerdict
 from klineage.kernel import KernelSource
 from klineage.problem import Problem
 
 W = TypeVar("W")
 R = TypeVar("R")
+
+
+NO_GPU = (
+    "no CUDA GPU is visible (or torch is missing, or is a CPU build): mining and replay check "
+    "and time every kernel on a GPU. Without one, `klineage gate PROBLEM_DIR --build-only` "
+    "compiles a kernel and `klineage mechanisms detect|remove|apply` rewrites it."
+)
 
 
 def visible_gpus() -> int:
@@ -53,6 +60,7 @@ class GatePool:
         self.close()
 
     def close(self) -> None:
+        """Stop every gate's worker."""
         for gate in self.gates:
             gate.close()
 
@@ -105,10 +113,12 @@ def spread(workers: Sequence[W], count: int, work: Callable[[int, W], R]) -> lis
 
 @contextlib.contextmanager
 def open_gates(devices: Sequence[int] | None = None, **gate_options: Any) -> Iterator[list[Gate]]:
-    """One gate per GPU in `devices` (default: every visible GPU), sharing one build cache; a
-    single gate where none is visible (it explains, on its first run, that the check and time
-    stages need a GPU). `gate_options` go to each Gate."""
-    chosen = list(devices) if devices is not None else list(range(visible_gpus())) or [0]
+    """One gate per GPU in `devices` (default: every visible GPU), sharing one build cache.
+    Without a visible GPU it raises GateSetupError at once, before anything is started or
+    written: mining and replay gate every kernel on one. `gate_options` go to each Gate."""
+    if visible_gpus() == 0:
+        raise GateSetupError(NO_GPU)
+    chosen = list(devices) if devices is not None else list(range(visible_gpus()))
     builder = Builder()
     opened = [Gate(builder, device=d, **gate_options) for d in chosen]
     try:

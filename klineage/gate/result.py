@@ -158,14 +158,17 @@ class WorkloadVerdict(BaseModel):
 
     @property
     def passed(self) -> bool:
+        """This workload's status is PASSED."""
         return self.status is Status.PASSED
 
     @property
     def latency_ms(self) -> float | None:
+        """The kernel's timed latency (ms), None when it was not timed."""
         return self.timing.latency_ms if self.timing else None
 
     @property
     def reference_latency_ms(self) -> float | None:
+        """The PyTorch reference's latency (ms) in the same run, None when not timed."""
         return self.reference_timing.latency_ms if self.reference_timing else None
 
     @property
@@ -214,6 +217,7 @@ class GateVerdict(BaseModel):
 
     @property
     def passed(self) -> bool:
+        """Built, and every workload judged PASSED (at least one)."""
         return self.status is Status.PASSED and bool(self.workloads)
 
     @property

@@ -207,7 +207,8 @@ class SdkProvider:
                 sdk = import_sdk(self.sdk_name, self.kind)
                 if not self._api_key:
                     raise ProviderError(
-                        f"{self.label}: no API key; set {self.key_env} or pass api_key=",
+                        # the environment works from the CLI and from Python alike
+                        f"{self.label}: no API key; set {self.key_env} in the environment",
                         kind="config",
                     )
                 self._sdk = sdk

@@ -60,6 +60,7 @@ from klineage.mechanisms._reductions_util import (
     strip_parens,
     within,
 )
+from klineage.mechanisms._tiles_util import orphaned_declarations
 from klineage.source import Edit, Function, Launch, Node, ParsedSource, plain_assignment
 
 __all__ = [
@@ -1121,7 +1122,10 @@ def _launch_edits_to_groups(
             warps = block_size // 32
             text = f"(unsigned)(({_numerator(count)} + {warps - 1}) / {warps})"
         edits += [Edit.replace(grid, text), Edit.replace(block, str(block_size))]
-    return edits
+    # a grid size computed only for the old launch (`blocks`) would be left unused
+    return edits + orphaned_declarations(
+        source, [launch.grid for launch in launches if launch.grid]
+    )
 
 
 def _primary_text(text: str) -> bool:

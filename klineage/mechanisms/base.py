@@ -386,6 +386,10 @@ class Mechanism(ABC):
         self.verify_removal(kernel, result, found, before)
         return result
 
+    def unknown_carrier_keys(self, carrier: Carrier) -> list[str]:
+        """The keys of `carrier` this mechanism has no use for (see `carrier_keys`)."""
+        return [k for k in carrier.as_dict() if k not in self.carrier_keys]
+
     def apply(
         self, kernel: KernelSource, site: Site, carrier: Carrier | None = None
     ) -> KernelSource:
@@ -400,7 +404,7 @@ class Mechanism(ABC):
         if found.refusal:
             raise self.refuse(found.refusal, found, "apply")
         carrier = carrier or Carrier()
-        unknown = [k for k in carrier.as_dict() if k not in self.carrier_keys]
+        unknown = self.unknown_carrier_keys(carrier)
         if unknown:
             accepted = ", ".join(self.carrier_keys) or "none"
             raise self.refuse(

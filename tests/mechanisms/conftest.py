@@ -8,7 +8,7 @@ from klineage.gate.build import Builder
 
 
 @pytest.fixture(scope="session")
-def mechanism_builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
-    """One nvcc builder with a private cache for all mechanism tests of the session, so a
-    source shared by two tests compiles once."""
-    return Builder(cache_dir=tmp_path_factory.mktemp("mechanism-builds"), arch="sm_90")
+def mechanism_builder(shared_builder: Builder) -> Builder:
+    """The session's nvcc builder, for all mechanism tests: a source shared by two tests (or
+    by a mining test) compiles once."""
+    return shared_builder

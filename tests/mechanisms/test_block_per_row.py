@@ -181,7 +181,19 @@ def test_apply_on_heldout_row_reductions_compiles(mechanism_builder: Builder) ->
     compile_ok(mechanism_builder, heldout_applications("block_per_row", names))
 
 
-@pytest.mark.parametrize("name", ["cumsum_rows", "depthwise_conv1d"])
+@pytest.mark.nvcc
+def test_apply_leaves_no_unused_variable_behind(mechanism_builder: Builder) -> None:
+    """The naive launches size their grid in a local (`blocks`); one block per row no longer
+    reads it, so apply deletes it rather than leave nvcc warning #177."""
+    names = ["row_sum", "row_max", "l2_normalize", "cross_entropy", "gemv", "mean_pool"]
+    sources = heldout_applications("block_per_row", names)
+    for source, result in zip(
+        sources, mechanism_builder.build_many([(s.text, s.name) for s in sources]), strict=True
+    ):
+        assert result.ok and "#177" not in result.log, f"{source.name}:\n{result.log}"
+
+
+@pytest.mark.parametrize("name", ["cumsum_rows", "causal_conv1d"])
 def test_heldout_scans_and_biased_sums_are_refused(name: str) -> None:
     source = KernelSource.from_file(HELDOUT / name / "kernel.cu")
     (candidate,) = mechanism.candidates(source)

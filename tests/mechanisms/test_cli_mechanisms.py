@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from klineage.cli import app
+from tests.conftest import REPO
 from tests.mechanisms.roundtrip import FIXTURES
 
 runner = CliRunner()
@@ -116,10 +117,15 @@ def test_refusals_exit_1_with_the_reason(kernel: Path) -> None:
         app, ["mechanisms", "remove", str(kernel), "launch_bounds", "--site", "2", "--in-place"]
     )
     result = runner.invoke(
-        app, ["mechanisms", "apply", str(kernel), "launch_bounds", "--carrier", "unroll=2"]
+        app, ["mechanisms", "apply", str(kernel), "launch_bounds", "--carrier", "block_size=64"]
     )
     assert result.exit_code == 1
-    assert "unknown carrier key(s) unroll" in result.output
+    assert "block_size=64 is below the 128 threads add_one is launched with" in result.output
+    typo = runner.invoke(
+        app, ["mechanisms", "apply", str(kernel), "launch_bounds", "--carrier", "unroll=2"]
+    )
+    assert typo.exit_code == 2  # a key the mechanism does not have is bad input, not a refusal
+    assert "unknown key(s) unroll" in typo.output
 
 
 def test_bad_input_exits_2(kernel: Path, tmp_path: Path) -> None:
@@ -148,7 +154,33 @@ def test_bad_input_exits_2(kernel: Path, tmp_path: Path) -> None:
     assert both.exit_code == 2
 
 
-def test_remove_without_the_mechanism_changes_nothing(kernel: Path) -> None:
-    result = runner.invoke(app, ["mechanisms", "remove", str(kernel), "fast_math"])
-    assert result.exit_code == 0
+def test_remove_without_the_mechanism_exits_1_and_writes_nothing(
+    kernel: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "o.cu"
+    result = runner.invoke(
+        app, ["mechanisms", "remove", str(kernel), "fast_math", "--out", str(out)]
+    )
+    assert result.exit_code == 1  # like a refusal: nothing was removed
     assert "nothing to remove" in result.output and "---" not in result.output
+    assert not out.exists()
+
+
+def test_an_unknown_carrier_key_is_bad_input(kernel: Path) -> None:
+    result = runner.invoke(
+        app, ["mechanisms", "apply", str(kernel), "pragma_unroll", "--carrier", "unrol=4"]
+    )
+    assert result.exit_code == 2
+    assert "unknown key(s) unrol; pragma_unroll accepts: unroll" in result.output
+
+
+def test_apply_names_the_default_carrier_plainly(tmp_path: Path) -> None:
+    out = tmp_path / "row_sum.cu"
+    naive = REPO / "heldout" / "row_sum" / "kernel.cu"
+    result = runner.invoke(
+        app, ["mechanisms", "apply", str(naive), "block_per_row", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "with the rule's default carrier" in result.output and "(defaults)" not in result.output
+    # the launch now takes one block per row: the old grid size is not left behind unused
+    assert "blocks" in naive.read_text() and "blocks" not in out.read_text()

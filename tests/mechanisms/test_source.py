@@ -5,17 +5,15 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from klineage.kernel import KernelSource
-from klineage.mechanisms import all_mechanisms, detect_all
+from klineage.mechanisms import detect_all
 from klineage.source import Edit, EditError, apply_edits, mask_source
-from tests.conftest import REPO
+from tests.mechanisms.large_kernel import thousand_line_blocks, thousand_line_kernel
 from tests.mechanisms.roundtrip import FIXTURES
 
 SAMPLE = """\
@@ -357,32 +355,19 @@ def test_overlapping_splices_are_always_refused(start: int, length: int, shift: 
 
 
 # ---------------------------------------------------------------------------------------------
-# Speed
+# Size (how fast this runs is bench/source_speed.py's job: a timed test fails on a busy machine)
 # ---------------------------------------------------------------------------------------------
 
 
-def thousand_line_kernel() -> str:
-    """About 1,000 lines of realistic CUDA: the expert softmax and every mechanism fixture,
-    each in its own namespace, repeated."""
-    parts = [(REPO / "expert_kernels" / "softmax" / "kernel.cu").read_text()]
-    parts += [p.read_text() for p in sorted(Path(FIXTURES).glob("*/before.cu"))]
-    text, i = "", 0
-    while text.count("\n") < 1000:
-        text += f"namespace v{i} {{\n{parts[i % len(parts)]}}}  // namespace v{i}\n"
-        i += 1
-    return text
-
-
-def test_parse_and_detect_everything_on_1000_lines_under_200ms() -> None:
+def test_parse_and_detect_everything_on_1000_lines() -> None:
+    """The work the benchmark times: 1,000 lines parse cleanly, and every mechanism one of
+    its blocks has on its own is found in the whole."""
     text = thousand_line_kernel()
     assert text.count("\n") >= 1000
-    all_mechanisms()  # import the catalog outside the timing
-    timings = []
-    for _ in range(10):
-        kernel = KernelSource(text)  # a fresh kernel: nothing cached
-        start = time.process_time()  # CPU time: immune to other processes on the machine
-        assert not kernel.parsed.errors
-        sites = detect_all(kernel)
-        timings.append(time.process_time() - start)
+    kernel = KernelSource(text)
+    assert not kernel.parsed.errors
+    sites = detect_all(kernel)
     assert len(sites) > 50
-    assert min(timings) < 0.2, f"parse + detect took {min(timings) * 1e3:.0f} ms"
+    blocks = thousand_line_blocks()
+    alone = {s.mechanism for block in blocks for s in detect_all(KernelSource(block))}
+    assert {s.mechanism for s in sites} == alone

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from klineage.cli import app
 from klineage.gate.build import Builder
-from klineage.mine import mine
+from tests.mining.conftest import Mined
 from tests.mining.test_mine import PROBLEM, _gate
 
 pytestmark = pytest.mark.nvcc
@@ -18,34 +18,31 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def mined(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("skills_out")
-    builder = Builder(cache_dir=tmp_path_factory.mktemp("cache"))
-    mine(PROBLEM, out, gate=_gate(builder))
-    return out
+def mined_out(mined: Mined) -> Path:
+    return mined.out
 
 
-def test_skills_list_and_show(mined: Path) -> None:
-    listed = runner.invoke(app, ["skills", "list", "--out", str(mined)])
+def test_skills_list_and_show(mined_out: Path) -> None:
+    listed = runner.invoke(app, ["skills", "list", "--out", str(mined_out)])
     assert listed.exit_code == 0, listed.output
     assert "fast_math--exp_scale_f32" in listed.output
-    shown = runner.invoke(app, ["skills", "show", "fast_math--exp", "--out", str(mined)])
+    shown = runner.invoke(app, ["skills", "show", "fast_math--exp", "--out", str(mined_out)])
     assert shown.exit_code == 0, shown.output
     assert "## When it is valid" in shown.output and "__expf" in shown.output
-    missing = runner.invoke(app, ["skills", "show", "nope", "--out", str(mined)])
+    missing = runner.invoke(app, ["skills", "show", "nope", "--out", str(mined_out)])
     assert missing.exit_code == 2 and "no skill 'nope'" in missing.output
 
 
-def test_lineage_show_draws_the_dag(mined: Path, tmp_path: Path) -> None:
+def test_lineage_show_draws_the_dag(mined_out: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     png = tmp_path / "dag.png"
     shown = runner.invoke(
-        app, ["lineage", "show", "exp_scale_f32", "--out", str(mined), "--png", str(png)]
+        app, ["lineage", "show", "exp_scale_f32", "--out", str(mined_out), "--png", str(png)]
     )
     assert shown.exit_code == 0, shown.output
     assert "complete" in shown.output and "fast_math" in shown.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    unknown = runner.invoke(app, ["lineage", "show", "nope", "--out", str(mined)])
+    unknown = runner.invoke(app, ["lineage", "show", "nope", "--out", str(mined_out)])
     assert unknown.exit_code == 2 and "exp_scale_f32" in unknown.output
 
 
@@ -55,14 +52,12 @@ def test_skills_list_without_skills_says_what_to_do(tmp_path: Path) -> None:
 
 
 def test_mine_report_keeps_each_finished_problem_when_a_later_one_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    builder: Builder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GPU boundary: the command's gates are the labelled stand-in, built by the real nvcc stage
     import contextlib
 
     import klineage.gate.pool
-
-    builder = Builder(cache_dir=tmp_path / "cache")
 
     @contextlib.contextmanager
     def stand_in_gates(devices, **options):  # type: ignore[no-untyped-def]
@@ -83,11 +78,11 @@ def test_mine_report_keeps_each_finished_problem_when_a_later_one_fails(
     assert problems[0]["termination"] == "complete" and problems[0]["skills"] == 5
 
 
-def test_the_drawing_puts_the_main_path_down_the_left(mined: Path) -> None:
+def test_the_drawing_puts_the_main_path_down_the_left(mined_out: Path) -> None:
     from klineage.drawing import _positions
     from klineage.lineage import LineageGraph
 
-    lineage = LineageGraph.load(mined / "lineages" / "exp_scale_f32.json")
+    lineage = LineageGraph.load(mined_out / "lineages" / "exp_scale_f32.json")
     positions = _positions(lineage)
     main = [lineage.root, *(a.child for a in lineage.main_path())]
     assert [positions[n] for n in main] == [(0.0, -float(row)) for row in range(len(main))]

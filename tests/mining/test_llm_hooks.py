@@ -55,11 +55,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _clean_env(monkeypatch, tmp_path)
 
 
-@pytest.fixture(scope="module")
-def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
-    return Builder(cache_dir=tmp_path_factory.mktemp("cache"))
-
-
 @pytest.fixture
 def server() -> Iterator[FakeLLMServer]:
     with FakeLLMServer() as fake:
@@ -369,6 +364,7 @@ def test_llm_without_a_key_stops_before_any_gate_run(
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "no API key; set ANTHROPIC_API_KEY" in result.output
+    assert "api_key=" not in result.output  # Python advice has no place on the command line
     assert KEY not in result.output
     bad = CliRunner().invoke(app, [command, str(folder), "--llm", "gemini:pro"])
     assert bad.exit_code == 2 and "bad provider spec" in bad.output

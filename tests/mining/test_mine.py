@@ -12,8 +12,9 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Termination
 from klineage.mine import mine
-from klineage.skills import SkillLibrary
+from klineage.skills import Measured, SkillLibrary
 from tests.conftest import FIXTURES
+from tests.mining.conftest import Mined
 from tests.mining.stand_in_gate import StandInGate
 
 pytestmark = pytest.mark.nvcc
@@ -30,19 +31,12 @@ COST = {
 }
 
 
-@pytest.fixture(scope="module")
-def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
-    return Builder(cache_dir=tmp_path_factory.mktemp("cache"))
-
-
 def _gate(builder: Builder, **rules) -> StandInGate:
     return StandInGate(builder, cost=COST, expert_mechanisms=EXPERT, **rules)
 
 
-def test_complete_walk_peels_cheapest_first_and_verifies_every_skill(
-    builder: Builder, tmp_path: Path
-) -> None:
-    report = mine(PROBLEM, tmp_path, gate=_gate(builder))
+def test_complete_walk_peels_cheapest_first_and_verifies_every_skill(mined: Mined) -> None:
+    report, tmp_path = mined.report, mined.out
     assert report.termination == "complete"
     assert report.steps == 5 and report.skills == 5 and report.verified == 5
     assert report.recall == 1.0 and report.missed == []
@@ -140,7 +134,10 @@ def test_a_mechanism_that_cannot_go_everywhere_goes_where_it_can(
     child = lineage.state(alone.child).source
     assert "__expf(x[base + k])" in child and "__ldg(&x[i])" in child
     skill = next(s for s in SkillLibrary.load(tmp_path / "out") if s.mechanism == "readonly_ldg")
-    assert skill.verified and "__ldg(&x[base + k])" in skill.anchor.after
+    # the stand-in charges nothing while one __ldg is left: the round trip reproduces the
+    # step, but a step that gained nothing verifies no gain
+    assert skill.round_trip_reproduced and "__ldg(&x[base + k])" in skill.anchor.after
+    assert skill.effect.measured is Measured.NO_GAIN and skill.verified is False
     own = [r for r in skill.risks if r.kind == "rejected_sibling" and r.mechanism == "readonly_ldg"]
     # each names the sites it removed: both, then the tail's alone
     assert [r.message.count("exp_scale:") for r in own] == [2, 1]
@@ -315,7 +312,12 @@ def test_a_card_tells_timing_noise_from_a_different_rewrite() -> None:
 
     skill = next(iter(SkillLibrary.load(REPO / "skills_out")))
     noisy = skill.model_copy(
-        update={"verified": False, "round_trip_ratio": 0.991, "round_trip_exact": True}
+        update={
+            "verified": False,
+            "round_trip_reproduced": False,
+            "round_trip_ratio": 0.991,
+            "round_trip_exact": True,
+        }
     )
     card = render_skill_md(noisy)
     assert "Round trip: NOT verified (optimized / re-applied latency 0.991)" in card

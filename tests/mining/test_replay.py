@@ -11,12 +11,12 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.materialize import GateRunRecord
-from klineage.mine import mine
 from klineage.problem import load_problem
 from klineage.replay import ReplayBudget, load_replay, replay
 from klineage.retrieve import retrieve
 from klineage.skills import SkillLibrary
 from tests.conftest import FIXTURES
+from tests.mining.conftest import Mined
 from tests.mining.stand_in_gate import StandInGate
 from tests.mining.test_mine import EXPERT, PROBLEM, _gate
 
@@ -26,15 +26,8 @@ TARGET = FIXTURES / "mining" / "exp_target"
 
 
 @pytest.fixture(scope="module")
-def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
-    return Builder(cache_dir=tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture(scope="module")
-def skills(builder: Builder, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("skills_out")
-    mine(PROBLEM, out, gate=_gate(builder))
-    return out
+def skills(mined: Mined) -> Path:
+    return mined.out
 
 
 def test_retrieval_ranks_by_gain_and_drops_what_cannot_apply(skills: Path) -> None:
