@@ -240,6 +240,7 @@ class Builder:
             "flags": self.flags,
             "nvcc": self.nvcc_version,
             "arch": self.arch,
+            "machine_code": sass.RECIPE,
         }
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(blob).hexdigest()

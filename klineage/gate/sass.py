@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from klineage.gate.elf import SHF_ALLOC, SHT_NOBITS, Elf, Section
+from klineage.gate.elf import SHF_ALLOC, SHF_EXECINSTR, SHT_NOBITS, STT_FUNC, Elf, Section
 from klineage.gate.ptxas import demangle
 
 __all__ = [
@@ -55,6 +55,8 @@ __all__ = [
     "signature_shown",
 ]
 
+RECIPE = 2
+"""Bump when what the fingerprints hash changes: it is part of the build cache's key."""
 STO_CUDA_ENTRY = 0x10
 """st_other bit nvcc sets on a __global__ function's symbol."""
 MODULE_PLACEHOLDER = "xxxxxxxx"
@@ -168,7 +170,7 @@ def read_machine_code(keep_dir: Path, arch: str) -> MachineCode:
         arch=arch,
         functions=functions,
         device_fingerprint=_device_fingerprint(device, module),
-        host_fingerprint=_host_fingerprint(Elf.parse(host.read_bytes()), module),
+        host_fingerprint=_host_fingerprint(host, module),
     )
     code.fingerprint_seconds = time.perf_counter() - started
     return code
@@ -231,16 +233,93 @@ def _device_fingerprint(elf: Elf, module: bytes) -> str:
 
 
 # Host sections left out: the embedded device image (the device fingerprint covers what of
-# it runs; its PTX may differ while the SASS does not) and what only a linker reads.
-_HOST_SKIPPED = (".nv_fatbin", ".comment", ".note", ".group")
+# it runs; its PTX may differ while the SASS does not), what only a linker reads, and unwind
+# tables (they follow the code's layout, and the code is hashed function by function).
+_HOST_SKIPPED = (".nv_fatbin", ".comment", ".note", ".group", ".eh_frame", ".gcc_except_table")
+_OBJDUMP_ADDRESS = re.compile(r"^\s*[0-9a-f]+:\t")
+_OBJDUMP_TARGET = re.compile(r"\b[0-9a-f]+ <")
+_OBJDUMP_COMMENT = re.compile(r"\s+# [0-9a-f]+ <[^>]*>")
+_OBJDUMP_RELOC = re.compile(r"\t[0-9a-f]+: R_")
+_OBJDUMP_FUNCTION = re.compile(r"^[0-9a-f]+ <(?P<name>[^>]+)>:$")
+_OBJDUMP_SECTION_REF = re.compile(r"\t(?P<section>\.text[\w.]*)(?P<offset>[+-]0x[0-9a-f]+)?$")
+LAUNCH_STUB_MARK = "__cudaPopCallConfiguration"
+"""What a kernel's host stub calls: the stub only copies the arguments the caller passes
+into an array for cudaLaunchKernel (the grid, block, shared memory and stream come from the
+caller's launch), so it is left out of the host fingerprint. gcc lays those copies out
+differently when a parameter gains `__restrict__`, which changes no launch."""
 
 
-def _host_fingerprint(elf: Elf, module: bytes) -> str:
+def _host_fingerprint(obj: Path, module: bytes) -> str:
+    """The host object's data sections (bytes, relocations by symbol) and its functions
+    (objdump's listing, addresses dropped, each function apart), kernel stubs left out.
+    Without objdump, every allocated section's bytes (stricter: a stub's layout counts)."""
+    elf = Elf.parse(obj.read_bytes())
+    functions = _host_functions(obj, module, elf)
+    code = functions is not None
     chosen = [
-        s for s in elf.sections if s.flags & SHF_ALLOC and not s.name.startswith(_HOST_SKIPPED)
+        s
+        for s in elf.sections
+        if s.flags & SHF_ALLOC
+        and not s.name.startswith(_HOST_SKIPPED)
+        and not (code and s.flags & SHF_EXECINSTR)
     ]
     chosen.sort(key=lambda s: _normal(s.name, module))
-    return _digest(part for s in chosen for part in _section_parts(elf, s, module))
+    parts = [part for s in chosen for part in _section_parts(elf, s, module)]
+    for name, lines in sorted((functions or {}).items()):
+        parts += [name.encode(), "\n".join(lines).encode()]
+    return _digest(parts)
+
+
+def _host_functions(obj: Path, module: bytes, elf: Elf) -> dict[str, list[str]] | None:
+    """Function name -> its normalized objdump lines, launch stubs left out; None without
+    objdump. A relocation to a code section plus an offset (how gcc points at a local
+    function) names the function instead: gcc may order the functions differently."""
+    tool = shutil.which("objdump")
+    if tool is None:
+        return None
+    proc = subprocess.run(
+        [tool, "-d", "-r", "-w", "--no-show-raw-insn", str(obj)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return None
+    functions: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for raw in proc.stdout.splitlines():
+        if m := _OBJDUMP_FUNCTION.match(raw):
+            current = functions.setdefault(_normal(m["name"], module).decode(), [])
+        elif current is not None and _OBJDUMP_ADDRESS.match(raw):
+            line = _OBJDUMP_ADDRESS.sub("", raw)
+            line = _OBJDUMP_COMMENT.sub("", line)
+            line = _OBJDUMP_RELOC.sub("\tR_", _OBJDUMP_TARGET.sub("<", line))
+            line = _OBJDUMP_SECTION_REF.sub(lambda m: _function_at(elf, m), line)
+            current.append(_normal(line, module).decode())
+    stubs = {n for n, lines in functions.items() if any(LAUNCH_STUB_MARK in x for x in lines)}
+    return {
+        n: lines
+        for n, lines in functions.items()
+        if n not in stubs and n.removesuffix(".cold") not in stubs
+    }
+
+
+def _function_at(elf: Elf, match: re.Match[str]) -> str:
+    """`\t.text+0x90c` as `\t<function>`: a PC-relative reference to a function's start
+    carries the start minus the few bytes to the end of the instruction (`lea` -4)."""
+    section = elf.section(match["section"])
+    offset = int(match["offset"] or "0", 16)
+    if section is None:
+        return match[0]
+    starts = [
+        s for s in elf.symbols if s.type == STT_FUNC and s.section == section.index and s.size
+    ]
+    near = [s for s in starts if 0 <= s.value - offset <= 8]
+    if near:
+        return f"\t<{min(near, key=lambda s: s.value).name}>"
+    inside = [s for s in starts if s.value <= offset < s.value + s.size]
+    return f"\t<{inside[0].name}>+{offset - inside[0].value:#x}" if inside else match[0]
 
 
 def _functions(elf: Elf, module: bytes) -> list[FunctionCode]:

@@ -25,6 +25,9 @@ WIDE_SUM = BASE.replace(
     "  for (int k = 0; k < 4; ++k) acc += x[i * 4 + k];",
     "  const float4 v = reinterpret_cast<const float4*>(x)[i];\n  acc = v.x + v.y + v.z + v.w;",
 )
+RESTRICT = BASE.replace(
+    "sum4(const float* x, float* y,", "sum4(const float* __restrict__ x, float* __restrict__ y,"
+)
 COMMENTED = "// a comment changes the translation unit's hash, not its code\n" + BASE
 
 
@@ -35,7 +38,8 @@ def builder(build_cache: Path) -> Builder:
 
 def test_edits_apply() -> None:
     # each variant really differs from the fixture (a silent no-op replace would pass below)
-    assert len({BASE, NO_PRAGMA, SCALAR_DEAD_BRANCH, BLOCK_128, WIDE_SUM, COMMENTED}) == 6
+    variants = {BASE, NO_PRAGMA, SCALAR_DEAD_BRANCH, BLOCK_128, WIDE_SUM, RESTRICT, COMMENTED}
+    assert len(variants) == 7
 
 
 @pytest.mark.nvcc
@@ -61,6 +65,15 @@ def test_a_real_change_is_not_a_no_op(builder: Builder, edited: str, same_device
     assert base.machine_code.same_device(other.machine_code) is same_device
     assert not base.machine_code.same_host(other.machine_code) or not same_device
     assert no_machine_code_change(builder, BASE, edited) is None
+
+
+@pytest.mark.nvcc
+def test_a_kernel_stubs_argument_layout_is_not_a_host_change(builder: Builder) -> None:
+    # `__restrict__` on a kernel's parameters makes gcc lay out the host stub's argument
+    # copies differently; the launch is the same, so the host fingerprint is too
+    base, restricted = builder.build(BASE), builder.build(RESTRICT)
+    assert base.machine_code is not None and restricted.machine_code is not None
+    assert base.machine_code.same_host(restricted.machine_code)
 
 
 @pytest.mark.nvcc
