@@ -76,7 +76,7 @@ def gate(
     builder = Builder(arch=arch)
     if build_only:
         with console.status(f"building {source.name} for {arch}"):
-            build = builder.build(source.text, name=source.name)
+            build = builder.build(source.text, name=source.name, disassemble=True)
         _print_build(source, build)
         if json_out:
             json_out.write_text(build.model_dump_json(indent=2))
@@ -171,6 +171,24 @@ def _print_build(source: KernelSource, build: BuildResult) -> None:
                 f"{k.stack_bytes} B",
             )
         console.print(table)
+    _print_machine_code(build)
+
+
+def _print_machine_code(build: BuildResult) -> None:
+    """Per kernel: its SASS fingerprint, size and the counted instructions."""
+    code = build.machine_code
+    if code is None:
+        if build.machine_code_note:
+            console.print(Text(build.machine_code_note, style="yellow"))
+        return
+    table = Table("kernel", "SASS", "instructions", "counted instructions", title="machine code")
+    for k in code.kernels:
+        counts = ", ".join(f"{m} x{n}" for m, n in (k.histogram or {}).items())
+        table.add_row(k.name, k.fingerprint[:12], str(k.instructions), counts or "-")
+    console.print(table)
+    console.print(f"device {code.device_fingerprint[:12]}, host {code.host_fingerprint[:12]}")
+    if build.machine_code_note:
+        console.print(Text(build.machine_code_note, style="yellow"))
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from klineage.gate.result import GateVerdict, geomean
+from klineage.gate.sass import MachineCode
 from klineage.gatelog import GateLog
 from klineage.kernel import KernelSource
 from klineage.lineage import (
@@ -471,13 +472,25 @@ class Materializer:
             carriers.append(Carrier())
         return carriers
 
+    def _machine_code(self, kernel: KernelSource) -> MachineCode | None:
+        """The target state's machine code with histograms (a cached build), for retrieval."""
+        builder = getattr(self.log.gate, "builder", None)
+        if builder is None:
+            return None
+        return builder.build(kernel.text, kernel.name, disassemble=True).machine_code
+
     def _skill_moves(
         self, problem: Problem, current: KernelSource, asks_llm: bool = False
     ) -> Iterator[Move]:
         """Each retrieved skill by rule, at each carrier; with an LLM, then the LLM for it
         (asked only when no rule application of the skill went through)."""
         ranking = retrieve(
-            list(self.skills.values()), problem, current, arch=self.arch, keep_unknown=asks_llm
+            list(self.skills.values()),
+            problem,
+            current,
+            arch=self.arch,
+            keep_unknown=asks_llm,
+            machine_code=self._machine_code(current),
         )
         mechanisms = [r.mechanism for r in ranking.ranked]
         closed = closes(mechanisms, current, apply_everywhere)

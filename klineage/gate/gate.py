@@ -108,7 +108,8 @@ class Gate:
     # ---- stages -----------------------------------------------------------------------------
 
     def build(self, kernel: KernelSource) -> BuildResult:
-        return self.builder.build(kernel.text, name=kernel.name)
+        # the verdict carries the machine code with its instruction histograms
+        return self.builder.build(kernel.text, name=kernel.name, disassemble=True)
 
     def run(
         self,

@@ -55,7 +55,7 @@ __all__ = [
     "signature_shown",
 ]
 
-RECIPE = 2
+RECIPE = 3
 """Bump when what the fingerprints hash changes: it is part of the build cache's key."""
 STO_CUDA_ENTRY = 0x10
 """st_other bit nvcc sets on a __global__ function's symbol."""
@@ -170,7 +170,7 @@ def read_machine_code(keep_dir: Path, arch: str) -> MachineCode:
         arch=arch,
         functions=functions,
         device_fingerprint=_device_fingerprint(device, module),
-        host_fingerprint=_host_fingerprint(host, module),
+        host_fingerprint=_host_fingerprint(host, module, {f.name for f in functions if f.entry}),
     )
     code.fingerprint_seconds = time.perf_counter() - started
     return code
@@ -242,19 +242,20 @@ _OBJDUMP_COMMENT = re.compile(r"\s+# [0-9a-f]+ <[^>]*>")
 _OBJDUMP_RELOC = re.compile(r"\t[0-9a-f]+: R_")
 _OBJDUMP_FUNCTION = re.compile(r"^[0-9a-f]+ <(?P<name>[^>]+)>:$")
 _OBJDUMP_SECTION_REF = re.compile(r"\t(?P<section>\.text[\w.]*)(?P<offset>[+-]0x[0-9a-f]+)?$")
-LAUNCH_STUB_MARK = "__cudaPopCallConfiguration"
-"""What a kernel's host stub calls: the stub only copies the arguments the caller passes
-into an array for cudaLaunchKernel (the grid, block, shared memory and stream come from the
-caller's launch), so it is left out of the host fingerprint. gcc lays those copies out
-differently when a parameter gains `__restrict__`, which changes no launch."""
+STUB_MARK = "__device_stub__"
+"""A kernel's host stub (named so, or named as the kernel itself) only copies the arguments
+its caller passes into an array for cudaLaunchKernel (grid, block, shared memory and stream
+come from the caller's launch), so it is left out of the host fingerprint: gcc lays those
+copies out differently when a parameter gains `__restrict__`, which changes no launch. A
+stub gcc inlines into its caller stays, with the caller."""
 
 
-def _host_fingerprint(obj: Path, module: bytes) -> str:
+def _host_fingerprint(obj: Path, module: bytes, kernels: set[str]) -> str:
     """The host object's data sections (bytes, relocations by symbol) and its functions
     (objdump's listing, addresses dropped, each function apart), kernel stubs left out.
     Without objdump, every allocated section's bytes (stricter: a stub's layout counts)."""
     elf = Elf.parse(obj.read_bytes())
-    functions = _host_functions(obj, module, elf)
+    functions = _host_functions(obj, module, elf, kernels)
     code = functions is not None
     chosen = [
         s
@@ -270,7 +271,9 @@ def _host_fingerprint(obj: Path, module: bytes) -> str:
     return _digest(parts)
 
 
-def _host_functions(obj: Path, module: bytes, elf: Elf) -> dict[str, list[str]] | None:
+def _host_functions(
+    obj: Path, module: bytes, elf: Elf, kernels: set[str]
+) -> dict[str, list[str]] | None:
     """Function name -> its normalized objdump lines, launch stubs left out; None without
     objdump. A relocation to a code section plus an offset (how gcc points at a local
     function) names the function instead: gcc may order the functions differently."""
@@ -297,11 +300,12 @@ def _host_functions(obj: Path, module: bytes, elf: Elf) -> dict[str, list[str]] 
             line = _OBJDUMP_RELOC.sub("\tR_", _OBJDUMP_TARGET.sub("<", line))
             line = _OBJDUMP_SECTION_REF.sub(lambda m: _function_at(elf, m), line)
             current.append(_normal(line, module).decode())
-    stubs = {n for n, lines in functions.items() if any(LAUNCH_STUB_MARK in x for x in lines)}
+    names = list(functions)
+    pretty = demangle(names)
     return {
-        n: lines
-        for n, lines in functions.items()
-        if n not in stubs and n.removesuffix(".cold") not in stubs
+        name: functions[name]
+        for name, shown in zip(names, pretty, strict=True)
+        if STUB_MARK not in name and shown.removesuffix(" [clone .cold]") not in kernels
     }
 
 

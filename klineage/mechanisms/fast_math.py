@@ -178,7 +178,6 @@ def _unparenthesized(source: ParsedSource, node: Node) -> str:
 class FastMath(Mechanism):
     name = "fast_math"
     category = "compute"
-    signature = ("MUFU",)
     family = "fast math intrinsics"
     intent = (
         "Compute exponentials, logarithms, trigonometry, divisions and reciprocal square "
