@@ -279,3 +279,35 @@ class GateLog:
 def _stand_in_workloads(uuids: Sequence[str]) -> list[Workload]:
     """Objects with only the `uuid` the keys read (the log holds no workload definitions)."""
     return [Workload.model_construct(uuid=u) for u in uuids]
+
+
+class VerdictMissing(RuntimeError):
+    """An offline run needed a verdict the log does not hold (a GPU run)."""
+
+
+class LogOnlyGate:
+    """A gate that builds (real nvcc) but never judges: every verdict must come from the log,
+    directly or shared by machine code. Mining a problem again on a machine without a GPU
+    with it tells whether the new walk needs any gate run, and where."""
+
+    def __init__(self, builder: Any) -> None:
+        self.builder = builder
+
+    def build(self, kernel: KernelSource) -> BuildResult:
+        return self.builder.build(kernel.text, name=kernel.name, disassemble=True)
+
+    def run(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        *,
+        workloads: Sequence[Workload] | None = None,
+        time_it: bool = True,
+        against: KernelSource | None = None,
+    ) -> GateVerdict:
+        what = "timed against " + against.fingerprint[:8] if against else "checked"
+        raise VerdictMissing(
+            f"{problem.name}: no logged verdict for {kernel.fingerprint[:8]} ({what}, "
+            f"{len(problem.workloads if workloads is None else workloads)} workloads), and "
+            "none on the same machine code: this needs the GPU"
+        )

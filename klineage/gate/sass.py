@@ -55,7 +55,7 @@ __all__ = [
     "signature_shown",
 ]
 
-RECIPE = 3
+RECIPE = 4
 """Bump when what the fingerprints hash changes: it is part of the build cache's key."""
 STO_CUDA_ENTRY = 0x10
 """st_other bit nvcc sets on a __global__ function's symbol."""
@@ -127,7 +127,13 @@ class MachineCode(BaseModel):
     device_fingerprint: str = Field(description="sha256 (24 hex) of every device section")
     host_fingerprint: str = Field(
         description="sha256 (24 hex) of the host object: code, data, relocations by symbol; "
-        "the embedded device image left out"
+        "the embedded device image and the kernels' own stubs left out"
+    )
+    host_source_fingerprint: str = Field(
+        default="",
+        description="sha256 (24 hex) of the host side of the source as nvcc's front end "
+        "hands it to the host compiler (device bodies, line markers, comments, spacing and "
+        "__restrict__ left out)",
     )
     fingerprint_seconds: float = Field(default=0.0, description="time spent on fingerprints")
     disassembler: str = Field(
@@ -145,14 +151,24 @@ class MachineCode(BaseModel):
 
     @property
     def fingerprint(self) -> str:
-        """Device and host together: equal means the same machine code runs."""
-        return _digest([self.device_fingerprint.encode(), self.host_fingerprint.encode()])
+        """Device SASS and host source together: equal means the same machine code runs
+        (the key verdicts are shared by)."""
+        host = self.host_source_fingerprint or self.host_fingerprint
+        return _digest([self.device_fingerprint.encode(), host.encode()])
 
     def same_device(self, other: MachineCode) -> bool:
         return self.device_fingerprint == other.device_fingerprint
 
     def same_host(self, other: MachineCode) -> bool:
-        return self.host_fingerprint == other.host_fingerprint
+        """The same host launch: the same host object code, or the same host-side source.
+        Either is enough. A stub gcc inlined into its caller lays out its argument copies
+        differently under `__restrict__` (the object differs, the source does not); a loop
+        pragma gcc ignores changes the source and not the object."""
+        if self.host_fingerprint == other.host_fingerprint:
+            return True
+        return bool(self.host_source_fingerprint) and (
+            self.host_source_fingerprint == other.host_source_fingerprint
+        )
 
 
 # ---- fingerprints --------------------------------------------------------------------------
@@ -171,6 +187,7 @@ def read_machine_code(keep_dir: Path, arch: str) -> MachineCode:
         functions=functions,
         device_fingerprint=_device_fingerprint(device, module),
         host_fingerprint=_host_fingerprint(host, module, {f.name for f in functions if f.entry}),
+        host_source_fingerprint=_host_source_fingerprint(keep_dir / "kernel.cudafe1.cpp", module),
     )
     code.fingerprint_seconds = time.perf_counter() - started
     return code
@@ -324,6 +341,40 @@ def _function_at(elf: Elf, match: re.Match[str]) -> str:
         return f"\t<{min(near, key=lambda s: s.value).name}>"
     inside = [s for s in starts if s.value <= offset < s.value + s.size]
     return f"\t<{inside[0].name}>+{offset - inside[0].value:#x}" if inside else match[0]
+
+
+_LINE_MARKER = re.compile(r'^#\s*\d+(?:\s+"(?P<file>[^"]*)")?')
+_RESTRICT = re.compile(r"\b__restrict(?:__)?\b")
+_SPACES = re.compile(r"\s+")
+_PUNCT_SPACE = re.compile(r"\s*([^\w\s])\s*")  # spacing around punctuation is no token
+
+
+def _host_source_fingerprint(cudafe: Path, module: bytes) -> str:
+    """The lines of the kernel file in nvcc's host-side translation (headers left out), with
+    the device bodies nvcc keeps under `#if 0` dropped, as well as line markers, spacing and
+    `__restrict__` (a promise about device loads). Empty when nvcc kept no such file."""
+    if not cudafe.is_file():
+        return ""
+    kept: list[bytes] = []
+    ours, skipping = True, 0
+    for line in cudafe.read_text(errors="replace").splitlines():
+        stripped = line.strip()
+        if skipping:
+            skipping += stripped.startswith("#if")
+            skipping -= stripped.startswith("#endif")
+            continue
+        if stripped == "#if 0":
+            skipping = 1
+            continue
+        if marker := _LINE_MARKER.match(stripped):
+            if marker["file"] is not None:
+                ours = os.path.basename(marker["file"]) == "kernel.cu"
+            continue
+        if ours and stripped:
+            text = _SPACES.sub(" ", _RESTRICT.sub("", stripped))
+            text = _PUNCT_SPACE.sub(r"\1", text).strip()
+            kept.append(_normal(text, module))
+    return _digest(kept)
 
 
 def _functions(elf: Elf, module: bytes) -> list[FunctionCode]:

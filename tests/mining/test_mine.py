@@ -6,16 +6,15 @@ import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from klineage.gate.build import Builder
 from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Termination
-from klineage.mine import MineReport, mine
+from klineage.mine import mine
 from klineage.skills import SkillLibrary
 from tests.conftest import FIXTURES
-from tests.mining.stand_in_gate import StandInGate
+from tests.mining.stand_in_gate import StandInGate, mine_gated
 
 pytestmark = pytest.mark.nvcc
 
@@ -34,12 +33,6 @@ COST = {
 @pytest.fixture(scope="module")
 def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
     return Builder(cache_dir=tmp_path_factory.mktemp("cache"))
-
-
-def mine_gated(*args: Any, **kwargs: Any) -> MineReport:
-    """`mine` gating every removal, also those that change no machine code: the stand-in's
-    costs make each mechanism matter, and these tests are about the walk around them."""
-    return mine(*args, skip_no_ops=False, **kwargs)
 
 
 def _gate(builder: Builder, **rules) -> StandInGate:

@@ -11,13 +11,12 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.materialize import GateRunRecord
-from klineage.mine import mine
 from klineage.problem import load_problem
-from klineage.replay import ReplayBudget, load_replay, replay
+from klineage.replay import ReplayBudget, load_replay
 from klineage.retrieve import retrieve
 from klineage.skills import SkillLibrary
 from tests.conftest import FIXTURES
-from tests.mining.stand_in_gate import StandInGate
+from tests.mining.stand_in_gate import StandInGate, mine_gated, replay_gated
 from tests.mining.test_mine import EXPERT, PROBLEM, _gate
 
 pytestmark = pytest.mark.nvcc
@@ -33,7 +32,7 @@ def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
 @pytest.fixture(scope="module")
 def skills(builder: Builder, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("skills_out")
-    mine(PROBLEM, out, gate=_gate(builder))
+    mine_gated(PROBLEM, out, gate=_gate(builder))
     return out
 
 
@@ -84,7 +83,7 @@ def test_replay_methods_on_the_same_budget(builder: Builder, skills: Path, tmp_p
         },
         expert_mechanisms=EXPERT,
     )
-    report = replay([TARGET], skills, tmp_path, gate=gate, budget=ReplayBudget(gate_runs=6))
+    report = replay_gated([TARGET], skills, tmp_path, gate=gate, budget=ReplayBudget(gate_runs=6))
     by_method = {r.method: r for r in report.results}
     assert set(by_method) == {"skills", "blind", "memory"}
     for result in report.results:
@@ -125,7 +124,7 @@ def test_print_report_shows_every_method(builder: Builder, skills: Path, tmp_pat
     from klineage.cli_replay import print_report
 
     gate = _gate(builder)
-    report = replay(
+    report = replay_gated(
         [TARGET], skills, tmp_path, gate=gate, methods=["skills"], budget=ReplayBudget(gate_runs=2)
     )
     wide = Console(width=240, record=True)
@@ -153,7 +152,7 @@ def test_candidates_are_built_ahead_of_their_gate_runs(
 ) -> None:
     fresh = Builder(cache_dir=tmp_path_factory.mktemp("fresh_cache"))
     gate = _RecordingGate(fresh, cost={"fast_math": 1.5}, expert_mechanisms=EXPERT)
-    report = replay(
+    report = replay_gated(
         [TARGET], skills, tmp_path, gate=gate, methods=["blind"], budget=ReplayBudget(gate_runs=4)
     )
     [result] = report.results
@@ -166,7 +165,7 @@ def test_candidates_are_built_ahead_of_their_gate_runs(
 def test_problems_spread_over_several_gates(builder: Builder, skills: Path, tmp_path: Path) -> None:
     first = _RecordingGate(builder, cost={"fast_math": 1.5}, expert_mechanisms=EXPERT)
     second = _RecordingGate(builder, cost={"fast_math": 1.5}, expert_mechanisms=EXPERT)
-    report = replay(
+    report = replay_gated(
         [TARGET, PROBLEM],
         skills,
         tmp_path,
@@ -206,7 +205,7 @@ def test_misses_name_the_mechanism_and_the_evidence(
         cost={"fast_math": 1.5, "grid_stride_loop": 1.4},
         expert_mechanisms=EXPERT,
     )
-    report = replay(
+    report = replay_gated(
         [TARGET],
         skills,
         tmp_path,
@@ -227,7 +226,7 @@ def test_misses_name_the_mechanism_and_the_evidence(
 
 def _skills_bounds_runs(tmp_path: Path, gate: StandInGate) -> list[GateRunRecord]:
     """The launch_bounds runs of the skills method replaying the library in tmp_path/lib."""
-    report = replay(
+    report = replay_gated(
         [TARGET],
         tmp_path / "lib",
         tmp_path / "out",
