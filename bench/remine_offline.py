@@ -46,6 +46,11 @@ def main() -> None:
             row = report.model_dump()
         except VerdictMissing as err:
             row = {"folder": str(problem), "missing": str(err)}
+            kernel, against = gate.missing[-1]
+            stem = out / f"missing-{kernel.fingerprint[:8]}"
+            stem.with_suffix(".cu").write_text(kernel.text)
+            if against is not None:
+                stem.with_suffix(".against.cu").write_text(against.text)
         row["seconds"] = time.monotonic() - started
         rows.append(row)
         print(json.dumps(row)[:600], flush=True)

@@ -292,6 +292,8 @@ class LogOnlyGate:
 
     def __init__(self, builder: Any) -> None:
         self.builder = builder
+        self.missing: list[tuple[KernelSource, KernelSource | None]] = []
+        """The (kernel, baseline) pairs a verdict was asked for and the log lacked."""
 
     def build(self, kernel: KernelSource) -> BuildResult:
         return self.builder.build(kernel.text, name=kernel.name, disassemble=True)
@@ -305,6 +307,7 @@ class LogOnlyGate:
         time_it: bool = True,
         against: KernelSource | None = None,
     ) -> GateVerdict:
+        self.missing.append((kernel, against))
         what = "timed against " + against.fingerprint[:8] if against else "checked"
         raise VerdictMissing(
             f"{problem.name}: no logged verdict for {kernel.fingerprint[:8]} ({what}, "

@@ -23,7 +23,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from klineage.conditions import Prose, conditions_to_json, merge_conditions, parse_condition
-from klineage.gate.sass import delta, feature_counts, render_delta, signature_shown
+from klineage.gate.sass import (
+    delta,
+    feature_counts,
+    render_delta,
+    short_name,
+    signature_shown,
+)
 from klineage.gatelog import GateLike, GateLog
 from klineage.inference import infer_condition
 from klineage.kernel import KernelSource
@@ -390,10 +396,13 @@ def machine_code_evidence(
     declared = list(mechanism.signature) if mechanism is not None else []
     deltas = delta(before, after)
     opt, simple = feature_counts(before.kernels), feature_counts(after.kernels)
-    changed = {d.kernel for d in deltas}
+    # ptxas names come from whichever demangler the mining machine had: match by short name
+    changed = {short_name(d.kernel) for d in deltas}
+    opt_res = {short_name(k): v for k, v in optimized.resources.items()}
+    simple_res = {short_name(k): v for k, v in simplified.resources.items()}
     resources = []
-    for kernel in sorted(changed | set(optimized.resources) | set(simplified.resources)):
-        a, b = optimized.resources.get(kernel, {}), simplified.resources.get(kernel, {})
+    for kernel in sorted(changed | set(opt_res) | set(simple_res)):
+        a, b = opt_res.get(kernel, {}), simple_res.get(kernel, {})
         if kernel not in changed and a == b:
             continue
         resources.append(

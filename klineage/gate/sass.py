@@ -21,6 +21,7 @@ measures the other, and a source change between them is not an optimization.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -51,6 +52,7 @@ __all__ = [
     "normalized_image",
     "read_machine_code",
     "render_delta",
+    "short_name",
     "signature_present",
     "signature_shown",
 ]
@@ -137,7 +139,8 @@ class MachineCode(BaseModel):
     )
     fingerprint_seconds: float = Field(default=0.0, description="time spent on fingerprints")
     disassembler: str = Field(
-        default="", description="the nvdisasm that made the histograms; empty until then"
+        default="",
+        description="the nvdisasm that made the histograms, by name and version; empty until then",
     )
     disassembly_seconds: float = Field(default=0.0, description="time spent in nvdisasm")
 
@@ -446,6 +449,17 @@ def _nvdisasm(cubin: Path, *flags: str) -> tuple[str, str]:
     return proc.stdout, tool
 
 
+@functools.cache
+def tool_version(path: str) -> str:
+    """`nvdisasm V13.5.37`: the tool by name and version (never its path on this machine)."""
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return Path(path).name
+    version = re.search(r"\bV\d+(?:\.\d+)+", proc.stdout)
+    return f"{Path(path).name} {version[0]}" if version else Path(path).name
+
+
 def parse_histograms(listing: str) -> dict[str, dict[str, int]]:
     """Mangled function name -> counts of FAMILIES instructions, from nvdisasm's listing."""
     counts: dict[str, Counter[str]] = {}
@@ -466,6 +480,7 @@ def disassemble(code: MachineCode, cubin: Path) -> MachineCode:
     started = time.perf_counter()
     listing, tool = _nvdisasm(cubin)
     found = parse_histograms(listing)
+    tool = tool_version(tool)
     functions = [
         f.model_copy(update={"histogram": found.get(f.symbol, {})}) for f in code.functions
     ]
@@ -575,8 +590,12 @@ def delta(before: MachineCode, after: MachineCode) -> list[KernelDelta]:
     return out
 
 
-def _short(name: str) -> str:
-    """`(anonymous namespace)::softmax_rows<256>(const float *, ...)` -> `softmax_rows<256>`."""
+def short_name(name: str) -> str:
+    """`void (anonymous namespace)::softmax_rows<256>(const float *, ...)` -> `softmax_rows<256>`
+    (also from cu++filt's spelling, `<unnamed>::...`): what a card shows, and how kernels are
+    matched across demanglers."""
+    for scope in ("(anonymous namespace)::", "<unnamed>::"):
+        name = name.replace(scope, "")
     depth, cut = 0, len(name)
     for i, ch in enumerate(name):
         if ch == "<":
@@ -586,14 +605,20 @@ def _short(name: str) -> str:
         elif ch == "(" and depth == 0:
             cut = i
             break
-    return name[:cut].replace("(anonymous namespace)::", "")
+    head = name[:cut]
+    depth, start = 0, 0
+    for i, ch in enumerate(head):  # drop a return type: the last space outside <...>
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        if ch == " " and depth == 0:
+            start = i + 1
+    return re.sub(r"\(\w+\)(?=-?\d)", "", head[start:]).replace(" ", "")
 
 
 def render_delta(deltas: Sequence[KernelDelta]) -> list[str]:
     """One line per kernel: "`LDG.E` x8 -> `LDG.E.128` x2 in `softmax_rows<256>`"."""
     lines = []
     for d in deltas:
-        where = f"`{_short(d.kernel)}`"
+        where = f"`{short_name(d.kernel)}`"
         if d.status != "changed":
             size = d.instructions_after or d.instructions_before
             lines.append(f"kernel {where} {d.status} ({size} instructions)")
