@@ -205,6 +205,7 @@ class Builder:
         self._nvcc_version: str | None = None
         self._version_lock = threading.Lock()
         self._specific: dict[str, Builder] = {}
+        self._lines: dict[str, frozenset[int]] = {}
         self._specific_lock = threading.Lock()
 
     # ----------------------------------------------------------------- configuration
@@ -302,10 +303,13 @@ class Builder:
         result = lined.build(source)
         if not result.ok:
             return None
-        try:
-            return sass.instantiated_lines(lined.entry_dir(result.key) / CUBIN_FILE)
-        except (OSError, RuntimeError, subprocess.SubprocessError):
-            return None
+        if result.key not in self._lines:  # nvdisasm costs half a second: once per source
+            try:
+                found = sass.instantiated_lines(lined.entry_dir(result.key) / CUBIN_FILE)
+            except (OSError, RuntimeError, subprocess.SubprocessError):
+                return None
+            self._lines[result.key] = frozenset(found)
+        return set(self._lines[result.key])
 
     def _sibling(self, arch: str) -> Builder:
         with self._specific_lock:

@@ -155,3 +155,21 @@ def test_histograms_from_a_listing() -> None:
             "SHFL.BFLY": 1,
         }
     }
+
+
+@pytest.mark.nvcc
+@pytest.mark.nvdisasm
+def test_build_only_prints_the_machine_code(
+    build_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from klineage.cli import app
+
+    monkeypatch.setenv("KLINEAGE_CACHE_DIR", str(build_cache))
+    monkeypatch.setenv("COLUMNS", "200")
+    problem = Path(__file__).resolve().parents[1] / "fixtures" / "mining" / "exp_scale"
+    result = CliRunner().invoke(app, ["gate", str(problem), "--build-only"])
+    assert result.exit_code == 0, result.output
+    assert "machine code" in result.output and "LDG.E.CONSTANT" in result.output
+    assert "device " in result.output and ", host " in result.output
