@@ -1,7 +1,7 @@
 """Mine the experts again without a GPU: every verdict from the committed gate log, directly
 or shared by machine code (klineage.gatelog). Tells whether the new walk needs any gate run.
 
-    python bench/remine_offline.py expert_kernels/topk --out /tmp/remine
+    python bench/remine_offline.py expert_kernels/topk --out remine_out
 
 The output folder gets the log (bench/state/mine_gatelog.tar.xz) and the committed lineages
 (so the old verdicts' sources are known); a problem that needs a verdict the log lacks stops
