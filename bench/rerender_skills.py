@@ -45,7 +45,9 @@ def _problems(folders: list[Path]) -> dict[str, Problem]:
 
 def _log(gatelog: Path | None, problem: Problem) -> GateLog | None:
     path = gatelog / f"{problem.name}.jsonl" if gatelog is not None else None
-    return GateLog(path, gate=None) if path is not None and path.is_file() else None
+    if path is None or not path.is_file():
+        return None
+    return GateLog(path, gate=None, accept_older=True)  # recorded results, read as they are
 
 
 def rejudge(skill: Skill, problem: Problem, lineage: LineageGraph, log: GateLog | None) -> Skill:

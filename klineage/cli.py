@@ -102,7 +102,8 @@ def gate(
     if build_only:
         abi = KernelAbi.from_definition(problem.definition)
         with console.status(f"building {source.name} for {arch}"):
-            build = check_abi(builder.build(source.text, name=source.name), source.text, abi)
+            built = builder.build(source.text, name=source.name, disassemble=True)
+            build = check_abi(built, source.text, abi)
         _print_build(source, build)
         if json_out:
             json_out.write_text(build.model_dump_json(indent=2))
@@ -206,6 +207,36 @@ def _print_build(source: KernelSource, build: BuildResult) -> None:
             for name, k in zip(short_kernel_names([k.name for k in kernels]), kernels, strict=True)
         ]
         print_rows(console, columns, rows)
+    _print_machine_code(build)
+
+
+def _print_machine_code(build: BuildResult) -> None:
+    """Per kernel: its SASS fingerprint, size and the counted instructions."""
+    code = build.machine_code
+    if code is None:
+        if build.machine_code_note:
+            console.print(Text(build.machine_code_note, style="yellow"))
+        return
+    columns = [
+        Column("kernel", key=True),
+        Column.figure("SASS"),
+        Column.figure("instructions"),
+        Column("counted instructions"),
+    ]
+    names = short_kernel_names([k.name for k in code.kernels])
+    rows = [
+        [
+            name,
+            k.fingerprint[:12],
+            str(k.instructions),
+            ", ".join(f"{m} x{n}" for m, n in (k.histogram or {}).items()) or "-",
+        ]
+        for name, k in zip(names, code.kernels, strict=True)
+    ]
+    print_rows(console, columns, rows, title="machine code")
+    console.print(f"device {code.device_fingerprint[:12]}, host {code.host_fingerprint[:12]}")
+    if build.machine_code_note:
+        console.print(Text(build.machine_code_note, style="yellow"))
 
 
 def _fmt(value: float | None, spec: str) -> str:

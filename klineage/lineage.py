@@ -22,6 +22,13 @@ The walk's policy, at each state:
 3. go on from that state until nothing removable is detected (`complete`), nothing removable
    passes the gate (`stuck`), or the budget of gate runs or wall time is spent (`budget`).
 
+Before any gate run, a removal whose simplified state compiles to the same device SASS and
+host code as the current state is recorded as `no_machine_code_change` with the reason
+(:mod:`klineage.noop`): it costs no gate run and yields no skill. An accepted removal whose
+machine-code delta does not show its mechanism's declared `signature` is flagged on its edge
+(`signature_shown: false`). A walk whose every remaining removal is such a no-op ends as if
+nothing were left to remove.
+
 With an LLM provider (`Simplifier(..., llm=provider)`), each state also gets one LLM-proposed
 removal after the catalog's (:func:`klineage.llm.propose_removal`): it is gated like a rule
 attempt, from the same budget, and recorded as an edge whose `origin` is `llm:<kind>:<model>`
@@ -45,12 +52,14 @@ import networkx as nx
 from pydantic import BaseModel, Field
 
 from klineage.gate.result import GateVerdict
+from klineage.gate.sass import MachineCode, delta, render_delta, signature_shown
 from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
 from klineage.llm.base import Provider, ProviderError
 from klineage.llm.proposals import Proposal, Rejection, propose_removal
 from klineage.mechanisms import Mechanism, Site, UnknownMechanism, all_mechanisms, get
 from klineage.mechanisms.base import FILE_SCOPE
+from klineage.noop import no_machine_code_change
 from klineage.problem import Problem
 from klineage.reachability import reached_from_each, run_by_workloads
 from klineage.removal import Removal, remove_each_site, remove_mechanism
@@ -88,6 +97,8 @@ def slug(name: str) -> str:
 class AttemptStatus(str, Enum):
     ACCEPTED = "accepted"
     REJECTED = "rejected"
+    NO_MACHINE_CODE_CHANGE = "no_machine_code_change"
+    """Refused before the gate: the same device SASS and host code as the parent."""
 
 
 class Termination(str, Enum):
@@ -142,6 +153,23 @@ class Attempt(BaseModel):
     workloads: list[WorkloadRatio] = Field(default_factory=list, description="per workload")
     step: int = Field(description="the walk step at which it was tried")
     chosen: bool = Field(default=False, description="whether the walk continued from it")
+    no_op: dict[str, Any] | None = Field(
+        default=None,
+        description="for no_machine_code_change: the reason (klineage.noop.NoMachineCodeChange)",
+    )
+    sass_delta: list[str] = Field(
+        default_factory=list,
+        description="the removal's machine-code delta, parent -> child, one line per kernel "
+        "whose SASS changed (klineage.gate.sass.render_delta)",
+    )
+    host_changed: bool | None = Field(
+        default=None, description="whether the host code changed (None: not known)"
+    )
+    signature_shown: bool | None = Field(
+        default=None,
+        description="whether the delta shows the mechanism's declared signature (None: no "
+        "machine code or no declared signature)",
+    )
 
 
 class StateInfo(BaseModel):
@@ -164,9 +192,21 @@ class StateInfo(BaseModel):
         description="kernel name -> registers, shared_bytes, spill_bytes, stack_bytes",
     )
     detected: list[str] = Field(default_factory=list, description="mechanisms detected here")
+    machine_code: dict[str, Any] | None = Field(
+        default=None,
+        description="fingerprints and instruction histograms of its build "
+        "(klineage.gate.sass.MachineCode); None when not known",
+    )
+
+    @property
+    def code(self) -> MachineCode | None:
+        """`machine_code` as the model."""
+        return MachineCode.model_validate(self.machine_code) if self.machine_code else None
 
 
-def state_info(kernel: KernelSource, verdict: GateVerdict, depth: int) -> StateInfo:
+def state_info(
+    kernel: KernelSource, verdict: GateVerdict, depth: int, code: MachineCode | None = None
+) -> StateInfo:
     resources = {}
     if verdict.build.report is not None:
         for k in verdict.build.report.kernels:
@@ -186,6 +226,7 @@ def state_info(kernel: KernelSource, verdict: GateVerdict, depth: int) -> StateI
             w.label: w.reference_latency_ms for w in verdict.workloads if w.reference_latency_ms
         },
         resources=resources,
+        machine_code=code.model_dump(mode="json") if code is not None else None,
     )
 
 
@@ -203,7 +244,9 @@ class LineageGraph:
     def add_state(self, info: StateInfo, *, root: bool = False) -> None:
         """Add a kernel state, keyed by its fingerprint (one already there is kept); `root`
         marks the state the walk starts from."""
-        if info.fingerprint not in self.graph:
+        known = self.graph.nodes.get(info.fingerprint)
+        # a state first met as a no-op's child and gated later keeps the gate's record
+        if known is None or known["status"] == AttemptStatus.NO_MACHINE_CODE_CHANGE.value:
             self.graph.add_node(info.fingerprint, **info.model_dump(mode="json"))
         if root:
             self.graph.graph["root"] = info.fingerprint
@@ -374,8 +417,11 @@ class Simplifier:
         on_event: Callable[[WalkEvent], None] | None = None,
         llm: Provider | None = None,
         gates: Sequence[GateLike] = (),
+        skip_no_ops: bool = True,
     ) -> None:
         self.log = log
+        self.skip_no_ops = skip_no_ops
+        """Refuse, before any gate run, a removal that changes no machine code."""
         self.gates = list(gates)
         """With two or more (one per GPU), each state's attempts are gated in parallel."""
         self.mechanisms = list(mechanisms) if mechanisms is not None else all_mechanisms()
@@ -398,6 +444,92 @@ class Simplifier:
     def _builder(self) -> Any:
         return getattr(self.log.gate, "builder", None)
 
+    def _machine_code(self, kernel: KernelSource) -> MachineCode | None:
+        """The kernel's machine code with histograms (a cached build); None without a builder."""
+        builder = self._builder()
+        if builder is None:
+            return None
+        return builder.build(kernel.text, kernel.name, disassemble=True).machine_code
+
+    def _refuse_no_ops(
+        self,
+        lineage: LineageGraph,
+        current: KernelSource,
+        tries: list[Removal | Proposal],
+        step: int,
+    ) -> list[Removal | Proposal]:
+        """Record each try whose child runs the same machine code as `current` as a
+        no_machine_code_change attempt (no gate run); the others, to be gated."""
+        builder = self._builder()
+        if not self.skip_no_ops or builder is None or not tries:
+            return tries
+        self._prebuild([_child_of(t) for t in tries])
+        kept: list[Removal | Proposal] = []
+        for item in tries:
+            refusal = no_machine_code_change(builder, current.text, _child_of(item).text)
+            if refusal is None:
+                kept.append(item)
+                continue
+            fields = self._fields(current, item)
+            child = _child_of(item)
+            attempt = Attempt(
+                parent=current.fingerprint,
+                child=child.fingerprint,
+                status=AttemptStatus.NO_MACHINE_CODE_CHANGE,
+                gate_status="",
+                message=refusal.message,
+                step=step,
+                no_op=refusal.model_dump(mode="json"),
+                host_changed=False,
+                **fields,
+            )
+            if child.fingerprint not in lineage.graph:
+                depth = lineage.state(current.fingerprint).depth + 1
+                code = self._machine_code(child)
+                lineage.add_state(
+                    StateInfo(
+                        fingerprint=child.fingerprint,
+                        source=child.text,
+                        depth=depth,
+                        status=AttemptStatus.NO_MACHINE_CODE_CHANGE.value,
+                        machine_code=code.model_dump(mode="json") if code else None,
+                    )
+                )
+            lineage.add_attempt(attempt)
+            self._remember(attempt, item)
+            self.on_event(WalkEvent("attempt", step, self.log.runs, current.fingerprint, attempt))
+        return kept
+
+    def _fields(self, current: KernelSource, item: Removal | Proposal) -> dict[str, Any]:
+        """The edge fields that name what a try removes (id, mechanism, origin, sites)."""
+        if isinstance(item, Removal):
+            return {
+                "id": f"{current.fingerprint[:8]}-{item.mechanism.name}"
+                + (f"-site-{item.sites[0].id}" if item.alone else ""),
+                "mechanism": item.mechanism.name,
+                "origin": RULE_ORIGIN,
+                "sites": [s.model_dump(mode="json") for s in item.sites],
+                "carriers": [c.model_dump(mode="json") for c in item.carriers],
+                "refused_sites": [
+                    {"site": s.model_dump(mode="json"), "reason": r} for s, r in item.refused
+                ],
+            }
+        mechanism = llm_mechanism_name(item.mechanism)
+        return {
+            "id": f"{current.fingerprint[:8]}-llm-{slug(mechanism.removeprefix(LLM_PREFIX))}",
+            "mechanism": mechanism,
+            "origin": item.origin,
+            "intent": item.intent,
+            "sites": [],
+            "carriers": [],
+        }
+
+    def _remember(self, attempt: Attempt, item: Removal | Proposal) -> None:
+        if isinstance(item, Removal):
+            self.removals[attempt.id] = item
+        else:
+            self.proposals[attempt.id] = item
+
     def walk(
         self, problem: Problem, expert: KernelSource, budget: MiningBudget | None = None
     ) -> LineageGraph:
@@ -407,6 +539,7 @@ class Simplifier:
         self._workload_axes = [dict(w.axes) for w in problem.workloads]
         runs_at_start = self.log.runs
         verdict = self.log.run(problem, expert)
+        expert_code = self._machine_code(expert)
         if not verdict.passed:
             raise ValueError(
                 f"{problem.name}: the expert kernel does not pass its own gate "
@@ -419,7 +552,7 @@ class Simplifier:
             lineage.graph.graph["llm"] = self.llm_origin
             lineage.graph.graph.setdefault("llm_rejections", [])
         current = expert
-        info = state_info(expert, verdict, 0)
+        info = state_info(expert, verdict, 0, expert_code)
         info.detected = self._detected(expert)
         lineage.add_state(info, root=True)
         step = 0
@@ -435,6 +568,7 @@ class Simplifier:
             removals = self._removals(lineage, current, step)
             proposal = self._propose(lineage, problem, current, removals, step)
             tries: list[Removal | Proposal] = [*removals, *([proposal] if proposal else [])]
+            tries = self._refuse_no_ops(lineage, current, tries, step)
             if not tries:
                 # naive only when nothing live is left; live sites every rule refuses: stuck
                 remaining = sorted(self._live_status(current, refused_only=True))
@@ -460,6 +594,7 @@ class Simplifier:
                 and self._rejected_removal(lineage, current, item)
                 for single in remove_each_site(current, item)
             ]
+            singles = self._refuse_no_ops(lineage, current, list(singles), step)
             if singles and not out_of_budget:
                 more, out_of_budget = self._gate_tries(
                     lineage,
@@ -501,7 +636,7 @@ class Simplifier:
     ) -> tuple[list[tuple[Attempt, KernelSource]], bool]:
         """Gate each try against `current` (side by side first, with several gates); the
         accepted attempts with their children, and whether the budget ran out."""
-        children = [t.simplified if isinstance(t, Removal) else t.source for t in tries]
+        children = [_child_of(t) for t in tries]
         self._prebuild(children)
         if len(self.gates) > 1:  # verdicts made side by side, then read in order below
             pairs = [(child, current) for child in children[: max(0, runs_left)]]
@@ -510,14 +645,9 @@ class Simplifier:
         for item in tries:
             if spent():
                 return accepted, True
-            if isinstance(item, Removal):
-                attempt = self._attempt(lineage, problem, current, item, step)
-                child = item.simplified
-            else:
-                attempt = self._llm_attempt(lineage, problem, current, item, step)
-                child = item.source
+            attempt = self._attempt(lineage, problem, current, item, step)
             if attempt.status is AttemptStatus.ACCEPTED:
-                accepted.append((attempt, child))
+                accepted.append((attempt, _child_of(item)))
         return accepted, False
 
     def _rejected_removal(
@@ -562,7 +692,7 @@ class Simplifier:
     def _prebuild(self, kernels: list[KernelSource]) -> None:
         builder = self._builder()
         if builder is not None and len(kernels) > 1:
-            builder.build_many([(k.text, k.name) for k in kernels])
+            builder.build_many([(k.text, k.name) for k in kernels], disassemble=True)
 
     def _propose(
         self,
@@ -639,50 +769,13 @@ class Simplifier:
         lineage: LineageGraph,
         problem: Problem,
         current: KernelSource,
-        removal: Removal,
+        item: Removal | Proposal,
         step: int,
     ) -> Attempt:
         attempt = self._gate_attempt(
-            lineage,
-            problem,
-            current,
-            removal.simplified,
-            step,
-            id=f"{current.fingerprint[:8]}-{removal.mechanism.name}"
-            + (f"-site-{removal.sites[0].id}" if removal.alone else ""),
-            mechanism=removal.mechanism.name,
-            origin=RULE_ORIGIN,
-            sites=[s.model_dump(mode="json") for s in removal.sites],
-            carriers=[c.model_dump(mode="json") for c in removal.carriers],
-            refused_sites=[
-                {"site": s.model_dump(mode="json"), "reason": r} for s, r in removal.refused
-            ],
+            lineage, problem, current, _child_of(item), step, **self._fields(current, item)
         )
-        self.removals[attempt.id] = removal
-        self.on_event(WalkEvent("attempt", step, self.log.runs, current.fingerprint, attempt))
-        return attempt
-
-    def _llm_attempt(
-        self,
-        lineage: LineageGraph,
-        problem: Problem,
-        current: KernelSource,
-        proposal: Proposal,
-        step: int,
-    ) -> Attempt:
-        mechanism = llm_mechanism_name(proposal.mechanism)
-        attempt = self._gate_attempt(
-            lineage,
-            problem,
-            current,
-            proposal.source,
-            step,
-            id=f"{current.fingerprint[:8]}-llm-{slug(mechanism.removeprefix(LLM_PREFIX))}",
-            mechanism=mechanism,
-            origin=proposal.origin,
-            intent=proposal.intent,
-        )
-        self.proposals[attempt.id] = proposal
+        self._remember(attempt, item)
         self.on_event(WalkEvent("attempt", step, self.log.runs, current.fingerprint, attempt))
         return attempt
 
@@ -701,11 +794,13 @@ class Simplifier:
         verdict = self.log.run(problem, child, against=current)
         ratio, trials, rows = _pooled(verdict)
         accepted = verdict.passed
-        parent_depth = lineage.state(current.fingerprint).depth
-        info = state_info(child, verdict, parent_depth + 1)
+        parent = lineage.state(current.fingerprint)
+        code = self._machine_code(child) if verdict.build.ok else None
+        info = state_info(child, verdict, parent.depth + 1, code)
         if accepted:
             info.detected = self._detected(child)
         lineage.add_state(info)
+        fields.update(_machine_code_evidence(fields["mechanism"], parent.code, code))
         failing = [w for w in verdict.workloads if not w.passed]
         message = verdict.build.message if not verdict.build.ok else ""
         if failing:
@@ -776,3 +871,23 @@ class Simplifier:
         it (a mechanism gone from the child is not closed: the removal took it along)."""
         stranded = self._live_status(child, refused_only=True)
         return (removable - {mechanism}) & stranded
+
+
+def _child_of(item: Removal | Proposal) -> KernelSource:
+    return item.simplified if isinstance(item, Removal) else item.source
+
+
+def _machine_code_evidence(
+    mechanism: str, parent: MachineCode | None, child: MachineCode | None
+) -> dict[str, Any]:
+    """An edge's machine-code fields: the SASS delta, host change, signature shown."""
+    if parent is None or child is None:
+        return {}
+    known = catalog_mechanism(mechanism)
+    declared = known.signature if known is not None else ()
+    shown = signature_shown(declared, parent, child) if declared else None
+    return {
+        "sass_delta": render_delta(delta(parent, child)),
+        "host_changed": not parent.same_host(child),
+        "signature_shown": shown if parent.disassembled and child.disassembled else None,
+    }

@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from klineage.gate.result import GateVerdict, geomean
+from klineage.gate.sass import MachineCode
 from klineage.gatelog import GateLog
 from klineage.kernel import KernelSource
 from klineage.lineage import (
@@ -57,11 +58,13 @@ from klineage.mechanisms import (
     Refusal,
     all_mechanisms,
 )
+from klineage.noop import same_machine_code
 from klineage.ordering import closes, keep_options_open, transfer_carrier, without_foreign_names
 from klineage.problem import Problem
 from klineage.retrieve import bm25_scores, retrieve
 from klineage.skills import Skill, render_skill_md
 
+NO_CHANGE = "no machine code change (the same SASS and host code as the current state)"
 METHODS = ("skills", "blind", "memory")
 KEEP_RATIO = 1.01
 """A change is kept when current/new latency exceeds this overall, and exceeds 1 per trial."""
@@ -206,8 +209,13 @@ class Materializer:
         arch: str = "sm_90",
         on_run: Callable[[str, GateRunRecord], None] | None = None,
         llm: Provider | None = None,
+        skip_no_ops: bool = True,
     ) -> None:
         self.log = log
+        self.skip_no_ops = skip_no_ops
+        """Never gate a move whose kernel runs the current state's machine code, and pass
+        the current state's machine code to retrieval (which drops a skill whose signature
+        the state already shows); False: no machine-code check at all."""
         self.skills = {s.id: s for s in skills}
         self.budget = budget or ReplayBudget()
         self.arch = arch
@@ -270,6 +278,10 @@ class Materializer:
                         continue
                     if planned.skill is not None:
                         applied.add((current.fingerprint, planned.skill))
+                if self._no_machine_code_change(current, new):
+                    # timing it would time the current binary twice: no gate run, any method
+                    refusals.append(f"{planned.origin} {planned.name}: {NO_CHANGE}")
+                    continue
                 verdict = self.log.run(problem, new, against=current)
                 tries = [(move, new, verdict)]
                 if method == "skills" and move.source is None and self._keeps(verdict):
@@ -471,13 +483,32 @@ class Materializer:
             carriers.append(Carrier())
         return carriers
 
+    def _no_machine_code_change(self, current: KernelSource, new: KernelSource) -> bool:
+        builder = getattr(self.log.gate, "builder", None)
+        if builder is None or not self.skip_no_ops:
+            return False
+        before = builder.build(current.text, current.name).machine_code
+        return same_machine_code(before, builder.build(new.text, new.name).machine_code)
+
+    def _machine_code(self, kernel: KernelSource) -> MachineCode | None:
+        """The target state's machine code with histograms (a cached build), for retrieval."""
+        builder = getattr(self.log.gate, "builder", None)
+        if builder is None or not self.skip_no_ops:
+            return None
+        return builder.build(kernel.text, kernel.name, disassemble=True).machine_code
+
     def _skill_moves(
         self, problem: Problem, current: KernelSource, asks_llm: bool = False
     ) -> Iterator[Move]:
         """Each retrieved skill by rule, at each carrier; with an LLM, then the LLM for it
         (asked only when no rule application of the skill went through)."""
         ranking = retrieve(
-            list(self.skills.values()), problem, current, arch=self.arch, keep_unknown=asks_llm
+            list(self.skills.values()),
+            problem,
+            current,
+            arch=self.arch,
+            keep_unknown=asks_llm,
+            machine_code=self._machine_code(current),
         )
         mechanisms = [r.mechanism for r in ranking.ranked]
         closed = closes(mechanisms, current, apply_everywhere)

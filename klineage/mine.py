@@ -25,6 +25,13 @@ from pydantic import BaseModel, Field
 from klineage.conditions import Prose, conditions_to_json, merge_conditions, parse_condition
 from klineage.gate.build import specific_arch_for
 from klineage.gate.result import GateVerdict
+from klineage.gate.sass import (
+    delta,
+    feature_counts,
+    render_delta,
+    short_name,
+    signature_shown,
+)
 from klineage.gatelog import GateLike, GateLog
 from klineage.inference import infer_condition, why_no_condition
 from klineage.kernel import KernelSource
@@ -34,6 +41,7 @@ from klineage.lineage import (
     LineageGraph,
     MiningBudget,
     Simplifier,
+    StateInfo,
     WalkEvent,
     catalog_mechanism,
     is_llm_origin,
@@ -48,6 +56,8 @@ from klineage.removal import Removal, reapply
 from klineage.skills import (
     Anchor,
     Evidence,
+    KernelResourceChange,
+    MachineCodeEvidence,
     Risk,
     Scope,
     Skill,
@@ -89,6 +99,19 @@ class MineReport(BaseModel):
     llm_rejections: int = Field(
         default=0, description="LLM answers never gated (provider, parse, duplicate)"
     )
+    no_machine_code_change: int = Field(
+        default=0,
+        description="attempts refused before the gate: the same device SASS and host code as "
+        "their parent (each a gate run saved)",
+    )
+    shared_verdicts: int = Field(
+        default=0,
+        description="verdicts taken from an earlier one on the same machine code (gate runs saved)",
+    )
+    signature_missing: list[str] = Field(
+        default_factory=list,
+        description="skills whose SASS delta does not show their mechanism's declared signature",
+    )
 
 
 def mine(
@@ -102,11 +125,17 @@ def mine(
     llm: Provider | None = None,
     gates: Sequence[GateLike] = (),
     devices: Sequence[int] | None = None,
+    skip_no_ops: bool = True,
+    reuse_unaudited: bool = False,
 ) -> MineReport:
     """Mine one expert problem folder into `out`. Without `gate`, one gate is opened per GPU
     in `devices` (default: every visible GPU). With several `gates`, each state's attempts are
     gated in parallel, one per GPU. With `llm`, each state also gets an LLM-proposed removal
-    (same gate, same budget)."""
+    (same gate, same budget). With `skip_no_ops` (the default), a removal that changes no
+    machine code is refused before the gate; a verdict on the same machine code as an earlier
+    one (this run's, or one logged before whose source the previous lineage holds) is shared.
+    With `reuse_unaudited`, verdicts logged before the timing audits are served too (to
+    re-derive old results without a GPU; a run that measures leaves it off)."""
     if gate is None:
         from klineage.gate.pool import open_gates
 
@@ -122,6 +151,8 @@ def mine(
                 on_event=on_event,
                 llm=llm,
                 gates=opened,
+                skip_no_ops=skip_no_ops,
+                reuse_unaudited=reuse_unaudited,
             )
     started = time.monotonic()
     problem = load_problem(problem_dir)
@@ -129,8 +160,19 @@ def mine(
         raise FileNotFoundError(f"{problem.root}: no kernel.cu to mine")
     expert = KernelSource.from_file(problem.kernel_path)
     root = Path(out)
-    log = GateLog(root / "gatelog" / f"{problem.name}.jsonl", gate, resume=resume)
-    simplifier = Simplifier(log, on_event=on_event, llm=llm, gates=gates)
+    log = GateLog(
+        root / "gatelog" / f"{problem.name}.jsonl",
+        gate,
+        resume=resume,
+        share=skip_no_ops,
+        accept_older=reuse_unaudited,
+    )
+    previous = root / "lineages" / f"{problem.name}.json"
+    if resume and skip_no_ops and previous.is_file():
+        # the old verdicts' sources, so a state with the same machine code can reuse them
+        old = LineageGraph.load(previous)
+        log.learn_sources({fp: old.state(fp).source for fp in old.graph.nodes})
+    simplifier = Simplifier(log, on_event=on_event, llm=llm, gates=gates, skip_no_ops=skip_no_ops)
     lineage = simplifier.walk(problem, expert, budget)
     walk_runs = log.runs
 
@@ -163,6 +205,13 @@ def mine(
             is_llm_origin(a.origin) and a.status is AttemptStatus.ACCEPTED for a in attempts
         ),
         llm_rejections=len(lineage.llm_rejections),
+        no_machine_code_change=sum(
+            a.status is AttemptStatus.NO_MACHINE_CODE_CHANGE for a in attempts
+        ),
+        shared_verdicts=log.shared,
+        signature_missing=[
+            s.id for s in skills if s.machine_code and s.machine_code.signature_shown is False
+        ],
     )
 
 
@@ -337,6 +386,50 @@ def _skill_of(
         requires=list(mechanism.requires) if mechanism is not None else [],
         conflicts=list(mechanism.conflicts) if mechanism is not None else [],
         diff=unified_diff(child.source, parent.source, f"{problem.name}/kernel.cu"),
+        machine_code=machine_code_evidence(attempt.mechanism, parent, child),
+    )
+
+
+def machine_code_evidence(
+    mechanism_name: str, optimized: StateInfo, simplified: StateInfo
+) -> MachineCodeEvidence | None:
+    """A skill's machine-code evidence from its two states (None when either has none)."""
+    before, after = optimized.code, simplified.code
+    if before is None or after is None:
+        return None
+    mechanism = catalog_mechanism(mechanism_name)
+    declared = list(mechanism.signature) if mechanism is not None else []
+    deltas = delta(before, after)
+    opt, simple = feature_counts(before.kernels), feature_counts(after.kernels)
+    # ptxas names come from whichever demangler the mining machine had: match by short name
+    changed = {short_name(d.kernel) for d in deltas}
+    opt_res = {short_name(k): v for k, v in optimized.resources.items()}
+    simple_res = {short_name(k): v for k, v in simplified.resources.items()}
+    resources = []
+    for kernel in sorted(changed | set(opt_res) | set(simple_res)):
+        a, b = opt_res.get(kernel, {}), simple_res.get(kernel, {})
+        if kernel not in changed and a == b:
+            continue
+        resources.append(
+            KernelResourceChange(
+                kernel=kernel,
+                registers_optimized=a.get("registers", 0),
+                registers_simplified=b.get("registers", 0),
+                spill_bytes_optimized=a.get("spill_bytes", 0),
+                spill_bytes_simplified=b.get("spill_bytes", 0),
+            )
+        )
+    known = before.disassembled and after.disassembled
+    return MachineCodeEvidence(
+        sass_delta=render_delta(deltas),
+        host_changed=not before.same_host(after),
+        signature=declared,
+        signature_shown=signature_shown(tuple(declared), before, after)
+        if declared and known
+        else None,
+        gained={k: v - simple.get(k, 0) for k, v in opt.items() if v > simple.get(k, 0)},
+        lost={k: v - opt.get(k, 0) for k, v in simple.items() if v > opt.get(k, 0)},
+        resources=resources,
     )
 
 

@@ -143,6 +143,7 @@ def replay(
     resume: bool = True,
     on_run: Callable[[str, str, GateRunRecord], None] | None = None,
     llm: Provider | None = None,
+    skip_no_ops: bool = True,
 ) -> ReplayReport:
     """Run every method on every problem; write the report, lineages and chart to `out`.
     With `llm`, the skills method asks it to apply skills no rule can apply.
@@ -150,7 +151,8 @@ def replay(
     Problems are spread over `gates` (one per GPU), one problem per gate at a time: a
     problem's methods share one gate, so their verdicts are timed on the same device.
     Without `gate` or `gates`, one gate is opened per GPU in `devices` (default: every
-    visible GPU)."""
+    visible GPU). With `skip_no_ops` (the default), a move that changes no machine code is
+    not gated, and a verdict on machine code already judged is shared."""
     if gate is not None:
         gates = [gate]
     if not gates:
@@ -165,6 +167,7 @@ def replay(
                 resume=resume,
                 on_run=on_run,
                 llm=llm,
+                skip_no_ops=skip_no_ops,
             )
     library = SkillLibrary.load(skills)
     if not len(library):
@@ -180,7 +183,9 @@ def replay(
 
     def one_problem(problem: Problem, on: GateLike) -> list[MethodResult]:
         naive = KernelSource.from_file(problem.kernel_path)
-        log = GateLog(root / "gatelog" / f"{problem.name}.jsonl", on, resume=resume)
+        log = GateLog(
+            root / "gatelog" / f"{problem.name}.jsonl", on, resume=resume, share=skip_no_ops
+        )
         results = []
         for method in methods:
 
@@ -194,6 +199,7 @@ def replay(
                 limits,
                 on_run=report_run,
                 llm=llm if method == "skills" else None,
+                skip_no_ops=skip_no_ops,
             )
             result, lineage = materializer.run(problem, naive, method)
             lineage.save(root / "lineages" / f"{problem.name}.{method}.json")

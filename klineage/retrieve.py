@@ -12,6 +12,10 @@ Before any gate run, a skill is dropped when a condition fails on one of the tar
 workloads: the mechanism's static conditions computed on the target itself (its axes, its
 launch), plus the skill's learned conditions over axes the target shares. The reason names
 the condition and the workload. A skill mined from the target's own problem is never used.
+Given the target's machine code, a skill is also dropped when the target already shows what
+the skill adds in SASS (its mechanism's signature: the wide loads, the shuffles, the async
+copies it brought are there, and what it took away is not), e.g. a vector-width skill on a
+kernel that already moves 16 bytes per load and no fewer.
 
 A skill whose mechanism the catalog does not know (one an LLM proposed while mining) has no
 rule to apply it: it is dropped, unless `keep_unknown` (replay with an LLM, which applies it
@@ -28,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from klineage.conditions import Condition, EvalContext, parse_condition
 from klineage.facts import eval_context
+from klineage.gate.sass import MachineCode, signature_present
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Site, UnknownMechanism, get
 from klineage.problem import Problem
@@ -171,6 +176,7 @@ def retrieve(
     arch: str = "sm_90",
     use_conditions: bool = True,
     keep_unknown: bool = False,
+    machine_code: MachineCode | None = None,
 ) -> Retrieval:
     """Rank `skills` (a list, or a :class:`SkillLibrary`) for the target `problem`; drop those
     that cannot apply or whose conditions fail, each with its reason.
@@ -203,6 +209,11 @@ def retrieve(
         sites = [s for s in mechanism.candidates(kernel) if s.supported] if mechanism else []
         if mechanism is not None and not sites:
             result.dropped.append(_drop(skill, "its mechanism has no candidate site here"))
+            continue
+        if _shows_already(skill, machine_code):
+            result.dropped.append(
+                _drop(skill, "the target's SASS already shows what it adds (its signature)")
+            )
             continue
         if use_conditions:
             violation = first_violation(
@@ -246,3 +257,10 @@ def _drop(skill: Skill, reason: str, condition: str = "", workload: str = "") ->
         condition=condition,
         workload=workload,
     )
+
+
+def _shows_already(skill: Skill, target: MachineCode | None) -> bool:
+    evidence = skill.machine_code
+    if target is None or evidence is None or not evidence.signature:
+        return False
+    return signature_present(tuple(evidence.signature), evidence.gained, evidence.lost, target)

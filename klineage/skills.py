@@ -166,6 +166,43 @@ class Scope(BaseModel):
     dtypes: list[str] = Field(default_factory=list, description="dtypes of the tensors")
 
 
+class KernelResourceChange(BaseModel):
+    """One kernel's registers and spills on both sides of the step (ptxas)."""
+
+    kernel: str = Field(description="demangled kernel name")
+    registers_optimized: int = Field(description="registers per thread, optimized state")
+    registers_simplified: int = Field(description="registers per thread, simplified state")
+    spill_bytes_optimized: int = Field(description="spill bytes, optimized state")
+    spill_bytes_simplified: int = Field(description="spill bytes, simplified state")
+
+
+class MachineCodeEvidence(BaseModel):
+    """What the step changes in the machine code (nvcc builds of both states)."""
+
+    sass_delta: list[str] = Field(
+        description="per kernel whose SASS changed, optimized -> simplified (the removal): "
+        "'`LDG.E.128` x2 -> `LDG.E` x8 in `softmax_rows<256>` (...)'"
+    )
+    host_changed: bool = Field(description="whether the host code (the launch) changed")
+    signature: list[str] = Field(
+        default_factory=list, description="the mechanism's declared machine-code signature"
+    )
+    signature_shown: bool | None = Field(
+        default=None, description="whether the delta shows it (None: nothing declared)"
+    )
+    gained: dict[str, int] = Field(
+        default_factory=dict,
+        description="features (klineage.gate.sass.feature_counts) the optimization adds: "
+        "optimized minus simplified, over the kernels",
+    )
+    lost: dict[str, int] = Field(
+        default_factory=dict, description="features it takes away: simplified minus optimized"
+    )
+    resources: list[KernelResourceChange] = Field(
+        default_factory=list, description="registers and spills of the kernels that changed"
+    )
+
+
 class Skill(BaseModel):
     """One verified optimization skill."""
 
@@ -218,6 +255,9 @@ class Skill(BaseModel):
         "is then the timing noise of one kernel",
     )
     diff: str = Field(default="", description="unified diff, simplified -> optimized")
+    machine_code: MachineCodeEvidence | None = Field(
+        default=None, description="the step's SASS delta, registers and spills (None: unknown)"
+    )
 
     def settle_verified(self) -> None:
         """Set `verified` from the round trip and the effect: reproducing a step that gained
@@ -609,7 +649,29 @@ def render_skill_md(skill: Skill) -> str:
         lines += ["", *_round_trip_lines(skill)]
     elif skill.round_trip_note:
         lines += ["", f"Round trip: not tried ({skill.round_trip_note})"]
+    lines += machine_code_lines(skill.machine_code)
     lines += ["", "## Risks", "", *_risk_lines(skill)]
     lines += ["", "## Before", "", "```cuda", card_code(skill.anchor.before), "```", ""]
     lines += ["## After", "", "```cuda", card_code(skill.anchor.after), "```", ""]
     return "\n".join(lines)
+
+
+def machine_code_lines(evidence: MachineCodeEvidence | None) -> list[str]:
+    """The card's "Machine code" section: the step's SASS delta, registers and spills."""
+    if evidence is None:
+        return []
+    lines = ["", "## Machine code", "", "Removing it (optimized -> simplified), in SASS:", ""]
+    lines += [f"- {line}" for line in evidence.sass_delta] or ["- no kernel's SASS changed"]
+    lines.append(f"- host code (the launch): {'changed' if evidence.host_changed else 'same'}")
+    if evidence.signature:
+        shown = {True: "shown", False: "NOT shown by the delta", None: "not known"}
+        lines.append(
+            f"- declared signature `{', '.join(evidence.signature)}`: "
+            f"{shown[evidence.signature_shown]}"
+        )
+    for r in evidence.resources:
+        lines.append(
+            f"- `{r.kernel}`: registers {r.registers_optimized} -> {r.registers_simplified}, "
+            f"spills {r.spill_bytes_optimized} -> {r.spill_bytes_simplified} bytes"
+        )
+    return lines

@@ -22,13 +22,20 @@ def _gpu_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from klineage.gate.sass import find_tool
+
     has_gpu = _gpu_available()
     has_nvcc = shutil.which("nvcc") is not None
+    has_nvdisasm = find_tool("nvdisasm") is not None
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "nvcc" in item.keywords and not has_nvcc:
             item.add_marker(pytest.mark.skip(reason="needs nvcc on PATH"))
+        if "nvdisasm" in item.keywords and not has_nvdisasm:
+            item.add_marker(
+                pytest.mark.skip(reason="needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+            )
 
 
 @pytest.fixture

@@ -5,9 +5,14 @@ compiles it to ``kernel.so`` and keeps the outcome in a content-addressed cache:
 
     <cache>/<key[:2]>/<key>/kernel.so     (only when the build is OK)
     <cache>/<key[:2]>/<key>/kernel.cu     (the source, for debugging)
+    <cache>/<key[:2]>/<key>/kernel.cubin  (the device image, for disassembly; only when OK)
     <cache>/<key[:2]>/<key>/result.json   (the BuildResult, library path relative)
     <cache>/<key[:2]>/<key>.lock          (per-key flock, never deleted)
     <cache>/tmp/                          (work dirs; same filesystem so rename is atomic)
+
+An OK build also records its machine code (:mod:`klineage.gate.sass`): fingerprints of the
+device and host code, read from the files nvcc keeps, and (on demand, cached in the entry)
+instruction histograms from nvdisasm.
 
 Compile errors are cached as well: the same broken source never runs nvcc twice. Timeouts
 are not cached because they depend on machine load rather than on the source.
@@ -35,6 +40,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from klineage.gate import sass
 from klineage.gate.ptxas import PtxasReport, demangle, parse_ptxas
 from klineage.kernel import KernelAbi
 
@@ -51,10 +57,15 @@ __all__ = [
     "render_compile_errors",
 ]
 
-CACHE_SCHEMA = 1  # bump when the entry layout or the key recipe changes
+CACHE_SCHEMA = 2  # bump when the entry layout or the key recipe changes
 SOURCE_FILE = "kernel.cu"  # name of the source inside the work dir; nvcc reports it in errors
 LIBRARY_FILE = "kernel.so"
 RESULT_FILE = "result.json"
+CUBIN_FILE = "kernel.cubin"
+KEEP_DIR = "nvcc-tmp"
+# nvcc keeps its intermediates (the cubin, the host object) where the fingerprints read them;
+# it changes no output, so the recorded command and the cache key leave it out
+KEEP_FLAGS: tuple[str, ...] = ("-keep", "-keep-dir", KEEP_DIR)
 MAX_ERRORS = 20
 MAX_NOTES = 3
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17")
@@ -115,6 +126,14 @@ class BuildResult(BaseModel):
     source_name: str = Field(default=SOURCE_FILE, description="Display name used in `message`.")
     failure: FailureKind | None = Field(
         default=None, description="Which step failed for a COMPILE_ERROR; None when OK."
+    )
+    machine_code: sass.MachineCode | None = Field(
+        default=None,
+        description="Fingerprints of the device and host code, and (once disassembled) "
+        "instruction histograms per kernel; None unless OK, or when nvcc kept no files.",
+    )
+    machine_code_note: str = Field(
+        default="", description="Why machine_code or its histograms are missing, if they are."
     )
 
     @property
@@ -189,6 +208,7 @@ class Builder:
         self._nvcc_version: str | None = None
         self._version_lock = threading.Lock()
         self._specific: dict[str, Builder] = {}
+        self._lines: dict[str, frozenset[int]] = {}
         self._specific_lock = threading.Lock()
 
     # ----------------------------------------------------------------- configuration
@@ -224,6 +244,7 @@ class Builder:
             "flags": self.flags,
             "nvcc": self.nvcc_version,
             "arch": self.arch,
+            "machine_code": sass.RECIPE,
         }
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(blob).hexdigest()
@@ -234,25 +255,64 @@ class Builder:
 
     # ----------------------------------------------------------------------- building
 
-    def build(self, source: str, name: str = SOURCE_FILE) -> BuildResult:
-        """Build ``source``; ``name`` is only the display name used in error messages.
+    def build(
+        self, source: str, name: str = SOURCE_FILE, *, disassemble: bool = False
+    ) -> BuildResult:
+        """Build ``source``; ``name`` is only the display name used in error messages. With
+        ``disassemble``, the machine code also gets its instruction histograms (nvdisasm,
+        once per entry: see :meth:`disassemble`).
 
         A source using sm_90a-only instructions (wgmma, setmaxnreg) is built for sm_90a by a
         sibling builder sharing this cache; its result says so in ``arch``.
         """
         specific = specific_arch_for(self.arch, source)
         if specific is not None:
-            return self._sibling(specific).build(source, name)
+            return self._sibling(specific).build(source, name, disassemble=disassemble)
         key = self.key(source)
         hit = self._lookup(key, source, name)
-        if hit is not None:
-            return hit
-        with self._key_lock(key):
-            # Another process may have built it while we waited for the lock.
-            hit = self._lookup(key, source, name)
-            if hit is not None:
-                return hit
-            return self._compile_and_publish(key, source, name)
+        if hit is None:
+            with self._key_lock(key):
+                # Another process may have built it while we waited for the lock.
+                hit = self._lookup(key, source, name)
+                if hit is None:
+                    hit = self._compile_and_publish(key, source, name)
+        return self.disassemble(hit) if disassemble else hit
+
+    def disassemble(self, result: BuildResult) -> BuildResult:
+        """``result`` with instruction histograms in its machine code, made by nvdisasm from
+        the entry's cubin the first time and kept in the entry's result.json."""
+        code = result.machine_code
+        if not result.ok or code is None or code.disassembled:
+            return result
+        entry = self.entry_dir(result.key)
+        with self._key_lock(result.key):
+            stored = BuildResult.model_validate_json((entry / RESULT_FILE).read_bytes())
+            if stored.machine_code is not None and stored.machine_code.disassembled:
+                return result.model_copy(update={"machine_code": stored.machine_code})
+            try:
+                code = sass.disassemble(code, entry / CUBIN_FILE)
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                return result.model_copy(update={"machine_code_note": str(err)})
+            stored.machine_code = code
+            _write_atomic(entry / RESULT_FILE, stored.model_dump_json(indent=1))
+        return result.model_copy(update={"machine_code": code, "machine_code_note": ""})
+
+    def instantiated_lines(self, source: str) -> set[int] | None:
+        """The source lines some SASS instruction of ``source`` comes from (a -lineinfo build
+        beside this one, cached like any build); None when that cannot be told."""
+        lined = Builder(
+            self.cache_dir, self.arch, (*self.extra_flags, "-lineinfo"), self.nvcc, self.timeout_s
+        )
+        result = lined.build(source)
+        if not result.ok:
+            return None
+        if result.key not in self._lines:  # nvdisasm costs half a second: once per source
+            try:
+                found = sass.instantiated_lines(lined.entry_dir(result.key) / CUBIN_FILE)
+            except (OSError, RuntimeError, subprocess.SubprocessError):
+                return None
+            self._lines[result.key] = frozenset(found)
+        return set(self._lines[result.key])
 
     def _sibling(self, arch: str) -> Builder:
         with self._specific_lock:
@@ -267,11 +327,14 @@ class Builder:
         sources: Sequence[tuple[str, str]] | Sequence[str],
         jobs: int | None = None,
         on_done: Callable[[int, BuildResult], None] | None = None,
+        *,
+        disassemble: bool = False,
     ) -> list[BuildResult]:
         """Build many sources in parallel; results come back in input order.
 
         Items are either source strings or ``(source, name)`` pairs. ``on_done(index, result)``
-        is called from the calling thread as each build finishes.
+        is called from the calling thread as each build finishes. ``disassemble`` as in
+        :meth:`build`.
         """
         items = [_as_item(item) for item in sources]
         if not items:
@@ -280,7 +343,10 @@ class Builder:
         workers = max(1, min(jobs or os.cpu_count() or 1, len(items)))
         results: list[BuildResult | None] = [None] * len(items)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(self.build, src, nm): i for i, (src, nm) in enumerate(items)}
+            futures = {
+                pool.submit(self.build, src, nm, disassemble=disassemble): i
+                for i, (src, nm) in enumerate(items)
+            }
             try:
                 for future in as_completed(futures):
                     index = futures[future]
@@ -397,7 +463,18 @@ class Builder:
             result.message = missing
             return result
         result.status = BuildStatus.OK
+        self._read_machine_code(work, result)
         return result
+
+    def _read_machine_code(self, work: Path, result: BuildResult) -> None:
+        """Fingerprints from nvcc's kept files, and the cubin kept for disassembly."""
+        kept = work / KEEP_DIR
+        try:
+            result.machine_code = sass.read_machine_code(kept, self.arch)
+            (work / CUBIN_FILE).write_bytes(sass.normalized_image(kept))
+        except (OSError, ValueError) as err:
+            result.machine_code = None
+            result.machine_code_note = f"no machine code fingerprints: {err}"
 
     def _run_nvcc(self, work: Path, source: str) -> _NvccRun:
         executable = self._executable()
@@ -406,7 +483,7 @@ class Builder:
         nvcc_tmp = work / "nvcc-tmp"
         nvcc_tmp.mkdir()
         env = {**os.environ, "TMPDIR": str(nvcc_tmp)}
-        command = [executable, *self.command[1:]]
+        command = [executable, *self.command[1:-3], *KEEP_FLAGS, *self.command[-3:]]
         start = time.perf_counter()
         # A new session lets a timeout kill nvcc's children (cicc, ptxas, gcc) as well.
         proc = subprocess.Popen(
@@ -473,6 +550,12 @@ def _publish(work: Path, entry: Path, tmp_root: Path) -> None:
         os.rename(entry, trash / "old")
         shutil.rmtree(trash, ignore_errors=True)
     os.rename(work, entry)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _fsync_file(path: Path) -> None:

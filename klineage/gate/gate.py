@@ -113,9 +113,10 @@ class Gate:
     # ---- stages -----------------------------------------------------------------------------
 
     def build(self, kernel: KernelSource, problem: Problem | None = None) -> BuildResult:
-        """Compile `kernel` (no GPU needed); with `problem`, its `run(...)` must match the
-        definition's ABI, else the result is a COMPILE_ERROR showing the expected line."""
-        result = self.builder.build(kernel.text, name=kernel.name)
+        """Compile `kernel` (no GPU needed), with its machine code and instruction histograms;
+        with `problem`, its `run(...)` must match the definition's ABI, else the result is a
+        COMPILE_ERROR showing the expected line."""
+        result = self.builder.build(kernel.text, name=kernel.name, disassemble=True)
         if problem is None:
             return result
         return check_abi(result, kernel.text, KernelAbi.from_definition(problem.definition))

@@ -327,6 +327,12 @@ class Mechanism(ABC):
     """Mechanisms that cannot be present together with this one."""
     carrier_keys: ClassVar[dict[str, str]] = {}
     """Carrier keys ``apply`` reads -> what each means. Other keys are refused."""
+    signature: ClassVar[tuple[str, ...]] = ()
+    """What removing it must change in the machine code, as features of
+    :func:`klineage.gate.sass.feature_counts`: instruction families (``SHFL``, ``LDGSTS``),
+    ``global_width`` (load/store widths), ``constant`` (read-only loads) or ``host`` (the host
+    launch). Mining flags an accepted removal whose SASS delta shows none of them; empty: the
+    mechanism declares none (unrolling, qualifiers: any change of the code will do)."""
 
     # -- to implement -------------------------------------------------------------------------
 

@@ -399,6 +399,7 @@ def _ring_edits(source: ParsedSource, ring: _Ring) -> list[Edit]:
 class CpAsyncPipeline(PtxEmulation):
     name = "cp_async_pipeline"
     category = "memory"
+    signature = ("LDGSTS", "UTMALDG")
     family = "cp.async pipelines vs synchronous loads"
     intent = (
         "Copy the next tiles from global to shared memory in the background (cp.async) while "

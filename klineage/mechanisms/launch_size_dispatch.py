@@ -210,6 +210,7 @@ def _block(source: ParsedSource, chain: Node, orphaned: list[Edit], following: N
 class LaunchSizeDispatch(Mechanism):
     name = "launch_size_dispatch"
     category = "launch"
+    signature = ("host",)
     family = "launch configuration"
     intent = (
         "Choose a kernel specialized for the problem's size range at launch time instead of "

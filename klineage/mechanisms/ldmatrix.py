@@ -82,6 +82,7 @@ def _load(ctype: str, address: str) -> str:
 class Ldmatrix(PtxEmulation):
     name = "ldmatrix"
     category = "memory"
+    signature = ("LDSM",)
     family = "tensor-core MMA vs scalar FMA"
     intent = (
         "Load the 8x8 sub-matrices of an MMA operand from shared memory with one warp-wide "

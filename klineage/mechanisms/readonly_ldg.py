@@ -102,6 +102,7 @@ def _is_rvalue(node: Node) -> bool:
 class ReadonlyLdg(Mechanism):
     name = "readonly_ldg"
     category = "memory"
+    signature = ("constant",)
     family = "read-only loads"
     intent = (
         "Load read-only data through the non-coherent read-only cache with __ldg, keeping "

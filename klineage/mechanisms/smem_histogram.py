@@ -532,6 +532,7 @@ def _launch_block_refusal(source: ParsedSource, launch: Launch) -> str | None:
 class SmemHistogram(Mechanism):
     name = "smem_histogram"
     category = "memory"
+    signature = ("ATOMS",)
     family = "radix or bucket selection in shared memory"
     intent = (
         "Count into a block-private histogram with shared-memory atomics and add it to the "

@@ -625,6 +625,7 @@ def _calls_within(source: ParsedSource, node: Node) -> set[str]:
 class SmemStaging(Mechanism):
     name = "smem_staging"
     category = "memory"
+    signature = ("LDS", "STS")
     family = "shared-memory staging of tiles"
     intent = (
         "Load each operand tile once per block into shared memory and compute from there, so "

@@ -183,6 +183,7 @@ def _kernel_sites(source: ParsedSource, function: Function) -> list[Node]:
 class SplitK(Mechanism):
     name = "split_k"
     category = "parallelism"
+    signature = ("host",)
     family = "block and warp tiling"
     intent = (
         "Split the reduction dimension across blocks when the output alone cannot fill the "

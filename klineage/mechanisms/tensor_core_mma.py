@@ -154,6 +154,7 @@ def _unpacked(dtype: str) -> list[str]:
 class TensorCoreMma(PtxEmulation):
     name = "tensor_core_mma"
     category = "compute"
+    signature = ("HMMA", "HGMMA")
     family = "tensor-core MMA vs scalar FMA"
     intent = (
         "Multiply whole tiles with one warp-wide tensor-core instruction (mma.sync) instead "

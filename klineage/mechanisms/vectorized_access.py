@@ -1076,6 +1076,7 @@ Form = Literal["loop", "kernel", "load", "store"]
 class VectorizedAccess(Mechanism):
     name = "vectorized_access"
     category = "memory"
+    signature = ("global_width",)
     family = "vectorized loads and stores"
     intent = (
         "Move several elements per memory instruction (float4, uint4 of 8 bf16, half2) so a "

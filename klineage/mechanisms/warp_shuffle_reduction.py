@@ -27,6 +27,7 @@ from klineage.mechanisms.base import register
 class WarpShuffleReduction(ExchangeMechanism):
     name = "warp_shuffle_reduction"
     category = "synchronization"
+    signature = ("SHFL", "BAR")
     family = "warp-shuffle vs shared-memory reductions"
     intent = (
         "Reduce across a warp with register shuffles, so no shared memory, bank conflicts or "

@@ -26,6 +26,7 @@ from klineage.mechanisms.base import register
 class WarpShuffleScan(ExchangeMechanism):
     name = "warp_shuffle_scan"
     category = "synchronization"
+    signature = ("SHFL", "BAR")
     family = "warp-level ballots and prefix sums"
     intent = (
         "Scan across a warp with __shfl_up_sync, so the partial sums move in registers "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from klineage.gate.build import Builder
-from klineage.mine import MineReport, mine
+from klineage.mine import MineReport
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +19,8 @@ def builder(shared_builder: Builder) -> Builder:
 
 @dataclass(frozen=True)
 class Mined:
-    """exp_scale mined once with the stand-in gate's default rules."""
+    """exp_scale mined once with the stand-in gate's default rules, gating every removal
+    (`mine_gated`)."""
 
     out: Path
     """The skills folder (read it; a test that writes mines into its own)."""
@@ -29,7 +30,8 @@ class Mined:
 
 @pytest.fixture(scope="session")
 def mined(builder: Builder, tmp_path_factory: pytest.TempPathFactory) -> Mined:
+    from tests.mining.stand_in_gate import mine_gated
     from tests.mining.test_mine import PROBLEM, _gate
 
     out = tmp_path_factory.mktemp("skills_out")
-    return Mined(out, mine(PROBLEM, out, gate=_gate(builder)))
+    return Mined(out, mine_gated(PROBLEM, out, gate=_gate(builder)))

@@ -16,6 +16,7 @@ mining logic (walk, graph, conditions, skills, persistence, resume) runs on a CP
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.result import (
@@ -29,7 +30,9 @@ from klineage.gate.result import (
 )
 from klineage.kernel import KernelSource
 from klineage.mechanisms import all_mechanisms
+from klineage.mine import MineReport, mine
 from klineage.problem import Problem, Workload
+from klineage.replay import ReplayReport, replay
 
 BASE_MS = 0.010
 
@@ -138,3 +141,15 @@ class StandInGate:
 
 def _timing(ms: float) -> Timing:
     return Timing(samples_ms=[[ms] * 5, [ms * 1.002] * 5, [ms * 0.998] * 5])
+
+
+def mine_gated(*args: Any, **kwargs: Any) -> MineReport:
+    """`mine` gating every removal, also those that change no machine code: the stand-in's
+    costs make each of the fixture's mechanisms matter (the compiler already applies two of
+    them), and the tests using it are about the walk around them."""
+    return mine(*args, skip_no_ops=False, **kwargs)
+
+
+def replay_gated(*args: Any, **kwargs: Any) -> ReplayReport:
+    """`replay` gating every move, also those that change no machine code (as `mine_gated`)."""
+    return replay(*args, skip_no_ops=False, **kwargs)

@@ -75,7 +75,10 @@ def test_mine_report_keeps_each_finished_problem_when_a_later_one_fails(
     assert result.exit_code == 2 and "no kernel.cu" in result.output
     problems = json.loads(report.read_text())["problems"]
     assert [p["problem"] for p in problems] == ["exp_scale_f32"]
-    assert problems[0]["termination"] == "complete" and problems[0]["skills"] == 5
+    assert problems[0]["termination"] == "complete"
+    # of the fixture's five mechanisms, the compiler already applies two (no machine code
+    # change at the state they were tried): three skills
+    assert problems[0]["skills"] == 3 and problems[0]["no_machine_code_change"] >= 2
 
 
 def test_the_drawing_puts_the_main_path_down_the_left(mined_out: Path) -> None:

@@ -21,15 +21,15 @@ from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Simplifi
 from klineage.llm import CachedProvider, Provider, provider_from_spec
 from klineage.materialize import apply_everywhere
 from klineage.mechanisms import Carrier, MechanismRefused, Refusal, all_mechanisms, get
-from klineage.mine import NO_LLM_ROUND_TRIP, MineReport, _round_trip, _skill_of, mine
+from klineage.mine import NO_LLM_ROUND_TRIP, MineReport, _round_trip, _skill_of
 from klineage.problem import load_problem
 from klineage.removal import remove_mechanism
-from klineage.replay import ReplayBudget, replay
+from klineage.replay import ReplayBudget
 from klineage.skills import SkillLibrary
 from tests.llm.answers import answer
 from tests.llm.conftest import _ENV, FAST_RETRY, KEY
 from tests.llm.fake_server import Fail, FakeLLMServer, Reply
-from tests.mining.stand_in_gate import StandInGate
+from tests.mining.stand_in_gate import StandInGate, mine_gated, replay_gated
 from tests.mining.test_mine import COST, EXPERT, PROBLEM, _gate
 
 pytestmark = pytest.mark.nvcc
@@ -102,7 +102,7 @@ def malformed_walk(
     with pytest.MonkeyPatch.context() as monkeypatch, FakeLLMServer() as fake:
         _clean_env(monkeypatch, out)
         fake.play(default=Reply(MALFORMED))
-        report = mine(PROBLEM, out, gate=_gate(builder), llm=anthropic(fake))
+        report = mine_gated(PROBLEM, out, gate=_gate(builder), llm=anthropic(fake))
         yield out, report, fake.count()
 
 
@@ -138,7 +138,9 @@ def test_an_llm_proposed_removal_is_gated_beside_the_rules(
         default=Reply(DECLINE),
     )
     provider = anthropic(server)
-    report = mine(PROBLEM, tmp_path, gate=_gate(builder), budget=first_step_only(), llm=provider)
+    report = mine_gated(
+        PROBLEM, tmp_path, gate=_gate(builder), budget=first_step_only(), llm=provider
+    )
     assert report.termination == "budget"
     assert (report.llm_attempts, report.llm_accepted, report.llm_rejections) == (1, 1, 0)
     lineage = LineageGraph.load(tmp_path / LINEAGE)
@@ -183,7 +185,7 @@ def test_an_answer_that_does_not_compile_is_a_rejected_attempt(
 ) -> None:
     broken = without_launch_bounds().replace("alpha, y, n);", "alpha, y, n_elems);")
     server.play(Reply(answer(broken, mechanism="launch_bounds")), default=Reply(DECLINE))
-    report = mine(
+    report = mine_gated(
         PROBLEM, tmp_path, gate=_gate(builder), budget=first_step_only(), llm=anthropic(server)
     )
     assert report.termination == "budget" and report.steps == 1
@@ -211,7 +213,9 @@ def test_the_rules_own_removal_is_not_gated_twice(
     expert = KernelSource.from_file(PROBLEM / "kernel.cu")
     same = remove_mechanism(expert, get("launch_bounds")).simplified.text
     server.play(Reply(answer(same, mechanism="launch_bounds")), default=Reply(DECLINE))
-    mine(PROBLEM, tmp_path, gate=_gate(builder), budget=first_step_only(), llm=anthropic(server))
+    mine_gated(
+        PROBLEM, tmp_path, gate=_gate(builder), budget=first_step_only(), llm=anthropic(server)
+    )
     lineage = LineageGraph.load(tmp_path / LINEAGE)
     assert {a.origin for a in lineage.attempts()} == {"rule"}
     duplicate, *later = lineage.llm_rejections  # later states: the model declines
@@ -226,7 +230,7 @@ def test_an_llm_removal_of_a_catalog_mechanism_is_verified_by_its_rule(
     server.play(Reply(answer(without_launch_bounds(), mechanism="Launch Bounds")))
     problem = load_problem(PROBLEM)
     log = GateLog(tmp_path / "gatelog.jsonl", _gate(builder))
-    simplifier = Simplifier(log, llm=anthropic(server))
+    simplifier = Simplifier(log, llm=anthropic(server), skip_no_ops=False)
     lineage = simplifier.walk(
         problem, KernelSource.from_file(PROBLEM / "kernel.cu"), first_step_only()
     )
@@ -245,7 +249,9 @@ def test_a_fatal_provider_error_stops_asking_and_the_walk_goes_on(
 ) -> None:
     server.play(default=Fail(401, "invalid x-api-key", echo_key=True))
     budget = MiningBudget(gate_runs=rule_removals_at_the_root() + 5)
-    report = mine(PROBLEM, tmp_path, gate=_gate(builder), budget=budget, llm=anthropic(server))
+    report = mine_gated(
+        PROBLEM, tmp_path, gate=_gate(builder), budget=budget, llm=anthropic(server)
+    )
     assert report.steps >= 2 and server.count() == 1  # asked once, never again
     lineage = LineageGraph.load(tmp_path / LINEAGE)
     [failure] = lineage.llm_rejections
@@ -311,7 +317,7 @@ def test_replay_asks_the_llm_when_no_rule_applies_a_skill(
         cost={"fast_math": 1.5, "readonly_ldg": 1.1, "restrict_pointers": 1.05},
         expert_mechanisms=EXPERT,
     )
-    report = replay(
+    report = replay_gated(
         [TARGET],
         library.root,
         tmp_path / "replay",

@@ -15,7 +15,7 @@ from klineage.mine import mine
 from klineage.skills import Measured, SkillLibrary
 from tests.conftest import FIXTURES
 from tests.mining.conftest import Mined
-from tests.mining.stand_in_gate import StandInGate
+from tests.mining.stand_in_gate import StandInGate, mine_gated
 
 pytestmark = pytest.mark.nvcc
 
@@ -62,7 +62,7 @@ def test_complete_walk_peels_cheapest_first_and_verifies_every_skill(mined: Mine
 
 
 def test_lineage_and_skills_round_trip_exactly(builder: Builder, tmp_path: Path) -> None:
-    mine(PROBLEM, tmp_path, gate=_gate(builder))
+    mine_gated(PROBLEM, tmp_path, gate=_gate(builder))
     path = tmp_path / "lineages" / "exp_scale_f32.json"
     lineage = LineageGraph.load(path)
     assert lineage.to_json() == json.loads(path.read_text())
@@ -74,7 +74,7 @@ def test_lineage_and_skills_round_trip_exactly(builder: Builder, tmp_path: Path)
 def test_a_removal_that_breaks_is_rejected_and_the_walk_gets_stuck(
     builder: Builder, tmp_path: Path
 ) -> None:
-    report = mine(PROBLEM, tmp_path, gate=_gate(builder, breaks=["pragma_unroll"]))
+    report = mine_gated(PROBLEM, tmp_path, gate=_gate(builder, breaks=["pragma_unroll"]))
     assert report.termination == "stuck"
     assert report.steps == 4 and report.rejected >= 1
     lineage = LineageGraph.load(tmp_path / "lineages" / "exp_scale_f32.json")
@@ -119,7 +119,7 @@ def test_a_mechanism_that_cannot_go_everywhere_goes_where_it_can(
     the skill, and the rejected whole removal is one of its risks."""
     problem = _with_a_tail_loop(tmp_path / "problem")
     gate = _gate(builder, needed_text=["__ldg(&x[i])"])
-    report = mine(problem, tmp_path / "out", gate=gate)
+    report = mine_gated(problem, tmp_path / "out", gate=gate)
     assert report.recall == 1.0 and "readonly_ldg" not in report.missed
     lineage = LineageGraph.load(tmp_path / "out" / "lineages" / "exp_scale_f32.json")
     root = lineage.attempts_from(lineage.root)
@@ -150,7 +150,7 @@ def test_a_mechanism_that_cannot_go_everywhere_goes_where_it_can(
 def test_conditions_are_inferred_from_probes(builder: Builder, tmp_path: Path) -> None:
     # while __launch_bounds__ is present, probes with cols % 4 != 0 fail (the stand-in's rule)
     rules = {"probe_failures": {"launch_bounds": lambda axes: axes["cols"] % 4 != 0}}
-    mine(PROBLEM, tmp_path, gate=_gate(builder, **rules))
+    mine_gated(PROBLEM, tmp_path, gate=_gate(builder, **rules))
     skill = next(s for s in SkillLibrary.load(tmp_path) if s.mechanism == "launch_bounds")
     kinds = {(c["kind"], c.get("axis"), c.get("k")) for c in skill.conditions}
     assert ("axis_divisible", "cols", 4) in kinds
@@ -167,10 +167,10 @@ def test_conditions_are_inferred_from_probes(builder: Builder, tmp_path: Path) -
 
 def test_budget_stops_the_walk_and_resume_repeats_nothing(builder: Builder, tmp_path: Path) -> None:
     gate = _gate(builder)
-    first = mine(PROBLEM, tmp_path, gate=gate, budget=MiningBudget(gate_runs=3))
+    first = mine_gated(PROBLEM, tmp_path, gate=gate, budget=MiningBudget(gate_runs=3))
     assert first.termination == Termination.BUDGET.value
     runs_first = gate.runs
-    second = mine(PROBLEM, tmp_path, gate=gate, resume=True)
+    second = mine_gated(PROBLEM, tmp_path, gate=gate, resume=True)
     assert second.termination == "complete"
     # no verdict was made twice: every one the first run made was served from the log
     log = tmp_path / "gatelog" / "exp_scale_f32.jsonl"
@@ -182,9 +182,9 @@ def test_budget_stops_the_walk_and_resume_repeats_nothing(builder: Builder, tmp_
 def test_two_gates_gate_each_state_side_by_side_with_the_same_result(
     builder: Builder, tmp_path: Path
 ) -> None:
-    single = mine(PROBLEM, tmp_path / "one", gate=_gate(builder))
+    single = mine_gated(PROBLEM, tmp_path / "one", gate=_gate(builder))
     first, second = _gate(builder), _gate(builder)
-    double = mine(PROBLEM, tmp_path / "two", gate=first, gates=[first, second])
+    double = mine_gated(PROBLEM, tmp_path / "two", gate=first, gates=[first, second])
     # both GPUs' gates judged attempts; the walk, its skills and its figures did not change
     assert first.runs > 0 and second.runs > 0
     assert first.runs + second.runs == single.walk_gate_runs + single.probe_gate_runs + (
@@ -210,7 +210,7 @@ def test_mine_command_rejects_malformed_devices() -> None:
 def test_re_mining_a_problem_keeps_the_others_and_drops_its_stale_cards(
     builder: Builder, tmp_path: Path
 ) -> None:
-    mine(PROBLEM, tmp_path, gate=_gate(builder))
+    mine_gated(PROBLEM, tmp_path, gate=_gate(builder))
     mined = list(SkillLibrary.load(tmp_path))
     other = mined[0].model_copy(
         update={
@@ -266,13 +266,13 @@ def test_a_walk_ending_with_refused_sites_in_running_code_is_stuck(
         "  const int64_t base",
     )
     kernel.write_text(text)
-    report = mine(problem, tmp_path / "out", gate=_gate(builder))
+    report = mine_gated(problem, tmp_path / "out", gate=_gate(builder))
     # every catalog mechanism the rules can remove is gone, but the wmma product still runs
     assert report.steps == 5 and report.skills == 5
     assert report.termination == "stuck" and report.remaining == ["tensor_core_mma"]
     lineage = LineageGraph.load(tmp_path / "out" / "lineages" / "exp_scale_f32.json")
     assert lineage.graph.graph["remaining"] == ["tensor_core_mma"]
-    plain = mine(PROBLEM, tmp_path / "plain", gate=_gate(builder))
+    plain = mine_gated(PROBLEM, tmp_path / "plain", gate=_gate(builder))
     assert plain.termination == "complete" and plain.remaining == []
 
 
@@ -324,3 +324,60 @@ def test_a_card_tells_timing_noise_from_a_different_rewrite() -> None:
     assert "one kernel timed twice" in card
     different = noisy.model_copy(update={"round_trip_exact": False})
     assert "one kernel timed twice" not in render_skill_md(different)
+
+
+def test_removals_that_change_no_machine_code_cost_no_gate_run(
+    builder: Builder, tmp_path: Path
+) -> None:
+    gate = _gate(builder)
+    report = mine(PROBLEM, tmp_path, gate=gate)
+    lineage = LineageGraph.load(tmp_path / "lineages" / "exp_scale_f32.json")
+    no_ops = [a for a in lineage.attempts() if a.status is AttemptStatus.NO_MACHINE_CODE_CHANGE]
+    # the 4-trip loop is unrolled with or without its pragma: the compiler already does it
+    assert "pragma_unroll" in {a.mechanism for a in no_ops}
+    assert report.no_machine_code_change == len(no_ops) >= 1
+    assert all(a.no_op and a.no_op["reason"] and a.message for a in no_ops)
+    assert not any(a.chosen for a in no_ops)
+    # no verdict was made for a refused child, and none of them became a skill
+    logged = tmp_path / "gatelog" / "exp_scale_f32.jsonl"
+    lines = logged.read_text().splitlines()
+    judged = {json.loads(line)["verdict"]["fingerprint"] for line in lines}
+    assert not judged & {a.child for a in no_ops}
+    library = SkillLibrary.load(tmp_path)
+    assert not {s.evidence.edge for s in library} & {a.id for a in no_ops}
+    assert "pragma_unroll" not in {s.mechanism for s in library}
+    # a mechanism may be a no-op at one state and not at a later one: restrict's promise
+    # matters once __ldg is gone and the compiler must prove the loads read-only itself
+    assert report.skills == len(library) < 5
+    for skill in library:  # every card carries the step's machine code
+        assert skill.machine_code is not None
+        assert skill.machine_code.sass_delta or skill.machine_code.host_changed
+        card = (tmp_path / skill.id / "SKILL.md").read_text()
+        assert "## Machine code" in card and "registers" in card
+
+
+def test_a_verdict_is_shared_by_states_with_the_same_machine_code(
+    builder: Builder, tmp_path: Path
+) -> None:
+    from klineage.gatelog import GateLog
+    from klineage.kernel import KernelSource
+    from klineage.problem import load_problem
+
+    problem = load_problem(PROBLEM)
+    expert = KernelSource.from_file(PROBLEM / "kernel.cu")
+    same_code = KernelSource("// only a comment differs\n" + expert.text)
+    gate = _gate(builder)
+    path = tmp_path / "log.jsonl"
+    first = GateLog(path, gate, share=True)
+    made = first.run(problem, expert)
+    shared = first.run(problem, same_code)
+    assert gate.runs == 1 and first.shared == 1
+    assert shared.fingerprint == same_code.fingerprint != made.fingerprint
+    assert shared.workloads == made.workloads
+    # a log written without machine keys is indexed from the sources a lineage holds
+    old = GateLog(tmp_path / "old.jsonl", gate)
+    old.run(problem, expert)
+    resumed = GateLog(tmp_path / "old.jsonl", gate, share=True)
+    resumed.learn_sources({expert.fingerprint: expert.text})
+    resumed.run(problem, same_code)
+    assert gate.runs == 2 and resumed.shared == 1

@@ -12,12 +12,12 @@ from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.materialize import GateRunRecord
 from klineage.problem import load_problem
-from klineage.replay import ReplayBudget, load_replay, replay
+from klineage.replay import ReplayBudget, load_replay
 from klineage.retrieve import retrieve
 from klineage.skills import SkillLibrary
 from tests.conftest import FIXTURES
 from tests.mining.conftest import Mined
-from tests.mining.stand_in_gate import StandInGate
+from tests.mining.stand_in_gate import StandInGate, replay_gated
 from tests.mining.test_mine import EXPERT, PROBLEM, _gate
 
 pytestmark = pytest.mark.nvcc
@@ -77,7 +77,7 @@ def test_replay_methods_on_the_same_budget(builder: Builder, skills: Path, tmp_p
         },
         expert_mechanisms=EXPERT,
     )
-    report = replay([TARGET], skills, tmp_path, gate=gate, budget=ReplayBudget(gate_runs=6))
+    report = replay_gated([TARGET], skills, tmp_path, gate=gate, budget=ReplayBudget(gate_runs=6))
     by_method = {r.method: r for r in report.results}
     assert set(by_method) == {"skills", "blind", "memory"}
     for result in report.results:
@@ -118,7 +118,7 @@ def test_print_report_shows_every_method(builder: Builder, skills: Path, tmp_pat
     from klineage.cli_replay import print_report
 
     gate = _gate(builder)
-    report = replay(
+    report = replay_gated(
         [TARGET], skills, tmp_path, gate=gate, methods=["skills"], budget=ReplayBudget(gate_runs=2)
     )
     wide = Console(width=240, record=True)
@@ -146,7 +146,7 @@ def test_candidates_are_built_ahead_of_their_gate_runs(
 ) -> None:
     fresh = Builder(cache_dir=tmp_path_factory.mktemp("fresh_cache"))
     gate = _RecordingGate(fresh, cost={"fast_math": 1.5}, expert_mechanisms=EXPERT)
-    report = replay(
+    report = replay_gated(
         [TARGET], skills, tmp_path, gate=gate, methods=["blind"], budget=ReplayBudget(gate_runs=4)
     )
     [result] = report.results
@@ -159,7 +159,7 @@ def test_candidates_are_built_ahead_of_their_gate_runs(
 def test_problems_spread_over_several_gates(builder: Builder, skills: Path, tmp_path: Path) -> None:
     first = _RecordingGate(builder, cost={"fast_math": 1.5}, expert_mechanisms=EXPERT)
     second = _RecordingGate(builder, cost={"fast_math": 1.5}, expert_mechanisms=EXPERT)
-    report = replay(
+    report = replay_gated(
         [TARGET, PROBLEM],
         skills,
         tmp_path,
@@ -199,7 +199,7 @@ def test_misses_name_the_mechanism_and_the_evidence(
         cost={"fast_math": 1.5, "grid_stride_loop": 1.4},
         expert_mechanisms=EXPERT,
     )
-    report = replay(
+    report = replay_gated(
         [TARGET],
         skills,
         tmp_path,
@@ -220,7 +220,7 @@ def test_misses_name_the_mechanism_and_the_evidence(
 
 def _skills_bounds_runs(tmp_path: Path, gate: StandInGate) -> list[GateRunRecord]:
     """The launch_bounds runs of the skills method replaying the library in tmp_path/lib."""
-    report = replay(
+    report = replay_gated(
         [TARGET],
         tmp_path / "lib",
         tmp_path / "out",

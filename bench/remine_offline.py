@@ -1,0 +1,63 @@
+"""Mine the experts again without a GPU: every verdict from the committed gate log, directly
+or shared by machine code (klineage.gatelog). Tells whether the new walk needs any gate run.
+
+    python bench/remine_offline.py expert_kernels/topk --out remine_out
+
+The output folder gets the log (bench/state/mine_gatelog.tar.xz) and the committed lineages
+(so the old verdicts' sources are known); a problem that needs a verdict the log lacks stops
+there, and the report names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from klineage.gate.build import Builder
+from klineage.gatelog import LogOnlyGate, VerdictMissing
+from klineage.mine import mine
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("problems", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--report", type=Path, default=None)
+    args = parser.parse_args()
+    out: Path = args.out
+    if not (out / "gatelog").is_dir():
+        out.mkdir(parents=True, exist_ok=True)
+        archive = REPO / "bench" / "state" / "mine_gatelog.tar.xz"
+        subprocess.run(["tar", "xJf", str(archive), "-C", str(out)], check=True)
+        shutil.move(str(out / "skills_out" / "gatelog"), str(out / "gatelog"))
+        shutil.copytree(REPO / "skills_out", out, dirs_exist_ok=True)
+    gate = LogOnlyGate(Builder())
+    rows = []
+    for problem in args.problems:
+        started = time.monotonic()
+        try:
+            # the log predates the timing audits: read it as the old results it is
+            report = mine(problem, out, gate=gate, resume=True, reuse_unaudited=True)
+            row = report.model_dump()
+        except VerdictMissing as err:
+            row = {"folder": str(problem), "missing": str(err)}
+            kernel, against = gate.missing[-1]
+            stem = out / f"missing-{kernel.fingerprint[:8]}"
+            stem.with_suffix(".cu").write_text(kernel.text)
+            if against is not None:
+                stem.with_suffix(".against.cu").write_text(against.text)
+        row["seconds"] = time.monotonic() - started
+        rows.append(row)
+        print(json.dumps(row)[:600], flush=True)
+    if args.report:
+        args.report.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
