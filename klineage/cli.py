@@ -13,7 +13,7 @@ from rich.text import Text
 
 from klineage import __version__
 from klineage.cli_format import Column, print_rows, short_kernel_names
-from klineage.cli_import_export import export_command, import_command
+from klineage.cli_import_export import export_command, import_command, new_command
 from klineage.cli_mechanisms import mechanisms_app
 from klineage.cli_mine import lineage_app, mine_command, skills_app
 from klineage.cli_replay import replay_command
@@ -38,6 +38,7 @@ app.add_typer(skills_app, name="skills")
 app.add_typer(lineage_app, name="lineage")
 app.command("import")(import_command)
 app.command("export")(export_command)
+app.command("new")(new_command)
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 

@@ -17,6 +17,7 @@ from klineage.gate.result import GateVerdict
 from klineage.gate.trace import append_traces, verdict_to_traces
 from klineage.kernel import KernelSource
 from klineage.problem import ProblemError, load_problem
+from klineage.scaffold import ScaffoldError, new_problem
 
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
@@ -108,3 +109,20 @@ def export_command(
         traces = out.with_suffix(".traces.jsonl")
         append_traces(traces, verdict_to_traces(judged, problem, solution=title))
         console.print(f"wrote {traces}")
+
+
+def new_command(
+    name: Annotated[str, typer.Argument(help="The problem's name (definition.json's name).")],
+    kernel: Annotated[Path, typer.Option(help="The kernel .cu whose run(...) to read.")],
+    out: Annotated[Path | None, typer.Option(help="Folder to write (default: ./NAME).")] = None,
+) -> None:
+    """Scaffold a problem folder from a kernel: definition, reference stub and a workload
+    guessed from its run(...) signature, and what is left to fill in."""
+    try:
+        made = new_problem(name, kernel, out or Path(name))
+    except (ScaffoldError, ProblemError, FileNotFoundError) as err:
+        _fail(str(err))
+    console.print(f"wrote {made.problem.root} (it validates; the gate can build the kernel)")
+    console.print("still to do:")
+    for item in made.todo:
+        console.print(Text(f"  - {item}"))

@@ -1,0 +1,70 @@
+"""`klineage new`: a problem folder guessed from a kernel's run(...), valid as written, with a
+reference that raises until it is filled in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from klineage.cli import app
+from klineage.inputs import ReferenceFailure, make_inputs, run_reference
+from klineage.problem import load_problem
+from klineage.scaffold import ScaffoldError, new_problem
+from tests.conftest import FIXTURES
+
+KERNEL = FIXTURES / "kernels" / "scale_rows" / "correct.cu"
+
+
+def test_the_signature_gives_inputs_outputs_axes_and_a_workload(tmp_path: Path) -> None:
+    made = new_problem("scale", KERNEL, tmp_path / "scale")
+    definition = made.problem.definition
+    assert list(definition.inputs) == ["x", "alpha"] and list(definition.outputs) == ["y"]
+    assert definition.inputs["alpha"].shape is None
+    assert definition.inputs["x"].shape == ["rows", "cols"] and definition.var_axes() == [
+        "rows",
+        "cols",
+    ]
+    assert (tmp_path / "scale" / "kernel.cu").read_text() == KERNEL.read_text()
+    assert "reference" in (tmp_path / "scale" / "TODO.md").read_text()
+    with pytest.raises(ReferenceFailure, match="fill in the PyTorch reference"):
+        inputs = make_inputs(definition, made.problem.workloads[0], 0, "cpu")
+        run_reference(definition, inputs)
+
+
+def test_filling_in_the_reference_gives_a_working_problem(tmp_path: Path) -> None:
+    folder = new_problem("scale", KERNEL, tmp_path / "scale").problem.root
+    path = folder / "definition.json"
+    data = json.loads(path.read_text())
+    data["reference"] = "import torch\n\n\ndef run(x, alpha):\n    return x * alpha\n"
+    path.write_text(json.dumps(data))
+    problem = load_problem(folder)
+    inputs = make_inputs(problem.definition, problem.workloads[0], 0, "cpu")
+    assert run_reference(problem.definition, inputs)["y"].shape == (1024, 1024)
+
+
+def test_a_run_without_a_stream_or_with_inputs_after_outputs_is_refused(tmp_path: Path) -> None:
+    no_stream = tmp_path / "a.cu"
+    no_stream.write_text('extern "C" int run(const float* x, float* y, int64_t n) { return 0; }\n')
+    with pytest.raises(ScaffoldError, match="must end with a cudaStream_t"):
+        new_problem("a", no_stream, tmp_path / "a")
+    swapped = tmp_path / "b.cu"
+    swapped.write_text(
+        'extern "C" int run(float* y, const float* x, int64_t n, cudaStream_t s) { return 0; }\n'
+    )
+    with pytest.raises(ScaffoldError, match="an input after an output"):
+        new_problem("b", swapped, tmp_path / "b")
+
+
+def test_new_on_the_command_line_lists_what_is_left(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["new", "scale", "--kernel", str(KERNEL), "--out", str(tmp_path / "s")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "still to do" in result.output and "klineage gate" in result.output
+    again = CliRunner().invoke(
+        app, ["new", "scale", "--kernel", str(KERNEL), "--out", str(tmp_path / "s")]
+    )
+    assert again.exit_code == 2 and "already holds" in again.output
