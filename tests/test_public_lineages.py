@@ -1,0 +1,198 @@
+"""bench/public_lineages.py on a fixture lineage written for these tests, and the committed
+problem files of bench/public (our own: definitions, workloads, recorded steps; the kernels made
+from public code stay untracked)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from klineage.mechanisms import all_mechanisms
+from klineage.problem import load_problem
+from tests.conftest import FIXTURES, REPO
+
+TOY = FIXTURES / "public_lineage" / "toy_row_sum"
+PUBLIC = REPO / "bench" / "public"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location(
+        "public_lineages", REPO / "bench" / "public_lineages.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+CATALOG = {m.name for m in all_mechanisms()}
+
+
+def toy_steps() -> dict:
+    return json.loads((TOY / "steps.json").read_text(encoding="utf-8"))
+
+
+def test_the_path_to_a_version_follows_its_steps_and_skips_side_branches() -> None:
+    steps = toy_steps()
+    path = bench.path_to(steps, "v3")
+    assert [(s["from"], s["to"]) for s in path] == [("v0", "v1"), ("v1", "v2"), ("v2", "v3")]
+    assert [(s["from"], s["to"]) for s in bench.path_to(steps, "v1b")] == [
+        ("v0", "v1"),
+        ("v1", "v1b"),
+    ]
+    assert bench.path_to(steps, "v0") == []
+
+
+def test_a_version_nothing_leads_to_or_two_steps_lead_to_is_an_error() -> None:
+    steps = toy_steps()
+    with pytest.raises(ValueError, match="no step leading to version 'v9'"):
+        bench.path_to(steps, "v9")
+    steps["steps"].append({"from": "v0", "to": "v2", "mechanisms": []})
+    with pytest.raises(ValueError, match="2 steps leading to version 'v2'"):
+        bench.path_to(steps, "v3")
+
+
+def test_removed_mechanisms_are_not_counted_as_present() -> None:
+    path = bench.path_to(toy_steps(), "v3")
+    present = bench.present_after(path)
+    assert present == ["warp_per_row", "warp_shuffle_reduction", "launch_bounds", "smem_staging"]
+    # v0 -> v1 maps to restrict_pointers, which v2 -> v3 removes: that step no longer counts
+    still = bench.steps_still_present(path, present)
+    assert [(s["from"], s["to"]) for s in still] == [("v1", "v2"), ("v2", "v3")]
+    assert bench.mechanism_name("restrict_pointers (plain pointers again)") == "restrict_pointers"
+
+
+def test_check_steps_names_unknown_mechanisms_and_unreachable_versions() -> None:
+    assert bench.check_steps(toy_steps(), CATALOG) == []
+    steps = toy_steps()
+    steps["steps"][0]["mechanisms"] = ["restrict_pointer"]
+    steps["steps"][2]["removes"] = ["smem_stage (typo)"]
+    steps["expert"]["version"] = "v4"
+    problems = bench.check_steps(steps, CATALOG)
+    assert any("'restrict_pointer', not a catalog mechanism" in p for p in problems)
+    assert any("removes names 'smem_stage'" in p for p in problems)
+    assert any("no step leading to version 'v4'" in p for p in problems)
+
+
+def test_measure_counts_what_detect_finds_against_the_mapped_mechanisms() -> None:
+    m = bench.measure(TOY / "kernel.cu", bench.path_to(toy_steps(), "v3"), repeats=1)
+    assert m["detected"] == ["warp_per_row", "warp_shuffle_reduction", "launch_bounds"]
+    assert m["missed"] == ["smem_staging"]
+    assert m["recall"] == 0.75
+    assert (m["steps_present"], m["steps_detected"]) == (2, 1)
+    assert m["steps_missed"] == ["v2 -> v3"]
+    assert m["unmapped_sites"] == {}
+    assert m["file"]["lines"] == len((TOY / "kernel.cu").read_text().splitlines())
+    assert m["file"]["parse_detect_cpu_s"] >= m["file"]["parse_cpu_s"] >= 0
+    assert m["remove_first"]["launch_bounds"]["status"] == "removed"
+
+
+def _run(tmp_path: Path, *extra: str) -> tuple[dict, str]:
+    public = tmp_path / "public"
+    shutil.copytree(TOY, public / "toy_row_sum")
+    shutil.copytree(TOY, public / "without_kernel")
+    (public / "without_kernel" / "kernel.cu").unlink()
+    out = tmp_path / "results.json"
+    bench.main(["--public", str(public), "--out", str(out), "--repeats", "1", *extra])
+    return json.loads(out.read_text(encoding="utf-8")), out.read_text(encoding="utf-8")
+
+
+def test_the_report_covers_expert_alternate_and_naive_and_carries_no_machine_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result, text = _run(tmp_path)
+    assert result["skipped_without_kernel"] == ["without_kernel"]
+    toy = result["lineages"]["toy_row_sum"]
+    assert (toy["recorded_steps"], toy["recorded_steps_with_mapping"]) == (5, 4)
+    assert toy["repository"] == "example/toy-lineage"
+    assert toy["mined"] is None and "H200" in result["mined_note"]
+    (alt,) = toy["alternates"]
+    assert alt["mapped_present"] == ["restrict_pointers", "fast_math"]
+    assert alt["detected"] == ["restrict_pointers", "fast_math"]
+    assert toy["naive"]["sites"] == {}
+    assert result["totals"]["experts"]["recall"] == 0.75
+    assert result["totals"]["experts_and_alternates"]["detected"] == 5
+    assert str(tmp_path) not in text and str(REPO) not in text
+    assert "| `toy_row_sum` (v3) | 5 (4) |" in capsys.readouterr().out
+
+
+def test_build_verdicts_and_mined_skills_are_read_when_given(tmp_path: Path) -> None:
+    builds, mined = tmp_path / "builds", tmp_path / "mined"
+    builds.mkdir()
+    mined.mkdir()
+    verdict = {
+        "status": "OK",
+        "arch": "sm_90",
+        "message": "",
+        "library": "/somewhere/kernel.so",
+        "report": {"kernels": [{"name": "row_sums", "registers": 16, "shared_bytes": 0}]},
+    }
+    (builds / "toy_row_sum.expert.json").write_text(json.dumps(verdict), encoding="utf-8")
+    evidence = {"problem": "toy_row_sum_f32"}
+    skills = [
+        {"mechanism": "launch_bounds", "verified": True, "evidence": evidence},
+        {"mechanism": "fast_math", "verified": False, "evidence": evidence},
+        {"mechanism": "fast_math", "verified": True, "evidence": {"problem": "other"}},
+    ]
+    (mined / "skills.jsonl").write_text(
+        "".join(json.dumps(s) + "\n" for s in skills), encoding="utf-8"
+    )
+    result, text = _run(tmp_path, "--builds", str(builds), "--mined", str(mined))
+    toy = result["lineages"]["toy_row_sum"]
+    assert toy["build"]["expert"]["status"] == "OK"
+    assert toy["build"]["expert"]["kernels"][0]["registers"] == 16
+    assert toy["build"]["naive"] == {"status": "not built"}
+    assert toy["mined"] == {
+        "skills": 2,
+        "verified": 1,
+        "verified_mechanisms": ["launch_bounds"],
+        "verified_mapped": ["launch_bounds"],
+    }
+    assert "/somewhere" not in text
+
+
+def test_the_readme_table_is_rewritten_between_its_markers(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("before\n<!-- table -->\nold\n<!-- /table -->\nafter\n", encoding="utf-8")
+    _run(tmp_path, "--readme", str(readme))
+    text = readme.read_text(encoding="utf-8")
+    assert text.startswith("before\n<!-- table -->\n| lineage |")
+    assert "old" not in text and text.endswith("<!-- /table -->\nafter\n")
+    assert "**3/4 (75%)**" in text
+
+
+def test_the_reference_runs_on_the_cpu_for_the_smallest_workload() -> None:
+    assert bench.reference_on_cpu(TOY)["workload"] == "toy-row-sum-8x32"
+
+
+COMMITTED = sorted(p for p in PUBLIC.iterdir() if (p / "steps.json").is_file())
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
+def test_each_committed_lineage_loads_and_its_steps_reach_the_expert(folder: Path) -> None:
+    problem = load_problem(folder)
+    assert len(problem.workloads) >= 3
+    steps = json.loads((folder / "steps.json").read_text(encoding="utf-8"))
+    assert bench.check_steps(steps, CATALOG) == []
+    assert len(steps["commit"]) == 40
+    assert bench.present_after(bench.path_to(steps, steps["expert"]["version"]))
+
+
+def test_no_kernel_made_from_public_code_is_tracked() -> None:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "bench/public"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert listed, "bench/public holds no tracked file"
+    assert not [f for f in listed if f.endswith((".cu", ".cuh", ".so"))], listed
+    assert len(COMMITTED) >= 10
