@@ -42,7 +42,7 @@ def test_an_ambiguous_prefix_lists_every_match() -> None:
     shown = runner.invoke(app, ["skills", "show", "vectorized", "--out", str(SKILLS)])
     assert shown.exit_code == 2
     matching = [s.id for s in SkillLibrary.load(SKILLS) if s.id.startswith("vectorized")]
-    assert "ambiguous" in shown.output and len(matching) == 8
+    assert "ambiguous" in shown.output and len(matching) > 1
     assert all(f"  {skill_id}\n" in shown.output for skill_id in matching)
 
 

@@ -91,20 +91,21 @@ def test_the_slowest_cards_say_so(library: SkillLibrary) -> None:
 
 
 def test_a_card_within_the_noise_says_no_measurable_gain(library: SkillLibrary) -> None:
-    card = render_skill_md(library.get("pragma_unroll--fmha_fp16--335c73e4"))
+    card = render_skill_md(library.get("readonly_ldg--softmax_rows_f32--7f79e90b"))
     assert "No measurable gain on these workloads: 1.000x" in card
     assert 'measured: "no measurable gain"' in card and "verified: false" in card
 
 
 def test_the_committed_library_follows_the_current_rules(library: SkillLibrary) -> None:
     skills = list(library)
-    assert len(skills) == 67
+    # the H200 run's 67 less the 15 that changed no machine code (bench/results/sass_audit.json)
+    assert len(skills) == 52
     for skill in skills:
         again = skill.model_copy()
         again.settle_verified()
         assert again.verified is skill.verified, skill.id
     counts = {m: sum(s.effect.measured is m for s in skills) for m in Measured}
-    assert counts == {Measured.GAIN: 31, Measured.NO_GAIN: 33, Measured.SLOWER: 3}
+    assert counts == {Measured.GAIN: 31, Measured.NO_GAIN: 18, Measured.SLOWER: 3}
     assert sum(bool(s.verified) for s in skills) == 31
     assert all(s.round_trip_reproduced for s in skills)
 
