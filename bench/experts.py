@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,31 +22,11 @@ sys.path.insert(0, str(REPO))
 from _environment import nvidia_smi  # noqa: E402
 
 from klineage.gate.gate import Gate  # noqa: E402
+from klineage.gate.timing import copy_bandwidth  # noqa: E402
 from klineage.kernel import KernelSource  # noqa: E402
 from klineage.problem import Problem, Workload, dtype_itemsize, load_problem  # noqa: E402
 
 COPY_BYTES = 2 * 1024**3  # well past the 60 MB L2
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a large device-to-device copy, counting read plus write."""
-    import torch
-
-    src = torch.empty(COPY_BYTES // 4, dtype=torch.float32, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * COPY_BYTES / statistics.median(times)
 
 
 def bytes_moved(problem: Problem, workload: Workload) -> int:
@@ -71,7 +50,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    copy_bps = copy_bandwidth()
+    copy_bps = copy_bandwidth(COPY_BYTES, warmup=3, repeats=20)
     print(f"device-to-device copy: {copy_bps / 1e12:.2f} TB/s")
     report: dict[str, object] = {
         "command": "python bench/experts.py " + " ".join(args.problems) + f" --out {args.out}",

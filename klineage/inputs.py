@@ -49,6 +49,14 @@ def _bound(value: float | int | str, axis_values: dict[str, int]) -> float | int
     return axis_values[value] if isinstance(value, str) else value
 
 
+def _int_bounds(spec: TensorSpec, axis_values: dict[str, int]) -> tuple[int, int]:
+    """[low, high) of an integer tensor: its declared range, else DEFAULT_INT_RANGE."""
+    if spec.range is None:
+        return DEFAULT_INT_RANGE
+    low, high = (int(_bound(b, axis_values)) for b in spec.range)
+    return low, high
+
+
 def random_tensor(
     spec: TensorSpec, shape: tuple[int, ...], axis_values: dict[str, int], seed: int, device: str
 ) -> torch.Tensor:
@@ -67,9 +75,7 @@ def random_tensor(
             values = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
             values = values * (high - low) + low
         return values.to(dtype)
-    low, high = (
-        (int(_bound(b, axis_values)) for b in spec.range) if spec.range else DEFAULT_INT_RANGE
-    )
+    low, high = _int_bounds(spec, axis_values)
     return torch.randint(low, high, shape, generator=gen, device=device, dtype=dtype)
 
 
@@ -84,12 +90,7 @@ def fill_random_(
     import torch
 
     if spec.dtype == "bool" or not tensor.dtype.is_floating_point:
-        if spec.dtype == "bool":
-            low, high = 0, 2
-        elif spec.range:
-            low, high = (int(_bound(b, axis_values)) for b in spec.range)
-        else:
-            low, high = DEFAULT_INT_RANGE
+        low, high = (0, 2) if spec.dtype == "bool" else _int_bounds(spec, axis_values)
         scratch = torch.empty(tensor.shape, dtype=torch.int64, device=tensor.device)
         scratch.random_(low, high, generator=generator)
         tensor.copy_(scratch)

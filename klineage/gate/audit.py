@@ -159,11 +159,6 @@ class CallLaunches:
     """Work that was still running when the timed region had closed (another stream or a
     thread the kernel left behind)."""
 
-    @property
-    def kernels(self) -> Counter[str]:
-        """How often each piece of work ran."""
-        return Counter(self.names)
-
 
 def launches_between_markers(activities: Sequence[GpuActivity]) -> CallLaunches:
     """Split a profiled window at its two marker kernels (the opening one long, so that work

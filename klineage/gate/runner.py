@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import random
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,7 @@ from klineage.gate.check import (
 )
 from klineage.gate.result import Correctness, Status, Timing
 from klineage.gate.targets import KernelTarget, ReferenceTarget, set_bytes
-from klineage.gate.timing import TimedTarget, flush_buffer, sample_interleaved
+from klineage.gate.timing import TimedTarget, copy_bandwidth, flush_buffer, sample_interleaved
 from klineage.gate.watch import LaunchWatcher, PersistingL2Guard
 from klineage.gate.worker import (
     REFERENCE,
@@ -83,7 +82,7 @@ class DeviceRunner:
         self.watcher = LaunchWatcher()
         self.l2 = PersistingL2Guard()
         self.l2.clear(self.stream.cuda_stream)
-        self.copy_bytes_per_s = _copy_bandwidth()
+        self.copy_bytes_per_s = copy_bandwidth(COPY_PROBE_BYTES)
 
     def hello(self) -> HelloReply:
         unavailable = {
@@ -287,11 +286,12 @@ class DeviceRunner:
             return TimeReply([], failure=failure)
         torch.cuda.synchronize()
         kernel = targets[0]
+        assert isinstance(kernel, KernelTarget)  # the candidate comes first (TimeRequest)
         return TimeReply(
             [Timing(samples_ms=s) for s in samples],
             input_sets=sets,
-            verified_calls=getattr(kernel, "verified_calls", 0),
-            timed_launches=getattr(kernel, "timed_launches", None),
+            verified_calls=kernel.verified_calls,
+            timed_launches=kernel.timed_launches,
         )
 
     def _l2_audit(self, where: str) -> None:
@@ -316,21 +316,3 @@ def _matches(
         compare_output(name, outputs[name], ref[name], definition.tolerance_for(name)).ok
         for name in definition.outputs
     )
-
-
-def _copy_bandwidth() -> float:
-    """Bytes per second (read plus write) of a large device-to-device copy, median of 10."""
-    src = torch.empty(COPY_PROBE_BYTES // 4, dtype=torch.float32, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * COPY_PROBE_BYTES / statistics.median(times)

@@ -61,6 +61,30 @@ class TimedTarget(Protocol):
         ...
 
 
+def copy_bandwidth(nbytes: int, *, warmup: int = 1, repeats: int = 10) -> float:
+    """Bytes per second (read plus write) of a device-to-device copy of `nbytes`, the median of
+    `repeats` copies timed with CUDA events; the rate the latency floor is drawn from."""
+    import statistics
+
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    for _ in range(warmup):
+        dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(times)
+
+
 def flush_buffer(device_l2_bytes: int) -> torch.Tensor:
     import torch
 
