@@ -54,26 +54,37 @@ class OutputComparison:
 def compare_output(
     name: str, out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance
 ) -> OutputComparison:
-    """Apply the element rule to one output."""
+    """Apply the element rule to one output. The figures come back in one host sync (the
+    check stage compares every output of every trial); a failure's first bad element, one
+    more."""
     import torch
 
     wide = torch.float64 if torch.float64 in (out.dtype, ref.dtype) else torch.float32
     if out.dtype.is_floating_point:
-        unwritten = int(torch.isnan(out).sum())
+        unwritten = torch.isnan(out).sum()
     elif out.dtype == torch.bool:
-        unwritten = 0  # bool has no spare poison value
+        unwritten = torch.zeros((), dtype=torch.int64, device=out.device)  # no spare value
     else:
-        unwritten = int((out == torch.iinfo(out.dtype).min).sum())
+        unwritten = (out == torch.iinfo(out.dtype).min).sum()
     o = out.to(wide)
     r = ref.to(wide)
     err = (o - r).abs()
     bad = _bad_elements(o, r, err, tolerance)
-    finite = torch.isfinite(err)
-    max_abs = float(err[finite].max()) if bool(finite.any()) else 0.0
+    zero = torch.zeros((), dtype=wide, device=err.device)
+    # the largest finite error, and relative error where the reference is not zero (0 if none)
+    max_abs = torch.where(torch.isfinite(err), err, zero).max() if err.numel() else zero
     rel = err / r.abs()
-    rel_ok = finite & (r != 0)
-    max_rel = float(rel[rel_ok].max()) if bool(rel_ok.any()) else 0.0
-    n_bad = int(bad.sum())
+    rel_ok = torch.isfinite(err) & (r != 0)
+    max_rel = torch.where(rel_ok, rel, zero).max() if err.numel() else zero
+    figures = torch.stack(
+        [
+            unwritten.to(torch.float64),
+            bad.sum().to(torch.float64),
+            max_abs.double(),
+            max_rel.double(),
+        ]
+    ).tolist()
+    n_unwritten, n_bad = int(figures[0]), int(figures[1])
     first = first_value = first_expected = None
     if n_bad:
         index = torch.nonzero(bad)[0]
@@ -84,9 +95,9 @@ def compare_output(
         name=name,
         total=out.numel(),
         bad=n_bad,
-        unwritten=unwritten,
-        max_abs=max_abs,
-        max_rel=max_rel,
+        unwritten=n_unwritten,
+        max_abs=float(figures[2]),
+        max_rel=float(figures[3]),
         first_bad=first,
         first_bad_value=first_value,
         first_bad_expected=first_expected,
@@ -105,25 +116,38 @@ def _bad_elements(
     return bad | (~torch.isfinite(o) & ~same)
 
 
-def output_ok(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance) -> bool:
-    """Whether an output passes the element rule, with one host sync (the timing audit verifies
-    calls this way; `compare_output` gives the details of a failure)."""
+def output_fails(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance) -> torch.Tensor:
+    """Whether any element of an output breaks the element rule, as a 0-d bool tensor on the
+    output's device (no host sync: the timing audit gathers several such flags and reads them
+    at once; `compare_output` gives the details of a failure)."""
     import torch
 
     wide = torch.float64 if torch.float64 in (out.dtype, ref.dtype) else torch.float32
     o, r = out.to(wide), ref.to(wide)
-    return not bool(_bad_elements(o, r, (o - r).abs(), tolerance).any())
+    return _bad_elements(o, r, (o - r).abs(), tolerance).any()
+
+
+def output_ok(out: torch.Tensor, ref: torch.Tensor, tolerance: Tolerance) -> bool:
+    """Whether an output passes the element rule, with one host sync."""
+    return not bool(output_fails(out, ref, tolerance))
+
+
+def _same_bits(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    if before.dtype.is_floating_point:
+        return (before == after) | (torch.isnan(before) & torch.isnan(after))
+    return before == after
+
+
+def differs(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """Whether any element differs bitwise (NaN == NaN), as a 0-d bool tensor (no host sync)."""
+    return (~_same_bits(before, after)).any()
 
 
 def changed_elements(before: torch.Tensor, after: torch.Tensor) -> int:
     """How many elements differ bitwise (NaN == NaN), for the inputs-unchanged check."""
-    import torch
-
-    if before.dtype.is_floating_point:
-        same = (before == after) | (torch.isnan(before) & torch.isnan(after))
-    else:
-        same = before == after
-    return int((~same).sum())
+    return int((~_same_bits(before, after)).sum())
 
 
 def compare_indices(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from klineage.gate.check import changed_elements, compare_output
+from klineage.gate.check import changed_elements, compare_output, differs, output_fails
 from klineage.problem import Tolerance
 
 TOL = Tolerance(atol=1e-4, rtol=1e-4)
@@ -66,6 +66,30 @@ def test_changed_elements_is_bitwise_and_nan_aware() -> None:
     after = before.clone()
     after[2] = 0.0
     assert changed_elements(before, after) == 1
+
+
+def test_max_errors_skip_non_finite_and_zero_references() -> None:
+    ref = torch.tensor([0.0, 2.0, float("inf"), 4.0])
+    out = torch.tensor([0.5, 2.5, float("inf"), 4.0])
+    result = compare_output("y", out, ref, TOL)
+    # |err| 0.5 twice; inf - inf is NaN and skipped; rel only where ref != 0: 0.5 / 2
+    assert result.max_abs == 0.5 and result.max_rel == 0.25 and result.bad == 2
+    empty = compare_output("y", torch.empty(0), torch.empty(0), TOL)
+    assert empty.ok and empty.max_abs == 0.0 and empty.total == 0
+
+
+def test_device_flags_agree_with_the_counting_checks() -> None:
+    ref = torch.randn(256)
+    assert not bool(output_fails(ref.clone(), ref, TOL))
+    wrong = ref.clone()
+    wrong[17] += 1.0
+    assert bool(output_fails(wrong, ref, TOL)) == (not compare_output("y", wrong, ref, TOL).ok)
+    poisoned = torch.full_like(ref, float("nan"))
+    assert bool(output_fails(poisoned, ref, TOL))
+    before = torch.tensor([1.0, float("nan")])
+    assert not bool(differs(before, before.clone()))
+    assert bool(differs(before, torch.tensor([1.0, 0.0])))
+    assert differs(before, before.clone()).dim() == 0  # a flag, read with others at once
 
 
 def test_indices_are_checked_by_what_they_select() -> None:
