@@ -140,14 +140,15 @@ def _same_bits(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     return before == after
 
 
-def differs(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    """Whether any element differs bitwise (NaN == NaN), as a 0-d bool tensor (no host sync)."""
-    return (~_same_bits(before, after)).any()
+def changed_count(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """How many elements differ bitwise (NaN == NaN), as a 0-d tensor on the device (no host
+    sync: the timing audit reads several at once)."""
+    return (~_same_bits(before, after)).sum()
 
 
 def changed_elements(before: torch.Tensor, after: torch.Tensor) -> int:
     """How many elements differ bitwise (NaN == NaN), for the inputs-unchanged check."""
-    return int((~_same_bits(before, after)).sum())
+    return int(changed_count(before, after))
 
 
 def compare_indices(

@@ -24,7 +24,7 @@ from klineage.gate.audit import (
     launch_audit,
     middle_block,
 )
-from klineage.gate.check import changed_elements, compare_by_spec, differs, output_fails
+from klineage.gate.check import changed_count, changed_elements, compare_by_spec, output_fails
 from klineage.gate.result import Status
 from klineage.inputs import (
     allocate_outputs,
@@ -135,6 +135,9 @@ class _Target:
     def verify(self, where: str) -> None:
         """Only audited targets are verified."""
 
+    def settle(self) -> None:
+        """Only audited targets have checks to read."""
+
     def profile(self, where: str) -> None:
         """Only audited targets are profiled."""
 
@@ -181,6 +184,7 @@ class KernelTarget(_Target):
         self.verified_calls = 0
         self.timed_launches: list[str] | None = None
         self._pristine: dict[str, torch.Tensor] = {}
+        self._pending: list[_PendingCheck] = []
         updated = definition.inplace_outputs()
         for _ in range(sets):
             inputs = self._fresh_inputs()
@@ -199,82 +203,96 @@ class KernelTarget(_Target):
         return call
 
     def verify(self, where: str) -> None:
-        """Check the call that just ran: outputs against the reference for its inputs, no work
-        after its stream finished, inputs unchanged. A call that passes costs two host syncs
-        (the stream, then every flag at once); only a failure is looked at closely."""
+        """Check the call that just ran, without making the host wait: the outputs as its
+        stream left them, against the reference for its inputs, and its inputs unchanged, all
+        enqueued on the stream behind the call (outside the timed region) as counts that
+        `settle` reads. Work the call left for later (another stream, a thread) lands after
+        the snapshot, which then fails as unwritten or wrong."""
         chosen = self.sets[self.current]
         snapshot = {k: v.clone() for k, v in chosen.outputs.items()}
-        self.host.stream.synchronize()
-        torch.cuda.synchronize()
         updated = set(self.definition.inplace_outputs().values())
         values = self.definition.axis_values(self.workload)
         given = {k: self._pristine.get(k, v) for k, v in chosen.inputs.items()}
         reference = run_reference(self.definition, given, values)
-        self.verified_calls += 1
+        watched = [k for k in self._pristine if k not in updated]
+        counts = [changed_count(self._pristine[k], chosen.inputs[k]) for k in watched]
         elementwise = all(s.compare == "elementwise" for s in self.definition.outputs.values())
-        flags = [differs(snapshot[k], v) for k, v in chosen.outputs.items()]
-        flags += [
-            differs(v, chosen.inputs[k]) for k, v in self._pristine.items() if k not in updated
-        ]
         if elementwise:
-            flags += [
+            counts += [
                 output_fails(snapshot[name], reference[name], self.definition.tolerance_for(name))
                 for name in self.definition.outputs
             ]
-            if not any(torch.stack(flags).tolist()):
-                return
-        self._explain(where, chosen, snapshot, reference, updated)
-
-    def _explain(
-        self,
-        where: str,
-        chosen: InputSet,
-        snapshot: dict[str, torch.Tensor],
-        reference: dict[str, torch.Tensor],
-        updated: set[str],
-    ) -> None:
-        """Raise the audit a verified call failed, with what went wrong (or return: outputs
-        compared by sorting or by the indices they select may pass a closer look)."""
-        late = [k for k in chosen.outputs if changed_elements(snapshot[k], chosen.outputs[k])]
-        if late:
-            raise AuditFailure(
-                Status.RUNTIME_ERROR,
-                "other_stream",
-                f"{where}: output {', '.join(late)} changed after run() returned and its "
-                "stream finished: the kernel left work running on another stream or thread",
+        self.verified_calls += 1
+        self._pending.append(
+            _PendingCheck(
+                where=where,
+                counts=torch.stack([c.to(torch.int64) for c in counts]) if counts else None,
+                watched_inputs=watched,
+                elementwise=elementwise,
+                snapshot=snapshot,
+                reference=reference,
+                pristine=self._pristine,
+                decoys=self.decoys,
             )
-        mutated = {
-            k: n
-            for k, v in self._pristine.items()
-            if k not in updated and (n := changed_elements(v, chosen.inputs[k]))
-        }
+        )
+
+    def settle(self) -> None:
+        """Read every check enqueued since the last settle in one host sync; raise the
+        AuditFailure of the first call that failed."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        with_counts = [p for p in pending if p.counts is not None]
+        read = (
+            torch.cat([p.counts for p in with_counts if p.counts is not None]).tolist()
+            if with_counts
+            else []
+        )
+        offset = 0
+        for check in pending:
+            size = 0 if check.counts is None else check.counts.numel()
+            self._explain(check, read[offset : offset + size])
+            offset += size
+
+    def _explain(self, check: _PendingCheck, counts: list[int]) -> None:
+        """Raise the audit a verified call failed, with what went wrong; return when it
+        passed (outputs compared by sorting or by the indices they select are looked at
+        here, closely)."""
+        mutated = {k: n for k, n in zip(check.watched_inputs, counts, strict=False) if n}
         if mutated:
             detail = ", ".join(f"{k} ({n} elements)" for k, n in mutated.items())
             raise AuditFailure(
                 Status.RUNTIME_ERROR,
                 "input_mutation",
-                f"{where}: the kernel wrote to its input {detail}; inputs must be unchanged",
+                f"{check.where}: the kernel wrote to its input {detail}; inputs must be unchanged",
             )
+        if check.elementwise and not any(counts[len(check.watched_inputs) :]):
+            return
         comparisons = [
-            compare_by_spec(self.definition, name, snapshot, reference, self._pristine)
+            compare_by_spec(self.definition, name, check.snapshot, check.reference, check.pristine)
             for name in self.definition.outputs
         ]
         failing = [c for c in comparisons if not c.ok]
-        if failing:
-            names = ", ".join(c.name for c in failing)
-            if all(c.unwritten == c.total for c in failing):
-                message = f"{where} left its output {names} unwritten (every element still poison)"
-            elif self.decoys and all(
-                not changed_elements(self.decoys[c.name], snapshot[c.name]) for c in failing
-            ):
-                message = (
-                    f"{where} left its output {names} unwritten: it still holds the values "
-                    "written there before the call (a kernel that computes only when its "
-                    "output looks poisoned)"
-                )
-            else:
-                message = f"{where}: " + "; ".join(c.describe() for c in failing)
-            raise AuditFailure(Status.INCORRECT_NUMERICAL, "timed_output", message)
+        if not failing:
+            return
+        names = ", ".join(c.name for c in failing)
+        where = check.where
+        if all(c.unwritten == c.total for c in failing):
+            message = (
+                f"{where} left its output {names} unwritten (every element still poison when "
+                "its stream finished)"
+            )
+        elif check.decoys and all(
+            not changed_elements(check.decoys[c.name], check.snapshot[c.name]) for c in failing
+        ):
+            message = (
+                f"{where} left its output {names} unwritten: it still holds the values "
+                "written there before the call (a kernel that computes only when its "
+                "output looks poisoned)"
+            )
+        else:
+            message = f"{where}: " + "; ".join(c.describe() for c in failing)
+        raise AuditFailure(Status.INCORRECT_NUMERICAL, "timed_output", message)
 
     def profile(self, where: str) -> None:
         """One extra call, prepared like a timed one, watched by the profiler and verified."""
@@ -285,6 +303,27 @@ class KernelTarget(_Target):
             raise failure
         self.timed_launches = seen.names
         self.verify(where)
+        self.settle()
+
+
+@dataclass
+class _PendingCheck:
+    """A verified call's check, enqueued on the stream and not read yet."""
+
+    where: str
+    counts: torch.Tensor | None
+    """Changed elements of each watched input, then (elementwise outputs) 1 per failing
+    output, as int64 on the device."""
+    watched_inputs: list[str]
+    """Inputs that must be unchanged (not updated in place), in `counts` order."""
+    elementwise: bool
+    snapshot: dict[str, torch.Tensor]
+    """The outputs as the call's stream left them."""
+    reference: dict[str, torch.Tensor]
+    pristine: dict[str, torch.Tensor]
+    """The inputs as the call was given them."""
+    decoys: dict[str, torch.Tensor]
+    """The outputs as a decoy fill left them before the call (when one was used)."""
 
 
 def _reference_call(

@@ -53,7 +53,12 @@ class TimedTarget(Protocol):
         ...
 
     def verify(self, where: str) -> None:
-        """After a prepared call with `verify=True` ran: check it; raise AuditFailure."""
+        """After a prepared call with `verify=True` ran: enqueue its check, untimed."""
+        ...
+
+    def settle(self) -> None:
+        """Read the checks enqueued since the last settle; raise AuditFailure for the first
+        call that failed."""
         ...
 
     def profile(self, where: str) -> None:
@@ -103,9 +108,11 @@ def sample_interleaved(
     """Time each target; returns samples_ms[target][trial][sample] from CUDA events.
 
     Everything is enqueued on `stream`; preparing inputs and the flush run before the start
-    event, so they are never timed. Events are read once per trial; only verified calls make
-    the host wait mid-trial. `audit_device` (the persisting-L2 audit) runs after every verified
-    call and at the end of every trial, off the clock, and raises AuditFailure.
+    event, and verified calls' checks after the end event, so they are never timed. The host
+    waits once per trial (and around a profiled call): events and checks are read at the end
+    of the trial, so the GPU never idles mid-trial while the host checks a call.
+    `audit_device` (the persisting-L2 audit) runs after every verified call and at the end of
+    every trial, off the clock, and raises AuditFailure.
     """
     import torch
 
@@ -149,6 +156,8 @@ def sample_interleaved(
                         target.verify(where)
                         audit_device(where)
             stream.synchronize()
+            for target in targets:
+                target.settle()
             audit_device(f"trial {trial + 1}")
             for index in range(n):
                 results[index].append([s.elapsed_time(e) for s, e in pairs[index]])
