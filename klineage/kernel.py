@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from klineage.cuda.source import ParsedSource
     from klineage.problem import Definition
-    from klineage.source import ParsedSource
 
 FINGERPRINT_LENGTH = 16
 
@@ -99,11 +99,11 @@ class KernelSource:
 
     @cached_property
     def parsed(self) -> ParsedSource:
-        """The tree-sitter source model (:mod:`klineage.source`), parsed on first use.
+        """The tree-sitter source model (:mod:`klineage.cuda.source`), parsed on first use.
 
         Imported lazily so that ``import klineage`` stays fast and works without tree-sitter.
         """
-        from klineage.source import ParsedSource
+        from klineage.cuda.source import ParsedSource
 
         return ParsedSource(self)
 

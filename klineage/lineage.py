@@ -8,7 +8,7 @@ edge. Attempts the rules could not even write (refusals) are kept in the graph's
 The walk's policy, at each state:
 1. try to remove every mechanism the catalog detects, each as one attempt (built in parallel,
    then gated: correct on every workload, timed interleaved against the current state);
-   Sites in functions no workload runs (klineage.reachability: the entry's branches followed
+   Sites in functions no workload runs (klineage.cuda.reachability: the entry's branches followed
    with each workload's axes) are refused: a removal there changes no measurement, and would
    make a ~1.00x skill out of code no timing covered. When removing a mechanism everywhere
    is rejected and it had several sites, each site is then tried alone (its attempt id ends
@@ -24,7 +24,7 @@ The walk's policy, at each state:
 
 Before any gate run, a removal whose simplified state compiles to the same device SASS and
 host code as the current state is recorded as `no_machine_code_change` with the reason
-(:mod:`klineage.noop`): it costs no gate run and yields no skill. An accepted removal whose
+(:mod:`klineage.gate.noop`): it costs no gate run and yields no skill. An accepted removal whose
 machine-code delta does not show its mechanism's declared `signature` is flagged on its edge
 (`signature_shown: false`). A walk whose every remaining removal is such a no-op ends as if
 nothing were left to remove.
@@ -51,18 +51,18 @@ from typing import Any
 import networkx as nx
 from pydantic import BaseModel, Field
 
+from klineage.cuda.reachability import reached_from_each, run_by_workloads
+from klineage.gate.log import GateLike, GateLog
+from klineage.gate.noop import no_machine_code_change
 from klineage.gate.result import GateVerdict
 from klineage.gate.sass import MachineCode, delta, render_delta, signature_shown
-from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
 from klineage.llm.base import Provider, ProviderError
 from klineage.llm.proposals import Proposal, Rejection, propose_removal
 from klineage.mechanisms import Mechanism, Site, UnknownMechanism, all_mechanisms, get
 from klineage.mechanisms.base import FILE_SCOPE
-from klineage.noop import no_machine_code_change
+from klineage.mining.removal import Removal, remove_each_site, remove_mechanism
 from klineage.problem import Problem
-from klineage.reachability import reached_from_each, run_by_workloads
-from klineage.removal import Removal, remove_each_site, remove_mechanism
 
 RULE_ORIGIN = "rule"
 LLM_PREFIX = "llm:"
@@ -155,7 +155,8 @@ class Attempt(BaseModel):
     chosen: bool = Field(default=False, description="whether the walk continued from it")
     no_op: dict[str, Any] | None = Field(
         default=None,
-        description="for no_machine_code_change: the reason (klineage.noop.NoMachineCodeChange)",
+        description="for no_machine_code_change: the reason "
+        "(klineage.gate.noop.NoMachineCodeChange)",
     )
     sass_delta: list[str] = Field(
         default_factory=list,

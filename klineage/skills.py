@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field, computed_field
 
 from klineage.gate.result import geomean
-from klineage.removal import changed_region
+from klineage.mining.removal import changed_region
 
 SNIPPET_LIMIT = 1600
 

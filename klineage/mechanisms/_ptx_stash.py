@@ -21,6 +21,7 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
+from klineage.cuda.source import Edit, Node, ParsedSource
 from klineage.mechanisms._tiles_util import (
     AsmStatement,
     asm_statement,
@@ -31,7 +32,6 @@ from klineage.mechanisms._tiles_util import (
     stash_blocks,
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site
-from klineage.source import Edit, Node, ParsedSource
 
 
 class Unsupported(Exception):

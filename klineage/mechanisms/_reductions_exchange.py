@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition
-from klineage.facts import block_size_of
+from klineage.cuda.facts import block_size_of
+from klineage.cuda.source import Edit, Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -58,7 +59,6 @@ from klineage.mechanisms._reductions_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 __all__ = [
     "EXCHANGE_KINDS",

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from klineage.cexpr import fold_int
-from klineage.source import (
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.source import (
     Edit,
     Function,
     Node,

@@ -13,18 +13,18 @@ import pytest
 from typer.testing import CliRunner
 
 from klineage.cli import app
-from klineage.cli_llm import open_llm
+from klineage.cli.llm import open_llm
 from klineage.gate.build import Builder
-from klineage.gatelog import GateLog
+from klineage.gate.log import GateLog
 from klineage.kernel import KernelSource
 from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Simplifier
 from klineage.llm import CachedProvider, Provider, provider_from_spec
-from klineage.materialize import apply_everywhere
 from klineage.mechanisms import Carrier, MechanismRefused, Refusal, all_mechanisms, get
-from klineage.mine import NO_LLM_ROUND_TRIP, MineReport, _round_trip, _skill_of
+from klineage.mining.mine import NO_LLM_ROUND_TRIP, MineReport, _round_trip, _skill_of
+from klineage.mining.removal import remove_mechanism
 from klineage.problem import load_problem
-from klineage.removal import remove_mechanism
-from klineage.replay import ReplayBudget
+from klineage.replay.methods import apply_everywhere
+from klineage.replay.run import ReplayBudget
 from klineage.skills import SkillLibrary
 from tests.llm.answers import answer
 from tests.llm.conftest import _ENV, FAST_RETRY, KEY

@@ -11,7 +11,7 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Termination
-from klineage.mine import mine
+from klineage.mining.mine import mine
 from klineage.skills import Measured, SkillLibrary
 from tests.conftest import FIXTURES
 from tests.mining.conftest import Mined
@@ -359,7 +359,7 @@ def test_removals_that_change_no_machine_code_cost_no_gate_run(
 def test_a_verdict_is_shared_by_states_with_the_same_machine_code(
     builder: Builder, tmp_path: Path
 ) -> None:
-    from klineage.gatelog import GateLog
+    from klineage.gate.log import GateLog
     from klineage.kernel import KernelSource
     from klineage.problem import load_problem
 

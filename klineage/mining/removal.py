@@ -58,7 +58,8 @@ def remove_mechanism(
     kernel: KernelSource, mechanism: Mechanism, live: set[str] | None = None
 ) -> Removal:
     """Remove every supported site of `mechanism`, recording sites, carriers and refusals.
-    With `live` (the functions that run, klineage.reachability), sites in others are refused."""
+    With `live` (the functions that run, klineage.cuda.reachability), sites in others are
+    refused."""
     removal = Removal(mechanism=mechanism, states=[kernel])
     refused_ids: set[str] = set()
     for _ in range(REMOVAL_LIMIT):

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from klineage.conditions import Prose, conditions_to_json, merge_conditions, parse_condition
 from klineage.gate.build import specific_arch_for
+from klineage.gate.log import GateLike, GateLog
 from klineage.gate.result import GateVerdict
 from klineage.gate.sass import (
     delta,
@@ -32,8 +33,6 @@ from klineage.gate.sass import (
     short_name,
     signature_shown,
 )
-from klineage.gatelog import GateLike, GateLog
-from klineage.inference import infer_condition, why_no_condition
 from klineage.kernel import KernelSource
 from klineage.lineage import (
     Attempt,
@@ -48,11 +47,12 @@ from klineage.lineage import (
     slug,
 )
 from klineage.llm.base import Provider
-from klineage.materialize import apply_everywhere
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site
 from klineage.mechanisms.recall import MECHANISMS_FILE
+from klineage.mining.inference import infer_condition, why_no_condition
+from klineage.mining.removal import Removal, reapply
 from klineage.problem import Problem, load_problem
-from klineage.removal import Removal, reapply
+from klineage.replay.methods import apply_everywhere
 from klineage.skills import (
     Anchor,
     Evidence,

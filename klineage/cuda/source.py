@@ -936,7 +936,7 @@ class ParsedSource:
         Values are folded with the constants defined before them; a constant whose value
         cannot be folded is left out.
         """
-        from klineage.cexpr import fold_int  # cexpr imports this module
+        from klineage.cuda.cexpr import fold_int  # cexpr imports this module
 
         constants: dict[str, int] = {}
         for node in self.iter_nodes("declaration", "preproc_def"):

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 
 from klineage.conditions import evaluate_size
-from klineage.source import Node, ParsedSource
+from klineage.cuda.source import Node, ParsedSource
 
 __all__ = [
     "ASSIGNMENT",
