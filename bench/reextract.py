@@ -19,7 +19,7 @@ from pathlib import Path
 from klineage.gate.build import Builder
 from klineage.gate.noop import no_machine_code_change
 from klineage.lineage import AttemptStatus, LineageGraph
-from klineage.mining.mine import machine_code_evidence
+from klineage.mining.extract import machine_code_evidence
 from klineage.skills import SkillLibrary
 
 NOTE = (

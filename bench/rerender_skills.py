@@ -27,7 +27,7 @@ from klineage.gate.log import GateLog
 from klineage.gate.result import GateVerdict
 from klineage.kernel import KernelSource
 from klineage.lineage import LineageGraph, catalog_mechanism
-from klineage.mining.mine import no_condition, scope_of
+from klineage.mining.extract import no_condition, scope_of
 from klineage.problem import Problem, load_problem
 from klineage.skills import Skill, SkillLibrary, anchor_of
 

@@ -14,22 +14,39 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+from typing import TYPE_CHECKING
 
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.gate import Gate, GateSetupError
 from klineage.gate.pool import GatePool
 from klineage.gate.result import GateVerdict, Status, WorkloadVerdict
-from klineage.kernel import AbiError, KernelAbi, KernelSource
+from klineage.kernel import KernelSource, use_parser
 from klineage.problem import Problem, ProblemError, load_problem
+from klineage.problem.abi import AbiError, KernelAbi
+
+if TYPE_CHECKING:
+    from klineage.cuda.source import ParsedSource
 
 __version__ = "0.1.0"
+
+
+def _parse(kernel: KernelSource) -> ParsedSource:
+    # the package wires the source model into KernelSource.parsed, so that kernel.py, the
+    # bottom layer, needs no import of it; tree-sitter loads on the first parse, which keeps
+    # `import klineage` fast for scripts that only gate kernels
+    from klineage.cuda.source import ParsedSource
+
+    return ParsedSource(kernel)
+
+
+use_parser(_parse)
 
 # Mining pulls in the tree-sitter source model; load it only when asked for, so that
 # `import klineage` stays fast for scripts that only gate kernels.
 _LAZY = {
     "mine": ("klineage.mining.mine", "mine"),
     "MineReport": ("klineage.mining.mine", "MineReport"),
-    "MiningBudget": ("klineage.lineage", "MiningBudget"),
+    "MiningBudget": ("klineage.mining.walk", "MiningBudget"),
     "LineageGraph": ("klineage.lineage", "LineageGraph"),
     "Skill": ("klineage.skills", "Skill"),
     "SkillLibrary": ("klineage.skills", "SkillLibrary"),

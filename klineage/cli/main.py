@@ -21,8 +21,9 @@ from klineage.gate.build import Builder, BuildResult, check_abi
 from klineage.gate.gate import Gate, GateEvent, GateSetupError
 from klineage.gate.result import GateVerdict, Status
 from klineage.gate.trace import append_traces, verdict_to_traces
-from klineage.kernel import KernelAbi, KernelSource
+from klineage.kernel import KernelSource
 from klineage.problem import Problem, ProblemError, load_problem
+from klineage.problem.abi import KernelAbi
 
 # Plain help (rich_markup_mode=None): paragraphs re-wrapped to the terminal, flags without a
 # `<bool>`, long values such as the --llm spec never cut.

@@ -16,9 +16,10 @@ from rich.text import Text
 
 from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.cli.tables import Column, print_rows
-from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, WalkEvent, is_llm_origin
+from klineage.lineage import AttemptStatus, LineageGraph, is_llm_origin
 from klineage.llm import Provider, ProviderError
 from klineage.mining.mine import MineReport, mine
+from klineage.mining.walk import MiningBudget, WalkEvent
 from klineage.problem import ProblemError, load_problem
 from klineage.skills import SkillLibrary, SkillLookupError, render_skill_md
 

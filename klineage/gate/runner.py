@@ -46,8 +46,8 @@ from klineage.gate.worker import (
     TimeReply,
     TimeRequest,
 )
-from klineage.kernel import KernelAbi
 from klineage.problem import Definition, Workload
+from klineage.problem.abi import KernelAbi
 
 COPY_PROBE_BYTES = 1024**3
 """A device-to-device copy this large (far past the L2) measures the memory rate the latency

@@ -25,7 +25,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from klineage.cuda.source import Edit, Node, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource
 from klineage.mechanisms._reductions_util import (
     call_name,
     inside,

@@ -21,7 +21,8 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
-from klineage.cuda.source import Edit, Node, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource
 from klineage.mechanisms._tiles_util import (
     AsmStatement,
     asm_statement,

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from klineage.conditions import AxisAtMost, BlockSizeAtMost, BlockSizeMultiple, Condition
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import block_size_of
-from klineage.cuda.source import Edit, Function, ParsedSource
+from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_rows import (
     Group,

@@ -39,8 +39,9 @@ from typing import Literal
 
 from klineage.conditions import evaluate_size
 from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, wrap_at
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, template_bindings, template_values
-from klineage.cuda.source import Edit, Function, Launch, Node, ParsedSource, plain_assignment
+from klineage.cuda.source import Function, Launch, Node, ParsedSource, plain_assignment
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
 from klineage.mechanisms._reductions_util import (
     arguments_of,

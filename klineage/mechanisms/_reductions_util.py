@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
 from klineage.cuda.source import (
-    Edit,
     Function,
     Node,
     ParsedSource,

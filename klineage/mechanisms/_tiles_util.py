@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names
-from klineage.cuda.source import Edit, Function, Launch, Node, ParsedSource
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 
 FULL_MASK = "0xffffffffu"
 LANE = "(int)(((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) & 31u)"

@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass
 
 from klineage.cuda.cexpr import fold_int
-from klineage.cuda.source import Edit, Function, Node, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.mechanisms._tiles_util import (
     AsmStatement,
     asm_statement,

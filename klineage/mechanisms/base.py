@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-from klineage.cuda.source import Edit, EditError, Node, ParsedSource, apply_edits
+from klineage.cuda.edit import Edit, EditError, apply_edits
+from klineage.cuda.source import Node, ParsedSource
 from klineage.kernel import KernelSource
 
 if TYPE_CHECKING:

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from klineage.conditions import ArchAtLeast, Condition, Prose
-from klineage.cuda.source import Edit, Function, Node, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import (
     BLOCK_INDEX,

@@ -35,7 +35,8 @@ from typing import ClassVar, Literal
 
 from klineage.conditions import Condition, Prose
 from klineage.cuda.cexpr import fold_int
-from klineage.cuda.source import Edit, Function, Node, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._selection_util import (
     block_statements,

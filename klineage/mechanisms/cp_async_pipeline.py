@@ -36,8 +36,9 @@ from typing import Any, ClassVar
 
 from klineage.conditions import ArchAtLeast, Condition, SharedMemoryAtMost
 from klineage.cuda.cexpr import PRIMARY, SIZEOF, fold_int, precedence
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
-from klineage.cuda.source import Call, Edit, Function, Node, ParsedSource
+from klineage.cuda.source import Call, Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
 from klineage.mechanisms._staging import (

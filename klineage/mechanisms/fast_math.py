@@ -25,7 +25,8 @@ from collections.abc import Iterator
 
 from klineage.conditions import Condition, Prose, ToleranceAtLeast
 from klineage.cuda.cexpr import MULTIPLICATIVE, PRIMARY, operand, replacement_target, wrap_at
-from klineage.cuda.source import Edit, Function, Node, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem

@@ -21,8 +21,9 @@ from typing import ClassVar
 
 from klineage.conditions import BlockSizeAtMost, Condition, Prose
 from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import block_size_of, launch_names, template_bindings
-from klineage.cuda.source import Edit, Function, Launch, Node, ParsedSource
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, MechanismRefused, Site, register
 from klineage.problem import Problem

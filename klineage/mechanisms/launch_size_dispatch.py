@@ -30,7 +30,8 @@ from typing import ClassVar
 
 from klineage.conditions import Condition, Prose
 from klineage.cuda.cexpr import fold_int
-from klineage.cuda.source import Edit, Node, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import (
     column,

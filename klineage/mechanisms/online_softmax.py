@@ -45,7 +45,8 @@ from dataclasses import dataclass
 
 from klineage.conditions import Condition, Prose
 from klineage.cuda.cexpr import operand
-from klineage.cuda.source import Edit, Function, Node, ParsedSource, variable_of
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource, variable_of
 from klineage.kernel import KernelSource
 from klineage.mechanisms._online_pair_apply import single_pass, two_pass_pair
 from klineage.mechanisms._reductions_exchange import shuffle_steps

@@ -40,7 +40,8 @@ from typing import Literal
 
 from klineage.conditions import ArchAtLeast, Condition
 from klineage.cuda.cexpr import PRIMARY, operand
-from klineage.cuda.source import Edit, Function, Node, ParsedSource, plain_assignment
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     expr_type,

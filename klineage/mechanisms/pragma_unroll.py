@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
-from klineage.cuda.source import Edit, Node, ParsedSource, Pragma
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource, Pragma
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 

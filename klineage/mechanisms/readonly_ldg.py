@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 from klineage.conditions import ArchAtLeast, Condition, Prose
 from klineage.cuda.cexpr import PRIMARY, UNARY, operand, precedence, wrap_at
-from klineage.cuda.source import Edit, Node, ParsedSource, call_name, strip_parens
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource, call_name, strip_parens
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from klineage.conditions import Condition, Prose
-from klineage.cuda.source import Edit, Function, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from klineage.conditions import Condition, Prose
-from klineage.cuda.source import Edit, Function, Node, ParsedSource, variable_of
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource, variable_of
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_util import (
     arguments_of,

@@ -42,8 +42,9 @@ from typing import ClassVar
 
 from klineage.conditions import AxisAtMost, Condition, Prose, SharedMemoryAtMost
 from klineage.cuda.cexpr import PRIMARY, SIZEOF, fold_int, precedence, to_size_expr
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, static_shared_bytes
-from klineage.cuda.source import Edit, Function, Launch, Node, ParsedSource
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._selection_util import (
     block_statements,

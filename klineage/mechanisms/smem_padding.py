@@ -28,8 +28,9 @@ from typing import ClassVar
 
 from klineage.conditions import Condition, Prose, SharedMemoryAtMost
 from klineage.cuda.cexpr import SIZEOF, fold_int, operand
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
-from klineage.cuda.source import Declaration, Edit, Function, Node, ParsedSource
+from klineage.cuda.source import Declaration, Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._staging import subscript_chain
 from klineage.mechanisms._tiles_util import DYNAMIC_SHARED_LIMIT, STATIC_SHARED_LIMIT

@@ -43,8 +43,9 @@ from klineage.conditions import (
     SharedMemoryAtMost,
 )
 from klineage.cuda.cexpr import PRIMARY, SIZEOF, UNARY, fold_int, precedence, wrap_at
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
-from klineage.cuda.source import Edit, Function, Launch, Node, ParsedSource
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._staging import (
     NotStaged,

@@ -33,8 +33,9 @@ from typing import ClassVar
 
 from klineage.conditions import Condition, Prose
 from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import template_values
-from klineage.cuda.source import Edit, Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._descriptor_swizzle import (
     ROW_BYTES,

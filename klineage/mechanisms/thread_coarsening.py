@@ -41,7 +41,8 @@ from typing import ClassVar, Literal
 
 from klineage.conditions import Condition
 from klineage.cuda.cexpr import operand
-from klineage.cuda.source import Edit, Function, Node, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     ElementKernel,

@@ -52,7 +52,8 @@ from typing import ClassVar, Literal
 
 from klineage.conditions import Condition, Prose, merge_conditions
 from klineage.cuda.cexpr import MULTIPLICATIVE, PRIMARY, operand, precedence
-from klineage.cuda.source import Edit, Function, Node, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     ELEMENT_SIZES,

@@ -36,8 +36,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from klineage.conditions import BlockSizeMultiple, Condition, Prose
+from klineage.cuda.edit import Edit
 from klineage.cuda.facts import block_size_of
-from klineage.cuda.source import Edit, Function, Node, ParsedSource, plain_assignment
+from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
 from klineage.kernel import KernelSource
 from klineage.mechanisms._selection_util import (
     block_statements,

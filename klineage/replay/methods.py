@@ -60,6 +60,7 @@ from klineage.mechanisms import (
     Refusal,
     all_mechanisms,
 )
+from klineage.mining.removal import apply_everywhere
 from klineage.problem import Problem
 from klineage.replay.ordering import (
     closes,
@@ -74,7 +75,6 @@ NO_CHANGE = "no machine code change (the same SASS and host code as the current 
 METHODS = ("skills", "blind", "memory")
 KEEP_RATIO = 1.01
 """A change is kept when current/new latency exceeds this overall, and exceeds 1 per trial."""
-APPLY_LIMIT = 64
 
 
 class ReplayBudget(BaseModel):
@@ -179,28 +179,6 @@ def move_key(current: KernelSource, move: Move) -> MoveKey:
         move.carrier.model_dump_json(),
         move.site,
     )
-
-
-def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrier) -> KernelSource:
-    """Apply the mechanism at every supported candidate, one at a time; refuse if none took."""
-    current = kernel
-    refused: set[str] = set()
-    reasons = []
-    for _ in range(APPLY_LIMIT):
-        site = next(
-            (s for s in mechanism.candidates(current) if s.supported and s.id not in refused), None
-        )
-        if site is None:
-            break
-        try:
-            current = mechanism.apply(current, site, carrier)
-        except MechanismRefused as err:
-            refused.add(site.id)
-            reasons.append(err.reason)
-    if current is kernel:
-        reason = reasons[0] if reasons else "no candidate site in this kernel"
-        raise MechanismRefused(Refusal(mechanism=mechanism.name, action="apply", reason=reason))
-    return current
 
 
 class Materializer:

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from klineage.cuda.source import Edit, ParsedSource
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms import (
     CATEGORIES,

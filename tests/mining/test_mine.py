@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from klineage.gate.build import Builder
-from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Termination
+from klineage.lineage import AttemptStatus, LineageGraph, Termination
 from klineage.mining.mine import mine
+from klineage.mining.walk import MiningBudget
 from klineage.skills import Measured, SkillLibrary
 from tests.conftest import FIXTURES
 from tests.mining.conftest import Mined

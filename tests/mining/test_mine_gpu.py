@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from klineage.lineage import MiningBudget
 from klineage.mining.mine import mine
+from klineage.mining.walk import MiningBudget
 from klineage.replay.methods import ReplayBudget
 from klineage.replay.run import replay
 from klineage.skills import SkillLibrary

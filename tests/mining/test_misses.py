@@ -7,8 +7,9 @@ from pathlib import Path
 from klineage.kernel import KernelSource
 from klineage.lineage import LineageGraph, StateInfo
 from klineage.mechanisms import Carrier, get
+from klineage.mining.removal import apply_everywhere
 from klineage.problem import load_problem
-from klineage.replay.methods import GateRunRecord, MethodResult, apply_everywhere
+from klineage.replay.methods import GateRunRecord, MethodResult
 from klineage.replay.misses import explain_misses
 from klineage.skills import SkillLibrary
 

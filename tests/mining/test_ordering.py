@@ -7,8 +7,9 @@ from pathlib import Path
 from klineage.gate.log import GateLog
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier
+from klineage.mining.removal import apply_everywhere
 from klineage.problem import load_problem
-from klineage.replay.methods import Materializer, apply_everywhere
+from klineage.replay.methods import Materializer
 from klineage.replay.ordering import closes, keep_options_open, transfer_carrier
 from klineage.skills import SkillLibrary
 

@@ -7,9 +7,10 @@ from pathlib import Path
 from klineage.cuda.reachability import live_functions, run_by_workloads
 from klineage.gate.log import GateLog
 from klineage.kernel import KernelSource
-from klineage.lineage import Attempt, AttemptStatus, Simplifier
+from klineage.lineage import Attempt, AttemptStatus
 from klineage.mechanisms import get
 from klineage.mining.removal import DEAD_CODE, remove_mechanism
+from klineage.mining.walk import Simplifier
 from klineage.problem import load_problem
 
 ROOT = Path(__file__).resolve().parents[2]
