@@ -58,7 +58,7 @@ def reextract(problem: str, root: Path, builder: Builder) -> tuple[int, int]:
             edge["host_changed"] = evidence.host_changed
             edge["signature_shown"] = evidence.signature_shown
         kept.append(skill.model_copy(update={"machine_code": evidence}))
-    lineage.graph.graph["reextracted"] = NOTE
+    lineage.meta.reextracted = NOTE
     lineage.save(path)
     SkillLibrary.update_problem(root, problem, kept)
     return len(kept), len(skills) - len(kept)

@@ -52,7 +52,7 @@ _LAZY = {
     "SkillLibrary": ("klineage.skills", "SkillLibrary"),
     "replay": ("klineage.replay.run", "replay"),
     "ReplayReport": ("klineage.replay.run", "ReplayReport"),
-    "ReplayBudget": ("klineage.replay.methods", "ReplayBudget"),
+    "ReplayBudget": ("klineage.replay.results", "ReplayBudget"),
     "retrieve": ("klineage.replay.retrieve", "retrieve"),
     "Retrieval": ("klineage.replay.retrieve", "Retrieval"),
 }

@@ -17,22 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from klineage.gate.result import GateVerdict
 from klineage.gate.sass import MachineCode
 from klineage.kernel import KernelSource
+from klineage.limits import GATE_MESSAGE_KEPT, LLM_ANSWER_KEPT
 from klineage.llm.base import ProviderError
 from klineage.llm.proposals import Proposal, Rejection
 from klineage.mechanisms import Mechanism, UnknownMechanism, get
+from klineage.search import Ending
 
 RULE_ORIGIN = "rule"
 LLM_PREFIX = "llm:"
-ANSWER_KEPT = 2000
-"""Characters of a rejected LLM answer kept in the lineage (the response cache has it all)."""
 
 
 def is_llm_origin(origin: str) -> bool:
+    """Whether an attempt's origin names an LLM (`llm:<kind>:<model>...`)."""
     return origin.startswith(LLM_PREFIX)
 
 
@@ -57,16 +58,18 @@ def slug(name: str) -> str:
 
 
 class AttemptStatus(str, Enum):
+    """What became of an attempt."""
+
     ACCEPTED = "accepted"
+    """The gate passed the simpler kernel on every workload."""
     REJECTED = "rejected"
+    """The gate failed it (the message says where)."""
     NO_MACHINE_CODE_CHANGE = "no_machine_code_change"
     """Refused before the gate: the same device SASS and host code as the parent."""
 
 
-class Termination(str, Enum):
-    COMPLETE = "complete"
-    BUDGET = "budget"
-    STUCK = "stuck"
+Termination = Ending
+"""How a walk ended: the search's :class:`~klineage.search.Ending` (complete, budget, stuck)."""
 
 
 class WorkloadRatio(BaseModel):
@@ -163,6 +166,7 @@ class StateInfo(BaseModel):
 def state_info(
     kernel: KernelSource, verdict: GateVerdict, depth: int, code: MachineCode | None = None
 ) -> StateInfo:
+    """The lineage node for a gated kernel: its source, verdict, latencies and resources."""
     resources = {}
     if verdict.build.report is not None:
         for k in verdict.build.report.kernels:
@@ -186,14 +190,83 @@ def state_info(
     )
 
 
+class RefusedSite(BaseModel):
+    """A site a rule refused to rewrite: where, which mechanism, why."""
+
+    parent: str = Field(description="fingerprint of the state the rule was asked at")
+    mechanism: str = Field(description="the mechanism whose rule refused")
+    reason: str = Field(description="the site and the rule's reason")
+    step: int = Field(description="the walk step at which it was asked")
+
+
+class LlmRejection(BaseModel):
+    """An LLM answer that never became an attempt: where, why, at which stage."""
+
+    parent: str = Field(description="fingerprint of the state the LLM was asked at")
+    step: int = Field(description="the walk step (replay: the gate runs spent so far)")
+    origin: str = Field(description="'llm:<kind>:<model>' that answered")
+    stage: str = Field(
+        description="provider (the call failed), parse (the answer is malformed or declined), "
+        "build, or duplicate (the kernel a rule attempt already produced)"
+    )
+    kind: str | None = Field(default=None, description="the provider failure's kind (provider)")
+    reason: str = Field(description="why the answer was not used")
+    mechanism: str | None = Field(description="the mechanism the answer named, if any")
+    answer: str = Field(description="the answer's start (the response cache has it all)")
+    input_tokens: int = Field(description="tokens of the prompt")
+    output_tokens: int = Field(description="tokens of the answer")
+    skill: str | None = Field(default=None, description="replay: the skill it was to apply")
+
+
+class LineageMeta(BaseModel):
+    """What a lineage says about itself: the graph attributes of its node-link JSON. A field
+    is written once it is set (a mining lineage has no `method`, a replay lineage no
+    `gate_runs`), so the files stay as small as they were."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: str = Field(description="the definition name of the problem walked")
+    root: str | None = Field(default=None, description="fingerprint of the state walked from")
+    method: str | None = Field(default=None, description="replay: skills, blind or memory")
+    termination: Termination | None = Field(
+        default=None, description="mining: how the walk ended (None while it runs)"
+    )
+    refusals: list[RefusedSite] = Field(
+        default_factory=list, description="sites the rules refused to rewrite"
+    )
+    remaining: list[str] | None = Field(
+        default=None,
+        description="mining: mechanisms still live when nothing more was removable, every "
+        "site refused (why the walk is stuck rather than complete)",
+    )
+    hardware: str | None = Field(default=None, description="mining: the GPU that judged it")
+    llm: str | None = Field(default=None, description="'llm:<kind>:<model>' asked, if any")
+    llm_disabled: str | None = Field(
+        default=None, description="why the LLM was no longer asked (a fatal provider error)"
+    )
+    llm_rejections: list[LlmRejection] | None = Field(
+        default=None, description="LLM answers that never became an attempt"
+    )
+    gate_runs: int | None = Field(default=None, description="mining: gate runs the walk spent")
+    wall_seconds: float | None = Field(default=None, description="mining: the walk's wall time")
+    final: str | None = Field(default=None, description="fingerprint of the last state reached")
+    reextracted: str | None = Field(
+        default=None,
+        description="set when the skills were re-extracted on a CPU from this lineage "
+        "(bench/reextract.py): what was relabelled",
+    )
+
+
 class LineageGraph:
     """A networkx DiGraph of states and attempts, with JSON (node-link) persistence."""
 
-    def __init__(self, problem: str, graph: nx.DiGraph | None = None) -> None:
+    def __init__(
+        self, problem: str, graph: nx.DiGraph | None = None, meta: LineageMeta | None = None
+    ) -> None:
         self.graph = graph if graph is not None else nx.DiGraph()
-        self.graph.graph.setdefault("problem", problem)
-        self.graph.graph.setdefault("refusals", [])
-        self.graph.graph.setdefault("termination", None)
+        """States (nodes, keyed by fingerprint) and attempts (edges), as plain data."""
+        self.meta = meta or LineageMeta(problem=problem, refusals=[], termination=None)
+        """What the lineage says about itself (written as the JSON's `graph`)."""
 
     # ---- building ---------------------------------------------------------------------------
 
@@ -205,7 +278,7 @@ class LineageGraph:
         if known is None or known["status"] == AttemptStatus.NO_MACHINE_CODE_CHANGE.value:
             self.graph.add_node(info.fingerprint, **info.model_dump(mode="json"))
         if root:
-            self.graph.graph["root"] = info.fingerprint
+            self.meta.root = info.fingerprint
 
     def add_attempt(self, attempt: Attempt) -> None:
         """Add an attempt as an edge from its parent state to its child state."""
@@ -213,30 +286,31 @@ class LineageGraph:
 
     def add_refusal(self, parent: str, mechanism: str, reason: str, step: int) -> None:
         """Record a site a rule refused to rewrite, with the reason."""
-        entry = {"parent": parent, "mechanism": mechanism, "reason": reason, "step": step}
-        self.graph.graph["refusals"].append(entry)
+        refused = RefusedSite(parent=parent, mechanism=mechanism, reason=reason, step=step)
+        self.meta.refusals.append(refused)
 
-    def add_llm_rejection(self, entry: dict[str, Any]) -> None:
+    def add_llm_rejection(self, entry: LlmRejection) -> None:
         """An LLM answer that never became an attempt (see :func:`llm_rejection`)."""
-        self.graph.graph.setdefault("llm_rejections", []).append(entry)
+        if self.meta.llm_rejections is None:
+            self.meta.llm_rejections = []
+        self.meta.llm_rejections.append(entry)
 
     # ---- reading ----------------------------------------------------------------------------
 
     @property
     def problem(self) -> str:
         """The name of the problem this lineage was mined from."""
-        return str(self.graph.graph["problem"])
+        return self.meta.problem
 
     @property
     def root(self) -> str | None:
         """The fingerprint of the expert state the walk started from."""
-        return self.graph.graph.get("root")
+        return self.meta.root
 
     @property
     def termination(self) -> Termination | None:
         """How the walk ended (complete, stuck, budget), None while it runs."""
-        value = self.graph.graph.get("termination")
-        return Termination(value) if value else None
+        return self.meta.termination
 
     def state(self, fingerprint: str) -> StateInfo:
         """The kernel state with this fingerprint: its source, gate verdict and resources
@@ -254,9 +328,9 @@ class LineageGraph:
         ]
 
     @property
-    def llm_rejections(self) -> list[dict[str, Any]]:
+    def llm_rejections(self) -> list[LlmRejection]:
         """The LLM answers that never became an attempt, with why."""
-        return list(self.graph.graph.get("llm_rejections", []))
+        return list(self.meta.llm_rejections or [])
 
     def main_path(self) -> list[Attempt]:
         """The chosen attempts from the expert down, in walk order."""
@@ -267,7 +341,9 @@ class LineageGraph:
 
     def to_json(self) -> dict[str, Any]:
         """The lineage as node-link JSON data (what `save` writes)."""
-        return nx.node_link_data(self.graph, edges="edges")
+        data: dict[str, Any] = nx.node_link_data(self.graph, edges="edges")
+        data["graph"] = self.meta.model_dump(mode="json", exclude_unset=True)
+        return data
 
     def save(self, path: str | Path) -> Path:
         """Write the lineage as node-link JSON to `path`, atomically; returns the path."""
@@ -282,7 +358,9 @@ class LineageGraph:
     def from_json(cls, data: dict[str, Any]) -> LineageGraph:
         """The lineage in node-link JSON data (what `to_json` gives)."""
         graph = nx.node_link_graph(data, directed=True, edges="edges")
-        return cls(str(graph.graph.get("problem", "")), graph)
+        meta = LineageMeta.model_validate(graph.graph)
+        graph.graph.clear()  # the typed `meta` is the one copy
+        return cls(meta.problem, graph, meta)
 
     @classmethod
     def load(cls, path: str | Path) -> LineageGraph:
@@ -291,7 +369,13 @@ class LineageGraph:
         file = Path(path)
         try:
             return cls.from_json(json.loads(file.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, KeyError, TypeError, nx.NetworkXError) as err:
+        except (
+            json.JSONDecodeError,
+            KeyError,
+            TypeError,
+            ValidationError,
+            nx.NetworkXError,
+        ) as err:
             raise ValueError(f"{file}: not a lineage written by `klineage mine` ({err})") from err
 
 
@@ -303,27 +387,38 @@ def llm_rejection(
     origin: str,
     stage: str | None = None,
     reason: str | None = None,
-) -> dict[str, Any]:
-    """Plain data for an LLM answer that never became an attempt: where, why, at which stage.
+) -> LlmRejection:
+    """An LLM answer that never became an attempt: where, why, at which stage.
 
     Stages: `provider` (the call failed), `parse` (the answer is malformed or declined),
     `build`, or `duplicate` (a proposal giving the kernel a rule attempt already produced)."""
-    entry: dict[str, Any] = {"parent": parent, "step": step, "origin": origin}
     if isinstance(outcome, ProviderError):
-        entry.update(stage="provider", kind=outcome.kind, reason=outcome.message, mechanism=None)
-        entry.update(answer="", input_tokens=0, output_tokens=0)
+        entry = LlmRejection(
+            parent=parent,
+            step=step,
+            origin=origin,
+            stage="provider",
+            kind=outcome.kind,
+            reason=outcome.message,
+            mechanism=None,
+            answer="",
+            input_tokens=0,
+            output_tokens=0,
+        )
     else:
-        entry.update(
+        entry = LlmRejection(
+            parent=parent,
+            step=step,
             origin=outcome.origin,
             stage=outcome.stage if isinstance(outcome, Rejection) else "duplicate",
-            reason=outcome.reason[:4000] if isinstance(outcome, Rejection) else "",
+            reason=outcome.reason[:GATE_MESSAGE_KEPT] if isinstance(outcome, Rejection) else "",
             mechanism=outcome.mechanism,
-            answer=outcome.answer[:ANSWER_KEPT] if isinstance(outcome, Rejection) else "",
+            answer=outcome.answer[:LLM_ANSWER_KEPT] if isinstance(outcome, Rejection) else "",
             input_tokens=outcome.usage.input_tokens,
             output_tokens=outcome.usage.output_tokens,
         )
     if stage is not None:
-        entry["stage"] = stage
+        entry.stage = stage
     if reason is not None:
-        entry["reason"] = reason
+        entry.reason = reason
     return entry

@@ -1,12 +1,13 @@
 """The package's shape: imports run downward only, and no module imports itself in a circle.
 
-The layers, from the bottom (DESIGN.md, "Package layout"):
+The layers, each importing only the ones after it (DESIGN.md, "Package layout"):
 
-    kernel -> problem -> conditions, gate -> llm, formats, cuda -> mechanisms
-           -> lineage, skills, search -> mining -> replay -> the package (its API) -> cli
-           -> __main__
+    __main__ -> cli -> the package (its API) -> replay -> mining -> lineage, skills
+             -> mechanisms, search -> llm, formats, cuda -> conditions, gate -> problem
+             -> kernel, limits
 
-A module may import its own component and the components below it. Imports under
+A module may import its own component and the components of the layers below it, never one
+beside it. Imports under
 ``if TYPE_CHECKING:`` are for the type checker only and are not followed: they run nothing.
 """
 
@@ -24,12 +25,12 @@ from tests.conftest import REPO
 PACKAGE = REPO / "klineage"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("kernel",),
+    ("kernel", "limits"),
     ("problem",),
     ("conditions", "gate"),
     ("llm", "formats", "cuda"),
-    ("mechanisms",),
-    ("lineage", "skills", "search"),
+    ("mechanisms", "search"),
+    ("lineage", "skills"),
     ("mining",),
     ("replay",),
     ("",),  # the package itself: klineage/__init__.py, the public API

@@ -18,6 +18,8 @@ def _positions(lineage: LineageGraph) -> dict[str, tuple[float, float]]:
     """Main-path states at x = 0, one row per step; every other child of a state in the row
     below it, from x = 1 rightwards."""
     graph = lineage.graph
+    if lineage.root is None:
+        return {}
     main = [lineage.root, *(a.child for a in lineage.main_path())]
     positions = {node: (0.0, -float(row)) for row, node in enumerate(main)}
     for row, node in enumerate(main):
@@ -36,6 +38,8 @@ def _positions(lineage: LineageGraph) -> dict[str, tuple[float, float]]:
 
 
 def draw_lineage(lineage: LineageGraph, path: str | Path) -> Path:
+    """Draw the lineage (main path down the left, other attempts beside it) as a PNG at `path`;
+    RuntimeError without matplotlib."""
     try:
         import matplotlib
 

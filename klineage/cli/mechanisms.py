@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from klineage.cli.tables import Column, print_rows
+from klineage.cli.tables import Cell, Column, print_rows
 from klineage.kernel import KernelSource
 from klineage.mechanisms import (
     Carrier,
@@ -89,7 +89,7 @@ def list_mechanisms(json_out: JsonFlag = False) -> None:
     """Every registered mechanism: category, family, carrier keys and intent."""
     mechanisms = all_mechanisms()
     if json_out:
-        rows = [
+        entries = [
             {
                 "name": m.name,
                 "category": m.category,
@@ -101,7 +101,7 @@ def list_mechanisms(json_out: JsonFlag = False) -> None:
             }
             for m in mechanisms
         ]
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps(entries, indent=2))
         return
     columns = [
         Column("mechanism", key=True),
@@ -127,7 +127,7 @@ def _print_site_table(sites: list[tuple[int, Site]], title: str) -> None:
         Column("snippet", min_width=20),
         Column("note", min_width=20),
     ]
-    rows = [
+    rows: list[list[Cell]] = [
         [
             str(index),
             site.mechanism,

@@ -53,6 +53,7 @@ class WalkView:
         self.llm_rejections = 0
 
     def update(self, event: WalkEvent) -> None:
+        """Take in one event of the walk."""
         self.step, self.runs = event.step, event.gate_runs
         self.state = event.state[:10]
         if event.kind == "llm_rejection":
@@ -72,6 +73,7 @@ class WalkView:
             self.last = f"{a.mechanism}{by}: {a.status.value} (ratio {ratio})"
 
     def render(self) -> Table:
+        """The live table: step, gate runs, state, best and worst ratio so far."""
         table = Table(title=f"mining {self.problem}", show_header=False)
         best = f"{max(self.ratios):.3f}" if self.ratios else "-"
         worst = f"{min(self.ratios):.3f}" if self.ratios else "-"
@@ -318,14 +320,13 @@ def lineage_show(
     attempts = lineage.attempts()
     rejected = [a for a in attempts if a.status is AttemptStatus.REJECTED]
     notes = Text(
-        f"{len(attempts)} attempts, {len(rejected)} rejected, "
-        f"{len(lineage.graph.graph['refusals'])} refusals"
+        f"{len(attempts)} attempts, {len(rejected)} rejected, {len(lineage.meta.refusals)} refusals"
     )
     by_llm = [a for a in attempts if is_llm_origin(a.origin)]
-    if by_llm or lineage.graph.graph.get("llm"):
+    if by_llm or lineage.meta.llm:
         accepted = sum(a.status is AttemptStatus.ACCEPTED for a in by_llm)
         notes.append(
-            f"; {lineage.graph.graph.get('llm') or 'LLM'}: {len(by_llm)} attempts "
+            f"; {lineage.meta.llm or 'LLM'}: {len(by_llm)} attempts "
             f"({accepted} accepted), {len(lineage.llm_rejections)} answers not used"
         )
     console.print(notes)

@@ -13,7 +13,8 @@ from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, ope
 from klineage.cli.tables import Column, print_rows
 from klineage.gate.pool import parse_devices
 from klineage.lineage import is_llm_origin
-from klineage.replay.methods import METHODS, GateRunRecord, ReplayBudget
+from klineage.replay.methods import METHODS
+from klineage.replay.results import GateRunRecord, ReplayBudget
 from klineage.replay.run import ReplayReport, replay
 
 console = Console()
@@ -106,6 +107,8 @@ def replay_command(
 
 
 def print_report(report: ReplayReport, out: Console | None = None) -> None:
+    """Print a replay report as a table: per problem and method, latencies, speedups and skills
+    used."""
     show = out or console
     columns = [
         Column("problem", key=True),
@@ -121,8 +124,8 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
     rows = []
     for r in report.results:
         used = ", ".join(
-            f"{u['skill'].split('--')[0]} ({u['source']}"
-            + (", by the LLM" if is_llm_origin(u.get("origin", "")) else "")
+            f"{u.skill.split('--')[0]} ({u.source}"
+            + (", by the LLM" if is_llm_origin(u.origin) else "")
             + ")"
             for u in r.skills_used
         )

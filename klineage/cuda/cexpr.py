@@ -304,8 +304,8 @@ def to_size_expr(
         return None if child is None else to_size_expr(source, child, names, _depth + 1)
 
     if kind == "number_literal":
-        value = _int_literal(source.text_of(node))
-        return None if value is None else str(value)
+        literal = _int_literal(source.text_of(node))
+        return None if literal is None else str(literal)
     if kind in ("true", "false"):
         return "1" if kind == "true" else "0"
     if kind in ("identifier", "qualified_identifier", "type_identifier", "type_descriptor"):

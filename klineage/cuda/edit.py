@@ -58,10 +58,12 @@ class Edit:
 
     @classmethod
     def delete(cls, start_byte: int, end_byte: int) -> Edit:
+        """Delete the bytes [start_byte, end_byte)."""
         return cls(start_byte, end_byte, "")
 
     @property
     def is_insertion(self) -> bool:
+        """Whether the edit inserts without deleting."""
         return self.start_byte == self.end_byte
 
 

@@ -119,6 +119,8 @@ class _Branches:
         self.defined = defined
         self.values: dict[str, int | str] = dict(parsed.integer_constants)
         for param in entry.params:
+            if param.name is None:
+                continue  # an unnamed parameter (a prototype) holds no value
             if param.name in axes:
                 self.values[param.name] = int(axes[param.name])
             elif param.is_pointer:

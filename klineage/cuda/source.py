@@ -37,6 +37,7 @@ from tree_sitter import Language, Node, Parser, Query, QueryCursor, Tree
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
 from klineage.kernel import KernelSource
+from klineage.limits import SOURCE_SNIPPET_SHOWN
 
 __all__ = [
     "CUDA_FUNCTION_QUALIFIERS",
@@ -62,7 +63,6 @@ CUDA_FUNCTION_QUALIFIERS = frozenset(
 
 LOOP_KINDS = ("for_statement", "for_range_loop", "while_statement", "do_statement")
 _RESTRICT = frozenset({"__restrict__", "__restrict", "restrict"})
-_SNIPPET_LIMIT = 80
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,6 +259,7 @@ class Param:
 
     @property
     def is_pointer(self) -> bool:
+        """Whether the parameter is a pointer."""
         return self.pointer_depth > 0
 
 
@@ -304,6 +305,7 @@ class Function:
         return self.runs_on_device and "__host__" not in self.qualifiers
 
     def param(self, name: str) -> Param | None:
+        """The parameter called `name`, or None."""
         return next((p for p in self.params if p.name == name), None)
 
 
@@ -336,10 +338,12 @@ class Declaration:
 
     @property
     def is_shared(self) -> bool:
+        """Whether it declares `__shared__` memory."""
         return "__shared__" in self.qualifiers
 
     @property
     def is_extern(self) -> bool:
+        """Whether it is `extern` (dynamic shared memory)."""
         return "extern" in self.qualifiers
 
 
@@ -369,18 +373,22 @@ class Launch:
 
     @property
     def grid(self) -> Node | None:
+        """The grid size expression (`<<<grid, ...>>>`), or None."""
         return self.config[0] if self.config else None
 
     @property
     def block(self) -> Node | None:
+        """The block size expression, or None."""
         return self.config[1] if len(self.config) > 1 else None
 
     @property
     def shared_memory(self) -> Node | None:
+        """The dynamic shared memory expression, or None."""
         return self.config[2] if len(self.config) > 2 else None
 
     @property
     def stream(self) -> Node | None:
+        """The stream expression, or None."""
         return self.config[3] if len(self.config) > 3 else None
 
 
@@ -477,7 +485,7 @@ class ParsedSource:
         start, end = (node.start_byte, node.end_byte) if isinstance(node, Node) else node
         return self.data[start:end].decode("utf-8", errors="replace")
 
-    def snippet(self, node: Node | tuple[int, int], limit: int = _SNIPPET_LIMIT) -> str:
+    def snippet(self, node: Node | tuple[int, int], limit: int = SOURCE_SNIPPET_SHOWN) -> str:
         """A node's text on one line, whitespace collapsed, cut at ``limit`` characters."""
         text = _normalize_space(self.text_of(node))
         return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
@@ -767,6 +775,7 @@ class ParsedSource:
         return tuple(found)
 
     def loop_at(self, node: Node) -> Loop | None:
+        """The loop whose node is `node`, or None."""
         return next((loop for loop in self.loops if loop.node == node), None)
 
     def _declared_names(self, node: Node) -> list[tuple[str, Node]]:

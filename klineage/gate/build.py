@@ -350,9 +350,9 @@ class Builder:
             try:
                 for future in as_completed(futures):
                     index = futures[future]
-                    results[index] = future.result()
+                    result = results[index] = future.result()
                     if on_done is not None:
-                        on_done(index, results[index])
+                        on_done(index, result)
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise

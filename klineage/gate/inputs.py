@@ -90,9 +90,9 @@ def fill_random_(
     import torch
 
     if spec.dtype == "bool" or not tensor.dtype.is_floating_point:
-        low, high = (0, 2) if spec.dtype == "bool" else _int_bounds(spec, axis_values)
+        lowest, highest = (0, 2) if spec.dtype == "bool" else _int_bounds(spec, axis_values)
         scratch = torch.empty(tensor.shape, dtype=torch.int64, device=tensor.device)
-        scratch.random_(low, high, generator=generator)
+        scratch.random_(lowest, highest, generator=generator)
         tensor.copy_(scratch)
         return
     native = tensor.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -158,6 +158,7 @@ def _device_of(inputs: dict[str, Any]) -> str:
 def allocate_outputs(
     definition: Definition, workload: Workload, device: str
 ) -> dict[str, torch.Tensor]:
+    """Empty output tensors of the workload's shapes on `device` (poison them before a call)."""
     import torch
 
     axis_values = definition.axis_values(workload)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from klineage.gate.build import BuildResult
+from klineage.gate.build import Builder, BuildResult
 from klineage.gate.pool import spread
 from klineage.gate.result import GATE_PROTOCOL, GateVerdict
 from klineage.kernel import KernelSource
@@ -32,7 +32,9 @@ from klineage.problem import Problem, Workload
 class GateLike(Protocol):
     """What mining and replay need from a gate (the real Gate, or a labelled stand-in)."""
 
-    def build(self, kernel: KernelSource) -> BuildResult: ...
+    def build(self, kernel: KernelSource) -> BuildResult:
+        """Build `kernel` (no GPU needed)."""
+        ...
 
     def run(
         self,
@@ -42,7 +44,9 @@ class GateLike(Protocol):
         workloads: Sequence[Workload] | None = None,
         time_it: bool = True,
         against: KernelSource | None = None,
-    ) -> GateVerdict: ...
+    ) -> GateVerdict:
+        """The verdict on `kernel` for `problem` (timed against `against` when given)."""
+        ...
 
 
 def verdict_key(
@@ -307,7 +311,7 @@ class GateLog:
 
 def _stand_in_workloads(uuids: Sequence[str]) -> list[Workload]:
     """Objects with only the `uuid` the keys read (the log holds no workload definitions)."""
-    return [Workload.model_construct(uuid=u) for u in uuids]
+    return [Workload.model_construct(uuid=u, axes={}, inputs={}) for u in uuids]
 
 
 class VerdictMissing(RuntimeError):
@@ -319,12 +323,16 @@ class LogOnlyGate:
     directly or shared by machine code. Mining a problem again on a machine without a GPU
     with it tells whether the new walk needs any gate run, and where."""
 
-    def __init__(self, builder: Any) -> None:
+    def __init__(self, builder: Builder | None) -> None:
         self.builder = builder
+        """Builds kernels for machine-code keys; None: verdicts served by source only."""
         self.missing: list[tuple[KernelSource, KernelSource | None]] = []
         """The (kernel, baseline) pairs a verdict was asked for and the log lacked."""
 
     def build(self, kernel: KernelSource) -> BuildResult:
+        """The kernel built (cached) and disassembled; RuntimeError without a builder."""
+        if self.builder is None:
+            raise RuntimeError("this log-only gate has no builder")
         return self.builder.build(kernel.text, name=kernel.name, disassemble=True)
 
     def run(
@@ -336,6 +344,7 @@ class LogOnlyGate:
         time_it: bool = True,
         against: KernelSource | None = None,
     ) -> GateVerdict:
+        """Never a verdict: records what was asked and raises :class:`VerdictMissing`."""
         self.missing.append((kernel, against))
         what = "timed against " + against.fingerprint[:8] if against else "checked"
         raise VerdictMissing(

@@ -47,9 +47,14 @@ class NoMachineCodeChange(BaseModel):
 class LineBuilder(Protocol):
     """What the check needs from a Builder."""
 
-    def build(self, source: str, name: str = ..., *, disassemble: bool = ...) -> BuildResult: ...
+    def build(self, source: str, name: str = ..., *, disassemble: bool = ...) -> BuildResult:
+        """Build `source` (cached), disassembled on request."""
+        ...
 
-    def instantiated_lines(self, source: str) -> set[int] | None: ...
+    def instantiated_lines(self, source: str) -> set[int] | None:
+        """The source lines some instantiated kernel's machine code comes from, or None when
+        unknown."""
+        ...
 
 
 def same_machine_code(a: MachineCode | None, b: MachineCode | None) -> bool:

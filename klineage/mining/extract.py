@@ -23,6 +23,7 @@ from klineage.gate.sass import (
     signature_shown,
 )
 from klineage.kernel import KernelSource
+from klineage.limits import DEFAULT_ARCH, RISK_MESSAGE_KEPT, ROUND_TRIP_REASON_KEPT
 from klineage.lineage import (
     Attempt,
     AttemptStatus,
@@ -83,7 +84,7 @@ def extract_skills(
     return skills, probe_runs, log.runs - trip_start
 
 
-BUILD_ARCH = "sm_90"
+BUILD_ARCH = DEFAULT_ARCH
 """What mining's gates build for (the Builder's default); wgmma states need its `a` form."""
 
 NO_LLM_ROUND_TRIP = "no rule can re-apply an LLM-proposed removal"
@@ -124,6 +125,9 @@ def skill_of(
     attempt: Attempt,
     log: GateLog,
 ) -> Skill:
+    """The skill of one accepted attempt: its conditions (static, and learned from the probes,
+    which are gated here), risks, effect, evidence and machine code. `removal` is the rule's
+    removal behind it (None for an LLM-origin attempt)."""
     mechanism = removal.mechanism if removal is not None else catalog_mechanism(attempt.mechanism)
     parent = lineage.state(attempt.parent)
     child = lineage.state(attempt.child)
@@ -174,7 +178,7 @@ def skill_of(
                     kind="rejected_sibling",
                     mechanism=sibling.mechanism,
                     status=sibling.gate_status,
-                    message=(where + sibling.message)[:800],
+                    message=(where + sibling.message)[:RISK_MESSAGE_KEPT],
                 )
             )
     first: Site | None = removal.sites[0] if removal is not None and removal.sites else None
@@ -209,7 +213,7 @@ def skill_of(
             simplified=attempt.child,
             sites=attempt.sites,
             gate_status=attempt.gate_status,
-            hardware=str(lineage.graph.graph.get("hardware", "")),
+            hardware=lineage.meta.hardware or "",
         ),
         scope=scope_of(problem, optimized),
         requires=list(mechanism.requires) if mechanism is not None else [],
@@ -325,7 +329,9 @@ def round_trip(
         skill.round_trip_reproduced = skill.verified = False
         failing = [w for w in verdict.workloads if not w.passed]
         reason = failing[0].message if failing else verdict.build.message
-        skill.round_trip_note = f"{how}the re-applied kernel failed the gate: {reason[:400]}"
+        skill.round_trip_note = (
+            f"{how}the re-applied kernel failed the gate: {reason[:ROUND_TRIP_REASON_KEPT]}"
+        )
         return
     skill.round_trip_ratio = comparison.ratio
     skill.round_trip_trial_ratios = comparison.trial_ratios

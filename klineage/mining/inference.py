@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from klineage.conditions import AxisAtLeast, AxisAtMost, AxisDivisible, Condition, Prose
 from klineage.gate.result import GateVerdict
+from klineage.limits import PROBE_MESSAGE_KEPT
 from klineage.problem import Problem, Workload
 
 DIVISORS = (2, 4, 8, 16, 32, 64, 128, 256)
@@ -72,7 +73,9 @@ def infer_condition(
     # the optimized state passes every required workload (it was accepted as a state)
     good = list(problem.workloads) + [by_uuid[u] for u in handled if u in by_uuid]
     evidence = [
-        ProbeEvidence(workload=by_uuid[u].label, status=statuses[u], message=messages[u][:500])
+        ProbeEvidence(
+            workload=by_uuid[u].label, status=statuses[u], message=messages[u][:PROBE_MESSAGE_KEPT]
+        )
         for u in broken
     ]
     why = "the optimized kernel failed probes the simpler one passed"

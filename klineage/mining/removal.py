@@ -40,14 +40,17 @@ class Removal:
 
     @property
     def original(self) -> KernelSource:
+        """The kernel the mechanism was removed from."""
         return self.states[0]
 
     @property
     def simplified(self) -> KernelSource:
+        """The kernel with every removable site taken out."""
         return self.states[-1]
 
     @property
     def changed(self) -> bool:
+        """Whether any site was removed."""
         return len(self.states) > 1
 
 

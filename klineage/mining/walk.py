@@ -39,8 +39,7 @@ already produced) is kept in the graph's `llm_rejections`, and the walk goes on 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +52,15 @@ from klineage.gate.noop import no_machine_code_change
 from klineage.gate.result import GateVerdict
 from klineage.gate.sass import MachineCode, delta, render_delta, signature_shown
 from klineage.kernel import KernelSource
+from klineage.limits import EVENT_MESSAGE_SHOWN, EXPERT_FAILURE_SHOWN, GATE_MESSAGE_KEPT
 from klineage.lineage import (
     LLM_PREFIX,
     RULE_ORIGIN,
     Attempt,
     AttemptStatus,
     LineageGraph,
+    LlmRejection,
     StateInfo,
-    Termination,
     WorkloadRatio,
     catalog_mechanism,
     is_llm_origin,
@@ -75,6 +75,7 @@ from klineage.mechanisms import Mechanism, Site, all_mechanisms
 from klineage.mechanisms.base import FILE_SCOPE
 from klineage.mining.removal import Removal, remove_each_site, remove_mechanism
 from klineage.problem import Problem
+from klineage.search import Ending, GateRunBudget, Tried, search
 
 
 class MiningBudget(BaseModel):
@@ -150,6 +151,7 @@ class Simplifier:
 
     @property
     def llm_origin(self) -> str | None:
+        """`llm:<kind>:<model>` of the LLM asked, or None."""
         return f"{LLM_PREFIX}{self.llm.kind}:{self.llm.model}" if self.llm is not None else None
 
     def _builder(self) -> Any:
@@ -244,122 +246,119 @@ class Simplifier:
     def walk(
         self, problem: Problem, expert: KernelSource, budget: MiningBudget | None = None
     ) -> LineageGraph:
+        """Walk `expert` backward until nothing removable is left, nothing removable passes
+        the gate, or `budget` is spent; the lineage of every attempt."""
         limits = budget or MiningBudget()
-        started = time.monotonic()
-        lineage = LineageGraph(problem.name)
+        self._budget = GateRunBudget(self.log, limits.gate_runs, limits.wall_seconds)
+        self._problem = problem
+        self._lineage = lineage = LineageGraph(problem.name)
         self._workload_axes = [dict(w.axes) for w in problem.workloads]
-        runs_at_start = self.log.runs
         verdict = self.log.run(problem, expert)
         expert_code = self._machine_code(expert)
         if not verdict.passed:
             raise ValueError(
                 f"{problem.name}: the expert kernel does not pass its own gate "
                 f"({verdict.status.value}): "
-                + "; ".join(w.message for w in verdict.workloads if not w.passed)[:2000]
+                + "; ".join(w.message for w in verdict.workloads if not w.passed)[
+                    :EXPERT_FAILURE_SHOWN
+                ]
                 + (verdict.build.message if not verdict.build.ok else "")
             )
-        lineage.graph.graph["hardware"] = verdict.hardware
+        lineage.meta.hardware = verdict.hardware
         if self.llm is not None:
-            lineage.graph.graph["llm"] = self.llm_origin
-            lineage.graph.graph.setdefault("llm_rejections", [])
-        current = expert
+            lineage.meta.llm = self.llm_origin
+            lineage.meta.llm_rejections = []
         info = state_info(expert, verdict, 0, expert_code)
         info.detected = self._detected(expert)
         lineage.add_state(info, root=True)
-        step = 0
-
-        def spent() -> bool:
-            return (
-                self.log.runs - runs_at_start >= limits.gate_runs
-                or time.monotonic() - started >= limits.wall_seconds
-            )
-
-        while True:
-            self.on_event(WalkEvent("state", step, self.log.runs, current.fingerprint))
-            removals = self._removals(lineage, current, step)
-            proposal = self._propose(lineage, problem, current, removals, step)
-            tries: list[Removal | Proposal] = [*removals, *([proposal] if proposal else [])]
-            tries = self._refuse_no_ops(lineage, current, tries, step)
-            if not tries:
-                # naive only when nothing live is left; live sites every rule refuses: stuck
-                remaining = sorted(self._live_status(current, refused_only=True))
-                lineage.graph.graph["remaining"] = remaining
-                finished = Termination.STUCK if remaining else Termination.COMPLETE
-                lineage.graph.graph["termination"] = finished.value
-                break
-            accepted, out_of_budget = self._gate_tries(
-                lineage,
-                problem,
-                current,
-                tries,
-                step,
-                limits.gate_runs - (self.log.runs - runs_at_start),
-                spent,
-            )
-            # a mechanism that cannot go everywhere may still go from some of its sites
-            singles = [
-                single
-                for item in tries
-                if isinstance(item, Removal)
-                and len(item.sites) > 1
-                and self._rejected_removal(lineage, current, item)
-                for single in remove_each_site(current, item)
-            ]
-            singles = self._refuse_no_ops(lineage, current, list(singles), step)
-            if singles and not out_of_budget:
-                more, out_of_budget = self._gate_tries(
-                    lineage,
-                    problem,
-                    current,
-                    singles,
-                    step,
-                    limits.gate_runs - (self.log.runs - runs_at_start),
-                    spent,
-                )
-                accepted += more
-            if out_of_budget and not accepted:
-                lineage.graph.graph["termination"] = Termination.BUDGET.value
-                break
-            if not accepted:
-                lineage.graph.graph["termination"] = Termination.STUCK.value
-                break
-            chosen, current = self._choose(accepted, current)
-            lineage.graph.edges[chosen.parent, chosen.child]["chosen"] = True
-            step += 1
-            if out_of_budget or spent():
-                lineage.graph.graph["termination"] = Termination.BUDGET.value
-                break
-        lineage.graph.graph["gate_runs"] = self.log.runs - runs_at_start
-        lineage.graph.graph["wall_seconds"] = time.monotonic() - started
-        lineage.graph.graph["final"] = current.fingerprint
-        self.on_event(WalkEvent("done", step, self.log.runs, current.fingerprint))
+        end = search(problem, expert, self, self.log, self._budget, observers=[self])
+        lineage.meta.termination = end.ending
+        lineage.meta.gate_runs = self._budget.used()
+        lineage.meta.wall_seconds = self._budget.elapsed()
+        lineage.meta.final = end.state.fingerprint
+        self.on_event(WalkEvent("done", end.steps, self.log.runs, end.state.fingerprint))
         return lineage
 
-    def _gate_tries(
-        self,
-        lineage: LineageGraph,
-        problem: Problem,
-        current: KernelSource,
-        tries: Sequence[Removal | Proposal],
-        step: int,
-        runs_left: int,
-        spent: Callable[[], bool],
-    ) -> tuple[list[tuple[Attempt, KernelSource]], bool]:
-        """Gate each try against `current` (side by side first, with several gates); the
-        accepted attempts with their children, and whether the budget ran out."""
+    # ---- the move source the search loop asks (klineage.search.MoveSource) ------------------
+
+    def moves(
+        self, step: int, state: KernelSource, tried: Sequence[Try]
+    ) -> Iterator[Removal | Proposal]:
+        """Every removal the catalog can write at `state` (and the LLM's, if asked), no-ops
+        recorded and left out; then, for each mechanism whose removal everywhere was rejected,
+        its sites one at a time: the gate may need one site and not the others."""
+        lineage, problem = self._lineage, self._problem
+        removals = self._removals(lineage, state, step)
+        proposal = self._propose(lineage, problem, state, removals, step)
+        tries = self._refuse_no_ops(
+            lineage, state, [*removals, *([proposal] if proposal else [])], step
+        )
+        if not tries:
+            return
+        self._gate_ahead(state, tries)
+        yield from tries
+        singles: list[Removal | Proposal] = [
+            single
+            for item in tries
+            if isinstance(item, Removal)
+            and len(item.sites) > 1
+            and self._rejected_removal(lineage, state, item)
+            for single in remove_each_site(state, item)
+        ]
+        singles = self._refuse_no_ops(lineage, state, singles, step)
+        if singles and not self._budget.spent():
+            self._gate_ahead(state, singles)
+        yield from singles
+
+    def realize(
+        self, state: KernelSource, move: Removal | Proposal
+    ) -> tuple[Removal | Proposal, KernelSource]:
+        """The simplified kernel, already written by the removal or the LLM."""
+        return move, _child_of(move)
+
+    def accepts(self, verdict: GateVerdict) -> bool:
+        """A removal is accepted when the simpler kernel is correct on every workload."""
+        return verdict.passed
+
+    def gated(self, step: int, state: KernelSource, tried: Try) -> Attempt:
+        """Record the attempt as an edge of the lineage, with its child state."""
+        attempt = self._attempt_of(state, tried.child, tried.verdict, step, tried.move)
+        self._remember(attempt, tried.move)
+        self.on_event(WalkEvent("attempt", step, self.log.runs, state.fingerprint, attempt))
+        return attempt
+
+    def choose(self, state: KernelSource, accepted: Sequence[Try]) -> Try:
+        """The removal to walk on from (see :meth:`_choose`)."""
+        pairs = [(_attempt(one), one.child) for one in accepted]
+        chosen, _ = self._choose(pairs, state)
+        return next(one for one in accepted if one.record is chosen)
+
+    def settled(self, step: int, state: KernelSource, tried: Sequence[Try], chosen: Try) -> None:
+        """Mark the chosen attempt on the main path."""
+        attempt = _attempt(chosen)
+        self._lineage.graph.edges[attempt.parent, attempt.child]["chosen"] = True
+
+    def nothing_to_try(self, state: KernelSource) -> Ending:
+        """Complete when no live mechanism is left; stuck when every rule refuses one."""
+        remaining = sorted(self._live_status(state, refused_only=True))
+        self._lineage.meta.remaining = remaining
+        return Ending.STUCK if remaining else Ending.COMPLETE
+
+    def on_state(self, step: int, state: KernelSource) -> None:
+        """Tell the live display the walk is at a new state."""
+        self.on_event(WalkEvent("state", step, self.log.runs, state.fingerprint))
+
+    def on_end(self, step: int, state: KernelSource, ending: Ending) -> None:
+        """Nothing to do: :meth:`walk` says `done` once the lineage is complete."""
+
+    def _gate_ahead(self, state: KernelSource, tries: Sequence[Removal | Proposal]) -> None:
+        """Build the tries' kernels in parallel, and with several gates make their verdicts
+        side by side (as many as the budget allows); the loop then reads them from the log."""
         children = [_child_of(t) for t in tries]
         self._prebuild(children)
-        if len(self.gates) > 1:  # verdicts made side by side, then read in order below
-            pairs = [(child, current) for child in children[: max(0, runs_left)]]
-            self.log.run_many(problem, pairs, self.gates)
-        accepted: list[tuple[Attempt, KernelSource]] = []
-        for item in tries:
-            if spent():
-                return accepted, True
-            attempt = self._attempt(lineage, problem, current, item, step)
-            if attempt.status is AttemptStatus.ACCEPTED:
-                accepted.append((attempt, _child_of(item)))
-        return accepted, False
+        if len(self.gates) > 1:
+            pairs = [(child, state) for child in children[: max(0, self._budget.left())]]
+            self.log.run_many(self._problem, pairs, self.gates)
 
     def _rejected_removal(
         self, lineage: LineageGraph, current: KernelSource, removal: Removal
@@ -439,7 +438,7 @@ class Simplifier:
                 origin=origin,
                 reason=f"{err.message} (the LLM is not asked again in this walk)",
             )
-            lineage.graph.graph["llm_disabled"] = err.message
+            lineage.meta.llm_disabled = err.message
             self._rejected(lineage, entry, step, current)
             return None
         if isinstance(outcome, Rejection):
@@ -462,7 +461,7 @@ class Simplifier:
         return outcome
 
     def _rejected(
-        self, lineage: LineageGraph, entry: dict[str, Any], step: int, current: KernelSource
+        self, lineage: LineageGraph, entry: LlmRejection, step: int, current: KernelSource
     ) -> None:
         lineage.add_llm_rejection(entry)
         self.on_event(
@@ -471,38 +470,21 @@ class Simplifier:
                 step,
                 self.log.runs,
                 current.fingerprint,
-                message=f"{entry['stage']}: {entry['reason'][:200]}",
+                message=f"{entry.stage}: {entry.reason[:EVENT_MESSAGE_SHOWN]}",
             )
         )
 
-    def _attempt(
+    def _attempt_of(
         self,
-        lineage: LineageGraph,
-        problem: Problem,
-        current: KernelSource,
-        item: Removal | Proposal,
-        step: int,
-    ) -> Attempt:
-        attempt = self._gate_attempt(
-            lineage, problem, current, _child_of(item), step, **self._fields(current, item)
-        )
-        self._remember(attempt, item)
-        self.on_event(WalkEvent("attempt", step, self.log.runs, current.fingerprint, attempt))
-        return attempt
-
-    def _gate_attempt(
-        self,
-        lineage: LineageGraph,
-        problem: Problem,
         current: KernelSource,
         child: KernelSource,
+        verdict: GateVerdict,
         step: int,
-        **fields: Any,
+        item: Removal | Proposal,
     ) -> Attempt:
-        """Gate `child` against `current` and record the edge (any origin)."""
-        fields.setdefault("sites", [])
-        fields.setdefault("carriers", [])
-        verdict = self.log.run(problem, child, against=current)
+        """The edge for a gated try (any origin), recorded with its child state."""
+        lineage = self._lineage
+        fields = self._fields(current, item)
         ratio, trials, rows = _pooled(verdict)
         accepted = verdict.passed
         parent = lineage.state(current.fingerprint)
@@ -521,7 +503,7 @@ class Simplifier:
             child=child.fingerprint,
             status=AttemptStatus.ACCEPTED if accepted else AttemptStatus.REJECTED,
             gate_status=verdict.status.value,
-            message=message[:4000],
+            message=message[:GATE_MESSAGE_KEPT],
             ratio=ratio,
             trial_ratios=trials,
             workloads=rows,
@@ -584,8 +566,17 @@ class Simplifier:
         return (removable - {mechanism}) & stranded
 
 
+Try = Tried[Removal | Proposal, Attempt]
+"""A removal (rule or LLM) the walk gated, with its lineage edge."""
+
+
 def _child_of(item: Removal | Proposal) -> KernelSource:
     return item.simplified if isinstance(item, Removal) else item.source
+
+
+def _attempt(tried: Try) -> Attempt:
+    assert tried.record is not None, "gated() records every try"
+    return tried.record
 
 
 def _machine_code_evidence(

@@ -20,7 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from klineage.problem.models import Definition
+from klineage.problem.models import Definition, TensorSpec
+
+Role = Literal["input", "output", "axis", "stream"]
+"""Where an argument of `run` comes from."""
 
 # C spelling of each definition dtype, for prototypes shown to people and LLMs.
 _C_TYPES: dict[str, str] = {
@@ -60,7 +63,7 @@ class AbiParam:
 
     name: str
     """Parameter name (the definition's input, output or axis name, or `stream`)."""
-    role: Literal["input", "output", "axis", "stream"]
+    role: Role
     """Where the argument comes from."""
     dtype: str | None
     """Definition dtype for tensors and scalars; None for axes and the stream."""
@@ -72,6 +75,7 @@ class AbiParam:
 
     @property
     def ctype(self) -> type:
+        """The `ctypes` type the argument is passed as."""
         if self.is_pointer:
             return ctypes.c_void_p
         if self.role == "axis":
@@ -81,6 +85,7 @@ class AbiParam:
 
     @property
     def c_declaration(self) -> str:
+        """The parameter as C declares it (`const float* x`)."""
         if self.role == "stream":
             return f"cudaStream_t {self.name}"
         if self.role == "axis":
@@ -104,7 +109,11 @@ class KernelAbi:
         """The signature `definition` implies; AbiError when the ABI cannot express it."""
         params: list[AbiParam] = []
         updated_in_place = set(definition.inplace_outputs().values())
-        for role, specs in (("input", definition.inputs), ("output", definition.outputs)):
+        groups: tuple[tuple[Role, dict[str, TensorSpec]], ...] = (
+            ("input", definition.inputs),
+            ("output", definition.outputs),
+        )
+        for role, specs in groups:
             for name, spec in specs.items():
                 if role == "output" and spec.inplace_of is not None:
                     continue  # written through the input's pointer
@@ -283,7 +292,9 @@ def _closing_paren(code: str, start: int) -> int | None:
 
 
 def _split_top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char in "(<[":
             depth += 1

@@ -48,4 +48,5 @@ def torch_dtype(name: str) -> torch.dtype:
     _check_dtype_name(name)
     import torch  # lazy: loading problems must not pay for (or require) torch
 
-    return getattr(torch, name)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype

@@ -82,5 +82,6 @@ def fail(path: JsonPath, message: str, expected: str) -> NoReturn:
 
 
 def listed(items: Iterable[str]) -> str:
+    """Names joined by commas, or '(none)'."""
     listed = ", ".join(items)
     return listed or "(none)"

@@ -61,11 +61,13 @@ def _json_lines(text: str) -> dict[JsonPath, int]:
         while text[pos] != closing:
             if closing == "}":
                 key, after = decoder.raw_decode(text, pos)
-                found[(*path, key)] = line(pos)
-                pos = value(skip(after) + 1, (*path, key))
+                child = (*path, key)
+                found[child] = line(pos)
+                pos = value(skip(after) + 1, child)
             else:
-                found[(*path, index)] = line(pos)
-                pos = value(pos, (*path, index))
+                child = (*path, index)
+                found[child] = line(pos)
+                pos = value(pos, child)
                 index += 1
             pos = skip(pos)
             if text[pos] == ",":

@@ -27,10 +27,11 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from klineage.kernel import KernelSource
+from klineage.limits import MISS_MESSAGE_SHOWN
 from klineage.lineage import LineageGraph
 from klineage.mechanisms import UnknownMechanism, get
 from klineage.problem import Problem
-from klineage.replay.methods import MethodResult
+from klineage.replay.results import MethodResult
 from klineage.replay.retrieve import retrieve
 from klineage.skills import Skill
 
@@ -131,7 +132,11 @@ def _reason(
         outcomes = ", ".join(
             f"{r.outcome}"
             + (f" at {r.ratio:.3f}" if r.ratio is not None else "")
-            + (f" ({r.gate_status}: {r.message[:120]})" if r.outcome == "rejected" else "")
+            + (
+                f" ({r.gate_status}: {r.message[:MISS_MESSAGE_SHOWN]})"
+                if r.outcome == "rejected"
+                else ""
+            )
             for r in tries
         )
         return "tried", f"gated {len(tries)} time(s): {outcomes}"

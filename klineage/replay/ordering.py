@@ -93,6 +93,7 @@ def keep_options_open(
 
 
 def widest_itemsize(dtypes: Sequence[str]) -> int | None:
+    """The largest element size among `dtypes` in bytes, or None when none is known."""
     sizes = []
     for dtype in dtypes:
         try:

@@ -34,6 +34,7 @@ from klineage.conditions import Condition, EvalContext, parse_condition
 from klineage.cuda.facts import eval_context
 from klineage.gate.sass import MachineCode, signature_present
 from klineage.kernel import KernelSource
+from klineage.limits import DEFAULT_ARCH
 from klineage.mechanisms import Site, UnknownMechanism, get
 from klineage.problem import Problem
 from klineage.skills import Measured, Skill
@@ -91,6 +92,7 @@ def tokens(text: str) -> list[str]:
 
 
 def skill_text(skill: Skill) -> str:
+    """The words a skill is found by: intent, mechanism, family, anchor code, conditions."""
     return "\n".join(
         [
             skill.intent,
@@ -104,6 +106,7 @@ def skill_text(skill: Skill) -> str:
 
 
 def target_text(problem: Problem, kernel: KernelSource) -> str:
+    """The words a target is searched with: the definition's names and the kernel's source."""
     d = problem.definition
     return "\n".join([d.name, d.op_type, d.description, " ".join(d.tags), kernel.text])
 
@@ -127,6 +130,7 @@ def bm25_scores(query: str, documents: Sequence[str]) -> list[float]:
 
 
 def scope_score(skill: Skill, problem: Problem, arch: str) -> float:
+    """How well the skill's scope fits the target: op type, dtypes, architecture (0 to 1)."""
     d = problem.definition
     dtypes = {s.dtype for s in [*d.inputs.values(), *d.outputs.values()]}
     op = 1.0 if skill.scope.op_type == d.op_type else 0.0
@@ -173,7 +177,7 @@ def retrieve(
     problem: Problem,
     kernel: KernelSource | str | None = None,
     *,
-    arch: str = "sm_90",
+    arch: str = DEFAULT_ARCH,
     use_conditions: bool = True,
     keep_unknown: bool = False,
     machine_code: MachineCode | None = None,

@@ -25,11 +25,11 @@ from pydantic import BaseModel, Field
 from klineage.gate.log import GateLike, GateLog
 from klineage.gate.pool import open_gates, spread
 from klineage.gate.result import geomean
-from klineage.kernel import KernelSource
 from klineage.llm.base import Provider
 from klineage.problem import Problem, load_problem
-from klineage.replay.methods import GateRunRecord, Materializer, MethodResult, ReplayBudget
+from klineage.replay.methods import Materializer
 from klineage.replay.misses import Miss, explain_misses
+from klineage.replay.results import GateRunRecord, MethodResult, ReplayBudget
 from klineage.skills import SkillLibrary
 
 FAST_P = (1.0, 1.5)
@@ -68,6 +68,7 @@ def runs_to_reach(result: MethodResult, speedup: float) -> int:
 
 
 def matched_runs(results: Sequence[MethodResult]) -> list[MatchedRuns]:
+    """For skills and memory: the gate runs each and blind search spent to reach the same speed."""
     blind = {r.problem: r for r in results if r.method == "blind"}
     out = []
     for method in ("skills", "memory"):
@@ -110,6 +111,7 @@ class ReplayReport(BaseModel):
 
 
 def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
+    """One summary per method over all problems: geometric means, fast_p, runs to 90%, waste."""
     methods = sorted({r.method for r in results}, key=["skills", "blind", "memory"].index)
     summaries = []
     for method in methods:
@@ -182,7 +184,7 @@ def replay(
         loaded.append(problem)
 
     def one_problem(problem: Problem, on: GateLike) -> list[MethodResult]:
-        naive = KernelSource.from_file(problem.kernel_path)
+        naive = problem.kernel_source()
         log = GateLog(
             root / "gatelog" / f"{problem.name}.jsonl", on, resume=resume, share=skip_no_ops
         )
@@ -259,4 +261,5 @@ def draw_chart(report: ReplayReport, path: str | Path) -> Path:
 
 
 def load_replay(path: str | Path) -> ReplayReport:
+    """The replay report saved at `path` (`replay.json`)."""
     return ReplayReport.model_validate(json.loads(Path(path).read_text()))

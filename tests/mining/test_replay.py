@@ -11,7 +11,7 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.problem import load_problem
-from klineage.replay.methods import GateRunRecord
+from klineage.replay.results import GateRunRecord
 from klineage.replay.retrieve import retrieve
 from klineage.replay.run import ReplayBudget, load_replay
 from klineage.skills import SkillLibrary
@@ -91,7 +91,7 @@ def test_replay_methods_on_the_same_budget(builder: Builder, skills: Path, tmp_p
     assert skilled.runs[0].action == "fast_math" and skilled.runs[0].outcome == "kept"
     assert skilled.runs_to_90 <= 3
     assert skilled.speedup == pytest.approx(1.5 * 1.1 * 1.05 * 1.02, rel=0.02)
-    assert {u["source"] for u in skilled.skills_used} == {"exp_scale_f32"}
+    assert {u.source for u in skilled.skills_used} == {"exp_scale_f32"}
     saved = load_replay(tmp_path / "replay.json")
     assert [s.method for s in saved.summary] == ["skills", "blind", "memory"]
     assert (tmp_path / "lineages" / "exp_target_f32.skills.json").is_file()

@@ -29,7 +29,7 @@ def test_the_skills_method_tries_block_per_row_before_vectorizing(tmp_path: Path
     naive = KernelSource.from_file(problem.kernel_path)
     library = list(SkillLibrary.load(ROOT / "skills_out"))
     materializer = Materializer(GateLog(tmp_path / "log.jsonl", None), library)  # type: ignore[arg-type]
-    moves = list(materializer._skill_moves(problem, naive))
+    moves = list(materializer.method("skills", problem).candidates(naive))
     names = [m.name for m in moves]
     assert names[0] == "block_per_row"
     first_vector = next(m for m in moves if m.name == "vectorized_access")

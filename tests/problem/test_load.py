@@ -32,7 +32,7 @@ from klineage.problem import (
     torch_dtype,
 )
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 FIXTURE = TESTS / "fixtures" / "problems" / "scale_rows"
 SOFTMAX = REPO / "expert_kernels" / "softmax"

@@ -9,8 +9,8 @@ from klineage.lineage import LineageGraph, StateInfo
 from klineage.mechanisms import Carrier, get
 from klineage.mining.removal import apply_everywhere
 from klineage.problem import load_problem
-from klineage.replay.methods import GateRunRecord, MethodResult
 from klineage.replay.misses import explain_misses
+from klineage.replay.results import GateRunRecord, MethodResult
 from klineage.skills import SkillLibrary
 
 ROOT = Path(__file__).resolve().parents[2]
