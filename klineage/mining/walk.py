@@ -1,16 +1,17 @@
 """The Simplifier: walk an expert kernel backward through the gate, one mechanism at a time.
 
-A node is a kernel state keyed by fingerprint; an edge (optimized -> simplified) is one
+The walk is the search loop of :mod:`klineage.search` with the Simplifier as its move source.
+It records a lineage (:mod:`klineage.lineage`): an edge (optimized -> simplified) is one
 attempt to remove one mechanism (every removable site of it), accepted when the simplified
 kernel is correct on every workload, rejected otherwise, with the gate's evidence on the
-edge. Attempts the rules could not even write (refusals) are kept in the graph's `refusals`.
+edge. Attempts the rules could not even write (refusals) are kept in the lineage's `refusals`.
 
 The walk's policy, at each state:
 1. try to remove every mechanism the catalog detects, each as one attempt (built in parallel,
    then gated: correct on every workload, timed interleaved against the current state);
-   Sites in functions no workload runs (klineage.cuda.reachability: the entry's branches followed
-   with each workload's axes) are refused: a removal there changes no measurement, and would
-   make a ~1.00x skill out of code no timing covered. When removing a mechanism everywhere
+   Sites in functions no workload runs (klineage.cuda.reachability: the entry's branches
+   followed with each workload's axes) are refused: a removal there changes no measurement,
+   and would make a ~1.00x skill out of code no timing covered. When removing a mechanism everywhere
    is rejected and it had several sites, each site is then tried alone (its attempt id ends
    `-site-<site id>`): the gate may need one site and not the others (gemm_bf16 needs its
    K split at K = 28672 for accuracy, and not on the M <= 16 path);
@@ -24,8 +25,8 @@ The walk's policy, at each state:
 
 Before any gate run, a removal whose simplified state compiles to the same device SASS and
 host code as the current state is recorded as `no_machine_code_change` with the reason
-(:mod:`klineage.gate.noop`): it costs no gate run and yields no skill. An accepted removal whose
-machine-code delta does not show its mechanism's declared `signature` is flagged on its edge
+(:mod:`klineage.gate.noop`): it costs no gate run and yields no skill. An accepted removal
+whose machine-code delta does not show its mechanism's declared `signature` is flagged on its edge
 (`signature_shown: false`). A walk whose every remaining removal is such a no-op ends as if
 nothing were left to remove.
 
@@ -148,11 +149,19 @@ class Simplifier:
         """Attempt id -> its removal record (sites, carriers, states), for skills."""
         self.proposals: dict[str, Proposal] = {}
         """Attempt id -> the LLM proposal behind it (LLM-origin attempts)."""
+        # the walk under way (set by `walk`), read by the move source's methods
+        self._problem: Problem | None = None
+        self._lineage = LineageGraph("")
+        self._budget = GateRunBudget(log, 1, 1.0)
 
     @property
     def llm_origin(self) -> str | None:
         """`llm:<kind>:<model>` of the LLM asked, or None."""
         return f"{LLM_PREFIX}{self.llm.kind}:{self.llm.model}" if self.llm is not None else None
+
+    def _walked(self) -> Problem:
+        assert self._problem is not None, "the move source is asked during walk() only"
+        return self._problem
 
     def _builder(self) -> Any:
         return getattr(self.log.gate, "builder", None)
@@ -287,7 +296,7 @@ class Simplifier:
         """Every removal the catalog can write at `state` (and the LLM's, if asked), no-ops
         recorded and left out; then, for each mechanism whose removal everywhere was rejected,
         its sites one at a time: the gate may need one site and not the others."""
-        lineage, problem = self._lineage, self._problem
+        lineage, problem = self._lineage, self._walked()
         removals = self._removals(lineage, state, step)
         proposal = self._propose(lineage, problem, state, removals, step)
         tries = self._refuse_no_ops(
@@ -358,7 +367,7 @@ class Simplifier:
         self._prebuild(children)
         if len(self.gates) > 1:
             pairs = [(child, state) for child in children[: max(0, self._budget.left())]]
-            self.log.run_many(self._problem, pairs, self.gates)
+            self.log.run_many(self._walked(), pairs, self.gates)
 
     def _rejected_removal(
         self, lineage: LineageGraph, current: KernelSource, removal: Removal
