@@ -17,9 +17,9 @@ import argparse
 from pathlib import Path
 
 from klineage.gate.build import Builder
+from klineage.gate.noop import no_machine_code_change
 from klineage.lineage import AttemptStatus, LineageGraph
-from klineage.mine import machine_code_evidence
-from klineage.noop import no_machine_code_change
+from klineage.mining.extract import machine_code_evidence
 from klineage.skills import SkillLibrary
 
 NOTE = (
@@ -58,7 +58,7 @@ def reextract(problem: str, root: Path, builder: Builder) -> tuple[int, int]:
             edge["host_changed"] = evidence.host_changed
             edge["signature_shown"] = evidence.signature_shown
         kept.append(skill.model_copy(update={"machine_code": evidence}))
-    lineage.graph.graph["reextracted"] = NOTE
+    lineage.meta.reextracted = NOTE
     lineage.save(path)
     SkillLibrary.update_problem(root, problem, kept)
     return len(kept), len(skills) - len(kept)

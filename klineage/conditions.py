@@ -38,6 +38,7 @@ from pydantic import (
     field_validator,
 )
 
+from klineage.limits import DEFAULT_ARCH, HARNESS_ALIGNMENT
 from klineage.problem import Definition, Problem, Workload, dtype_itemsize
 
 __all__ = [
@@ -69,8 +70,6 @@ __all__ = [
 Target = Problem | Definition
 """What conditions evaluate against: a loaded problem, or just its definition."""
 
-DEFAULT_ARCH = "sm_90"
-HARNESS_ALIGNMENT = 256
 """Bytes: the harness hands kernels fresh ``cudaMalloc`` buffers, aligned to at least this."""
 
 
@@ -107,7 +106,7 @@ class _Unknown(Exception):
 def _size(node: ast.AST, values: Mapping[str, int]) -> int:
     if isinstance(node, ast.Expression):
         return _size(node.body, values)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, bool):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):  # bool is an int
         return int(node.value)
     if isinstance(node, ast.Name):
         if node.id not in values:
@@ -225,7 +224,7 @@ def _join_why(*whys: str) -> str:
 class Condition(BaseModel):
     """A static predicate over a problem's workloads (and the kernel's facts)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     kind: str = Field(description="the condition's type tag, used to read it back from JSON")
     why: str = Field(default="", description="the reason, in prose, shown in parentheses")
@@ -315,10 +314,12 @@ _LIST = TypeAdapter(list[AnyCondition])
 
 
 def conditions_to_json(conditions: Iterable[Condition]) -> list[dict[str, Any]]:
+    """Conditions as JSON data, each tagged with its `kind`."""
     return _LIST.dump_python(list(conditions), mode="json")
 
 
 def conditions_from_json(data: Iterable[Mapping[str, Any]]) -> list[Condition]:
+    """Conditions read back from JSON data (by their `kind`)."""
     return _LIST.validate_python(list(data))
 
 
@@ -331,6 +332,7 @@ class AxisDivisible(Condition):
     """An axis must be a multiple of ``k`` (vector widths, tile sizes)."""
 
     kind: Literal["axis_divisible"] = "axis_divisible"
+    """Always 'axis_divisible': the tag JSON reads it back by."""
     axis: str = Field(description="the axis name")
     k: int = Field(gt=0, description="the divisor")
 
@@ -357,6 +359,7 @@ class AxisAtMost(Condition):
     """An axis must not exceed ``n`` (one block per row holding the row, a register tile)."""
 
     kind: Literal["axis_at_most"] = "axis_at_most"
+    """Always 'axis_at_most': the tag JSON reads it back by."""
     axis: str = Field(description="the axis name")
     n: int = Field(description="the largest allowed value")
 
@@ -384,6 +387,7 @@ class AxisAtLeast(Condition):
     """An axis must be at least ``n`` (enough work per thread, a full tile)."""
 
     kind: Literal["axis_at_least"] = "axis_at_least"
+    """Always 'axis_at_least': the tag JSON reads it back by."""
     axis: str = Field(description="the axis name")
     n: int = Field(description="the smallest allowed value")
 
@@ -411,6 +415,7 @@ class DtypeIn(Condition):
     """A tensor's dtype must be one of a set (a ``float4`` load assumes float32)."""
 
     kind: Literal["dtype_in"] = "dtype_in"
+    """Always 'dtype_in': the tag JSON reads it back by."""
     tensor: str = Field(description="an input or output name")
     dtypes: tuple[str, ...] = Field(description="the allowed dtypes, sorted")
     per_workload: ClassVar[bool] = False
@@ -457,6 +462,7 @@ class PointerAlignment(Condition):
     """
 
     kind: Literal["pointer_alignment"] = "pointer_alignment"
+    """Always 'pointer_alignment': the tag JSON reads it back by."""
     tensor: str = Field(description="an input or output name")
     bytes: int = Field(gt=0, description="the required alignment in bytes")
     per_workload: ClassVar[bool] = False
@@ -489,6 +495,7 @@ class ToleranceAtLeast(Condition):
     (fast-math intrinsics trade a few ulp for speed)."""
 
     kind: Literal["tolerance_at_least"] = "tolerance_at_least"
+    """Always 'tolerance_at_least': the tag JSON reads it back by."""
     rtol: float = Field(ge=0, description="the smallest acceptable relative tolerance")
     per_workload: ClassVar[bool] = False
 
@@ -529,6 +536,7 @@ class ArchAtLeast(Condition):
     """
 
     kind: Literal["arch_at_least"] = "arch_at_least"
+    """Always 'arch_at_least': the tag JSON reads it back by."""
     sm: int = Field(description="the smallest architecture number, e.g. 80 for sm_80")
     specific: bool = Field(default=False, description="needs the arch-specific target (sm_90a)")
     per_workload: ClassVar[bool] = False
@@ -583,6 +591,7 @@ class BlockSizeMultiple(_BlockCondition):
     warps: 32)."""
 
     kind: Literal["block_size_multiple"] = "block_size_multiple"
+    """Always 'block_size_multiple': the tag JSON reads it back by."""
     k: int = Field(gt=0, description="the divisor, usually 32")
 
     def evaluate(
@@ -608,6 +617,7 @@ class BlockSizeAtMost(_BlockCondition):
     """Threads per block must not exceed ``n`` (the ``__launch_bounds__`` maximum, or 1024)."""
 
     kind: Literal["block_size_at_most"] = "block_size_at_most"
+    """Always 'block_size_at_most': the tag JSON reads it back by."""
     n: int = Field(gt=0, description="the largest allowed block size")
 
     def evaluate(
@@ -633,6 +643,7 @@ class SharedMemoryAtMost(Condition):
     """Shared memory per block must fit: 48 KiB without opt-in, 227 KiB on sm_90 with it."""
 
     kind: Literal["shared_memory_at_most"] = "shared_memory_at_most"
+    """Always 'shared_memory_at_most': the tag JSON reads it back by."""
     bytes: int = Field(gt=0, description="the capacity in bytes")
     usage: str | None = Field(
         default=None,
@@ -666,6 +677,7 @@ class Prose(Condition):
     """A condition that only a person (or an LLM) can check; it always evaluates to None."""
 
     kind: Literal["prose"] = "prose"
+    """Always 'prose': the tag JSON reads it back by."""
     text: str = Field(min_length=1, description="the condition, in prose")
     per_workload: ClassVar[bool] = False
 

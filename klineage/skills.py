@@ -24,10 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 
+from klineage.cuda.edit import changed_region
 from klineage.gate.result import geomean
-from klineage.removal import changed_region
-
-SNIPPET_LIMIT = 1600
+from klineage.limits import CARD_PROBE_SHOWN, CARD_RISK_SHOWN, CARD_SNIPPET_SHOWN, DEFAULT_ARCH
 
 NOISE = 0.01
 """Speedups within 1% of 1.0 are timing noise: the gate's own "not slower" bar is 0.99."""
@@ -105,6 +104,7 @@ class Effect(BaseModel):
     )
     @property
     def measured(self) -> Measured:
+        """What the step measured: a gain, no gain within the noise, or slower."""
         geo = self.geomean_speedup
         if geo is None or not self.workloads:
             return Measured.NO_GAIN
@@ -162,7 +162,7 @@ class Scope(BaseModel):
 
     op_type: str = Field(description="the problem's op_type")
     language: str = Field(default="cuda", description="source language")
-    arch: str = Field(default="sm_90", description="architecture it was measured on")
+    arch: str = Field(default=DEFAULT_ARCH, description="architecture it was measured on")
     dtypes: list[str] = Field(default_factory=list, description="dtypes of the tensors")
 
 
@@ -311,12 +311,12 @@ def _hunks(simplified: str, optimized: str) -> list[tuple[str, str]]:
 
 
 def _limited(chunk: str) -> str:
-    """At most SNIPPET_LIMIT characters, cut after a whole line (never inside a token), with
+    """At most CARD_SNIPPET_SHOWN characters, cut after a whole line (never inside a token), with
     a line saying how much was left out."""
-    if len(chunk) <= SNIPPET_LIMIT:
+    if len(chunk) <= CARD_SNIPPET_SHOWN:
         return chunk
-    cut = chunk.rfind("\n", 0, SNIPPET_LIMIT)
-    kept = chunk[: cut if cut > 0 else SNIPPET_LIMIT]
+    cut = chunk.rfind("\n", 0, CARD_SNIPPET_SHOWN)
+    kept = chunk[: cut if cut > 0 else CARD_SNIPPET_SHOWN]
     left = chunk[len(kept) :].strip("\n").count("\n") + 1
     return f"{kept}\n// ... {left} more lines (the skill's diff has them all)"
 
@@ -329,6 +329,7 @@ def _lines_around(text: str, start: int, end: int) -> str:
 
 
 def unified_diff(simplified: str, optimized: str, name: str) -> str:
+    """The step as a unified diff, simplified -> optimized (what applying the skill does)."""
     return "".join(
         difflib.unified_diff(
             simplified.splitlines(keepends=True),
@@ -340,7 +341,11 @@ def unified_diff(simplified: str, optimized: str, name: str) -> str:
     )
 
 
-def effect_of(rows: Sequence[dict[str, Any]], before: dict, after: dict) -> Effect:
+def effect_of(
+    rows: Sequence[dict[str, Any]],
+    before: dict[str, dict[str, int]],
+    after: dict[str, dict[str, int]],
+) -> Effect:
     """Effect from an attempt's per-workload ratios (parent = optimized, child = simplified)."""
     workloads = []
     for row in rows:
@@ -586,7 +591,7 @@ def _risk_lines(skill: Skill) -> list[str]:
     lines += [f"- slower on {w.label}: {w.speedup:.3f}x in every trial" for w in slower]
     lines += [
         f"- {r.kind}: {' '.join(filter(None, (r.mechanism, r.workload)))} -> {r.status}: "
-        f"{r.message[:320]}"
+        f"{r.message[:CARD_RISK_SHOWN]}"
         for r in skill.risks
     ]
     return lines or ["- none observed"]
@@ -628,7 +633,8 @@ def render_skill_md(skill: Skill) -> str:
     lines += ["## When it is valid", ""]
     lines += [f"- {c}" for c in skill.condition_prose] or ["- no conditions were found"]
     for probe in skill.probe_evidence:
-        lines.append(f"  - probe {probe['workload']}: {probe['status']} ({probe['message'][:160]})")
+        shown = probe["message"][:CARD_PROBE_SHOWN]
+        lines.append(f"  - probe {probe['workload']}: {probe['status']} ({shown})")
     lines += ["", "## Effect", "", *_effect_lines(skill.effect), ""]
     lines += ["| workload | speedup | trials | before (ms) | after (ms) |", "|---|---|---|---|---|"]
     for w in skill.effect.workloads:

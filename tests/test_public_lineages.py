@@ -4,7 +4,6 @@ from public code stay untracked)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -14,23 +13,14 @@ import pytest
 
 from klineage.mechanisms import all_mechanisms
 from klineage.problem import load_problem
+from tests.bench_scripts import load_bench_script
 from tests.conftest import FIXTURES, REPO
 
 TOY = FIXTURES / "public_lineage" / "toy_row_sum"
 PUBLIC = REPO / "bench" / "public"
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "public_lineages", REPO / "bench" / "public_lineages.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_bench_script("public_lineages")
 CATALOG = {m.name for m in all_mechanisms()}
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from klineage.limits import CARD_SNIPPET_SHOWN
 from klineage.problem import load_problem
-from klineage.retrieve import retrieve
+from klineage.replay.retrieve import retrieve
 from klineage.skills import (
-    SNIPPET_LIMIT,
     Effect,
     Measured,
     Skill,
@@ -125,7 +125,7 @@ def test_a_long_anchor_is_cut_after_a_whole_line() -> None:
     optimized = "int a;\n" + "".join(f'  asm("op" : "+f"(d[{i}]));\n' for i in range(200))
     _, after = anchor_of(simplified, optimized, None)
     kept, note = after.rsplit("\n", 1)
-    assert len(kept) <= SNIPPET_LIMIT and kept.endswith("));")
+    assert len(kept) <= CARD_SNIPPET_SHOWN and kept.endswith("));")
     assert note.startswith("// ... ") and "more lines" in note
 
 

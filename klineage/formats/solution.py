@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from klineage.kernel import KernelAbi, KernelSource
+from klineage.kernel import KernelSource
 from klineage.problem import (
     DEFINITION_FILE,
     KERNEL_FILE,
@@ -33,6 +33,7 @@ from klineage.problem import (
     load_problem,
     load_workloads,
 )
+from klineage.problem.abi import KernelAbi
 
 BINDING_FILE = "binding.cpp"
 ENTRY_SYMBOL = "run"
@@ -114,10 +115,12 @@ class BuildSpec(_Model):
 
     @property
     def entry_file(self) -> str:
+        """The file of the entry point (`kernel.cu` of `kernel.cu::run`)."""
         return self.entry_point.split("::")[0]
 
     @property
     def entry_symbol(self) -> str:
+        """The symbol of the entry point (`run` of `kernel.cu::run`)."""
         return self.entry_point.split("::")[1]
 
 
@@ -147,6 +150,7 @@ class Solution(_Model):
         return self
 
     def source(self, path: str) -> SourceFile:
+        """The source file at `path` (StopIteration when there is none)."""
         return next(s for s in self.sources if s.path == path)
 
 

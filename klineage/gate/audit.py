@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from klineage.gate.result import Status
 
@@ -71,6 +71,8 @@ their values), so a kernel that samples a few elements to decide "same input" is
 class AuditConfig(BaseModel):
     """How hard the time stage audits. Part of the gate's contract: do not lower these to make
     a candidate pass."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     input_sets: int = Field(default=3, ge=2)
     """Input sets per timed target, each at its own addresses; every timed call picks one at
@@ -231,6 +233,8 @@ def _describe(names: Iterable[str]) -> str:
 
 class Floor(BaseModel):
     """The least time a workload can take on this device, and what it was drawn from."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     ms: float
     """The floor: the larger of the memory and arithmetic times below."""

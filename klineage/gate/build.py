@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from klineage.gate import sass
 from klineage.gate.ptxas import PtxasReport, demangle, parse_ptxas
-from klineage.kernel import KernelAbi
+from klineage.problem.abi import KernelAbi
 
 __all__ = [
     "BASE_FLAGS",
@@ -350,9 +350,9 @@ class Builder:
             try:
                 for future in as_completed(futures):
                     index = futures[future]
-                    results[index] = future.result()
+                    result = results[index] = future.result()
                     if on_done is not None:
-                        on_done(index, results[index])
+                        on_done(index, result)
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise

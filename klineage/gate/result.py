@@ -36,7 +36,7 @@ class Status(str, Enum):
 class Correctness(BaseModel):
     """Errors of the kernel's outputs against the reference, worst over outputs and trials."""
 
-    model_config = ConfigDict(ser_json_inf_nan="strings")
+    model_config = ConfigDict(use_attribute_docstrings=True, ser_json_inf_nan="strings")
 
     max_absolute_error: float = 0.0
     """Largest |out - ref| over finite elements."""
@@ -52,6 +52,8 @@ class Correctness(BaseModel):
 
 class Timing(BaseModel):
     """Device latencies of one target, as sampled: `trials` lists of per-call milliseconds."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     samples_ms: list[list[float]]
     """One list of per-call latencies per trial."""
@@ -76,6 +78,8 @@ class Timing(BaseModel):
 
 class Comparison(BaseModel):
     """A candidate timed against a baseline in one worker run, interleaved call by call."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     ratio: float
     """baseline latency / candidate latency (medians of trial medians): > 1 means faster."""
@@ -113,6 +117,8 @@ gate log does not serve them to an audited run."""
 class AuditReport(BaseModel):
     """What the timing audits did for one workload (klineage.gate.audit)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     failed: str | None = None
     """The audit that failed, when one did: timed_output, other_stream, input_mutation,
     persisting_l2, no_launch, launches or floor."""
@@ -133,7 +139,7 @@ class AuditReport(BaseModel):
 class WorkloadVerdict(BaseModel):
     """The gate's verdict for one kernel on one workload."""
 
-    model_config = ConfigDict(ser_json_inf_nan="strings")
+    model_config = ConfigDict(use_attribute_docstrings=True, ser_json_inf_nan="strings")
 
     workload_uuid: str
     """The workload's uuid."""
@@ -182,7 +188,7 @@ class WorkloadVerdict(BaseModel):
 class GateVerdict(BaseModel):
     """Everything the gate learned about one kernel on one problem."""
 
-    model_config = ConfigDict(ser_json_inf_nan="strings")
+    model_config = ConfigDict(use_attribute_docstrings=True, ser_json_inf_nan="strings")
 
     problem: str
     """Definition name."""

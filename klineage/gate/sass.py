@@ -625,11 +625,11 @@ def render_delta(deltas: Sequence[KernelDelta]) -> list[str]:
             continue
         left = ", ".join(f"`{k}` x{v}" for k, v in d.before.items()) or "none"
         right = ", ".join(f"`{k}` x{v}" for k, v in d.after.items()) or "none"
-        size = f"{d.instructions_before} -> {d.instructions_after} instructions"
+        sizes = f"{d.instructions_before} -> {d.instructions_after} instructions"
         if not d.before and not d.after:
-            lines.append(f"{size} in {where} (no counted instruction changed)")
+            lines.append(f"{sizes} in {where} (no counted instruction changed)")
         else:
-            lines.append(f"{left} -> {right} in {where} ({size})")
+            lines.append(f"{left} -> {right} in {where} ({sizes})")
     return lines
 
 

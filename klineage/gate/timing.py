@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from klineage.gate.audit import AuditConfig, profiled_positions, verified_positions
 
@@ -29,6 +29,8 @@ MIN_FLUSH_BYTES = 256 * 1024 * 1024
 class TimingConfig(BaseModel):
     """How many calls the time stage makes. Part of the gate's contract: do not lower these to
     make a candidate pass."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     warmup: int = Field(default=10, ge=1)
     """Untimed calls per target before sampling (module load, caches, clocks)."""
@@ -77,7 +79,7 @@ def copy_bandwidth(nbytes: int, *, warmup: int = 1, repeats: int = 10) -> float:
     dst = torch.empty_like(src)
     for _ in range(warmup):
         dst.copy_(src)
-    times = []
+    times: list[float] = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -267,7 +267,8 @@ class GpuWorker:
         self._log.seek(0, os.SEEK_END)
         size = self._log.tell()
         self._log.seek(max(0, size - limit))
-        return self._log.read().decode("utf-8", "replace")
+        tail: bytes = self._log.read()
+        return tail.decode("utf-8", "replace")
 
     def _discard(self) -> None:
         if self._conn is not None:

@@ -185,10 +185,12 @@ class SdkProvider:
 
     @property
     def label(self) -> str:
+        """`kind:model`, for messages."""
         return f"{self.kind}:{self.model}"
 
     @property
     def has_key(self) -> bool:
+        """Whether an API key was found."""
         return bool(self._api_key)
 
     def __repr__(self) -> str:  # never the key

@@ -98,6 +98,7 @@ class Usage:
 
     @property
     def total_tokens(self) -> int:
+        """Input and output tokens together."""
         return self.input_tokens + self.output_tokens
 
 
@@ -123,10 +124,12 @@ class Completion:
     """Requests sent, retries included (0 for a cached answer)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The completion as plain data (for the response cache)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Completion:
+        """A completion read back from `to_dict`'s data."""
         usage = data.get("usage") or {}
         return cls(
             text=str(data["text"]),
@@ -289,7 +292,7 @@ def normalize_options(options: Mapping[str, Any], defaults: Mapping[str, Any]) -
             raise TypeError(f"option {name} must be {' or '.join(t.__name__ for t in types)}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"option {name} must be finite")
-        out[name] = list(value) if name == "stop" else value
+        out[name] = list(value) if name == "stop" and isinstance(value, list | tuple) else value
     return out
 
 
@@ -298,12 +301,20 @@ class Provider(Protocol):
     """Anything that answers a conversation. Implementations: ``AnthropicProvider``,
     ``OpenAIProvider``, and ``CachedProvider`` wrapping either."""
 
-    kind: str
-    """``anthropic``, ``openai`` or ``openai-compatible``; part of the cache key."""
-    model: str
-    """The model asked for."""
-    accounting: RunAccounting
-    """Where calls are added up."""
+    @property
+    def kind(self) -> str:
+        """``anthropic``, ``openai`` or ``openai-compatible``; part of the cache key."""
+        ...
+
+    @property
+    def model(self) -> str:
+        """The model asked for."""
+        ...
+
+    @property
+    def accounting(self) -> RunAccounting:
+        """Where calls are added up."""
+        ...
 
     def complete(self, messages: Sequence[Message], **options: Any) -> Completion:
         """Answer ``messages``; raise :class:`ProviderError` when no answer can be had."""
@@ -320,6 +331,7 @@ class Price(NamedTuple):
     output_per_mtok: float
 
     def cost(self, usage: Usage) -> float:
+        """USD for `usage` at this price."""
         return (
             usage.input_tokens * self.input_per_mtok + usage.output_tokens * self.output_per_mtok
         ) / 1e6
@@ -435,6 +447,7 @@ class RunAccounting:
                 totals.cost_usd += price.cost(completion.usage)
 
     def record_failure(self, kind: str, model: str, error: ProviderError) -> None:
+        """Add up a call that failed after its attempts."""
         with self._lock:
             totals = self._totals(kind, model)
             totals.failed_calls += 1
@@ -446,22 +459,27 @@ class RunAccounting:
 
     @property
     def calls(self) -> int:
+        """Calls answered, all models."""
         return self._sum("calls")
 
     @property
     def cached_calls(self) -> int:
+        """Calls answered from the cache, all models."""
         return self._sum("cached_calls")
 
     @property
     def failed_calls(self) -> int:
+        """Calls that failed, all models."""
         return self._sum("failed_calls")
 
     @property
     def attempts(self) -> int:
+        """Requests sent, retries included, all models."""
         return self._sum("attempts")
 
     @property
     def usage(self) -> Usage:
+        """Tokens used, all models."""
         return Usage(self._sum("input_tokens"), self._sum("output_tokens"))
 
     @property
@@ -472,6 +490,7 @@ class RunAccounting:
 
     @property
     def unpriced_models(self) -> list[str]:
+        """Models used whose price is unknown (their cost is left out)."""
         with self._lock:
             return sorted(k for k, t in self.by_model.items() if t.cost_usd is None)
 

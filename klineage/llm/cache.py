@@ -95,6 +95,7 @@ class ResponseCache:
         return f"ResponseCache({str(self.directory)!r}, replay_only={self.replay_only})"
 
     def path(self, key: str) -> Path:
+        """Where the answer with cache key `key` is stored."""
         return self.directory / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> Completion | None:
@@ -155,25 +156,29 @@ class CachedProvider:
     def __init__(self, inner: Provider, cache: ResponseCache) -> None:
         if isinstance(inner, CachedProvider):
             inner = inner.inner
-        self.inner = inner
+        self.inner: Provider = inner
         self.cache = cache
 
     @property
     def kind(self) -> str:
+        """The wrapped provider's kind (the cache key depends on it)."""
         return self.inner.kind
 
     @property
     def model(self) -> str:
+        """The wrapped provider's model."""
         return self.inner.model
 
     @property
     def accounting(self) -> RunAccounting:
+        """The wrapped provider's accounting: cache hits are added up there too."""
         return self.inner.accounting
 
     def __repr__(self) -> str:
         return f"CachedProvider({self.inner!r}, {self.cache!r})"
 
     def complete(self, messages: Sequence[Message], **options: Any) -> Completion:
+        """The recorded answer to this conversation and options, or the provider's (kept)."""
         defaults = getattr(self.inner, "default_options", {})
         opts = normalize_options(options, defaults)
         key = cache_key(self.kind, self.model, messages, opts)

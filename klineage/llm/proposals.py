@@ -23,15 +23,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from klineage.kernel import AbiError, KernelAbi, KernelSource
+from klineage.kernel import KernelSource
+from klineage.limits import PROMPT_SITE_SHOWN
 from klineage.llm.base import Completion, Message, Provider, ProviderError, Usage
 from klineage.llm.cache import CachedProvider, ResponseCache
 from klineage.llm.redact import redact
 from klineage.llm.templates import render
+from klineage.problem import ConstAxis, Definition, Problem
+from klineage.problem.abi import AbiError, KernelAbi
 
 if TYPE_CHECKING:
     from klineage.gate.build import Builder, BuildResult
-    from klineage.problem import Definition, Problem
 
 __all__ = [
     "ParsedAnswer",
@@ -130,6 +132,7 @@ class Rejection:
     ok: Literal[False] = dataclasses.field(default=False, init=False)
 
     def to_dict(self) -> dict[str, Any]:
+        """The rejection as plain data (for logs and reports)."""
         return {
             "ok": False,
             "task": self.task,
@@ -282,13 +285,13 @@ def parse_prose_answer(text: str) -> str:
 
 def describe_problem(problem: Problem | Definition) -> str:
     """The problem as Markdown for a prompt: the operation, tensors, axes, reference, sizes."""
-    definition = getattr(problem, "definition", problem)
+    definition = problem.definition if isinstance(problem, Problem) else problem
     lines = [f"- name: {definition.name} (op type: {definition.op_type})"]
     if definition.description:
         lines.append(f"- description: {definition.description}")
     axes = []
     for name, axis in definition.axes.items():
-        kind = f"const = {axis.value}" if axis.type == "const" else "var"
+        kind = f"const = {axis.value}" if isinstance(axis, ConstAxis) else "var"
         axes.append(f"{name} ({kind}{': ' + axis.description if axis.description else ''})")
     lines.append(f"- axes: {'; '.join(axes)}")
     for title, specs in (("inputs", definition.inputs), ("outputs", definition.outputs)):
@@ -329,7 +332,7 @@ def describe_problem(problem: Problem | Definition) -> str:
 
 
 def _prototype(problem: Problem | Definition) -> str:
-    definition = getattr(problem, "definition", problem)
+    definition = problem.definition if isinstance(problem, Problem) else problem
     try:
         return KernelAbi.from_definition(definition).prototype
     except AbiError as err:
@@ -364,7 +367,7 @@ def _describe_detected(detected: Sequence[Any]) -> str:
             if get("function"):
                 where += f" in {get('function')}"
             first = str(snippet).strip().split("\n")[0]
-            sites.append(f"{where}: `{first[:160]}`")
+            sites.append(f"{where}: `{first[:PROMPT_SITE_SHOWN]}`")
     out: list[str] = []
     for name, (intents, sites) in groups.items():
         out.append(f"- {name}" + (f": {intents[0]}" if intents else ""))

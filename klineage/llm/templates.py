@@ -31,7 +31,7 @@ class TemplateError(ValueError):
 def template_text(name: str) -> str:
     """The raw text of ``prompts/<name>.md`` (shipped as package data)."""
     try:
-        file = resources.files("klineage.llm").joinpath("prompts", f"{name}.md")
+        file = resources.files("klineage.llm").joinpath("prompts").joinpath(f"{name}.md")
         return file.read_text(encoding="utf-8")
     except (FileNotFoundError, OSError):
         raise TemplateError(

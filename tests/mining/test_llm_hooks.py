@@ -13,18 +13,19 @@ import pytest
 from typer.testing import CliRunner
 
 from klineage.cli import app
-from klineage.cli_llm import open_llm
+from klineage.cli.llm import open_llm
 from klineage.gate.build import Builder
-from klineage.gatelog import GateLog
+from klineage.gate.log import GateLog
 from klineage.kernel import KernelSource
-from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Simplifier
+from klineage.lineage import AttemptStatus, LineageGraph
 from klineage.llm import CachedProvider, Provider, provider_from_spec
-from klineage.materialize import apply_everywhere
 from klineage.mechanisms import Carrier, MechanismRefused, Refusal, all_mechanisms, get
-from klineage.mine import NO_LLM_ROUND_TRIP, MineReport, _round_trip, _skill_of
+from klineage.mining.extract import NO_LLM_ROUND_TRIP, round_trip, skill_of
+from klineage.mining.mine import MineReport
+from klineage.mining.removal import apply_everywhere, remove_mechanism
+from klineage.mining.walk import MiningBudget, Simplifier
 from klineage.problem import load_problem
-from klineage.removal import remove_mechanism
-from klineage.replay import ReplayBudget
+from klineage.replay.run import ReplayBudget
 from klineage.skills import SkillLibrary
 from tests.llm.answers import answer
 from tests.llm.conftest import _ENV, FAST_RETRY, KEY
@@ -116,16 +117,16 @@ def test_a_malformed_answer_is_recorded_and_the_walk_is_unaffected(
     attempts = lineage.attempts()
     assert {a.origin for a in attempts} == {"rule"}
     # the LLM cost no gate run: the expert's, then one per rule attempt
-    assert lineage.graph.graph["gate_runs"] == 1 + len(attempts)
+    assert lineage.meta.gate_runs == 1 + len(attempts)
     # asked once per state (the last one, with nothing left for the rules, included)
     rejections = lineage.llm_rejections
     assert requests == len(rejections) == report.llm_rejections == 6
-    assert [r["step"] for r in rejections] == [0, 1, 2, 3, 4, 5]
-    assert {r["stage"] for r in rejections} == {"parse"}
-    assert all(r["origin"] == "llm:anthropic:test-model" for r in rejections)
-    assert "no fenced code block" in rejections[0]["reason"]
-    assert rejections[0]["answer"] == MALFORMED and rejections[0]["input_tokens"] == 120
-    assert lineage.graph.graph["llm"] == "llm:anthropic:test-model"
+    assert [r.step for r in rejections] == [0, 1, 2, 3, 4, 5]
+    assert {r.stage for r in rejections} == {"parse"}
+    assert all(r.origin == "llm:anthropic:test-model" for r in rejections)
+    assert "no fenced code block" in rejections[0].reason
+    assert rejections[0].answer == MALFORMED and rejections[0].input_tokens == 120
+    assert lineage.meta.llm == "llm:anthropic:test-model"
     assert report.llm_attempts == 0
 
 
@@ -156,7 +157,7 @@ def test_an_llm_proposed_removal_is_gated_beside_the_rules(
     assert by_llm.sites == [] and by_llm.carriers == [] and by_llm.step == 0
     assert by_llm.ratio == pytest.approx(1 / COST["launch_bounds"], rel=1e-3)
     # one budget for both origins: every attempt was a gate run
-    assert lineage.graph.graph["gate_runs"] == 1 + len(at_root)
+    assert lineage.meta.gate_runs == 1 + len(at_root)
     assert [a.mechanism for a in lineage.main_path()] == ["restrict_pointers"]
     # the prompt showed the kernel and what the catalog detects in it
     sent = json.dumps(server.requests[0].body)
@@ -195,7 +196,7 @@ def test_an_answer_that_does_not_compile_is_a_rejected_attempt(
     assert by_llm.mechanism == "launch_bounds" and by_llm.id.endswith("-llm-launch_bounds")
     assert by_llm.status is AttemptStatus.REJECTED and by_llm.gate_status == "COMPILE_ERROR"
     assert "n_elems" in by_llm.message
-    assert lineage.graph.graph["gate_runs"] == 1 + len(lineage.attempts())
+    assert lineage.meta.gate_runs == 1 + len(lineage.attempts())
     library = SkillLibrary.load(tmp_path)
     assert all(s.origin == "rule" for s in library)
     risky = next(s for s in library if s.mechanism == "restrict_pointers")
@@ -219,9 +220,9 @@ def test_the_rules_own_removal_is_not_gated_twice(
     lineage = LineageGraph.load(tmp_path / LINEAGE)
     assert {a.origin for a in lineage.attempts()} == {"rule"}
     duplicate, *later = lineage.llm_rejections  # later states: the model declines
-    assert duplicate["stage"] == "duplicate" and duplicate["step"] == 0
-    assert all(r["stage"] == "parse" for r in later)
-    assert duplicate["reason"] == "the same kernel as the catalog's removal of launch_bounds"
+    assert duplicate.stage == "duplicate" and duplicate.step == 0
+    assert all(r.stage == "parse" for r in later)
+    assert duplicate.reason == "the same kernel as the catalog's removal of launch_bounds"
 
 
 def test_an_llm_removal_of_a_catalog_mechanism_is_verified_by_its_rule(
@@ -236,10 +237,10 @@ def test_an_llm_removal_of_a_catalog_mechanism_is_verified_by_its_rule(
     )
     [by_llm] = [a for a in lineage.attempts() if a.origin != "rule"]
     assert by_llm.mechanism == "launch_bounds" and by_llm.status is AttemptStatus.ACCEPTED
-    skill = _skill_of(problem, lineage, None, by_llm, log)
+    skill = skill_of(problem, lineage, None, by_llm, log)
     assert skill.id.startswith("llm-launch_bounds--") and skill.category == "launch"
     assert {c["kind"] for c in skill.conditions} == {"block_size_at_most"}  # the rule's own
-    _round_trip(problem, lineage, None, skill, log)
+    round_trip(problem, lineage, None, skill, log)
     assert skill.verified is True and skill.round_trip_ratio == pytest.approx(1.0, rel=1e-3)
     assert skill.round_trip_note.startswith("the catalog's rule re-applied to the LLM's state")
 
@@ -255,8 +256,8 @@ def test_a_fatal_provider_error_stops_asking_and_the_walk_goes_on(
     assert report.steps >= 2 and server.count() == 1  # asked once, never again
     lineage = LineageGraph.load(tmp_path / LINEAGE)
     [failure] = lineage.llm_rejections
-    assert failure["stage"] == "provider" and failure["kind"] == "auth"
-    assert "not asked again" in failure["reason"] and KEY not in json.dumps(lineage.to_json())
+    assert failure.stage == "provider" and failure.kind == "auth"
+    assert "not asked again" in failure.reason and KEY not in json.dumps(lineage.to_json())
 
 
 # ------------------------------------------------------------------------------------ replay
@@ -338,18 +339,18 @@ def test_replay_asks_the_llm_when_no_rule_applies_a_skill(
     assert any("test refusal" in r for r in result.refusals)
     # declined answers are recorded and cost no gate run; a skill a rule applied is not asked
     assert len(result.llm_rejections) == 3 and server.count() == 2 + 3
-    assert {r["stage"] for r in result.llm_rejections} == {"parse"}
-    assert {r["skill"] for r in result.llm_rejections} == {fast_exp.id}
-    assert all("the model declined" in r["reason"] for r in result.llm_rejections)
+    assert {r.stage for r in result.llm_rejections} == {"parse"}
+    assert {r.skill for r in result.llm_rejections} == {fast_exp.id}
+    assert all("the model declined" in r.reason for r in result.llm_rejections)
     assert "llm-fast_exp" in server.requests[0].body["messages"][-1]["content"]  # the card
-    assert [u["origin"] for u in result.skills_used] == [o for _, o, _ in origins]
+    assert [u.origin for u in result.skills_used] == [o for _, o, _ in origins]
     assert report.llm == llm and report.llm_usage is not None
     assert report.llm_usage["calls"] == server.count()
     lineage = LineageGraph.load(tmp_path / "replay" / "lineages" / "exp_target_f32.skills.json")
     assert {(a.mechanism, a.origin) for a in lineage.attempts()} == {
         (action, origin) for action, origin, _ in origins
     }
-    assert lineage.graph.graph["llm"] == llm
+    assert lineage.meta.llm == llm
 
 
 # --------------------------------------------------------------------------------------- CLI

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from klineage.gate.build import Builder
-from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Termination
-from klineage.mine import mine
+from klineage.lineage import AttemptStatus, LineageGraph, Termination
+from klineage.mining.mine import mine
+from klineage.mining.walk import MiningBudget
 from klineage.skills import Measured, SkillLibrary
 from tests.conftest import FIXTURES
 from tests.mining.conftest import Mined
@@ -43,7 +44,7 @@ def test_complete_walk_peels_cheapest_first_and_verifies_every_skill(mined: Mine
     lineage = LineageGraph.load(tmp_path / "lineages" / "exp_scale_f32.json")
     order = [a.mechanism for a in lineage.main_path()]
     assert order == sorted(COST, key=COST.get)
-    final = lineage.state(lineage.graph.graph["final"])
+    final = lineage.state(lineage.meta.final)
     assert "__restrict__" not in final.source and "__ldg" not in final.source
     assert "__expf" not in final.source and "#pragma unroll" not in final.source
     # at step 0 every mechanism was tried: 5 attempts, one chosen
@@ -143,7 +144,7 @@ def test_a_mechanism_that_cannot_go_everywhere_goes_where_it_can(
     assert [r.message.count("exp_scale:") for r in own] == [2, 1]
     assert all(r.message.startswith("removing it at exp_scale:") for r in own)
     # the tail's __ldg never goes: every later state rejects removing it again
-    final = lineage.state(lineage.graph.graph["final"]).source
+    final = lineage.state(lineage.meta.final).source
     assert "__ldg(&x[i])" in final and "__ldg(&x[base + k])" not in final
 
 
@@ -271,7 +272,7 @@ def test_a_walk_ending_with_refused_sites_in_running_code_is_stuck(
     assert report.steps == 5 and report.skills == 5
     assert report.termination == "stuck" and report.remaining == ["tensor_core_mma"]
     lineage = LineageGraph.load(tmp_path / "out" / "lineages" / "exp_scale_f32.json")
-    assert lineage.graph.graph["remaining"] == ["tensor_core_mma"]
+    assert lineage.meta.remaining == ["tensor_core_mma"]
     plain = mine_gated(PROBLEM, tmp_path / "plain", gate=_gate(builder))
     assert plain.termination == "complete" and plain.remaining == []
 
@@ -359,7 +360,7 @@ def test_removals_that_change_no_machine_code_cost_no_gate_run(
 def test_a_verdict_is_shared_by_states_with_the_same_machine_code(
     builder: Builder, tmp_path: Path
 ) -> None:
-    from klineage.gatelog import GateLog
+    from klineage.gate.log import GateLog
     from klineage.kernel import KernelSource
     from klineage.problem import load_problem
 

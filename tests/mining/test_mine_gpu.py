@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from klineage.lineage import MiningBudget
-from klineage.materialize import ReplayBudget
-from klineage.mine import mine
-from klineage.replay import replay
+from klineage.mining.mine import mine
+from klineage.mining.walk import MiningBudget
+from klineage.replay.results import ReplayBudget
+from klineage.replay.run import replay
 from klineage.skills import SkillLibrary
 from tests.conftest import REPO
 
@@ -40,4 +40,4 @@ def test_replay_two_heldout_problems(mined, tmp_path: Path) -> None:
     assert {r.problem for r in report.results} == {"mean_pool_f16", "gelu_tanh_f32"}
     for result in report.results:
         assert len(result.runs) <= 6 and result.speedup >= 1.0
-        assert all(u["source"] == "softmax_rows_f32" for u in result.skills_used)
+        assert all(u.source == "softmax_rows_f32" for u in result.skills_used)

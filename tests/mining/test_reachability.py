@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from klineage.gatelog import GateLog
+from klineage.cuda.reachability import live_functions, run_by_workloads
+from klineage.gate.log import GateLog
 from klineage.kernel import KernelSource
-from klineage.lineage import Attempt, AttemptStatus, Simplifier
+from klineage.lineage import Attempt, AttemptStatus
 from klineage.mechanisms import get
+from klineage.mining.removal import DEAD_CODE, remove_mechanism
+from klineage.mining.walk import Simplifier
 from klineage.problem import load_problem
-from klineage.reachability import live_functions, run_by_workloads
-from klineage.removal import DEAD_CODE, remove_mechanism
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,9 +134,9 @@ def test_the_walk_refuses_block_per_row_where_no_softmax_workload_runs(tmp_path:
     simplifier._workload_axes = [dict(w.axes) for w in softmax.workloads]
     lineage = LineageGraph(softmax.name)
     removals = {r.mechanism.name: r for r in simplifier._removals(lineage, expert, 0)}
-    refused = [r for r in lineage.graph.graph["refusals"] if r["mechanism"] == "block_per_row"]
+    refused = [r for r in lineage.meta.refusals if r.mechanism == "block_per_row"]
     assert "block_per_row" not in removals
-    [dead] = [r["reason"] for r in refused if "none of the workloads runs" in r["reason"]]
+    [dead] = [r.reason for r in refused if "none of the workloads runs" in r.reason]
     assert dead.startswith("softmax_online_rows:")
 
 

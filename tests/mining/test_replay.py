@@ -10,10 +10,10 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.materialize import GateRunRecord
 from klineage.problem import load_problem
-from klineage.replay import ReplayBudget, load_replay
-from klineage.retrieve import retrieve
+from klineage.replay.results import GateRunRecord
+from klineage.replay.retrieve import retrieve
+from klineage.replay.run import ReplayBudget, load_replay
 from klineage.skills import SkillLibrary
 from tests.conftest import FIXTURES
 from tests.mining.conftest import Mined
@@ -91,7 +91,7 @@ def test_replay_methods_on_the_same_budget(builder: Builder, skills: Path, tmp_p
     assert skilled.runs[0].action == "fast_math" and skilled.runs[0].outcome == "kept"
     assert skilled.runs_to_90 <= 3
     assert skilled.speedup == pytest.approx(1.5 * 1.1 * 1.05 * 1.02, rel=0.02)
-    assert {u["source"] for u in skilled.skills_used} == {"exp_scale_f32"}
+    assert {u.source for u in skilled.skills_used} == {"exp_scale_f32"}
     saved = load_replay(tmp_path / "replay.json")
     assert [s.method for s in saved.summary] == ["skills", "blind", "memory"]
     assert (tmp_path / "lineages" / "exp_target_f32.skills.json").is_file()
@@ -115,7 +115,7 @@ def test_replay_command_rejects_an_unknown_baseline(skills: Path) -> None:
 def test_print_report_shows_every_method(builder: Builder, skills: Path, tmp_path: Path) -> None:
     from rich.console import Console
 
-    from klineage.cli_replay import print_report
+    from klineage.cli.replay import print_report
 
     gate = _gate(builder)
     report = replay_gated(

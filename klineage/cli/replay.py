@@ -1,0 +1,187 @@
+"""`klineage replay`: materialize skills on naive kernels, against two baselines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
+from klineage.cli.tables import Column, print_rows
+from klineage.gate.pool import parse_devices
+from klineage.lineage import is_llm_origin
+from klineage.replay.methods import METHODS
+from klineage.replay.results import GateRunRecord, ReplayBudget
+from klineage.replay.run import ReplayReport, replay
+
+console = Console()
+errors = Console(stderr=True, soft_wrap=True)
+
+
+def replay_command(
+    problems: Annotated[
+        list[Path],
+        typer.Argument(metavar="PROBLEM_DIR", help="Problem folders with a naive kernel."),
+    ],
+    skills: Annotated[Path, typer.Option(help="The mined skills folder.")] = Path("skills_out"),
+    budget: Annotated[int, typer.Option(help="Gate runs per problem and method.")] = 30,
+    baselines: Annotated[
+        str, typer.Option(help="Comma-separated baselines to run beside skills: blind,memory.")
+    ] = "blind,memory",
+    out: Annotated[Path, typer.Option(help="Where the report goes.")] = Path("replay_out"),
+    resume: Annotated[
+        bool, typer.Option("--resume/--fresh", help="Reuse verdicts already in the gate log.")
+    ] = True,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated GPU indexes to spread the problems over, one problem per GPU "
+            "at a time (default: every visible GPU)."
+        ),
+    ] = None,
+    llm: LlmOption = None,
+    llm_cache: LlmCacheOption = None,
+    llm_replay_only: LlmReplayOnlyOption = False,
+) -> None:
+    """Replay mined skills on each problem's naive kernel, beside the baselines.
+
+    With --llm, the skills method asks the LLM to apply a retrieved skill when no rule can
+    (the rule refused, or the catalog lacks the skill's mechanism); the baselines never do.
+
+    \b
+    PROVIDER:MODEL for --llm, keys from the environment:
+      anthropic:MODEL
+      openai:MODEL
+      openai-compatible:MODEL@http://HOST:PORT/v1"""
+    from klineage.gate.gate import GateSetupError
+
+    chosen = ["skills"] + [b.strip() for b in baselines.split(",") if b.strip()]
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown:
+        errors.print(Text(f"unknown baseline {unknown[0]!r}; choose from blind, memory", "red"))
+        raise typer.Exit(2)
+    try:
+        chosen_devices = parse_devices(devices)
+    except ValueError as err:
+        errors.print(Text(str(err), "red"))
+        raise typer.Exit(2) from None
+    provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
+
+    def on_run(problem: str, method: str, record: GateRunRecord) -> None:
+        ratio = f"{record.ratio:.3f}" if record.ratio is not None else "-"
+        styles = {"kept": "green", "slower": "yellow", "outranked": "cyan"}
+        style = styles.get(record.outcome, "red")
+        by = " [LLM]" if is_llm_origin(record.origin) else ""
+        console.print(
+            Text(f"{problem} {method:6s} #{record.index:<3d} {record.action + by:24s} ")
+            + Text(f"{record.outcome:8s}", style=style)
+            + Text(f" ratio {ratio}  speedup {record.speedup:.2f}x")
+        )
+
+    try:
+        report = replay(
+            problems,
+            skills,
+            out,
+            methods=chosen,
+            devices=chosen_devices,
+            budget=ReplayBudget(gate_runs=budget),
+            resume=resume,
+            on_run=on_run,
+            llm=provider,
+        )
+    except GateSetupError as err:
+        errors.print(Text(f"gate error: {err}", "red"))
+        raise typer.Exit(2) from err
+    except (FileNotFoundError, ValueError) as err:
+        errors.print(Text(str(err), "red"))
+        raise typer.Exit(2) from err
+    finally:
+        if provider is not None:
+            console.print(usage_line(provider))
+    print_report(report)
+    console.print(f"report: {out / 'replay.json'}, chart: {out / 'replay.png'}")
+
+
+def print_report(report: ReplayReport, out: Console | None = None) -> None:
+    """Print a replay report as a table: per problem and method, latencies, speedups and skills
+    used."""
+    show = out or console
+    columns = [
+        Column("problem", key=True),
+        Column("method", key=True),
+        Column.figure("start (ms)", optional=True),
+        Column.figure("best (ms)", optional=True),
+        Column.figure("vs naive"),
+        Column.figure("vs PyTorch"),
+        Column.figure("runs to 90%"),
+        Column.figure("wasted"),
+        Column("skills used (from)", optional=True, min_width=24),
+    ]
+    rows = []
+    for r in report.results:
+        used = ", ".join(
+            f"{u.skill.split('--')[0]} ({u.source}"
+            + (", by the LLM" if is_llm_origin(u.origin) else "")
+            + ")"
+            for u in r.skills_used
+        )
+        rows.append(
+            [
+                r.problem,
+                r.method,
+                f"{sum(r.start_ms.values()):.4f}",
+                f"{sum(r.best_ms.values()):.4f}",
+                f"{r.speedup:.2f}x",
+                f"{r.speedup_vs_reference:.2f}x",
+                str(r.runs_to_90),
+                str(r.wasted),
+                used,
+            ]
+        )
+    print_rows(show, columns, rows)
+    summary = [
+        Column("method", key=True),
+        Column.figure("geomean vs naive"),
+        Column.figure("geomean vs PyTorch"),
+        Column.figure("fast_1.0"),
+        Column.figure("fast_1.5"),
+        Column.figure("mean runs to 90%", optional=True),
+        Column.figure("wasted"),
+    ]
+    print_rows(
+        show,
+        summary,
+        [
+            [
+                s.method,
+                f"{s.geomean_speedup:.2f}x",
+                f"{s.geomean_vs_reference:.2f}x",
+                f"{s.fast_p['1.0']:.0%}",
+                f"{s.fast_p['1.5']:.0%}",
+                f"{s.mean_runs_to_90:.1f}",
+                str(s.total_wasted),
+            ]
+            for s in report.summary
+        ],
+    )
+    if report.misses:
+        misses = [
+            Column("problem", key=True),
+            Column("mechanism", key=True),
+            Column("baseline kept it at", short=True),
+            Column("why skills did not", min_width=30),
+        ]
+        rows = [
+            [
+                miss.problem,
+                miss.mechanism,
+                f"{miss.ratio:.2f}x ({miss.baseline})",
+                f"{miss.reason}: {miss.detail}",
+            ]
+            for miss in report.misses
+        ]
+        print_rows(show, misses, rows)

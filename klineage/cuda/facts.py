@@ -1,0 +1,268 @@
+"""Static facts about a kernel's launches: block size, shared memory, as size expressions.
+
+Conditions such as "the block size must be a multiple of 32" need the block size a kernel is
+launched with. It is read from the launches in the file (``k<<<grid, block, smem, s>>>``),
+folding file constants (``constexpr int kThreads = 256``), template arguments, and local
+variables of the launching function that are never reassigned. Integer parameters of the
+launching function are taken as axis names, as the kernel ABI passes every var axis to
+``run`` under its own name, so ``<<<rows, min(cols, 1024)>>>`` gives the size expression
+``min(cols, 1024)``, evaluated per workload by :mod:`klineage.conditions`.
+"""
+
+from __future__ import annotations
+
+from klineage.conditions import DEFAULT_ARCH, EvalContext, evaluate_size
+from klineage.cuda.cexpr import SIZEOF, fold_int, to_size_expr
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.kernel import KernelSource
+
+__all__ = [
+    "block_size_of",
+    "eval_context",
+    "launch_block_size",
+    "launch_names",
+    "shared_memory_of",
+    "static_shared_bytes",
+    "template_bindings",
+]
+
+_INTEGER_TYPES = frozenset(
+    {
+        "int",
+        "unsigned",
+        "unsigned int",
+        "long",
+        "long long",
+        "int64_t",
+        "int32_t",
+        "uint32_t",
+        "uint64_t",
+        "size_t",
+        "unsigned long",
+        "unsigned long long",
+    }
+)
+
+
+def _assigned_names(source: ParsedSource, function: Function) -> set[str]:
+    """Names written after their declaration in a function (assignments and ++/--)."""
+    written: set[str] = set()
+    if function.body is None:
+        return written
+    for node in source.iter_nodes(
+        "assignment_expression", "update_expression", within=function.body
+    ):
+        target = node.child_by_field_name("left") or node.child_by_field_name("argument")
+        if target is not None and target.type == "identifier":
+            written.add(source.text_of(target))
+    return written
+
+
+def launch_names(source: ParsedSource, function: Function | None) -> dict[str, int | str]:
+    """Names usable in size expressions inside ``function``: file constants, its integer
+    parameters (as axis names), and its never-reassigned integer locals (folded)."""
+    names: dict[str, int | str] = dict(source.integer_constants)
+    if function is None:
+        return names
+    for param in function.params:
+        if param.name and not param.is_pointer and param.base_type in _INTEGER_TYPES:
+            names.setdefault(param.name, param.name)
+    if function.body is None:
+        return names
+    written = _assigned_names(source, function)
+    for decl in source.declarations:
+        if not (
+            function.body.start_byte <= decl.node.start_byte < function.body.end_byte
+        ) or decl.type not in _INTEGER_TYPES | {"auto", "dim3"}:
+            continue
+        for name, declarator in zip(decl.names, decl.declarators, strict=True):
+            if name in written or name in names:
+                continue
+            folded = _initial_size(source, decl.type, declarator, names)
+            if folded is not None:
+                names[name] = folded
+    return names
+
+
+def _initial_size(
+    source: ParsedSource, type_name: str, declarator: Node, names: dict[str, int | str]
+) -> str | None:
+    """The size expression a local starts with: ``int n = rows * 4`` or ``dim3 b(32, 8)``."""
+    value = declarator.child_by_field_name("value")
+    if type_name != "dim3":
+        return None if value is None else to_size_expr(source, value, names)
+    # `dim3 block(32, 8)` and `dim3 block{32, 8}`: the thread count is the product
+    if value is None or value.type not in ("argument_list", "initializer_list"):
+        value = next(
+            (c for c in declarator.children if c.type in ("argument_list", "initializer_list")),
+            value,
+        )
+    if value is None:
+        return None
+    if value.type not in ("argument_list", "initializer_list"):
+        return to_size_expr(source, value, names)
+    parts = [to_size_expr(source, a, names) for a in value.named_children]
+    if not parts or any(p is None for p in parts):
+        return None
+    return " * ".join(f"({p})" for p in parts)
+
+
+def template_bindings(source: ParsedSource, launch: Launch) -> dict[str, int | str]:
+    """Template parameter -> its argument's size expression, for a launch of a template."""
+    kernel = source.function(launch.kernel)
+    if kernel is None or not kernel.template_params:
+        return {}
+    names = launch_names(source, source.enclosing_function(launch.node))
+    bound: dict[str, int | str] = {}
+    for name, arg in zip(kernel.template_params, launch.template_args, strict=False):
+        expr = to_size_expr(source, arg, names)
+        if expr is not None:
+            bound[name] = expr
+    return bound
+
+
+def _launch_expr(source: ParsedSource, launch: Launch, node: Node | None) -> str | None:
+    if node is None:
+        return None
+    names = launch_names(source, source.enclosing_function(launch.node))
+    return _simplified(to_size_expr(source, node, names))
+
+
+def launch_block_size(source: ParsedSource, launch: Launch) -> str | None:
+    """A launch's threads per block as a size expression (None when not static)."""
+    return _launch_expr(source, launch, launch.block)
+
+
+def _simplified(expr: str | None) -> str | None:
+    """A constant expression as its value (``((4) * 32)`` -> ``128``); others unchanged."""
+    value = evaluate_size(expr, {})
+    return expr if value is None else str(value)
+
+
+def _common(exprs: list[str | None]) -> str | None:
+    """The one expression all launches agree on (after folding constants), else None."""
+    if not exprs or None in exprs:
+        return None
+    first = exprs[0]
+    assert first is not None
+    return first if all(e == first for e in exprs) else None
+
+
+def block_size_of(source: ParsedSource, kernel: str) -> str | None:
+    """The block size every launch of ``kernel`` in the file uses, as a size expression."""
+    return _common([launch_block_size(source, launch) for launch in source.launches_of(kernel)])
+
+
+def static_shared_bytes(
+    source: ParsedSource, function: Function, names: dict[str, int | str] | None = None
+) -> int | None:
+    """Bytes of the static ``__shared__`` arrays declared in a function; None when a size
+    is not constant. ``names`` may bind template parameters."""
+    if function.body is None:
+        return 0
+    names = {**source.integer_constants, **(names or {})}
+    total = 0
+    for decl in source.shared_declarations:
+        if decl.is_extern or not (
+            function.body.start_byte <= decl.node.start_byte < function.body.end_byte
+        ):
+            continue
+        element = SIZEOF.get(decl.type)
+        if element is None:
+            return None
+        for declarator in decl.declarators:
+            count = 1
+            current: Node | None = declarator
+            while current is not None and current.type == "array_declarator":
+                size = current.child_by_field_name("size")
+                value = None if size is None else fold_int(source, size, names)
+                if value is None:
+                    return None
+                count *= value
+                current = current.child_by_field_name("declarator")
+            total += element * count
+    return total
+
+
+def shared_memory_of(source: ParsedSource, kernel: str) -> str | None:
+    """Shared memory per block (static arrays + the launch's dynamic bytes), as a size
+    expression; None when either part is not static or launches disagree."""
+    function = source.function(kernel)
+    launches = source.launches_of(kernel)
+    if function is None:
+        return None
+    if not launches:
+        static = static_shared_bytes(source, function)
+        return None if static is None else str(static)
+    exprs: list[str | None] = []
+    for launch in launches:
+        static = static_shared_bytes(source, function, template_bindings(source, launch))
+        dynamic = (
+            _launch_expr(source, launch, launch.shared_memory) if launch.shared_memory else "0"
+        )
+        exprs.append(
+            None if static is None or dynamic is None else _simplified(f"{static} + {dynamic}")
+        )
+    return _common(exprs)
+
+
+def eval_context(
+    kernel: KernelSource, name: str | None = None, arch: str = DEFAULT_ARCH
+) -> EvalContext:
+    """The :class:`EvalContext` for one kernel function (default: the first ``__global__``)."""
+    source = kernel.parsed
+    if name is None:
+        name = source.kernels[0].name if source.kernels else None
+    if name is None:
+        return EvalContext(arch=arch)
+    return EvalContext(
+        arch=arch,
+        block_size=block_size_of(source, name),
+        shared_memory_bytes=shared_memory_of(source, name),
+    )
+
+
+TEMPLATE_DEPTH = 8
+"""How many enclosing templates :func:`template_values` follows (recursive templates stop)."""
+
+
+def template_values(
+    source: ParsedSource, function: str, depth: int = 0
+) -> list[dict[str, int]] | None:
+    """Every binding of `function`'s template parameters the file instantiates, followed out
+    through enclosing templates: `swizzle<kD>` called in `fmha_fwd<kD>`, launched from
+    `launch<kD>`, which `run` calls as `launch<64>` and `launch<128>`, gives kD = 64 and 128.
+    `[{}]` for a function that is not a template; None when an instantiation cannot be
+    folded to integers (a type argument, a runtime value) or there is none."""
+    found = source.function(function)
+    if found is None or not found.template_params:
+        return [{}]
+    if depth >= TEMPLATE_DEPTH:
+        return None
+    uses: list[tuple[Node, tuple[Node, ...]]] = [
+        (launch.node, launch.template_args) for launch in source.launches_of(function)
+    ]
+    for call in source.calls_named(function):
+        if call.template_args is not None:
+            arguments = tuple(c for c in call.template_args.named_children if c.type != "comment")
+            uses.append((call.node, arguments))
+    if not uses:
+        return None
+    bindings: list[dict[str, int]] = []
+    for node, arguments in uses:
+        if len(arguments) != len(found.template_params):
+            return None  # defaulted or deduced arguments: not followed
+        enclosing = source.enclosing_function(node)
+        outer = template_values(source, enclosing.name, depth + 1) if enclosing else [{}]
+        if outer is None:
+            return None
+        for names in outer:
+            known = {**source.integer_constants, **names}
+            values = [fold_int(source, argument, known) for argument in arguments]
+            folded = [v for v in values if v is not None]
+            if len(folded) != len(values):
+                return None
+            binding = dict(zip(found.template_params, folded, strict=True))
+            if binding not in bindings:
+                bindings.append(binding)
+    return bindings

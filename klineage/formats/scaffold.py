@@ -1,0 +1,177 @@
+"""A problem folder from a kernel: `klineage new NAME --kernel FILE.cu`.
+
+The kernel's `run(...)` says most of the definition (kernel ABI, README): `const T*` parameters
+are input tensors, other pointers outputs, values before the first output scalar inputs, the
+`int64_t` values after the outputs the var axes, and a `cudaStream_t` last. What it cannot say
+is each tensor's shape and what the kernel computes: the scaffold guesses every tensor over
+all the axes, writes a reference that raises until it is filled in, one workload with guessed
+sizes, and a `TODO.md` listing what to confirm. The folder validates as written, so the gate
+can already build the kernel; checking and timing need the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from klineage.kernel import KernelSource
+from klineage.problem import (
+    DEFINITION_FILE,
+    KERNEL_FILE,
+    WORKLOADS_FILE,
+    Problem,
+    load_problem,
+)
+from klineage.problem.abi import DeclaredParam, declared_run
+
+GUESSED_EXTENT = 1024
+"""The size every axis gets in the scaffold's one workload (to be confirmed)."""
+
+TODO_FILE = "TODO.md"
+
+_DTYPES = {
+    "float": "float32",
+    "double": "float64",
+    "__half": "float16",
+    "half": "float16",
+    "__nv_bfloat16": "bfloat16",
+    "nv_bfloat16": "bfloat16",
+    "int64_t": "int64",
+    "long": "int64",
+    "long long": "int64",
+    "int": "int32",
+    "int32_t": "int32",
+    "int16_t": "int16",
+    "short": "int16",
+    "int8_t": "int8",
+    "char": "int8",
+    "uint8_t": "uint8",
+    "unsigned char": "uint8",
+    "bool": "bool",
+}
+"""C types the ABI knows, by the definition dtype they stand for."""
+
+_STREAMS = {"cudaStream_t", "CUstream"}
+
+
+class ScaffoldError(ValueError):
+    """The kernel's run(...) cannot be read as klineage's ABI; the message says where."""
+
+
+@dataclass
+class Scaffold:
+    """What `new_problem` wrote, and what is left to the user."""
+
+    problem: Problem
+    todo: list[str] = field(default_factory=list)
+    """What to confirm or fill in, in order."""
+
+
+def _name_of(param: DeclaredParam) -> str:
+    words = re.findall(r"[A-Za-z_]\w*", param.text.split("[")[0])
+    return words[-1] if words else ""
+
+
+def _dtype_of(param: DeclaredParam, kernel: str) -> str:
+    dtype = _DTYPES.get(param.type_name)
+    if dtype is None:
+        raise ScaffoldError(
+            f"{kernel}: parameter `{param.text}` has type {param.type_name!r}, which the ABI "
+            f"has no dtype for (known: {', '.join(sorted(_DTYPES))})"
+        )
+    return dtype
+
+
+def new_problem(name: str, kernel_path: str | Path, out: str | Path) -> Scaffold:
+    """Write a problem folder at `out` for the kernel at `kernel_path`, guessed from its
+    `run(...)`; refuses to overwrite a folder that already holds a definition."""
+    kernel_path, out = Path(kernel_path), Path(out)
+    source = KernelSource.from_file(kernel_path)
+    declared = declared_run(source.text)
+    if declared is None:
+        raise ScaffoldError(
+            f'{kernel_path}: no run(...) found; the ABI wants an extern "C" int run(...)'
+        )
+    params = list(declared.params)
+    if not params or params[-1].type_name not in _STREAMS:
+        raise ScaffoldError(f"{kernel_path}:{declared.line}: run(...) must end with a cudaStream_t")
+    params = params[:-1]
+    inputs: dict[str, dict[str, object]] = {}
+    outputs: dict[str, dict[str, object]] = {}
+    axes: list[str] = []
+    seen_output = False
+    for param in params:
+        pname = _name_of(param)
+        if param.is_pointer:
+            constant = re.search(r"\bconst\b", param.text.split("*")[0]) is not None
+            if constant and seen_output:
+                raise ScaffoldError(
+                    f"{kernel_path}:{declared.line}: `{param.text}` is an input after an "
+                    "output; the ABI passes inputs, then outputs"
+                )
+            seen_output = seen_output or not constant
+            target = inputs if constant else outputs
+            target[pname] = {"dtype": _dtype_of(param, str(kernel_path))}
+        elif seen_output:
+            if _DTYPES.get(param.type_name) != "int64":
+                raise ScaffoldError(
+                    f"{kernel_path}:{declared.line}: `{param.text}` follows the outputs, where "
+                    "the ABI has the var axes, each an int64_t"
+                )
+            axes.append(pname)
+        else:
+            inputs[pname] = {"shape": None, "dtype": _dtype_of(param, str(kernel_path))}
+    if not outputs:
+        raise ScaffoldError(
+            f"{kernel_path}:{declared.line}: run(...) has no output (a non-const pointer)"
+        )
+    for spec in [*inputs.values(), *outputs.values()]:
+        if "shape" not in spec:
+            spec["shape"] = list(axes)
+            spec["description"] = "TODO: shape guessed over every axis; confirm it"
+    reference = (
+        "import torch\n\n\n"
+        f"def run({', '.join(inputs)}):\n"
+        f'    raise NotImplementedError("fill in the PyTorch reference of {name} '
+        f'(definition.json, reference)")\n'
+    )
+    definition = {
+        "name": name,
+        "op_type": "TODO",
+        "description": "TODO: what the kernel computes",
+        "tags": ["scaffold"],
+        "axes": {a: {"type": "var", "description": "TODO: confirm"} for a in axes},
+        "inputs": inputs,
+        "outputs": outputs,
+        "reference": reference,
+    }
+    workload = {
+        "uuid": f"{name}-0001",
+        "axes": {a: GUESSED_EXTENT for a in axes},
+        "inputs": {
+            n: ({"type": "scalar", "value": 1.0} if s["shape"] is None else {"type": "random"})
+            for n, s in inputs.items()
+        },
+    }
+    if (out / DEFINITION_FILE).exists():
+        raise ScaffoldError(f"{out} already holds a {DEFINITION_FILE}; choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / DEFINITION_FILE).write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")
+    (out / WORKLOADS_FILE).write_text(json.dumps(workload) + "\n", encoding="utf-8")
+    if kernel_path.resolve() != (out / KERNEL_FILE).resolve():
+        (out / KERNEL_FILE).write_text(source.text, encoding="utf-8")
+    todo = [
+        f"{DEFINITION_FILE}: write the reference's body (it raises until then)",
+        f"{DEFINITION_FILE}: confirm each tensor's shape (guessed over every axis: "
+        f"{', '.join(axes) or 'none'})",
+        f"{DEFINITION_FILE}: set op_type and the description",
+        f"{WORKLOADS_FILE}: real sizes for the axes (guessed {GUESSED_EXTENT} each) and the "
+        "scalar inputs' values (guessed 1.0)",
+        "then: klineage gate " + str(out),
+    ]
+    (out / TODO_FILE).write_text(
+        "# To do\n\n" + "".join(f"- {t}\n" for t in todo), encoding="utf-8"
+    )
+    return Scaffold(problem=load_problem(out), todo=todo)

@@ -1,0 +1,354 @@
+"""An append-only log of gate verdicts, so a killed run resumes without repeating work.
+
+Each line is one verdict keyed by what was asked: the kernel's fingerprint, the baseline's
+fingerprint (paired timing), which workloads, and whether it was timed. A line is written
+(and flushed) as soon as its verdict exists; a torn last line from a kill is ignored.
+
+With `share`, a verdict is also keyed by the machine code it judged (the device SASS and host
+code fingerprints of the kernel and of its baseline, :mod:`klineage.gate.sass`): a kernel whose
+source differs from an earlier one's but whose machine code does not gets that verdict
+(recorded under its own key with `shared_from`), and the gate never times the same machine
+code twice. Lines logged before machine keys existed are indexed once their kernels' sources
+are known (:meth:`GateLog.learn_sources`, from the previous run's lineage).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from klineage.gate.build import Builder, BuildResult
+from klineage.gate.pool import spread
+from klineage.gate.result import GATE_PROTOCOL, GateVerdict
+from klineage.kernel import KernelSource
+from klineage.problem import Problem, Workload
+
+
+class GateLike(Protocol):
+    """What mining and replay need from a gate (the real Gate, or a labelled stand-in)."""
+
+    def build(self, kernel: KernelSource) -> BuildResult:
+        """Build `kernel` (no GPU needed)."""
+        ...
+
+    def run(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        *,
+        workloads: Sequence[Workload] | None = None,
+        time_it: bool = True,
+        against: KernelSource | None = None,
+    ) -> GateVerdict:
+        """The verdict on `kernel` for `problem` (timed against `against` when given)."""
+        ...
+
+
+def verdict_key(
+    kernel: KernelSource,
+    workloads: Sequence[Workload],
+    time_it: bool,
+    against: KernelSource | None,
+) -> str:
+    """What a verdict answers: kernel, baseline, workload set, timed or not."""
+    parts = [
+        kernel.fingerprint,
+        against.fingerprint if against else "-",
+        ",".join(w.uuid for w in workloads),
+        "timed" if time_it else "checked",
+    ]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def machine_key(kernel: str, workloads: Sequence[str], time_it: bool, against: str | None) -> str:
+    """`verdict_key` over machine-code fingerprints instead of source fingerprints."""
+    parts = ["machine", kernel, against or "-", ",".join(workloads), str(time_it)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+class GateLog:
+    """Verdicts on disk, read back on resume; `run` serves a cached verdict or gates anew."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        gate: GateLike | None,
+        *,
+        resume: bool = True,
+        share: bool = False,
+        accept_older: bool = False,
+    ) -> None:
+        """`gate` makes the verdicts the log lacks; without one the log is only read."""
+        self.path = Path(path)
+        self.gate = gate
+        self.share = share
+        """Serve a verdict made on the same machine code (see the module's docstring)."""
+        self.accept_older = accept_older
+        """Serve verdicts made before the gate's current protocol (to re-read old results
+        without a GPU); a run that measures anew leaves this off."""
+        self.stale = 0
+        """Verdicts in the file that were not served because an older gate made them."""
+        self.runs = 0
+        """Gate runs made through this log (cache hits not counted)."""
+        self.shared = 0
+        """Verdicts served from another kernel's on the same machine code (not runs)."""
+        self._by_machine: dict[str, str] = {}
+        self._unindexed: list[str] = []
+        self._sources: dict[str, str] = {}
+        self.hits = 0
+        self._verdicts: dict[str, GateVerdict] = {}
+        self._lock = threading.Lock()
+        self._made_ahead: set[str] = set()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume and self.path.is_file():
+            self._load()
+        elif not resume and self.path.exists():
+            self.path.unlink()
+
+    def _load(self) -> None:
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+                verdict = GateVerdict.model_validate(record["verdict"])
+            except (json.JSONDecodeError, KeyError, ValueError):
+                continue  # a line torn by a kill: that verdict is simply made again
+            if verdict.protocol != GATE_PROTOCOL and not self.accept_older:
+                self.stale += 1  # timed before the audits: made again by the audited gate
+                continue
+            self._verdicts[record["key"]] = verdict
+            if record.get("machine"):
+                self._by_machine.setdefault(record["machine"], record["key"])
+            else:
+                self._unindexed.append(record["key"])
+
+    def learn_sources(self, sources: dict[str, str]) -> None:
+        """Kernel sources by fingerprint, so lines logged without a machine key get one."""
+        self._sources.update(sources)
+
+    def _builder(self) -> Any:
+        return getattr(self.gate, "builder", None)
+
+    def _machine_of(self, kernel: KernelSource) -> str | None:
+        builder = self._builder()
+        if builder is None:
+            return None
+        code = builder.build(kernel.text, kernel.name).machine_code
+        return code.fingerprint if code is not None else None
+
+    def _machine_key(
+        self,
+        kernel: KernelSource,
+        workloads: Sequence[Workload],
+        time_it: bool,
+        against: KernelSource | None,
+    ) -> str | None:
+        mine = self._machine_of(kernel)
+        theirs = self._machine_of(against) if against is not None else None
+        if mine is None or (against is not None and theirs is None):
+            return None
+        return machine_key(mine, [w.uuid for w in workloads], time_it, theirs)
+
+    def _index_old_lines(self) -> None:
+        """Machine keys for logged verdicts whose kernels' sources are known (built once, in
+        parallel; the builds are cached)."""
+        builder = self._builder()
+        todo = [k for k in self._unindexed if self._indexable(self._verdicts[k])]
+        if builder is None or not todo:
+            return
+        wanted = {
+            fp
+            for k in todo
+            for fp in (self._verdicts[k].fingerprint, self._verdicts[k].baseline_fingerprint)
+            if fp
+        }
+        builder.build_many([self._sources[fp] for fp in sorted(wanted)])
+        for key in todo:
+            verdict = self._verdicts[key]
+            kernel = KernelSource(self._sources[verdict.fingerprint])
+            against = (
+                KernelSource(self._sources[verdict.baseline_fingerprint])
+                if verdict.baseline_fingerprint
+                else None
+            )
+            uuids = [w.workload_uuid for w in verdict.workloads]
+            for time_it in (True, False):  # the key says which it was
+                probe = _stand_in_workloads(uuids)
+                if verdict_key(kernel, probe, time_it, against) == key:
+                    mkey = self._machine_key(kernel, probe, time_it, against)
+                    if mkey is not None:
+                        self._by_machine.setdefault(mkey, key)
+        self._unindexed = [k for k in self._unindexed if k not in set(todo)]
+
+    def _indexable(self, verdict: GateVerdict) -> bool:
+        needed = [verdict.fingerprint, verdict.baseline_fingerprint]
+        return bool(verdict.workloads) and all(fp in self._sources for fp in needed if fp)
+
+    def __len__(self) -> int:
+        return len(self._verdicts)
+
+    def logged(
+        self,
+        kernel: KernelSource,
+        workloads: Sequence[Workload],
+        *,
+        time_it: bool = True,
+        against: KernelSource | None = None,
+    ) -> GateVerdict | None:
+        """The verdict the log holds for this question, or None; never gates."""
+        return self._verdicts.get(verdict_key(kernel, list(workloads), time_it, against))
+
+    def run(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        *,
+        workloads: Sequence[Workload] | None = None,
+        time_it: bool = True,
+        against: KernelSource | None = None,
+        gate: GateLike | None = None,
+    ) -> GateVerdict:
+        """The verdict from the log, or made now by `gate` (default: this log's gate)."""
+        chosen = list(problem.workloads if workloads is None else workloads)
+        key = verdict_key(kernel, chosen, time_it, against)
+        if key in self._verdicts:
+            if key in self._made_ahead:  # made by run_many for this very call: not a hit
+                self._made_ahead.discard(key)
+            else:
+                self.hits += 1
+            return self._verdicts[key]
+        mkey = self._machine_key(kernel, chosen, time_it, against) if self.share else None
+        if mkey is not None:
+            with self._lock:
+                self._index_old_lines()
+                earlier = self._by_machine.get(mkey)
+            if earlier is not None:
+                return self._shared(key, mkey, earlier, kernel, against)
+        judge = gate if gate is not None else self.gate
+        if judge is None:
+            raise RuntimeError(f"{self.path}: no verdict logged for {kernel.name} and no gate")
+        verdict = judge.run(problem, kernel, workloads=chosen, time_it=time_it, against=against)
+        record = {
+            "key": key,
+            "verdict": json.loads(verdict.model_dump_json()),
+            "machine": mkey,
+        }
+        with self._lock:  # several gates (one per GPU) may report at once
+            self.runs += 1
+            self._verdicts[key] = verdict
+            if mkey is not None:
+                self._by_machine.setdefault(mkey, key)
+            self._append(record)
+        return verdict
+
+    def _shared(
+        self,
+        key: str,
+        mkey: str,
+        earlier: str,
+        kernel: KernelSource,
+        against: KernelSource | None,
+    ) -> GateVerdict:
+        """The verdict of `earlier` (the same machine code), as this kernel's, logged."""
+        source = self._verdicts[earlier]
+        builder = self._builder()
+        verdict = source.model_copy(
+            deep=True,
+            update={
+                "kernel": kernel.name,
+                "fingerprint": kernel.fingerprint,
+                "baseline_fingerprint": against.fingerprint if against else None,
+                "build": builder.build(kernel.text, kernel.name) if builder else source.build,
+            },
+        )
+        record = {
+            "key": key,
+            "verdict": json.loads(verdict.model_dump_json()),
+            "machine": mkey,
+            "shared_from": earlier,
+        }
+        with self._lock:
+            self.shared += 1
+            self._verdicts[key] = verdict
+            self._append(record)
+        return verdict
+
+    def _append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def run_many(
+        self,
+        problem: Problem,
+        pairs: Sequence[tuple[KernelSource, KernelSource | None]],
+        gates: Sequence[GateLike],
+    ) -> None:
+        """Make the verdicts of `(kernel, against)` pairs not yet in the log, spread over
+        `gates` (one per GPU: each paired timing runs whole on one device). `run` then serves
+        them from the log."""
+        chosen = list(problem.workloads)
+        pending: dict[str, tuple[KernelSource, KernelSource | None]] = {}
+        for kernel, against in pairs:
+            key = verdict_key(kernel, chosen, True, against)
+            if key not in self._verdicts:
+                pending.setdefault(key, (kernel, against))
+        todo = list(pending.values())
+        if not todo:
+            return
+        spread(
+            list(gates),
+            len(todo),
+            lambda i, gate: self.run(problem, todo[i][0], against=todo[i][1], gate=gate),
+        )
+        self._made_ahead.update(pending)
+
+
+def _stand_in_workloads(uuids: Sequence[str]) -> list[Workload]:
+    """Objects with only the `uuid` the keys read (the log holds no workload definitions)."""
+    return [Workload.model_construct(uuid=u, axes={}, inputs={}) for u in uuids]
+
+
+class VerdictMissing(RuntimeError):
+    """An offline run needed a verdict the log does not hold (a GPU run)."""
+
+
+class LogOnlyGate:
+    """A gate that builds (real nvcc) but never judges: every verdict must come from the log,
+    directly or shared by machine code. Mining a problem again on a machine without a GPU
+    with it tells whether the new walk needs any gate run, and where."""
+
+    def __init__(self, builder: Builder | None) -> None:
+        self.builder = builder
+        """Builds kernels for machine-code keys; None: verdicts served by source only."""
+        self.missing: list[tuple[KernelSource, KernelSource | None]] = []
+        """The (kernel, baseline) pairs a verdict was asked for and the log lacked."""
+
+    def build(self, kernel: KernelSource) -> BuildResult:
+        """The kernel built (cached) and disassembled; RuntimeError without a builder."""
+        if self.builder is None:
+            raise RuntimeError("this log-only gate has no builder")
+        return self.builder.build(kernel.text, name=kernel.name, disassemble=True)
+
+    def run(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        *,
+        workloads: Sequence[Workload] | None = None,
+        time_it: bool = True,
+        against: KernelSource | None = None,
+    ) -> GateVerdict:
+        """Never a verdict: records what was asked and raises :class:`VerdictMissing`."""
+        self.missing.append((kernel, against))
+        what = "timed against " + against.fingerprint[:8] if against else "checked"
+        raise VerdictMissing(
+            f"{problem.name}: no logged verdict for {kernel.fingerprint[:8]} ({what}, "
+            f"{len(problem.workloads if workloads is None else workloads)} workloads), and "
+            "none on the same machine code: this needs the GPU"
+        )

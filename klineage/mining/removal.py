@@ -1,0 +1,198 @@
+"""Removing a mechanism everywhere in a kernel, and putting it back.
+
+Mining takes one mechanism out of a kernel at a time: every removable site of it, one site per
+edit, recording each site and its carrier (`#pragma unroll 4` -> unroll=4). The record is
+enough to walk the same chain forward again: each application happens at the candidate the
+matching removal created, with the carrier read from the removed site. That forward walk is
+what a skill's round trip replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from klineage.cuda.edit import changed_region
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Refusal, Site
+from klineage.mechanisms.base import FILE_SCOPE
+
+REMOVAL_LIMIT = 500
+"""More removals than this of one mechanism means the mechanism is broken, not the kernel."""
+APPLY_LIMIT = 64
+"""Applications of one mechanism to one kernel at most (one per candidate site)."""
+
+
+@dataclass
+class Removal:
+    """A mechanism taken out of a kernel, site by site."""
+
+    mechanism: Mechanism
+    states: list[KernelSource]
+    """states[0] is the kernel given; states[-1] has no removable site left."""
+    sites: list[Site] = field(default_factory=list)
+    """The site removed at each step (in the state before that step)."""
+    carriers: list[Carrier] = field(default_factory=list)
+    """The instance choices read from each removed site."""
+    refused: list[tuple[Site, str]] = field(default_factory=list)
+    """Detected sites that could not be removed, with the reason."""
+    alone: bool = False
+    """One site taken out on its own, after removing the mechanism everywhere failed."""
+
+    @property
+    def original(self) -> KernelSource:
+        """The kernel the mechanism was removed from."""
+        return self.states[0]
+
+    @property
+    def simplified(self) -> KernelSource:
+        """The kernel with every removable site taken out."""
+        return self.states[-1]
+
+    @property
+    def changed(self) -> bool:
+        """Whether any site was removed."""
+        return len(self.states) > 1
+
+
+DEAD_CODE = (
+    "in a function none of the workloads runs (the entry never reaches it with their axis "
+    "values, or an earlier removal left it unlaunched): a removal there changes no measurement"
+)
+
+
+def remove_mechanism(
+    kernel: KernelSource, mechanism: Mechanism, live: set[str] | None = None
+) -> Removal:
+    """Remove every supported site of `mechanism`, recording sites, carriers and refusals.
+    With `live` (the functions that run, klineage.cuda.reachability), sites in others are
+    refused."""
+    removal = Removal(mechanism=mechanism, states=[kernel])
+    refused_ids: set[str] = set()
+    for _ in range(REMOVAL_LIMIT):
+        current = removal.states[-1]
+        chosen = None
+        for site in mechanism.detect(current):
+            if site.id in refused_ids:
+                continue
+            if live is not None and site.function != FILE_SCOPE and site.function not in live:
+                removal.refused.append((site, DEAD_CODE))
+                refused_ids.add(site.id)
+                continue
+            if not site.supported:
+                removal.refused.append((site, site.refusal or "unsupported"))
+                refused_ids.add(site.id)
+                continue
+            try:
+                following = mechanism.remove(current, site)
+            except MechanismRefused as err:
+                removal.refused.append((site, err.reason))
+                refused_ids.add(site.id)
+                continue
+            chosen = (site, following)
+            break
+        if chosen is None:
+            return removal
+        site, following = chosen
+        removal.carriers.append(mechanism.carrier_of(current, site))
+        removal.sites.append(site)
+        removal.states.append(following)
+    raise RuntimeError(f"{mechanism.name}: more than {REMOVAL_LIMIT} removals in one kernel")
+
+
+def remove_each_site(kernel: KernelSource, removal: Removal) -> list[Removal]:
+    """One single-site removal from `kernel` per site `removal` took out of it (sites matched
+    by id, since the later ones were found in later states). When taking a mechanism out
+    everywhere fails the gate, these find the sites that can go on their own: a K split that
+    only a long-K path needs for accuracy, say, while another path can do without."""
+    mechanism = removal.mechanism
+    detected = {site.id: site for site in mechanism.detect(kernel)}
+    singles = []
+    for removed in removal.sites:
+        site = detected.get(removed.id)
+        if site is None:
+            continue
+        try:
+            following = mechanism.remove(kernel, site)
+        except MechanismRefused:
+            continue
+        singles.append(
+            Removal(
+                mechanism=mechanism,
+                states=[kernel, following],
+                sites=[site],
+                carriers=[mechanism.carrier_of(kernel, site)],
+                alone=True,
+            )
+        )
+    return singles
+
+
+def matching_candidate(
+    mechanism: Mechanism, before: KernelSource, after: KernelSource
+) -> Site | None:
+    """The candidate of `after` where the removal that led from `before` happened: the smallest
+    candidate containing the changed bytes, else the nearest one; None without candidates.
+    A pure deletion belongs to the code after it: a deleted line (a pragma at column 0 before
+    an indented loop) leaves its point in the whitespace before that code, not inside it."""
+    start, end = changed_region(before.text, after.text)
+    if start == end:
+        data = after.text.encode()
+        while end < len(data) and data[end : end + 1].isspace():
+            end += 1
+        start = end
+    candidates = [c for c in mechanism.candidates(after) if c.supported]
+    if not candidates:
+        return None
+    containing = [c for c in candidates if c.start_byte <= start and end <= c.end_byte]
+    if containing:
+        return min(containing, key=lambda c: c.end_byte - c.start_byte)
+    return min(candidates, key=lambda c: min(abs(c.start_byte - start), abs(c.end_byte - end)))
+
+
+def reapply(removal: Removal) -> KernelSource:
+    """Walk the removal forward again from its simplified state: apply the mechanism at the
+    candidate each removal created, with the carrier read from the removed site. Raises
+    MechanismRefused when a step cannot be applied."""
+    current = removal.simplified
+    mechanism = removal.mechanism
+    for i in reversed(range(len(removal.sites))):
+        target = removal.states[i]
+        candidate = matching_candidate(mechanism, target, removal.states[i + 1])
+        if candidate is None:
+            raise MechanismRefused(
+                Refusal(
+                    mechanism=mechanism.name,
+                    action="apply",
+                    site=str(removal.sites[i]),
+                    reason="no candidate site where the removal happened",
+                )
+            )
+        # candidates are found on the state the removal produced; after earlier re-applications
+        # the current text equals that state, so the site is valid here
+        current = mechanism.apply(current, candidate, removal.carriers[i])
+    return current
+
+
+def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrier) -> KernelSource:
+    """Apply the mechanism at every supported candidate, one at a time; refuse if none took.
+
+    The forward twin of :func:`remove_mechanism`: the round trip of an LLM-proposed removal
+    re-applies a catalog rule this way, and replay applies a skill's mechanism this way."""
+    current = kernel
+    refused: set[str] = set()
+    reasons = []
+    for _ in range(APPLY_LIMIT):
+        site = next(
+            (s for s in mechanism.candidates(current) if s.supported and s.id not in refused), None
+        )
+        if site is None:
+            break
+        try:
+            current = mechanism.apply(current, site, carrier)
+        except MechanismRefused as err:
+            refused.add(site.id)
+            reasons.append(err.reason)
+    if current is kernel:
+        reason = reasons[0] if reasons else "no candidate site in this kernel"
+        raise MechanismRefused(Refusal(mechanism=mechanism.name, action="apply", reason=reason))
+    return current

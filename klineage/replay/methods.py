@@ -1,0 +1,646 @@
+"""The three replay methods: move sources of the one search loop (:mod:`klineage.search`).
+
+Three methods share the same gate, the same budget and the same keep rule (correct on every
+workload, and faster than the current state overall and in every trial, timed interleaved):
+
+- `skills`: retrieved skills in rank order (conditions checked before any gate run), a skill
+  whose rewrite would close another's candidate sites moved after it
+  (:mod:`klineage.replay.ordering`),
+  each mechanism applied at every candidate site with the carrier its evidence supports (a
+  vector width keeps its bytes on the target's element size); when one carrier passes the
+  keep rule, the skill's other carriers, and the rule's default choice for the target, are
+  gated from the same state and the fastest is kept (the others are recorded as `outranked`;
+  a carrier that writes a kernel already gated there costs no run);
+- `blind`: every catalog mechanism at every candidate site, one site per run, no conditions,
+  no ordering beyond the catalog's;
+- `memory`: past before/after edits (the skills' anchors) retrieved by text similarity to the
+  current kernel and applied without conditions.
+
+Every gate run is recorded, in a forward lineage of the same format as mining's, and counted
+against the budget, whether or not the log served it from an earlier method's run. Each method
+is a small class over :class:`ForwardSearch`, which holds what the three share: the keep rule,
+writing a move's kernel (building ahead, skipping no-ops), and the records.
+
+With an LLM provider (`Materializer(..., llm=provider)`), the `skills` method asks it to apply
+a retrieved skill when no rule can: the rule application was refused at every carrier, or the
+skill's mechanism is not in the catalog (one an LLM proposed while mining). The model gets the
+skill's card (SKILL.md) and the current kernel (:func:`klineage.llm.materialize_skill`); its
+kernel is gated like any move, from the same budget, and recorded with the origin
+`llm:<kind>:<model>:skill:<id>`. An answer that cannot be used goes to the result's
+`llm_rejections` and costs no gate run.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from klineage.gate.log import GateLog
+from klineage.gate.noop import same_machine_code
+from klineage.gate.result import GateVerdict
+from klineage.gate.sass import MachineCode
+from klineage.kernel import KernelSource
+from klineage.limits import DEFAULT_ARCH, RUN_MESSAGE_KEPT
+from klineage.lineage import (
+    LLM_PREFIX,
+    Attempt,
+    AttemptStatus,
+    LineageGraph,
+    LlmRejection,
+    catalog_mechanism,
+    llm_rejection,
+    state_info,
+)
+from klineage.llm.base import Provider, ProviderError
+from klineage.llm.proposals import Rejection, materialize_skill
+from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Refusal, all_mechanisms
+from klineage.mining.removal import apply_everywhere
+from klineage.problem import Problem
+from klineage.replay.ordering import (
+    closes,
+    keep_options_open,
+    transfer_carrier,
+    without_foreign_names,
+)
+from klineage.replay.results import (
+    GateRunRecord,
+    MethodResult,
+    ReplayBudget,
+    SkillUse,
+    method_result,
+    verdict_seconds,
+)
+from klineage.replay.retrieve import bm25_scores, retrieve
+from klineage.search import Ending, Tried, VerdictBudget, search
+from klineage.skills import Skill, render_skill_md
+
+NO_CHANGE = "no machine code change (the same SASS and host code as the current state)"
+METHODS = ("skills", "blind", "memory")
+KEEP_RATIO = 1.01
+"""A change is kept when current/new latency exceeds this overall, and exceeds 1 per trial."""
+
+MoveKey = tuple[str, str, str, str | None]
+"""A move at a state: (state fingerprint, mechanism or 'llm:<skill>', carrier JSON, site)."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """One thing a method can try: a mechanism, where, with which choices, and why."""
+
+    mechanism: Mechanism | None
+    """The catalog's rule to apply; None when there is none (an LLM applies the skill)."""
+    carrier: Carrier
+    origin: str
+    site: str | None = None
+    """Apply at this one candidate site (blind); None applies at every candidate."""
+    skill: str | None = None
+    """The skill behind the move (the `skills` method)."""
+    action: str = ""
+    """The mechanism's name, when `mechanism` is None."""
+    ask_llm: bool = False
+    """Ask the LLM to apply `skill`, if no rule application of it went through here."""
+    source: KernelSource | None = None
+    """The new kernel, already written (the LLM's answer)."""
+    intent: str = ""
+    """What the LLM says it changed."""
+    sibling: bool = False
+    """Another carrier of the skill just kept at this state, gated to keep the fastest."""
+
+    @property
+    def name(self) -> str:
+        """The mechanism applied."""
+        return self.mechanism.name if self.mechanism is not None else self.action
+
+
+def move_key(current: KernelSource, move: Move) -> MoveKey:
+    """What makes a move the same move at the same state (it is tried once)."""
+    return (
+        current.fingerprint,
+        f"llm:{move.skill}" if move.ask_llm else move.name,
+        move.carrier.model_dump_json(),
+        move.site,
+    )
+
+
+def keeps(verdict: GateVerdict) -> bool:
+    """The keep rule: correct, faster overall by KEEP_RATIO and faster in every trial."""
+    comparison = verdict.comparison
+    return bool(
+        verdict.passed
+        and comparison is not None
+        and comparison.ratio > KEEP_RATIO
+        and all(r > 1.0 for r in comparison.trial_ratios)
+    )
+
+
+def apply_move(current: KernelSource, move: Move) -> KernelSource:
+    """The kernel `move` writes from `current`; MechanismRefused when its rule cannot."""
+    if move.source is not None:
+        return move.source
+    if move.mechanism is None:
+        raise MechanismRefused(
+            Refusal(
+                mechanism=move.name,
+                action="apply",
+                reason="the mechanism is not in this catalog (no rule applies it)",
+            )
+        )
+    if move.site is None:
+        return apply_everywhere(current, move.mechanism, move.carrier)
+    site = next((s for s in move.mechanism.candidates(current) if s.id == move.site), None)
+    if site is None:
+        raise MechanismRefused(
+            Refusal(
+                mechanism=move.mechanism.name,
+                action="apply",
+                site=move.site,
+                reason="the site is no longer a candidate",
+            )
+        )
+    return move.mechanism.apply(current, site, move.carrier)
+
+
+Step = Tried[Move, GateRunRecord]
+"""A move a method gated, with its run record (None until the state's choice is made)."""
+
+
+class ForwardSearch(ABC):
+    """One method on one problem, as the search loop's move source: the moves come from the
+    subclass, the rest (writing a move's kernel, the keep rule, the records) is shared."""
+
+    name: ClassVar[str]
+    """The method's name in reports: skills, blind or memory."""
+
+    def __init__(self, materializer: Materializer, problem: Problem) -> None:
+        self.materializer = materializer
+        self.problem = problem
+        self.skills = materializer.skills
+        self.budget = VerdictBudget(materializer.budget.gate_runs, materializer.budget.wall_seconds)
+        self.lineage = LineageGraph(problem.name)
+        self.lineage.meta.method = self.name
+        self.records: list[GateRunRecord] = []
+        """Every gate run, in order."""
+        self.refusals: list[str] = []
+        """Moves the rules could not write, and moves that changed no machine code."""
+        self.rejections: list[LlmRejection] = []
+        """LLM answers that were never gated."""
+        self.used: list[SkillUse] = []
+        """The kept skills and the experts they came from."""
+        self.best: GateVerdict | None = None
+        """The verdict of the current (best) state."""
+        self._speedup = 1.0
+        self._tried: set[MoveKey] = set()
+        self._applied: set[tuple[str, str]] = set()  # (state, skill) a rule could apply
+        self._prepared: dict[MoveKey, KernelSource | MechanismRefused] = {}
+        self._written: set[str] = set()  # kernels gated for the kept skill's carriers
+        self._kept: list[Step] = []  # a kept move and the carriers gated after it
+
+    @abstractmethod
+    def candidates(self, current: KernelSource) -> Iterator[Move]:
+        """The moves this method would try from `current`, best first."""
+
+    def siblings(self, later: Sequence[Move], kept: Move) -> Iterator[Move]:
+        """Moves to gate from the same state after `kept` passed the keep rule (none)."""
+        return iter(())
+
+    def ask_llm(self, current: KernelSource, move: Move) -> Move | None:
+        """The LLM's application of a skill; None: this method never asks one."""
+        return None
+
+    def run(self, naive: KernelSource) -> MethodResult:
+        """Search forward from `naive` (gated first: it must pass), within the budget."""
+        started = time.monotonic()
+        start = self.materializer.log.run(self.problem, naive)
+        if not start.passed:
+            raise ValueError(f"{self.problem.name}: the starting kernel fails its gate")
+        self.best = start
+        self.lineage.add_state(state_info(naive, start, 0), root=True)
+        end = search(self.problem, naive, self, self.materializer.log, self.budget)
+        self.lineage.meta.final = end.state.fingerprint
+        result = method_result(
+            self.name,
+            self.problem,
+            start,
+            self.best,
+            self.records,
+            self.refusals,
+            self.used,
+            end.state,
+            time.monotonic() - started,
+        )
+        result.llm_rejections = self.rejections
+        return result
+
+    # ---- the move source the search loop asks (klineage.search.MoveSource) ------------------
+
+    def moves(self, step: int, state: KernelSource, tried: Sequence[Step]) -> Iterator[Move]:
+        """The method's moves in order, built ahead; after the first one kept, only the moves
+        `siblings` names (then the loop re-ranks from the new state)."""
+        moves = list(self.candidates(state))
+        self._prebuild(state, moves, self.budget.gate_runs - len(self.records))
+        for index, planned in enumerate(moves):
+            gated = len(tried)
+            yield planned
+            if len(tried) > gated and tried[-1].accepted:
+                if tried[-1].move.source is None:  # a rule wrote it: its other carriers too
+                    yield from self.siblings(moves[index + 1 :], planned)
+                return
+
+    def realize(self, state: KernelSource, move: Move) -> tuple[Move, KernelSource] | None:
+        """The move's kernel, or None (recorded as a refusal where one is due) when it costs no
+        gate run: tried before at this state, refused by its rule, no machine-code change."""
+        key = move_key(state, move)
+        if key in self._tried:
+            return None
+        self._tried.add(key)
+        if move.sibling:
+            try:
+                new = self._prepared_kernel(state, move, key)
+            except MechanismRefused as err:
+                self.refusals.append(f"{move.origin} {move.name}: {err.reason}")
+                return None
+            if new.text in self._written:  # the same kernel as a carrier gated here: free
+                return None
+            self._written.add(new.text)
+            return move, new
+        realized = move
+        if move.ask_llm:
+            if (state.fingerprint, move.skill or "") in self._applied:
+                return None  # a rule applied this skill here: no need to ask
+            answer = self.ask_llm(state, move)
+            if answer is None or answer.source is None:
+                return None
+            realized, new = answer, answer.source
+        else:
+            try:
+                new = self._prepared_kernel(state, move, key)
+            except MechanismRefused as err:
+                self.refusals.append(f"{move.origin} {move.name}: {err.reason}")
+                return None
+            if move.skill is not None:
+                self._applied.add((state.fingerprint, move.skill))
+        if self._no_machine_code_change(state, new):
+            # timing it would time the current binary twice: no gate run, any method
+            self.refusals.append(f"{move.origin} {move.name}: {NO_CHANGE}")
+            return None
+        self._written = {new.text}
+        return realized, new
+
+    def accepts(self, verdict: GateVerdict) -> bool:
+        """The keep rule (:func:`keeps`)."""
+        return keeps(verdict)
+
+    def gated(self, step: int, state: KernelSource, tried: Step) -> GateRunRecord | None:
+        """Record a run not kept at once; a kept one, and the carriers gated after it, wait
+        for the choice among them (the others are `outranked`)."""
+        if tried.accepted or tried.move.sibling:
+            self._kept.append(tried)
+            return None
+        return self._record_run(state, tried, chosen=False)
+
+    def choose(self, state: KernelSource, accepted: Sequence[Step]) -> Step:
+        """The fastest of the kept carriers (the first on a tie)."""
+        return max(accepted, key=lambda one: _ratio(one.verdict))
+
+    def settled(self, step: int, state: KernelSource, tried: Sequence[Step], chosen: Step) -> None:
+        """Record the kept move and its carriers, and go on from the chosen one."""
+        for one in self._kept:
+            one.record = self._record_run(state, one, chosen=one is chosen)
+        first = len(self.records) - len(self._kept)
+        self._speedup = self.records[first + self._kept.index(chosen)].speedup
+        self.best = chosen.verdict
+        if chosen.move.skill is not None:
+            skill = self.skills[chosen.move.skill]
+            self.used.append(
+                SkillUse(skill=skill.id, source=skill.evidence.problem, origin=chosen.move.origin)
+            )
+        self._kept = []
+
+    def nothing_to_try(self, state: KernelSource) -> Ending:
+        """No candidate move: the method has nothing more to offer."""
+        return Ending.COMPLETE
+
+    # ---- writing and recording moves ----------------------------------------------------------
+
+    def _no_machine_code_change(self, current: KernelSource, new: KernelSource) -> bool:
+        builder = getattr(self.materializer.log.gate, "builder", None)
+        if builder is None or not self.materializer.skip_no_ops:
+            return False
+        before = builder.build(current.text, current.name).machine_code
+        return same_machine_code(before, builder.build(new.text, new.name).machine_code)
+
+    def _machine_code(self, kernel: KernelSource) -> MachineCode | None:
+        """The target state's machine code with histograms (a cached build), for retrieval."""
+        builder = getattr(self.materializer.log.gate, "builder", None)
+        if builder is None or not self.materializer.skip_no_ops:
+            return None
+        return builder.build(kernel.text, kernel.name, disassemble=True).machine_code
+
+    def _prepared_kernel(self, current: KernelSource, move: Move, key: MoveKey) -> KernelSource:
+        """The move applied to `current`, from the prebuild's work when it got there first."""
+        outcome = self._prepared.pop(key, None)
+        if outcome is None:
+            return apply_move(current, move)
+        if isinstance(outcome, MechanismRefused):
+            raise outcome
+        return outcome
+
+    def _prebuild(self, current: KernelSource, moves: Sequence[Move], remaining: int) -> None:
+        """Apply the next rule moves the budget can still pay for and compile them all in
+        parallel, so the gate runs that follow find their builds cached: nvcc, not the GPU,
+        is the slow part of a gate run on a fast kernel."""
+        builder = getattr(self.materializer.log.gate, "builder", None)
+        if builder is None or remaining <= 0:
+            return
+        sources: dict[str, KernelSource] = {}
+        for move in moves:
+            if len(sources) >= remaining:
+                break
+            key = move_key(current, move)
+            if move.ask_llm or key in self._tried:
+                continue
+            try:
+                new = apply_move(current, move)
+            except MechanismRefused as err:
+                self._prepared[key] = err
+                continue
+            self._prepared[key] = new
+            sources.setdefault(new.fingerprint, new)
+        kernels = [current, *sources.values()]
+        if len(kernels) > 1:
+            builder.build_many([(k.text, k.name) for k in kernels])
+
+    def _record_run(self, current: KernelSource, tried: Step, *, chosen: bool) -> GateRunRecord:
+        """The run's record and lineage edge, appended; a kept run not chosen is `outranked`."""
+        record = run_record(len(self.records) + 1, tried.move, tried.verdict, self._speedup)
+        if tried.accepted and not chosen:
+            record.outcome, record.speedup = "outranked", self._speedup
+        add_edge(
+            self.lineage, current, tried.child, tried.verdict, tried.move, chosen, len(self.records)
+        )
+        self.records.append(record)
+        self.materializer.on_run(self.name, record)
+        return record
+
+
+class SkillsMethod(ForwardSearch):
+    """Retrieved skills in rank order, each at every carrier its evidence supports; with an LLM,
+    the LLM applies a skill no rule could apply here."""
+
+    name = "skills"
+
+    def __init__(self, materializer: Materializer, problem: Problem) -> None:
+        super().__init__(materializer, problem)
+        self.asks_llm = materializer.llm is not None
+        if self.asks_llm:
+            self.lineage.meta.llm = materializer.llm_origin()
+
+    def run(self, naive: KernelSource) -> MethodResult:
+        """The search, and the LLM's unused answers kept in the lineage when it was asked."""
+        result = super().run(naive)
+        if self.asks_llm:
+            self.lineage.meta.llm_rejections = self.rejections
+        return result
+
+    def candidates(self, current: KernelSource) -> Iterator[Move]:
+        """Each retrieved skill by rule, at each carrier; with an LLM, then the LLM for it
+        (asked only when no rule application of the skill went through)."""
+        ranking = retrieve(
+            list(self.skills.values()),
+            self.problem,
+            current,
+            arch=self.materializer.arch,
+            keep_unknown=self.asks_llm,
+            machine_code=self._machine_code(current),
+        )
+        mechanisms = [r.mechanism for r in ranking.ranked]
+        closed = closes(mechanisms, current, apply_everywhere)
+        for ranked in keep_options_open(ranking.ranked, lambda r: r.mechanism, closed):
+            skill = self.skills[ranked.skill]
+            origin = f"skill:{skill.id}"
+            mechanism = catalog_mechanism(skill.mechanism)
+            if mechanism is not None:
+                for carrier in self.carriers(skill):
+                    yield Move(mechanism, carrier, origin, skill=skill.id)
+            if self.asks_llm:
+                yield Move(
+                    None, Carrier(), origin, skill=skill.id, action=skill.mechanism, ask_llm=True
+                )
+
+    def siblings(self, later: Sequence[Move], kept: Move) -> Iterator[Move]:
+        """The kept skill's other carriers, from the same state: the fastest is kept."""
+        for move in later:
+            if move.skill == kept.skill and not move.ask_llm and move.source is None:
+                yield replace(move, sibling=True)
+
+    def carriers(self, skill: Skill) -> list[Carrier]:
+        """The skill's own carrier, then the others its mechanism was seen with; each first
+        as it transfers to the target (vector widths keep their bytes), then as learned; choices
+        written as expressions over names the target lacks are left out. Last, the rule's own
+        default for the target: a choice tuned on one expert (a 512-thread block) must not hide
+        a better one for this kernel, and it is gated only once a learned carrier has passed."""
+        seen, carriers = set(), []
+        same = [skill] + [s for s in self.skills.values() if s.mechanism == skill.mechanism]
+        path = self.problem.kernel_path
+        target = path.read_text(encoding="utf-8") if path else ""
+        for candidate in same:
+            learned = Carrier.model_validate(candidate.carrier or {})
+            if target:
+                learned = without_foreign_names(learned, target)
+            moved = transfer_carrier(learned, candidate.scope.dtypes, self.problem)
+            for carrier in (moved, learned):
+                key = carrier.model_dump_json()
+                if key not in seen:
+                    seen.add(key)
+                    carriers.append(carrier)
+        if Carrier().model_dump_json() not in seen:
+            carriers.append(Carrier())
+        return carriers
+
+    def ask_llm(self, current: KernelSource, move: Move) -> Move | None:
+        """The LLM's application of `move.skill` to `current`, as a move carrying the new
+        kernel; None (and a rejection recorded) when there is no usable answer."""
+        llm, step = self.materializer.llm, len(self.records)  # gate runs spent so far
+        if llm is None or self.materializer.llm_off is not None or move.skill is None:
+            return None
+        skill = self.skills[move.skill]
+        origin = self.materializer.llm_origin()
+        try:
+            outcome = materialize_skill(llm, render_skill_md(skill), current, self.problem)
+        except ProviderError as err:  # fatal: every later call would fail the same way
+            self.materializer.llm_off = err.message
+            entry = llm_rejection(
+                err,
+                parent=current.fingerprint,
+                step=step,
+                origin=origin,
+                reason=f"{err.message} (the LLM is not asked again on this problem)",
+            )
+            entry.skill = skill.id
+            self.rejections.append(entry)
+            return None
+        if isinstance(outcome, Rejection):
+            entry = llm_rejection(outcome, parent=current.fingerprint, step=step, origin=origin)
+            entry.skill = skill.id
+            self.rejections.append(entry)
+            return None
+        return Move(
+            catalog_mechanism(skill.mechanism),
+            Carrier(),
+            f"{outcome.origin}:skill:{skill.id}",
+            skill=skill.id,
+            action=skill.mechanism,
+            source=outcome.source,
+            intent=outcome.intent,
+        )
+
+
+class BlindMethod(ForwardSearch):
+    """Blind search: every catalog mechanism at every candidate site, no conditions."""
+
+    name = "blind"
+
+    def candidates(self, current: KernelSource) -> Iterator[Move]:
+        """Every catalog mechanism at every supported candidate site, one site a move."""
+        for mechanism in all_mechanisms():
+            for site in mechanism.candidates(current):
+                if site.supported:
+                    yield Move(mechanism, Carrier(), "blind", site=site.id)
+
+
+class MemoryMethod(ForwardSearch):
+    """Example memory: past before/after edits retrieved by text similarity, no conditions."""
+
+    name = "memory"
+
+    def candidates(self, current: KernelSource) -> Iterator[Move]:
+        """The skills' before/after edits, most similar to the current kernel first."""
+        # an edit is replayed by its mechanism's rule: one the catalog lacks cannot be
+        examples = [
+            s
+            for s in self.skills.values()
+            if s.evidence.problem != self.problem.name
+            and catalog_mechanism(s.mechanism) is not None
+        ]
+        scores = bm25_scores(current.text, [s.anchor.before for s in examples])
+        ordered = sorted(zip(scores, examples, strict=True), key=lambda p: (-p[0], p[1].id))
+        for _, skill in ordered:
+            yield Move(
+                catalog_mechanism(skill.mechanism),
+                Carrier.model_validate(skill.carrier or {}),
+                f"memory:{skill.id}",
+            )
+
+
+METHOD_CLASSES: dict[str, type[ForwardSearch]] = {
+    m.name: m for m in (SkillsMethod, BlindMethod, MemoryMethod)
+}
+
+
+class Materializer:
+    """Runs one method on one problem from its naive kernel."""
+
+    def __init__(
+        self,
+        log: GateLog,
+        skills: Sequence[Skill],
+        budget: ReplayBudget | None = None,
+        *,
+        arch: str = DEFAULT_ARCH,
+        on_run: Callable[[str, GateRunRecord], None] | None = None,
+        llm: Provider | None = None,
+        skip_no_ops: bool = True,
+    ) -> None:
+        self.log = log
+        self.skip_no_ops = skip_no_ops
+        """Never gate a move whose kernel runs the current state's machine code, and pass
+        the current state's machine code to retrieval (which drops a skill whose signature
+        the state already shows); False: no machine-code check at all."""
+        self.skills = {s.id: s for s in skills}
+        self.budget = budget or ReplayBudget()
+        self.arch = arch
+        self.on_run = on_run or (lambda method, record: None)
+        self.llm = llm
+        """Asked to apply a skill no rule can apply (the `skills` method); None: rules only."""
+        self.llm_off: str | None = None
+        """Why the LLM is no longer asked (a failure every later call would repeat)."""
+
+    def method(self, name: str, problem: Problem) -> ForwardSearch:
+        """The move source of method `name` on `problem` (ValueError for an unknown name)."""
+        if name not in METHOD_CLASSES:
+            raise ValueError(f"unknown method {name!r}; expected one of {', '.join(METHODS)}")
+        return METHOD_CLASSES[name](self, problem)
+
+    def run(
+        self, problem: Problem, naive: KernelSource, method: str
+    ) -> tuple[MethodResult, LineageGraph]:
+        """Run `method` on `problem` from `naive`: what it reached, and its forward lineage."""
+        strategy = self.method(method, problem)
+        return strategy.run(naive), strategy.lineage
+
+    def llm_origin(self) -> str:
+        """`llm:<kind>:<model>` of the LLM asked, or '' without one."""
+        return f"{LLM_PREFIX}{self.llm.kind}:{self.llm.model}" if self.llm is not None else ""
+
+
+def _ratio(verdict: GateVerdict) -> float:
+    assert verdict.comparison is not None, "a kept verdict was timed against its state"
+    return verdict.comparison.ratio
+
+
+def run_record(index: int, move: Move, verdict: GateVerdict, speedup: float) -> GateRunRecord:
+    """The record of gate run `index` of a move, made at a state `speedup` over the start."""
+    comparison = verdict.comparison
+    kept = keeps(verdict)
+    failing = [w for w in verdict.workloads if not w.passed]
+    message = failing[0].message if failing else ("" if verdict.build.ok else verdict.build.message)
+    outcome = "kept" if kept else ("slower" if verdict.passed else "rejected")
+    new_speedup = speedup * comparison.ratio if kept and comparison else speedup
+    return GateRunRecord(
+        index=index,
+        action=move.name,
+        origin=move.origin,
+        carrier=move.carrier.model_dump(mode="json", exclude_none=True),
+        outcome=outcome,
+        gate_status=verdict.status.value,
+        ratio=comparison.ratio if comparison else None,
+        speedup=new_speedup,
+        message=message[:RUN_MESSAGE_KEPT],
+        gate_seconds=verdict_seconds(verdict),
+    )
+
+
+def add_edge(
+    lineage: LineageGraph,
+    current: KernelSource,
+    new: KernelSource,
+    verdict: GateVerdict,
+    move: Move,
+    kept: bool,
+    step: int,
+) -> None:
+    """Record a gated move as a forward edge of `lineage` (`kept`: the search went on from it)."""
+    depth = lineage.state(current.fingerprint).depth + 1
+    lineage.add_state(state_info(new, verdict, depth))
+    comparison = verdict.comparison
+    lineage.add_attempt(
+        Attempt(
+            id=f"{current.fingerprint[:8]}-{move.name}-{step}",
+            parent=current.fingerprint,
+            child=new.fingerprint,
+            mechanism=move.name,
+            origin=move.origin,
+            intent=move.intent,
+            sites=[],
+            carriers=[move.carrier.model_dump(mode="json", exclude_none=True)],
+            status=AttemptStatus.ACCEPTED if verdict.passed else AttemptStatus.REJECTED,
+            gate_status=verdict.status.value,
+            ratio=comparison.ratio if comparison else None,
+            trial_ratios=comparison.trial_ratios if comparison else [],
+            step=step,
+            chosen=kept,
+        )
+    )

@@ -1,0 +1,136 @@
+"""C++ expression helpers (precedence, folding) and launch facts."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.conditions import evaluate_size
+from klineage.cuda.cexpr import (
+    PRIMARY,
+    fold_int,
+    precedence,
+    required_precedence,
+    to_size_expr,
+    wrap_at,
+)
+from klineage.cuda.facts import block_size_of, eval_context, shared_memory_of, static_shared_bytes
+from klineage.cuda.source import Node, ParsedSource
+from klineage.kernel import KernelSource
+from tests.conftest import REPO
+
+
+def _expression(text: str) -> tuple[ParsedSource, Node]:
+    source = KernelSource(f"constexpr int kFour = 4;\nint value = {text};\n").parsed
+    declarator = source.nodes("init_declarator")[-1]
+    value = declarator.child_by_field_name("value")
+    assert value is not None
+    return source, value
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("256", 256),
+        ("0x100u", 256),
+        ("1'024", 1024),
+        ("kFour * 32", 128),
+        ("(kFour + 4) / 3", 2),
+        ("1 << kFour", 16),
+        ("(int)sizeof(float4) * 2", 32),
+        ("kFour > 2 ? 64 : 32", 64),
+        ("min(kFour, 2)", 2),
+        ("dim3(32, 8)", 256),
+        ("cols * 2", None),
+        ("1.5f", None),
+    ],
+)
+def test_fold_int(text: str, value: int | None) -> None:
+    source, node = _expression(text)
+    assert fold_int(source, node) == value
+
+
+def test_size_expression_keeps_axis_names() -> None:
+    source, node = _expression("(cols + kFour - 1) / kFour")
+    expr = to_size_expr(source, node, {"kFour": 4, "cols": "cols"})
+    assert expr is not None and evaluate_size(expr, {"cols": 10}) == 3
+
+
+def test_precedence_and_wrapping() -> None:
+    _source, node = _expression("a * f(b)")
+    call = node.child_by_field_name("right")
+    assert precedence(node) == 13 and precedence(call) == PRIMARY
+    assert required_precedence(call) == 14  # the right operand of `*`
+    assert wrap_at(call, "x / y", 13) == "(x / y)"
+    assert wrap_at(call, "g(x)", PRIMARY) == "g(x)"
+    assert wrap_at(node, "x / y", 13) == "x / y"  # an initializer takes anything but a comma
+
+
+FACTS = """\
+#include <cuda_runtime.h>
+#include <stdint.h>
+constexpr int kThreads = 128;
+template <int kBlock>
+__global__ void tiles(const float* x, float* y) {
+  __shared__ float tile[kBlock][4 + 1];
+  __shared__ int flags[8];
+  extern __shared__ float dynamic[];
+  y[threadIdx.x] = x[threadIdx.x] + tile[0][0] + flags[0] + dynamic[0];
+}
+__global__ void flat(float* y, int64_t n) { y[0] = 0; }
+extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t s) {
+  const int threads = kThreads * 2;
+  tiles<32><<<rows, threads, cols * sizeof(float), s>>>(x, y);
+  flat<<<rows, (unsigned)min(cols, (int64_t)1024), 0, s>>>(y, cols);
+  return 0;
+}
+"""
+
+
+def test_launch_facts_are_size_expressions_over_axes() -> None:
+    kernel = KernelSource(FACTS)
+    source = kernel.parsed
+    assert block_size_of(source, "tiles") == "256"
+    flat_block = block_size_of(source, "flat")
+    assert flat_block is not None
+    assert evaluate_size(flat_block, {"cols": 100}) == 100
+    assert evaluate_size(flat_block, {"cols": 5000}) == 1024
+    tiles = source.function("tiles")
+    assert tiles is not None
+    assert static_shared_bytes(source, tiles) is None  # kBlock unknown without a launch
+    assert static_shared_bytes(source, tiles, {"kBlock": 32}) == 32 * 5 * 4 + 8 * 4
+    usage = shared_memory_of(source, "tiles")
+    assert usage is not None and evaluate_size(usage, {"cols": 10}) == 672 + 40
+    context = eval_context(kernel, "tiles", arch="sm_80")
+    assert context.arch == "sm_80" and context.block_size == "256"
+
+
+def test_expert_softmax_facts() -> None:
+    kernel = KernelSource.from_file(REPO / "expert_kernels" / "softmax" / "kernel.cu")
+    context = eval_context(kernel)
+    assert kernel.parsed.errors == ()
+    assert context.block_size is None or evaluate_size(context.block_size, {}) is not None
+
+
+TEMPLATE_CHAIN = """
+template <int kD> __device__ int pitch(int row) { return row * (kD * 2); }
+template <int kD, int kRows> __global__ void k(int* y) { y[0] = pitch<kD>(kRows); }
+template <int kD> void launch(int* y) { k<kD, kD / 2><<<1, 32>>>(y); }
+constexpr int kWide = 256;
+extern "C" int run(int* y, int n) {
+  if (n > 64) launch<kWide>(y); else launch<64>(y);
+  return 0;
+}
+"""
+
+
+def test_template_values_follow_instantiations_out_through_enclosing_templates() -> None:
+    from klineage.cuda.facts import template_values
+
+    source = KernelSource(TEMPLATE_CHAIN).parsed
+    assert template_values(source, "pitch") == [{"kD": 256}, {"kD": 64}]
+    assert template_values(source, "k") == [{"kD": 256, "kRows": 128}, {"kD": 64, "kRows": 32}]
+    assert template_values(source, "run") == [{}]  # not a template
+    runtime = KernelSource(TEMPLATE_CHAIN.replace("launch<64>(y)", "launch<n>(y)")).parsed
+    assert template_values(runtime, "pitch") is None  # one instantiation is not constant
+    unused = KernelSource("template <int kD> __device__ int f() { return kD; }").parsed
+    assert template_values(unused, "f") is None

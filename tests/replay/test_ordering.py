@@ -1,0 +1,83 @@
+"""Sequencing skills on a target (real kernels, real catalog rewrites, the committed skills)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from klineage.gate.log import GateLog
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier
+from klineage.mining.removal import apply_everywhere
+from klineage.problem import load_problem
+from klineage.replay.methods import Materializer
+from klineage.replay.ordering import closes, keep_options_open, transfer_carrier
+from klineage.skills import SkillLibrary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_vectorizing_first_would_close_block_per_row_on_layernorm() -> None:
+    problem = load_problem(ROOT / "heldout" / "layernorm")
+    naive = KernelSource.from_file(problem.kernel_path)
+    closed = closes(["vectorized_access", "block_per_row"], naive, apply_everywhere)
+    assert closed["vectorized_access"] == {"block_per_row"}
+    assert closed["block_per_row"] == set()
+
+
+def test_the_skills_method_tries_block_per_row_before_vectorizing(tmp_path: Path) -> None:
+    problem = load_problem(ROOT / "heldout" / "layernorm")
+    naive = KernelSource.from_file(problem.kernel_path)
+    library = list(SkillLibrary.load(ROOT / "skills_out"))
+    materializer = Materializer(GateLog(tmp_path / "log.jsonl", None), library)  # type: ignore[arg-type]
+    moves = list(materializer.method("skills", problem).candidates(naive))
+    names = [m.name for m in moves]
+    assert names[0] == "block_per_row"
+    first_vector = next(m for m in moves if m.name == "vectorized_access")
+    # the skill's vectors keep their bytes on bfloat16 (float32's 4-wide become 8-wide)
+    skill = next(s for s in library if s.id == first_vector.skill)
+    learned = skill.carrier["vector_width"]
+    assert learned is not None and first_vector.carrier.vector_width is not None
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}[skill.scope.dtypes[0]]
+    assert first_vector.carrier.vector_width * 2 == learned * size
+
+
+def test_a_cycle_keeps_rank_order() -> None:
+    ranked = ["a1", "b1", "a2"]
+    closed = {"a": {"b"}, "b": {"a"}}
+    assert keep_options_open(ranked, lambda item: item[0], closed) == ["a1", "b1", "a2"]
+    one_way = {"a": {"b"}}
+    assert keep_options_open(ranked, lambda item: item[0], one_way) == ["b1", "a1", "a2"]
+
+
+def test_vector_widths_keep_their_bytes() -> None:
+    bf16 = load_problem(ROOT / "heldout" / "layernorm")
+    f32 = load_problem(ROOT / "heldout" / "l2_normalize")
+    assert transfer_carrier(Carrier(vector_width=4), ["float32"], bf16).vector_width == 8
+    assert transfer_carrier(Carrier(vector_width=8), ["bfloat16"], f32).vector_width == 4
+    assert transfer_carrier(Carrier(vector_width=4), ["float32"], f32).vector_width == 4
+    # 2 bytes cannot be split into 4-byte elements: kept as learned
+    assert transfer_carrier(Carrier(vector_width=1), ["bfloat16"], f32).vector_width == 1
+    assert transfer_carrier(Carrier(block_size=512), ["float32"], bf16) == Carrier(block_size=512)
+
+
+def test_expression_choices_naming_what_the_target_lacks_are_left_out() -> None:
+    from klineage.replay.ordering import without_foreign_names
+
+    learned = Carrier.model_validate(
+        {"block_size": 256, "bound": "kThreads", "min_blocks_expr": "kD == 128 ? 2 : 4"}
+    )
+    target = "template <int kThreads> __global__ void k(float* y) { y[0] = kThreads; }"
+    kept = without_foreign_names(learned, target)
+    assert kept.as_dict() == {"block_size": 256, "bound": "kThreads"}
+    assert without_foreign_names(learned, target + " constexpr int kD = 64;") == learned
+
+
+def test_a_cycle_is_not_overtaken_by_unrelated_skills() -> None:
+    # log_softmax: block_per_row and online_softmax close each other; one is lost either way,
+    # so the best-ranked goes at its rank instead of after every unrelated skill
+    ranked = ["bpr1", "fast1", "os1", "bpr2", "prag1"]
+    closed = {"bpr": {"os"}, "os": {"bpr"}, "prag": {"os"}}
+    ordered = keep_options_open(ranked, lambda item: item[:-1], closed)
+    assert ordered == ["bpr1", "fast1", "os1", "bpr2", "prag1"]
+    # before: every unrelated skill first, the best-ranked skill fourth
+    assert ordered.index("bpr1") < ordered.index("fast1")

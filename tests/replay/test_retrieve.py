@@ -1,0 +1,82 @@
+"""Retrieval on the committed skills: what ranks, in what order, and why the others drop.
+No GPU, no nvcc: conditions are checked against the definitions and the kernels' launches."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.kernel import KernelSource
+from klineage.mechanisms import get
+from klineage.problem import Problem, load_problem
+from klineage.replay.retrieve import WEIGHTS, retrieve, scope_score
+from klineage.skills import Skill, SkillLibrary
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def library() -> list[Skill]:
+    return list(SkillLibrary.load(REPO / "skills_out"))
+
+
+@pytest.fixture(scope="module")
+def rmsnorm() -> Problem:
+    return load_problem(REPO / "expert_kernels" / "fused_add_rmsnorm")
+
+
+@pytest.fixture(scope="module")
+def layernorm() -> Problem:
+    return load_problem(REPO / "heldout" / "layernorm")
+
+
+def test_every_skill_is_either_ranked_or_dropped_with_a_reason(
+    library: list[Skill], layernorm: Problem
+) -> None:
+    found = retrieve(library, layernorm)
+    ranked, dropped = {r.skill for r in found.ranked}, {d.skill for d in found.dropped}
+    assert ranked and not ranked & dropped
+    assert ranked | dropped == {s.id for s in library}
+    assert all(d.reason for d in found.dropped)
+
+
+def test_ranked_best_first_by_scope_text_and_gain(library: list[Skill], layernorm: Problem) -> None:
+    ranked = retrieve(library, layernorm).ranked
+    assert [r.score for r in ranked] == sorted((r.score for r in ranked), reverse=True)
+    for r in ranked:
+        expected = WEIGHTS["scope"] * r.scope + WEIGHTS["text"] * r.text + WEIGHTS["gain"] * r.gain
+        assert r.score == pytest.approx(expected)
+        assert 0.0 <= r.scope <= 1.0 and 0.0 <= r.text <= 1.0 and r.sites > 0
+
+
+def test_a_skill_never_comes_back_to_the_problem_it_was_mined_from(
+    library: list[Skill], rmsnorm: Problem
+) -> None:
+    found = retrieve(library, rmsnorm)
+    assert all(r.source_problem != rmsnorm.name for r in found.ranked)
+    own = [d for d in found.dropped if d.reason.startswith("mined from this same problem")]
+    assert {d.skill for d in own} == {s.id for s in library if s.evidence.problem == rmsnorm.name}
+
+
+def test_a_mechanism_with_no_site_in_the_target_drops(
+    library: list[Skill], layernorm: Problem
+) -> None:
+    found = retrieve(library, layernorm)
+    kernel = layernorm.kernel_source()
+    for dropped in found.dropped:
+        if dropped.reason == "its mechanism has no candidate site here":
+            mechanism = get(dropped.mechanism)
+            assert not [s for s in mechanism.candidates(kernel) if s.supported]
+
+
+def test_the_kernel_can_be_given_as_text(library: list[Skill], layernorm: Problem) -> None:
+    kernel = layernorm.kernel_source()
+    as_text = retrieve(library, layernorm, kernel.text)
+    as_source = retrieve(library, layernorm, KernelSource(kernel.text, name="layernorm_bf16.cu"))
+    assert [r.skill for r in as_text.ranked] == [r.skill for r in as_source.ranked]
+
+
+def test_scope_prefers_the_same_op_and_dtypes(library: list[Skill], layernorm: Problem) -> None:
+    scores = {s.id: scope_score(s, layernorm, "sm_90") for s in library}
+    bf16 = [k for k, s in zip(scores, library, strict=True) if "bfloat16" in s.scope.dtypes]
+    others = [k for k, s in zip(scores, library, strict=True) if "bfloat16" not in s.scope.dtypes]
+    assert bf16 and others
+    assert max(scores[k] for k in bf16) > max(scores[k] for k in others)
