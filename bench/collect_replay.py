@@ -3,9 +3,9 @@
     python bench/collect_replay.py REPLAY_OUT --smi nvidia_smi.txt --command "..."
 
 Writes bench/results/replay.json (the command, the environment, the skills used, the report and
-the reasons behind every miss, recomputed with the current `klineage.misses` from the run's own
-lineages), bench/results/replay.png and bench/results/replay_lineages/*.json. Nothing is timed
-here: every figure comes from the device's report.
+the reasons behind every miss, recomputed with the current `klineage.replay.misses` from the
+run's own lineages), bench/results/replay.png and bench/results/replay_lineages/*.json.
+Nothing is timed here: every figure comes from the device's report.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import json
 import shutil
 from pathlib import Path
 
-from klineage.misses import explain_misses
 from klineage.problem import load_problem
-from klineage.replay import draw_chart, load_replay, matched_runs
+from klineage.replay.misses import explain_misses
+from klineage.replay.run import draw_chart, load_replay, matched_runs
 from klineage.skills import SkillLibrary
 
 ROOT = Path(__file__).resolve().parents[1]

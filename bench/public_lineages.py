@@ -307,7 +307,7 @@ def mined_facts(skills: dict[str, list[dict]] | None, problem: str, present: Seq
 
 def reference_on_cpu(folder: Path) -> dict[str, Any]:
     """Load the problem and run its reference on the CPU for the smallest workload."""
-    from klineage.inputs import check_reference_outputs, make_inputs, run_reference
+    from klineage.gate.inputs import check_reference_outputs, make_inputs, run_reference
     from klineage.problem import load_problem
 
     problem = load_problem(folder)

@@ -17,9 +17,9 @@ import argparse
 from pathlib import Path
 
 from klineage.gate.build import Builder
+from klineage.gate.noop import no_machine_code_change
 from klineage.lineage import AttemptStatus, LineageGraph
-from klineage.mine import machine_code_evidence
-from klineage.noop import no_machine_code_change
+from klineage.mining.extract import machine_code_evidence
 from klineage.skills import SkillLibrary
 
 NOTE = (

@@ -29,8 +29,8 @@ from _environment import nvidia_smi  # noqa: E402
 
 from klineage.gate.build import Builder  # noqa: E402
 from klineage.gate.check import compare_output  # noqa: E402
+from klineage.gate.inputs import allocate_outputs, make_inputs, run_reference  # noqa: E402
 from klineage.gate.runner import DeviceRunner  # noqa: E402
-from klineage.inputs import allocate_outputs, make_inputs, run_reference  # noqa: E402
 from klineage.problem import load_problem  # noqa: E402
 
 SEEDS = (0, 1, 2)

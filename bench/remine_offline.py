@@ -1,5 +1,5 @@
 """Mine the experts again without a GPU: every verdict from the committed gate log, directly
-or shared by machine code (klineage.gatelog). Tells whether the new walk needs any gate run.
+or shared by machine code (klineage.gate.log). Tells whether the new walk needs any gate run.
 
     python bench/remine_offline.py expert_kernels/topk --out remine_out
 
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from klineage.gate.build import Builder
-from klineage.gatelog import LogOnlyGate, VerdictMissing
-from klineage.mine import mine
+from klineage.gate.log import LogOnlyGate, VerdictMissing
+from klineage.mining.mine import mine
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -23,11 +23,11 @@ import argparse
 from pathlib import Path
 
 from klineage.conditions import Prose, conditions_to_json, parse_condition
+from klineage.gate.log import GateLog
 from klineage.gate.result import GateVerdict
-from klineage.gatelog import GateLog
 from klineage.kernel import KernelSource
 from klineage.lineage import LineageGraph, catalog_mechanism
-from klineage.mine import no_condition, scope_of
+from klineage.mining.extract import no_condition, scope_of
 from klineage.problem import Problem, load_problem
 from klineage.skills import Skill, SkillLibrary, anchor_of
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from klineage.gate.build import Builder
+from klineage.gate.noop import no_machine_code_change, same_machine_code
 from klineage.gate.sass import delta, render_delta
 from klineage.lineage import LineageGraph
-from klineage.noop import no_machine_code_change, same_machine_code
 from klineage.skills import SkillLibrary
 
 

@@ -5,8 +5,8 @@ expert kernel, retrieve them for a new kernel and replay them there.
 
     from klineage import Gate, KernelSource, load_problem, mine, replay, retrieve
 
-`mine` and `replay` are functions here, although modules of the same names exist
-(`klineage/mine.py`, `klineage/replay.py`): reach those as `from klineage.mine import ...`.
+`replay` is a function here, although a package of the same name exists (`klineage/replay/`):
+reach its modules as `from klineage.replay.run import ...`.
 """
 
 from __future__ import annotations
@@ -14,40 +14,57 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+from typing import TYPE_CHECKING
 
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.gate import Gate, GateSetupError
 from klineage.gate.pool import GatePool
 from klineage.gate.result import GateVerdict, Status, WorkloadVerdict
-from klineage.kernel import AbiError, KernelAbi, KernelSource
+from klineage.kernel import KernelSource, use_parser
 from klineage.problem import Problem, ProblemError, load_problem
+from klineage.problem.abi import AbiError, KernelAbi
+
+if TYPE_CHECKING:
+    from klineage.cuda.source import ParsedSource
 
 __version__ = "0.1.0"
+
+
+def _parse(kernel: KernelSource) -> ParsedSource:
+    # the package wires the source model into KernelSource.parsed, so that kernel.py, the
+    # bottom layer, needs no import of it; tree-sitter loads on the first parse, which keeps
+    # `import klineage` fast for scripts that only gate kernels
+    from klineage.cuda.source import ParsedSource
+
+    return ParsedSource(kernel)
+
+
+use_parser(_parse)
 
 # Mining pulls in the tree-sitter source model; load it only when asked for, so that
 # `import klineage` stays fast for scripts that only gate kernels.
 _LAZY = {
-    "mine": ("klineage.mine", "mine"),
-    "MineReport": ("klineage.mine", "MineReport"),
-    "MiningBudget": ("klineage.lineage", "MiningBudget"),
+    "mine": ("klineage.mining.mine", "mine"),
+    "MineReport": ("klineage.mining.mine", "MineReport"),
+    "MiningBudget": ("klineage.mining.walk", "MiningBudget"),
     "LineageGraph": ("klineage.lineage", "LineageGraph"),
     "Skill": ("klineage.skills", "Skill"),
     "SkillLibrary": ("klineage.skills", "SkillLibrary"),
-    "replay": ("klineage.replay", "replay"),
-    "ReplayReport": ("klineage.replay", "ReplayReport"),
-    "ReplayBudget": ("klineage.materialize", "ReplayBudget"),
-    "retrieve": ("klineage.retrieve", "retrieve"),
-    "Retrieval": ("klineage.retrieve", "Retrieval"),
+    "replay": ("klineage.replay.run", "replay"),
+    "ReplayReport": ("klineage.replay.run", "ReplayReport"),
+    "ReplayBudget": ("klineage.replay.methods", "ReplayBudget"),
+    "retrieve": ("klineage.replay.retrieve", "retrieve"),
+    "Retrieval": ("klineage.replay.retrieve", "Retrieval"),
 }
 
 
 class _Package(types.ModuleType):
     """The package module, guarding the names of its lazy functions.
 
-    Importing a submodule sets it as an attribute of its package: loading `klineage.mine`
-    (which `klineage.replay` does, too) would replace the function `klineage.mine` with the
-    module, and `from klineage import mine` would hand out a module that cannot be called.
-    The submodule stays reachable through `sys.modules` and `from klineage.mine import ...`.
+    Importing a subpackage sets it as an attribute of its package: loading `klineage.replay.run`
+    would replace the function `klineage.replay` with the package, and `from klineage import
+    replay` would hand out a module that cannot be called. The package stays reachable through
+    `sys.modules` and `from klineage.replay.run import ...`.
     """
 
     def __setattr__(self, name: str, value: object) -> None:

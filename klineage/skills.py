@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, computed_field
 
+from klineage.cuda.edit import changed_region
 from klineage.gate.result import geomean
-from klineage.removal import changed_region
 
 SNIPPET_LIMIT = 1600
 

@@ -8,11 +8,11 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-import klineage.cli
-import klineage.cli_mechanisms
-import klineage.cli_mine
+import klineage.cli.main
+import klineage.cli.mechanisms
+import klineage.cli.mine
 from klineage.cli import app
-from klineage.cli_format import short_kernel_names
+from klineage.cli.tables import short_kernel_names
 from klineage.mechanisms import all_mechanisms
 from klineage.skills import SkillLibrary
 from tests.conftest import REPO
@@ -24,7 +24,7 @@ SKILLS = REPO / "skills_out"
 @pytest.fixture
 def eighty_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     """The commands' consoles as a plain 80-column terminal would size them."""
-    for module in (klineage.cli, klineage.cli_mine, klineage.cli_mechanisms):
+    for module in (klineage.cli.main, klineage.cli.mine, klineage.cli.mechanisms):
         monkeypatch.setattr(module, "console", Console(width=80))
 
 

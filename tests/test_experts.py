@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from klineage.gate.build import Builder
-from klineage.inputs import check_reference_outputs, make_inputs, run_reference
+from klineage.gate.inputs import check_reference_outputs, make_inputs, run_reference
 from klineage.kernel import KernelSource
 from klineage.problem import Problem, load_problem
 from tests.conftest import REPO

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from klineage.gate.build import Builder
-from klineage.inputs import check_reference_outputs, make_inputs, run_reference
+from klineage.gate.inputs import check_reference_outputs, make_inputs, run_reference
 from klineage.kernel import KernelSource
 from klineage.problem import load_problem
 from tests.conftest import REPO

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from klineage.gate.build import BuildResult, BuildStatus
+from klineage.gate.log import GateLog
 from klineage.gate.result import GATE_PROTOCOL, GateVerdict
-from klineage.gatelog import GateLog
 
 
 def _verdict(fingerprint: str, protocol: str) -> GateVerdict:

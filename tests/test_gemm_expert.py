@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from klineage.gate.build import Builder
-from klineage.inputs import check_reference_outputs, make_inputs, run_reference
+from klineage.gate.inputs import check_reference_outputs, make_inputs, run_reference
 from klineage.kernel import KernelSource
 from klineage.problem import load_problem
 from tests.conftest import REPO
@@ -696,7 +696,7 @@ def test_gemm_without_the_swizzle_passes_its_gate(tmp_path: Path) -> None:
     descriptors to mode 0; the tensor cores must read the same products from it."""
     from klineage.gate.gate import Gate
     from klineage.mechanisms import get
-    from klineage.removal import remove_mechanism
+    from klineage.mining.removal import remove_mechanism
 
     problem = load_problem(FOLDER)
     removal = remove_mechanism(KernelSource.from_file(problem.kernel_path), get("smem_swizzle"))
@@ -713,7 +713,7 @@ def test_gemm_with_half_the_block_tile_passes_its_gate(tmp_path: Path) -> None:
     the 64 accumulators a thread keeps must hold the same columns the epilogue writes."""
     from klineage.gate.gate import Gate
     from klineage.mechanisms import get
-    from klineage.removal import remove_mechanism
+    from klineage.mining.removal import remove_mechanism
 
     problem = load_problem(FOLDER)
     removal = remove_mechanism(KernelSource.from_file(problem.kernel_path), get("block_tiling"))

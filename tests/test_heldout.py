@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from klineage.gate.build import Builder, BuildResult
-from klineage.inputs import check_reference_outputs, make_inputs, run_reference
-from klineage.kernel import KernelAbi
+from klineage.gate.inputs import check_reference_outputs, make_inputs, run_reference
 from klineage.problem import Problem, Workload, dtype_itemsize, load_problem
+from klineage.problem.abi import KernelAbi
 from tests.conftest import REPO
 
 HELDOUT = REPO / "heldout"

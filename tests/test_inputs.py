@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from klineage.inputs import (
+from klineage.gate.inputs import (
     ReferenceFailure,
     allocate_outputs,
     check_reference_outputs,
@@ -87,7 +87,7 @@ def test_poison_makes_outputs_unmistakable(scale_rows) -> None:
 
 
 def test_fresh_values_respect_ranges_and_stay_in_their_buffers() -> None:
-    from klineage.inputs import refresh_inputs
+    from klineage.gate.inputs import refresh_inputs
 
     problem = load_problem(REPO / "heldout" / "embedding_gather")
     definition, workload = problem.definition, problem.workloads[0]

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from klineage.kernel import AbiError, KernelAbi, KernelSource, fingerprint_of
+from klineage.kernel import KernelSource, fingerprint_of
 from klineage.problem import load_definition, load_problem
+from klineage.problem.abi import AbiError, KernelAbi
 from tests.conftest import FIXTURES, REPO
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from klineage.problem import load_problem
-from klineage.retrieve import retrieve
+from klineage.replay.retrieve import retrieve
 from klineage.skills import (
     SNIPPET_LIMIT,
     Effect,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from klineage.gate.build import Builder
+from klineage.gate.noop import same_machine_code
 from klineage.lineage import AttemptStatus, LineageGraph
-from klineage.noop import same_machine_code
 from klineage.skills import Skill, SkillLibrary
 from tests.conftest import REPO
 

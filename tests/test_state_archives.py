@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from klineage.gatelog import GateLog
+from klineage.gate.log import GateLog
 
 STATE = Path(__file__).resolve().parents[1] / "bench" / "state"
 MACHINE_PATH = re.compile(r'"/(root|home|tmp|work|Users)/')

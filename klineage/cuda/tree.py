@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 
-from klineage.source import Node, ParsedSource, strip_casts, strip_parens
+from klineage.cuda.source import Node, ParsedSource, strip_casts, strip_parens
 
 __all__ = [
     "BUILTINS",

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from klineage.kernel import KernelAbi, KernelSource
+from klineage.kernel import KernelSource
 from klineage.problem import (
     DEFINITION_FILE,
     KERNEL_FILE,
@@ -33,6 +33,7 @@ from klineage.problem import (
     load_problem,
     load_workloads,
 )
+from klineage.problem.abi import KernelAbi
 
 BINDING_FILE = "binding.cpp"
 ENTRY_SYMBOL = "run"

@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from klineage.gate import sass
 from klineage.gate.ptxas import PtxasReport, demangle, parse_ptxas
-from klineage.kernel import KernelAbi
+from klineage.problem.abi import KernelAbi
 
 __all__ = [
     "BASE_FLAGS",

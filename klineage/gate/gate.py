@@ -38,8 +38,9 @@ from klineage.gate.worker import (
     WorkerCrashed,
     WorkerTimeout,
 )
-from klineage.kernel import KernelAbi, KernelSource
+from klineage.kernel import KernelSource
 from klineage.problem import Definition, Problem, Workload
+from klineage.problem.abi import KernelAbi
 
 CHECK_TRIALS = 3
 """Seeded input sets per workload in the check stage (the contract asks for at least 3)."""

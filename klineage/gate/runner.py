@@ -23,6 +23,16 @@ from klineage.gate.check import (
     compare_by_spec,
     compare_output,
 )
+from klineage.gate.inputs import (
+    ReferenceFailure,
+    allocate_outputs,
+    check_reference_outputs,
+    derive_seed,
+    make_inputs,
+    poison,
+    refill_inputs,
+    run_reference,
+)
 from klineage.gate.result import Correctness, Status, Timing
 from klineage.gate.targets import KernelTarget, ReferenceTarget, set_bytes
 from klineage.gate.timing import TimedTarget, copy_bandwidth, flush_buffer, sample_interleaved
@@ -36,18 +46,8 @@ from klineage.gate.worker import (
     TimeReply,
     TimeRequest,
 )
-from klineage.inputs import (
-    ReferenceFailure,
-    allocate_outputs,
-    check_reference_outputs,
-    derive_seed,
-    make_inputs,
-    poison,
-    refill_inputs,
-    run_reference,
-)
-from klineage.kernel import KernelAbi
 from klineage.problem import Definition, Workload
+from klineage.problem.abi import KernelAbi
 
 COPY_PROBE_BYTES = 1024**3
 """A device-to-device copy this large (far past the L2) measures the memory rate the latency

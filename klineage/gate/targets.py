@@ -25,8 +25,7 @@ from klineage.gate.audit import (
     middle_block,
 )
 from klineage.gate.check import changed_elements, compare_by_spec, output_ok
-from klineage.gate.result import Status
-from klineage.inputs import (
+from klineage.gate.inputs import (
     allocate_outputs,
     axis_keywords,
     fill_random_,
@@ -36,6 +35,7 @@ from klineage.inputs import (
     refresh_inputs,
     run_reference,
 )
+from klineage.gate.result import Status
 from klineage.problem import Definition, Workload
 
 if TYPE_CHECKING:

@@ -23,11 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from klineage.kernel import AbiError, KernelAbi, KernelSource
+from klineage.kernel import KernelSource
 from klineage.llm.base import Completion, Message, Provider, ProviderError, Usage
 from klineage.llm.cache import CachedProvider, ResponseCache
 from klineage.llm.redact import redact
 from klineage.llm.templates import render
+from klineage.problem.abi import AbiError, KernelAbi
 
 if TYPE_CHECKING:
     from klineage.gate.build import Builder, BuildResult

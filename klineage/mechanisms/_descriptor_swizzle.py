@@ -25,8 +25,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from klineage.cexpr import fold_int
-from klineage.source import Edit, Function, Node, ParsedSource
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 
 ROW_BYTES = 128
 """The only row width the 128-byte swizzle describes for a K-major tile: 64 bf16 or f16."""

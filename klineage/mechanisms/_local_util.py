@@ -28,10 +28,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from klineage.cexpr import PRIMARY, precedence, to_size_expr
 from klineage.conditions import AxisDivisible, Condition, PointerAlignment, Prose, evaluate_size
-from klineage.facts import launch_block_size, launch_names, template_bindings
-from klineage.source import (
+from klineage.cuda.cexpr import PRIMARY, precedence, to_size_expr
+from klineage.cuda.facts import launch_block_size, launch_names, template_bindings
+from klineage.cuda.source import (
     Function,
     Launch,
     Node,

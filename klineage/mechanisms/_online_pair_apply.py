@@ -25,6 +25,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource
 from klineage.mechanisms._reductions_util import (
     call_name,
     inside,
@@ -32,7 +34,6 @@ from klineage.mechanisms._reductions_util import (
     named_statements,
     strip_parens,
 )
-from klineage.source import Edit, Node, ParsedSource
 
 FIRST_PASS = "// first pass: the maximum"
 _DECLARATION = re.compile(r"float\s+(\w+)\s*;")

@@ -21,6 +21,8 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource
 from klineage.mechanisms._tiles_util import (
     AsmStatement,
     asm_statement,
@@ -31,7 +33,6 @@ from klineage.mechanisms._tiles_util import (
     stash_blocks,
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site
-from klineage.source import Edit, Node, ParsedSource
 
 
 class Unsupported(Exception):

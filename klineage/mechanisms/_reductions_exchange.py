@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition
-from klineage.facts import block_size_of
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import block_size_of
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -58,7 +60,6 @@ from klineage.mechanisms._reductions_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 __all__ = [
     "EXCHANGE_KINDS",

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from klineage.conditions import AxisAtMost, BlockSizeAtMost, BlockSizeMultiple, Condition
-from klineage.facts import block_size_of
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import block_size_of
+from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_rows import (
     Group,
@@ -23,7 +25,6 @@ from klineage.mechanisms._reductions_rows import (
 from klineage.mechanisms._reductions_util import fold, inside
 from klineage.mechanisms.base import Carrier, Mechanism, Site
 from klineage.problem import Problem
-from klineage.source import Edit, Function, ParsedSource
 
 DEFAULT_BLOCK = 256
 MAX_BLOCK = 1024

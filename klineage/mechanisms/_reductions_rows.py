@@ -37,9 +37,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from klineage.cexpr import PRIMARY, fold_int, precedence, wrap_at
 from klineage.conditions import evaluate_size
-from klineage.facts import launch_names, template_bindings, template_values
+from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, wrap_at
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import launch_names, template_bindings, template_values
+from klineage.cuda.source import Function, Launch, Node, ParsedSource, plain_assignment
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -61,7 +63,6 @@ from klineage.mechanisms._reductions_util import (
     within,
 )
 from klineage.mechanisms._tiles_util import orphaned_declarations
-from klineage.source import Edit, Function, Launch, Node, ParsedSource, plain_assignment
 
 __all__ = [
     "HELPERS",

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from klineage.cexpr import fold_int
-from klineage.source import (
-    Edit,
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import (
     Function,
     Node,
     ParsedSource,

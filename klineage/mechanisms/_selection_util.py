@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from klineage.source import (
+from klineage.cuda.source import (
     LOOP_KINDS,
     Function,
     Node,

@@ -27,8 +27,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from klineage.cexpr import PRIMARY, fold_int, precedence
-from klineage.facts import template_bindings
+from klineage.cuda.cexpr import PRIMARY, fold_int, precedence
+from klineage.cuda.facts import template_bindings
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.mechanisms._tiles_util import (
     Locals,
     is_call_statement,
@@ -37,7 +38,6 @@ from klineage.mechanisms._tiles_util import (
     names_in,
     statements,
 )
-from klineage.source import Function, Node, ParsedSource
 
 SYNC = "__syncthreads"
 _FLOAT_CALLS = frozenset(

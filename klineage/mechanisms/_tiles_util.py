@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from klineage.cexpr import fold_int
-from klineage.facts import launch_names
-from klineage.source import Edit, Function, Launch, Node, ParsedSource
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import launch_names
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 
 FULL_MASK = "0xffffffffu"
 LANE = "(int)(((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) & 31u)"
@@ -576,9 +577,9 @@ def function_names(source: ParsedSource, function: Function) -> set[str]:
 
 def block_threads(source: ParsedSource, kernel: str) -> str | None:
     """Threads per block of a kernel's launches as a size expression: what
-    :func:`klineage.facts.block_size_of` finds, else the product of constant block
+    :func:`klineage.cuda.facts.block_size_of` finds, else the product of constant block
     dimensions (``dim3 block(kTile, kTile)``, which reads as a declarator)."""
-    from klineage.facts import block_size_of
+    from klineage.cuda.facts import block_size_of
 
     found = block_size_of(source, kernel)
     if found is not None:

@@ -22,14 +22,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from klineage.cexpr import fold_int
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.mechanisms._tiles_util import (
     AsmStatement,
     asm_statement,
     constant_declaration,
     string_value,
 )
-from klineage.source import Edit, Function, Node, ParsedSource
 
 WIDEST_N = 256
 """The widest N a single wgmma instruction has (m64n256k16)."""

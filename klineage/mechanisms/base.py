@@ -2,7 +2,7 @@
 
 A **mechanism** is one optimization that can be removed from a kernel and applied to one. It
 is a small class, registered by name, in the manner of a libcst codemod: it *finds* places in
-the parsed source and *describes* a rewrite as byte-range :class:`~klineage.source.Edit`\\ s.
+the parsed source and *describes* a rewrite as byte-range :class:`~klineage.cuda.source.Edit`\\ s.
 The base class does the rest: it numbers the sites, resolves the site a caller names, applies
 the edits with a re-parse (a rewrite that leaves a syntax error is refused), and checks that
 the mechanism really went away (or came) afterwards.
@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
+from klineage.cuda.edit import Edit, EditError, apply_edits
+from klineage.cuda.source import Node, ParsedSource
 from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
-from klineage.source import Edit, EditError, Node, ParsedSource, apply_edits
 
 if TYPE_CHECKING:
     from klineage.conditions import Condition

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from klineage.conditions import ArchAtLeast, Condition, Prose
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import (
     BLOCK_INDEX,
@@ -47,7 +49,6 @@ from klineage.mechanisms._wgmma_tile import (
 )
 from klineage.mechanisms.base import Action, Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 REFUSAL = (
     "the block tile fixes how the grid, the thread indexing, the staging and the launch split "

@@ -33,8 +33,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from klineage.cexpr import fold_int
 from klineage.conditions import Condition, Prose
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._selection_util import (
     block_statements,
@@ -51,7 +53,6 @@ from klineage.mechanisms._selection_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, MechanismError, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 Form = Literal["return", "return_fast", "else"]
 _COMPARISONS = frozenset({"<", "<=", ">", ">="})

@@ -34,9 +34,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from klineage.cexpr import PRIMARY, SIZEOF, fold_int, precedence
 from klineage.conditions import ArchAtLeast, Condition, SharedMemoryAtMost
-from klineage.facts import shared_memory_of
+from klineage.cuda.cexpr import PRIMARY, SIZEOF, fold_int, precedence
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import shared_memory_of
+from klineage.cuda.source import Call, Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
 from klineage.mechanisms._staging import (
@@ -61,7 +63,6 @@ from klineage.mechanisms._tiles_util import (
 )
 from klineage.mechanisms.base import Carrier, Site, register
 from klineage.problem import Problem
-from klineage.source import Call, Edit, Function, Node, ParsedSource
 
 _COPY = re.compile(r"^cp\.async\.(ca|cg)\.shared(::cta)?\.global(\.L2::(64|128|256)B)?$")
 _GROUPS = ("cp.async.commit_group", "cp.async.wait_group", "cp.async.wait_all")

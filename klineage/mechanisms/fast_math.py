@@ -23,12 +23,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from klineage.cexpr import MULTIPLICATIVE, PRIMARY, operand, replacement_target, wrap_at
 from klineage.conditions import Condition, Prose, ToleranceAtLeast
+from klineage.cuda.cexpr import MULTIPLICATIVE, PRIMARY, operand, replacement_target, wrap_at
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 # intrinsic -> accurate function with the same arguments
 RENAMED: dict[str, str] = {

@@ -29,8 +29,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from klineage.cexpr import operand
 from klineage.conditions import Condition
+from klineage.cuda.cexpr import operand
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     ElementKernel,
@@ -59,7 +61,6 @@ from klineage.mechanisms._local_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 
 def _same(source: ParsedSource, a: Node, b: Node) -> bool:

@@ -19,13 +19,14 @@ import re
 from collections.abc import Iterator
 from typing import ClassVar
 
-from klineage.cexpr import fold_int
 from klineage.conditions import BlockSizeAtMost, Condition, Prose
-from klineage.facts import block_size_of, launch_names, template_bindings
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import block_size_of, launch_names, template_bindings
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, MechanismRefused, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Launch, Node, ParsedSource
 
 _WORD = re.compile(r"\b[A-Za-z_]\w*\b")
 MAX_THREADS = 1024

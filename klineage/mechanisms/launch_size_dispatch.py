@@ -28,8 +28,10 @@ import re
 from collections.abc import Iterator
 from typing import ClassVar
 
-from klineage.cexpr import fold_int
 from klineage.conditions import Condition, Prose
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import (
     column,
@@ -40,7 +42,6 @@ from klineage.mechanisms._tiles_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Node, ParsedSource
 
 _RELATIONAL = ("<", "<=", ">", ">=")
 # what a dispatch chooses between: kernels it launches (`k<T><<<`) and the specialized host

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition
+from klineage.cuda.source import ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
 from klineage.mechanisms._tiles_util import (
@@ -34,7 +35,6 @@ from klineage.mechanisms._tiles_util import (
 )
 from klineage.mechanisms.base import Site, register
 from klineage.problem import Problem
-from klineage.source import ParsedSource
 
 _CANONICAL = re.compile(r"^ldmatrix\.sync\.aligned\.m8n8\.x([124])(\.trans)?\.shared(::cta)?\.b16$")
 

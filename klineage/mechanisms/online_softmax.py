@@ -43,8 +43,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from klineage.cexpr import operand
 from klineage.conditions import Condition, Prose
+from klineage.cuda.cexpr import operand
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource, variable_of
 from klineage.kernel import KernelSource
 from klineage.mechanisms._online_pair_apply import single_pass, two_pass_pair
 from klineage.mechanisms._reductions_exchange import shuffle_steps
@@ -64,7 +66,6 @@ from klineage.mechanisms._reductions_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource, variable_of
 
 EXPS = frozenset({"expf", "__expf", "exp", "exp2f", "__exp2f"})
 ADDITIVE = 12

@@ -38,8 +38,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from klineage.cexpr import PRIMARY, operand
 from klineage.conditions import ArchAtLeast, Condition
+from klineage.cuda.cexpr import PRIMARY, operand
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     expr_type,
@@ -50,7 +52,6 @@ from klineage.mechanisms._local_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource, plain_assignment
 
 Precision = Literal["bf16", "half"]
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import ClassVar
 
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource, Pragma
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
-from klineage.source import Edit, Node, ParsedSource, Pragma
 
 _LOOPS = ("for_statement", "for_range_loop")
 

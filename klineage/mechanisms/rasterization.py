@@ -24,11 +24,12 @@ import re
 from collections.abc import Iterator
 
 from klineage.conditions import Condition, Prose
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import BLOCK_INDEX, names_in, statements
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 REFUSAL = (
     "any bijection of block ids to tiles gives the same output, but rewriting this mapping "

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from klineage.cexpr import PRIMARY, UNARY, operand, precedence, wrap_at
 from klineage.conditions import ArchAtLeast, Condition, Prose
+from klineage.cuda.cexpr import PRIMARY, UNARY, operand, precedence, wrap_at
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Node, ParsedSource, call_name, strip_parens
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Node, ParsedSource, call_name, strip_parens
 
 # Element types with an `__ldg` overload (sm_35+; the half types need cuda_fp16/bf16 headers).
 LDG_TYPES = frozenset(

@@ -22,10 +22,10 @@ import re
 from collections.abc import Iterator
 
 from klineage.conditions import ArchAtLeast, Condition, Prose
+from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import DetectOnly, Site, register
 from klineage.problem import Problem
-from klineage.source import Function, ParsedSource
 
 REFUSAL = (
     "moving tensor-core operands between global-to-register streaming and shared-memory "

@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from klineage.conditions import Condition, Prose
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, ParsedSource
 
 
 def _restricted(function: Function) -> list[str]:

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from klineage.conditions import Condition, Prose
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource, variable_of
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -39,7 +41,6 @@ from klineage.mechanisms._reductions_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource, variable_of
 
 MIN_PASSES = 2
 """Uses after the load that make a held row: one use is just a batched load."""

@@ -40,9 +40,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from klineage.cexpr import PRIMARY, SIZEOF, fold_int, precedence, to_size_expr
 from klineage.conditions import AxisAtMost, Condition, Prose, SharedMemoryAtMost
-from klineage.facts import launch_names, static_shared_bytes
+from klineage.cuda.cexpr import PRIMARY, SIZEOF, fold_int, precedence, to_size_expr
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import launch_names, static_shared_bytes
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._selection_util import (
     block_statements,
@@ -61,7 +63,6 @@ from klineage.mechanisms._selection_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, MechanismError, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Launch, Node, ParsedSource
 
 SHARED_CAPACITY = 48 * 1024
 """Bytes of shared memory a block gets without opting in (``cudaFuncSetAttribute``)."""

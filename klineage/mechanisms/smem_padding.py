@@ -26,15 +26,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from klineage.cexpr import SIZEOF, fold_int, operand
 from klineage.conditions import Condition, Prose, SharedMemoryAtMost
-from klineage.facts import shared_memory_of
+from klineage.cuda.cexpr import SIZEOF, fold_int, operand
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import shared_memory_of
+from klineage.cuda.source import Declaration, Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._staging import subscript_chain
 from klineage.mechanisms._tiles_util import DYNAMIC_SHARED_LIMIT, STATIC_SHARED_LIMIT
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Declaration, Edit, Function, Node, ParsedSource
 
 MAX_PAD = 64
 ADDITIVE = 12

@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from klineage.cexpr import PRIMARY, SIZEOF, UNARY, fold_int, precedence, wrap_at
 from klineage.conditions import (
     AxisAtMost,
     BlockSizeAtMost,
@@ -43,7 +42,10 @@ from klineage.conditions import (
     Condition,
     SharedMemoryAtMost,
 )
-from klineage.facts import shared_memory_of
+from klineage.cuda.cexpr import PRIMARY, SIZEOF, UNARY, fold_int, precedence, wrap_at
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import shared_memory_of
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._staging import (
     NotStaged,
@@ -72,7 +74,6 @@ from klineage.mechanisms._tiles_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Launch, Node, ParsedSource
 
 TILE_SIZES = (8, 16, 32)
 DEFAULT_TILE = 16

@@ -31,9 +31,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from klineage.cexpr import fold_int
 from klineage.conditions import Condition, Prose
-from klineage.facts import template_values
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import template_values
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._descriptor_swizzle import (
     ROW_BYTES,
@@ -44,7 +46,6 @@ from klineage.mechanisms._descriptor_swizzle import (
 from klineage.mechanisms._tiles_util import names_in
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 DEFAULT_MASK = 7
 

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from klineage.conditions import Condition, Prose
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import (
     BLOCK_INDEX,
@@ -38,7 +40,6 @@ from klineage.mechanisms._tiles_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 _SPLIT = re.compile(r"(?i)split")
 KERNEL_REFUSAL = (

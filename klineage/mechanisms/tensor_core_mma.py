@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterator
 
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition, Prose
+from klineage.cuda.source import Loop, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
 from klineage.mechanisms._tiles_util import (
@@ -43,7 +44,6 @@ from klineage.mechanisms._tiles_util import (
 )
 from klineage.mechanisms.base import Site, register
 from klineage.problem import Problem
-from klineage.source import Loop, ParsedSource
 
 _CANONICAL = re.compile(
     r"^mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\.(bf16|f16)\.f32$"

@@ -39,8 +39,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from klineage.cexpr import operand
 from klineage.conditions import Condition
+from klineage.cuda.cexpr import operand
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     ElementKernel,
@@ -66,7 +68,6 @@ from klineage.mechanisms._local_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 Layout = Literal["strided", "contiguous"]
 DEFAULT_COARSEN = 4

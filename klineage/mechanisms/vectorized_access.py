@@ -50,8 +50,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from klineage.cexpr import MULTIPLICATIVE, PRIMARY, operand, precedence
 from klineage.conditions import Condition, Prose, merge_conditions
+from klineage.cuda.cexpr import MULTIPLICATIVE, PRIMARY, operand, precedence
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     ELEMENT_SIZES,
@@ -88,7 +90,6 @@ from klineage.mechanisms._local_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource
 
 MAX_BYTES = 16
 """The widest access a thread can make."""

@@ -36,7 +36,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from klineage.conditions import BlockSizeMultiple, Condition, Prose
-from klineage.facts import block_size_of
+from klineage.cuda.edit import Edit
+from klineage.cuda.facts import block_size_of
+from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
 from klineage.kernel import KernelSource
 from klineage.mechanisms._selection_util import (
     block_statements,
@@ -57,7 +59,6 @@ from klineage.mechanisms._selection_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, MechanismError, Site, register
 from klineage.problem import Problem
-from klineage.source import Edit, Function, Node, ParsedSource, plain_assignment
 
 _LANE_FORMS = frozenset(
     {"threadIdx.x&31", "threadIdx.x%32", "threadIdx.x%warpSize", "threadIdx.x&(warpSize-1)"}

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from klineage.cuda.source import Function, ParsedSource
 from klineage.mechanisms._reductions_layout import RowLayoutMechanism
 from klineage.mechanisms._reductions_rows import Group, is_warp_per_row
 from klineage.mechanisms.base import register
-from klineage.source import Function, ParsedSource
 
 
 @register

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from klineage.conditions import BlockSizeMultiple, Condition
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import (
     Locals,
@@ -29,7 +30,6 @@ from klineage.mechanisms._tiles_util import (
 )
 from klineage.mechanisms.base import DetectOnly, Site, register
 from klineage.problem import Problem
-from klineage.source import Function, Node, ParsedSource
 
 REFUSAL = (
     "the warp tile fixes the accumulator arrays, the fragment loads and the epilogue "

@@ -11,7 +11,7 @@ import torch
 from torch.func import functional_call
 
 from klineage.formats.kernelbench import KernelBenchError, import_kernelbench
-from klineage.inputs import make_inputs, run_reference
+from klineage.gate.inputs import make_inputs, run_reference
 from klineage.problem import VarAxis, load_problem
 from tests.conftest import FIXTURES
 

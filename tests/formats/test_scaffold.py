@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from klineage.cli import app
-from klineage.inputs import ReferenceFailure, make_inputs, run_reference
+from klineage.formats.scaffold import ScaffoldError, new_problem
+from klineage.gate.inputs import ReferenceFailure, make_inputs, run_reference
 from klineage.problem import load_problem
-from klineage.scaffold import ScaffoldError, new_problem
 from tests.conftest import FIXTURES
 
 KERNEL = FIXTURES / "kernels" / "scale_rows" / "correct.cu"

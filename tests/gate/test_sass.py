@@ -9,7 +9,7 @@ import pytest
 
 from klineage.gate import sass
 from klineage.gate.build import Builder
-from klineage.noop import NoOpReason, edited_lines, no_machine_code_change
+from klineage.gate.noop import NoOpReason, edited_lines, no_machine_code_change
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sass" / "kernel.cu"
 BASE = FIXTURE.read_text()

@@ -12,8 +12,9 @@ from klineage.cli import app
 from klineage.gate.build import Builder, FailureKind
 from klineage.gate.gate import Gate
 from klineage.gate.result import Status
-from klineage.kernel import KernelAbi, KernelSource
+from klineage.kernel import KernelSource
 from klineage.problem import load_problem
+from klineage.problem.abi import KernelAbi
 from tests.conftest import FIXTURES
 
 STAND_IN = "tests.gate.cpu_stand_in:CpuStandInRunner"

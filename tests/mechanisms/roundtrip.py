@@ -39,10 +39,10 @@ from typing import ClassVar
 
 import pytest
 
+from klineage.cuda.edit import changed_region
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site, get, remove_all
-from klineage.removal import changed_region
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "mechanisms"
 

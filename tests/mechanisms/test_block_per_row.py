@@ -273,7 +273,7 @@ def test_a_template_kernel_keeps_its_compile_time_stride() -> None:
     every instantiation instead of refusing them as not a number."""
     import re
 
-    from klineage.removal import reapply, remove_mechanism
+    from klineage.mining.removal import reapply, remove_mechanism
     from tests.conftest import REPO
 
     expert = KernelSource.from_file(REPO / "expert_kernels" / "fused_add_rmsnorm" / "kernel.cu")
@@ -304,7 +304,7 @@ def test_an_online_softmax_merge_goes_back_with_its_carried_reduction(
     warp_merge through shared memory. The removal carries that reduction; re-applying puts it
     after the statement holding the accumulating loops (`if (kAligned)`), with its scratch, and
     compiles. The two H200 round trips of this skill were refused before this."""
-    from klineage.removal import reapply, remove_mechanism
+    from klineage.mining.removal import reapply, remove_mechanism
     from tests.conftest import REPO
 
     mechanism = get("block_per_row")
@@ -322,7 +322,7 @@ def test_an_online_softmax_merge_goes_back_with_its_carried_reduction(
 
 
 def test_a_user_typed_merge_needs_its_carried_reduction() -> None:
-    from klineage.removal import remove_mechanism
+    from klineage.mining.removal import remove_mechanism
     from tests.conftest import REPO
 
     mechanism = get("block_per_row")
@@ -343,7 +343,7 @@ def test_a_user_typed_merge_needs_its_carried_reduction() -> None:
 def test_a_merge_read_inside_its_statement_after_a_loop_is_refused() -> None:
     """The carried reduction goes after the statement holding the loops; a read of the
     accumulator in that statement after a loop would see one thread's part."""
-    from klineage.removal import remove_mechanism
+    from klineage.mining.removal import remove_mechanism
     from tests.conftest import REPO
 
     mechanism = get("block_per_row")

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from klineage.cexpr import PRIMARY, fold_int, precedence, required_precedence, to_size_expr, wrap_at
 from klineage.conditions import evaluate_size
-from klineage.facts import block_size_of, eval_context, shared_memory_of, static_shared_bytes
+from klineage.cuda.cexpr import (
+    PRIMARY,
+    fold_int,
+    precedence,
+    required_precedence,
+    to_size_expr,
+    wrap_at,
+)
+from klineage.cuda.facts import block_size_of, eval_context, shared_memory_of, static_shared_bytes
+from klineage.cuda.source import Node, ParsedSource
 from klineage.kernel import KernelSource
-from klineage.source import Node, ParsedSource
 from tests.conftest import REPO
 
 
@@ -117,7 +124,7 @@ extern "C" int run(int* y, int n) {
 
 
 def test_template_values_follow_instantiations_out_through_enclosing_templates() -> None:
-    from klineage.facts import template_values
+    from klineage.cuda.facts import template_values
 
     source = KernelSource(TEMPLATE_CHAIN).parsed
     assert template_values(source, "pitch") == [{"kD": 256}, {"kD": 64}]

@@ -80,7 +80,7 @@ def test_unknown_carrier_keys_are_refused() -> None:
 
 
 def test_a_template_dependent_block_count_is_carried_and_restored() -> None:
-    from klineage.removal import reapply, remove_mechanism
+    from klineage.mining.removal import reapply, remove_mechanism
 
     expert = KernelSource.from_file(REPO / "expert_kernels" / "fmha_fp16" / "kernel.cu")
     (site,) = mechanism.detect(expert)

@@ -42,7 +42,7 @@ def test_a_new_dispatch_is_refused_with_the_reason() -> None:
 def test_the_experts_dispatches_go_back_exactly() -> None:
     """softmax and RMSNorm (a final else) and gemm (returning branches before the tiled path,
     with the comment above that path kept in place): removed, then re-applied byte for byte."""
-    from klineage.removal import reapply, remove_mechanism
+    from klineage.mining.removal import reapply, remove_mechanism
     from tests.conftest import REPO
 
     for folder in ("softmax", "fused_add_rmsnorm", "gemm_bf16"):

@@ -117,7 +117,7 @@ def test_the_two_passes_a_pair_removal_writes_go_back_to_one() -> None:
     """The pair removal's two-pass form is a candidate, and applying there reads the pushed
     elements back from the sum pass: the expert (four pushes per float4, a block combine
     through shared memory) and the small pair kernel come back byte for byte."""
-    from klineage.removal import reapply, remove_mechanism
+    from klineage.mining.removal import reapply, remove_mechanism
     from tests.conftest import REPO
 
     for kernel in (

@@ -59,7 +59,7 @@ def test_a_loop_sharing_its_line_gets_the_pragma_on_a_line_of_its_own() -> None:
 
 
 def test_column_zero_pragmas_inside_an_outer_loop_go_back_before_their_own_loops() -> None:
-    from klineage.removal import reapply, remove_mechanism
+    from klineage.mining.removal import reapply, remove_mechanism
 
     # the pragma lines sit at column 0, as in the fmha and top-k experts: deleting one leaves
     # the change point in the indentation before its loop, which the outer loop contains

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from klineage.cexpr import to_size_expr
 from klineage.conditions import evaluate_size
+from klineage.cuda.cexpr import to_size_expr
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
 from klineage.mechanisms.rasterization import raster_run
-from klineage.removal import remove_mechanism
+from klineage.mining.removal import remove_mechanism
 from tests.mechanisms.roundtrip import RoundTripSuite, fixture_pairs
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms import (
     CATEGORIES,
@@ -25,7 +27,6 @@ from klineage.mechanisms import (
     remove_first,
 )
 from klineage.mechanisms.base import _REGISTRY
-from klineage.source import Edit, ParsedSource
 from tests.mechanisms.roundtrip import FIXTURES
 
 FIRST_FIVE = {"restrict_pointers", "readonly_ldg", "launch_bounds", "pragma_unroll", "fast_math"}

@@ -67,7 +67,7 @@ def test_apply_checks_the_chunks_fit_in_a_row() -> None:
 
 
 def test_a_template_helper_is_checked_for_every_instantiation() -> None:
-    from klineage.removal import reapply, remove_mechanism
+    from klineage.mining.removal import reapply, remove_mechanism
 
     # fmha's swizzle<kD>: rows of kD * 2 bytes, kD = 64 or 128 from the launches: 8 or 16 chunks
     expert = KernelSource.from_file(REPO / "expert_kernels" / "fmha_fp16" / "kernel.cu")
@@ -85,7 +85,7 @@ GEMM = REPO / "expert_kernels" / "gemm_bf16" / "kernel.cu"
 
 
 def test_a_layout_wgmma_reads_moves_with_its_descriptors() -> None:
-    from klineage.removal import reapply, remove_mechanism
+    from klineage.mining.removal import reapply, remove_mechanism
 
     expert = KernelSource.from_file(GEMM)
     (site,) = mechanism.detect(expert)
@@ -153,7 +153,7 @@ def test_apply_needs_the_interleaved_form_the_removal_writes() -> None:
 def test_the_card_shows_each_place_the_layout_moved() -> None:
     """The descriptor, the helper and the k steps are far apart in the file: the skill's
     before/after anchor shows the three places, not one window cut off after the first."""
-    from klineage.removal import remove_mechanism
+    from klineage.mining.removal import remove_mechanism
     from klineage.skills import anchor_of
 
     expert = KernelSource.from_file(GEMM)

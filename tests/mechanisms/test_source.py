@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from klineage.cuda.edit import Edit, EditError, apply_edits
+from klineage.cuda.source import mask_source
 from klineage.kernel import KernelSource
 from klineage.mechanisms import detect_all
-from klineage.source import Edit, EditError, apply_edits, mask_source
 from tests.mechanisms.large_kernel import thousand_line_blocks, thousand_line_kernel
 from tests.mechanisms.roundtrip import FIXTURES
 

@@ -8,7 +8,7 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, get
-from klineage.removal import reapply, remove_each_site, remove_mechanism
+from klineage.mining.removal import reapply, remove_each_site, remove_mechanism
 from tests.mechanisms.roundtrip import RoundTripSuite, removal_chain
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 

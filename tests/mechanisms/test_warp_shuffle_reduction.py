@@ -147,7 +147,7 @@ def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
 
 
 def test_straight_line_shuffles_mid_function_come_back_exactly() -> None:
-    from klineage.removal import reapply, remove_mechanism
+    from klineage.mining.removal import reapply, remove_mechanism
 
     # fmha's epilogue: quad sums of two row sums after other statements, no loop
     kernel = KernelSource(

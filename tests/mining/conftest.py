@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from klineage.gate.build import Builder
-from klineage.mine import MineReport
+from klineage.mining.mine import MineReport
 
 
 @pytest.fixture(scope="session")

@@ -30,9 +30,9 @@ from klineage.gate.result import (
 )
 from klineage.kernel import KernelSource
 from klineage.mechanisms import all_mechanisms
-from klineage.mine import MineReport, mine
+from klineage.mining.mine import MineReport, mine
 from klineage.problem import Problem, Workload
-from klineage.replay import ReplayReport, replay
+from klineage.replay.run import ReplayReport, replay
 
 BASE_MS = 0.010
 

@@ -82,7 +82,7 @@ def test_mine_report_keeps_each_finished_problem_when_a_later_one_fails(
 
 
 def test_the_drawing_puts_the_main_path_down_the_left(mined_out: Path) -> None:
-    from klineage.drawing import _positions
+    from klineage.cli.drawing import _positions
     from klineage.lineage import LineageGraph
 
     lineage = LineageGraph.load(mined_out / "lineages" / "exp_scale_f32.json")

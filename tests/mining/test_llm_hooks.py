@@ -13,18 +13,19 @@ import pytest
 from typer.testing import CliRunner
 
 from klineage.cli import app
-from klineage.cli_llm import open_llm
+from klineage.cli.llm import open_llm
 from klineage.gate.build import Builder
-from klineage.gatelog import GateLog
+from klineage.gate.log import GateLog
 from klineage.kernel import KernelSource
-from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Simplifier
+from klineage.lineage import AttemptStatus, LineageGraph
 from klineage.llm import CachedProvider, Provider, provider_from_spec
-from klineage.materialize import apply_everywhere
 from klineage.mechanisms import Carrier, MechanismRefused, Refusal, all_mechanisms, get
-from klineage.mine import NO_LLM_ROUND_TRIP, MineReport, _round_trip, _skill_of
+from klineage.mining.extract import NO_LLM_ROUND_TRIP, round_trip, skill_of
+from klineage.mining.mine import MineReport
+from klineage.mining.removal import apply_everywhere, remove_mechanism
+from klineage.mining.walk import MiningBudget, Simplifier
 from klineage.problem import load_problem
-from klineage.removal import remove_mechanism
-from klineage.replay import ReplayBudget
+from klineage.replay.run import ReplayBudget
 from klineage.skills import SkillLibrary
 from tests.llm.answers import answer
 from tests.llm.conftest import _ENV, FAST_RETRY, KEY
@@ -236,10 +237,10 @@ def test_an_llm_removal_of_a_catalog_mechanism_is_verified_by_its_rule(
     )
     [by_llm] = [a for a in lineage.attempts() if a.origin != "rule"]
     assert by_llm.mechanism == "launch_bounds" and by_llm.status is AttemptStatus.ACCEPTED
-    skill = _skill_of(problem, lineage, None, by_llm, log)
+    skill = skill_of(problem, lineage, None, by_llm, log)
     assert skill.id.startswith("llm-launch_bounds--") and skill.category == "launch"
     assert {c["kind"] for c in skill.conditions} == {"block_size_at_most"}  # the rule's own
-    _round_trip(problem, lineage, None, skill, log)
+    round_trip(problem, lineage, None, skill, log)
     assert skill.verified is True and skill.round_trip_ratio == pytest.approx(1.0, rel=1e-3)
     assert skill.round_trip_note.startswith("the catalog's rule re-applied to the LLM's state")
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from klineage.gate.build import Builder
-from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, Termination
-from klineage.mine import mine
+from klineage.lineage import AttemptStatus, LineageGraph, Termination
+from klineage.mining.mine import mine
+from klineage.mining.walk import MiningBudget
 from klineage.skills import Measured, SkillLibrary
 from tests.conftest import FIXTURES
 from tests.mining.conftest import Mined
@@ -359,7 +360,7 @@ def test_removals_that_change_no_machine_code_cost_no_gate_run(
 def test_a_verdict_is_shared_by_states_with_the_same_machine_code(
     builder: Builder, tmp_path: Path
 ) -> None:
-    from klineage.gatelog import GateLog
+    from klineage.gate.log import GateLog
     from klineage.kernel import KernelSource
     from klineage.problem import load_problem
 

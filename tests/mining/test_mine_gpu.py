@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from klineage.lineage import MiningBudget
-from klineage.materialize import ReplayBudget
-from klineage.mine import mine
-from klineage.replay import replay
+from klineage.mining.mine import mine
+from klineage.mining.walk import MiningBudget
+from klineage.replay.methods import ReplayBudget
+from klineage.replay.run import replay
 from klineage.skills import SkillLibrary
 from tests.conftest import REPO
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from klineage.kernel import KernelSource
 from klineage.lineage import LineageGraph, StateInfo
-from klineage.materialize import GateRunRecord, MethodResult, apply_everywhere
 from klineage.mechanisms import Carrier, get
-from klineage.misses import explain_misses
+from klineage.mining.removal import apply_everywhere
 from klineage.problem import load_problem
+from klineage.replay.methods import GateRunRecord, MethodResult
+from klineage.replay.misses import explain_misses
 from klineage.skills import SkillLibrary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +94,7 @@ def test_no_miss_when_the_skills_method_is_not_behind(tmp_path: Path) -> None:
 
 
 def test_runs_to_the_same_speed_as_blind() -> None:
-    from klineage.replay import matched_runs, runs_to_reach
+    from klineage.replay.run import matched_runs, runs_to_reach
 
     skilled = _result("skills", "p", [_run(1, "block_per_row", 10.0)], "a")
     blind = _result(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from klineage.gatelog import GateLog
+from klineage.gate.log import GateLog
 from klineage.kernel import KernelSource
-from klineage.materialize import Materializer, apply_everywhere
 from klineage.mechanisms import Carrier
-from klineage.ordering import closes, keep_options_open, transfer_carrier
+from klineage.mining.removal import apply_everywhere
 from klineage.problem import load_problem
+from klineage.replay.methods import Materializer
+from klineage.replay.ordering import closes, keep_options_open, transfer_carrier
 from klineage.skills import SkillLibrary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ def test_vector_widths_keep_their_bytes() -> None:
 
 
 def test_expression_choices_naming_what_the_target_lacks_are_left_out() -> None:
-    from klineage.ordering import without_foreign_names
+    from klineage.replay.ordering import without_foreign_names
 
     learned = Carrier.model_validate(
         {"block_size": 256, "bound": "kThreads", "min_blocks_expr": "kD == 128 ? 2 : 4"}

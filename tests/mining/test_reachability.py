@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from klineage.gatelog import GateLog
+from klineage.cuda.reachability import live_functions, run_by_workloads
+from klineage.gate.log import GateLog
 from klineage.kernel import KernelSource
-from klineage.lineage import Attempt, AttemptStatus, Simplifier
+from klineage.lineage import Attempt, AttemptStatus
 from klineage.mechanisms import get
+from klineage.mining.removal import DEAD_CODE, remove_mechanism
+from klineage.mining.walk import Simplifier
 from klineage.problem import load_problem
-from klineage.reachability import live_functions, run_by_workloads
-from klineage.removal import DEAD_CODE, remove_mechanism
 
 ROOT = Path(__file__).resolve().parents[2]
 

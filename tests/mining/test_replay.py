@@ -10,10 +10,10 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.materialize import GateRunRecord
 from klineage.problem import load_problem
-from klineage.replay import ReplayBudget, load_replay
-from klineage.retrieve import retrieve
+from klineage.replay.methods import GateRunRecord
+from klineage.replay.retrieve import retrieve
+from klineage.replay.run import ReplayBudget, load_replay
 from klineage.skills import SkillLibrary
 from tests.conftest import FIXTURES
 from tests.mining.conftest import Mined
@@ -115,7 +115,7 @@ def test_replay_command_rejects_an_unknown_baseline(skills: Path) -> None:
 def test_print_report_shows_every_method(builder: Builder, skills: Path, tmp_path: Path) -> None:
     from rich.console import Console
 
-    from klineage.cli_replay import print_report
+    from klineage.cli.replay import print_report
 
     gate = _gate(builder)
     report = replay_gated(

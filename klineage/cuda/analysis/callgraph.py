@@ -17,7 +17,7 @@ import networkx as nx  # type: ignore[import-untyped]
 from klineage.cuda.analysis.cooperative_groups import CooperativeGroups
 from klineage.cuda.analysis.ptx import PtxModel
 from klineage.cuda.tree import callee_name
-from klineage.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource
 
 __all__ = ["BLOCK_BARRIERS", "WARP_COLLECTIVES", "CallGraph", "FunctionSummary"]
 

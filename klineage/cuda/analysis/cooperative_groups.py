@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from klineage.cexpr import fold_int
+from klineage.cuda.cexpr import fold_int
 from klineage.cuda.tree import WARP_SIZE, call_arguments
-from klineage.source import Function, Node, ParsedSource, call_name
+from klineage.cuda.source import Function, Node, ParsedSource, call_name
 
 __all__ = [
     "CgBarrier",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klineage.cuda.tree import callee_name
-from klineage.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource
 
 __all__ = ["PtxInstruction", "PtxModel", "PtxSite", "parse_template"]
 

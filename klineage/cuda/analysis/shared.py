@@ -19,7 +19,7 @@ from klineage.cuda.analysis.callgraph import BLOCK_BARRIERS
 from klineage.cuda.analysis.indices import Access, FunctionIndices
 from klineage.cuda.analysis.ptx import PtxSite
 from klineage.cuda.tree import call_arguments, descendants, walk
-from klineage.source import Function, Node, call_name
+from klineage.cuda.source import Function, Node, call_name
 
 if TYPE_CHECKING:
     from klineage.cuda.analysis import SourceAnalysis

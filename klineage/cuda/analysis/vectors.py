@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klineage.cuda.tree import call_arguments, descendants, strip_casts
-from klineage.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource
 
 __all__ = ["BUILTIN_VECTORS", "ELEMENT_BYTES", "PackedType", "VectorHelper", "VectorModel"]
 
@@ -282,7 +282,7 @@ def _sizeof_ratio(source: ParsedSource, body: Node, size: Node | None) -> int | 
 
 
 def _folded_extent(source: ParsedSource, size: Node | None) -> int | None:
-    from klineage.cexpr import fold_int
+    from klineage.cuda.cexpr import fold_int
 
     return fold_int(source, size) if size is not None else None
 

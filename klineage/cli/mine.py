@@ -14,11 +14,12 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
-from klineage.cli_format import Column, print_rows
-from klineage.cli_llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
-from klineage.lineage import AttemptStatus, LineageGraph, MiningBudget, WalkEvent, is_llm_origin
+from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
+from klineage.cli.tables import Column, print_rows
+from klineage.lineage import AttemptStatus, LineageGraph, is_llm_origin
 from klineage.llm import Provider, ProviderError
-from klineage.mine import MineReport, mine
+from klineage.mining.mine import MineReport, mine
+from klineage.mining.walk import MiningBudget, WalkEvent
 from klineage.problem import ProblemError, load_problem
 from klineage.skills import SkillLibrary, SkillLookupError, render_skill_md
 
@@ -329,7 +330,7 @@ def lineage_show(
         )
     console.print(notes)
     if png is not None:
-        from klineage.drawing import draw_lineage
+        from klineage.cli.drawing import draw_lineage
 
         try:
             draw_lineage(lineage, png)

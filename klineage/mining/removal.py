@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from klineage.cuda.edit import changed_region
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Refusal, Site
 from klineage.mechanisms.base import FILE_SCOPE
 
 REMOVAL_LIMIT = 500
 """More removals than this of one mechanism means the mechanism is broken, not the kernel."""
+APPLY_LIMIT = 64
+"""Applications of one mechanism to one kernel at most (one per candidate site)."""
 
 
 @dataclass
@@ -58,7 +61,8 @@ def remove_mechanism(
     kernel: KernelSource, mechanism: Mechanism, live: set[str] | None = None
 ) -> Removal:
     """Remove every supported site of `mechanism`, recording sites, carriers and refusals.
-    With `live` (the functions that run, klineage.reachability), sites in others are refused."""
+    With `live` (the functions that run, klineage.cuda.reachability), sites in others are
+    refused."""
     removal = Removal(mechanism=mechanism, states=[kernel])
     refused_ids: set[str] = set()
     for _ in range(REMOVAL_LIMIT):
@@ -120,19 +124,6 @@ def remove_each_site(kernel: KernelSource, removal: Removal) -> list[Removal]:
     return singles
 
 
-def changed_region(old: str, new: str) -> tuple[int, int]:
-    """The byte range of `new` that differs from `old` (common prefix and suffix cut off)."""
-    a, b = old.encode(), new.encode()
-    prefix = 0
-    limit = min(len(a), len(b))
-    while prefix < limit and a[prefix] == b[prefix]:
-        prefix += 1
-    suffix = 0
-    while suffix < limit - prefix and a[-1 - suffix] == b[-1 - suffix]:
-        suffix += 1
-    return prefix, len(b) - suffix
-
-
 def matching_candidate(
     mechanism: Mechanism, before: KernelSource, after: KernelSource
 ) -> Site | None:
@@ -176,4 +167,29 @@ def reapply(removal: Removal) -> KernelSource:
         # candidates are found on the state the removal produced; after earlier re-applications
         # the current text equals that state, so the site is valid here
         current = mechanism.apply(current, candidate, removal.carriers[i])
+    return current
+
+
+def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrier) -> KernelSource:
+    """Apply the mechanism at every supported candidate, one at a time; refuse if none took.
+
+    The forward twin of :func:`remove_mechanism`: the round trip of an LLM-proposed removal
+    re-applies a catalog rule this way, and replay applies a skill's mechanism this way."""
+    current = kernel
+    refused: set[str] = set()
+    reasons = []
+    for _ in range(APPLY_LIMIT):
+        site = next(
+            (s for s in mechanism.candidates(current) if s.supported and s.id not in refused), None
+        )
+        if site is None:
+            break
+        try:
+            current = mechanism.apply(current, site, carrier)
+        except MechanismRefused as err:
+            refused.add(site.id)
+            reasons.append(err.reason)
+    if current is kernel:
+        reason = reasons[0] if reasons else "no candidate site in this kernel"
+        raise MechanismRefused(Refusal(mechanism=mechanism.name, action="apply", reason=reason))
     return current

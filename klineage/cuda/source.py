@@ -1,10 +1,8 @@
-"""The source model: CUDA parsed with tree-sitter, queried by mechanisms, edited by byte splices.
+"""The source model: CUDA parsed with tree-sitter and queried by mechanisms.
 
 Mechanisms never rewrite text with regular expressions. They ask a :class:`ParsedSource` for
 functions, loops, declarations, calls, kernel launches and pragmas, then describe a rewrite as
-a set of :class:`Edit` byte-range splices that :func:`apply_edits` applies in one go and
-re-parses. A rewrite that leaves a syntax error is a bug in the mechanism and is refused here,
-before the gate ever compiles it.
+byte-range splices (:mod:`klineage.cuda.edit`), applied in one go and re-parsed.
 
 Two facts shape this module:
 
@@ -26,10 +24,9 @@ under the 200 ms budget.
 from __future__ import annotations
 
 import bisect
-import itertools
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Literal
@@ -37,14 +34,14 @@ from typing import Literal
 import tree_sitter_cuda
 from tree_sitter import Language, Node, Parser, Query, QueryCursor, Tree
 
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
 from klineage.kernel import KernelSource
 
 __all__ = [
     "CUDA_FUNCTION_QUALIFIERS",
     "Call",
     "Declaration",
-    "Edit",
-    "EditError",
     "ErrorSpan",
     "Function",
     "Launch",
@@ -54,7 +51,6 @@ __all__ = [
     "Param",
     "ParsedSource",
     "Pragma",
-    "apply_edits",
     "mask_source",
     "parse",
 ]
@@ -936,8 +932,6 @@ class ParsedSource:
         Values are folded with the constants defined before them; a constant whose value
         cannot be folded is left out.
         """
-        from klineage.cexpr import fold_int  # cexpr imports this module
-
         constants: dict[str, int] = {}
         for node in self.iter_nodes("declaration", "preproc_def"):
             if node.type == "preproc_def":
@@ -1068,138 +1062,3 @@ def parse(kernel: KernelSource | str) -> ParsedSource:
     if isinstance(kernel, str):
         kernel = KernelSource(kernel)
     return kernel.parsed
-
-
-# ---------------------------------------------------------------------------------------------
-# Edits
-# ---------------------------------------------------------------------------------------------
-
-
-class EditError(ValueError):
-    """A set of edits cannot be applied: they overlap, touch an unparsed region, or leave the
-    kernel with a syntax error. The message names the line."""
-
-
-@dataclass(frozen=True, order=True)
-class Edit:
-    """Replace the bytes [start_byte, end_byte) of the original source with ``replacement``.
-
-    An insertion has ``start_byte == end_byte``; a deletion has an empty replacement. Offsets
-    are UTF-8 byte offsets, as tree-sitter reports them.
-    """
-
-    start_byte: int
-    end_byte: int
-    replacement: str
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start_byte <= self.end_byte:
-            raise ValueError(f"bad edit range [{self.start_byte}, {self.end_byte})")
-
-    @classmethod
-    def replace(cls, node: Node, replacement: str) -> Edit:
-        """Replace a node's text."""
-        return cls(node.start_byte, node.end_byte, replacement)
-
-    @classmethod
-    def insert(cls, at: int, text: str) -> Edit:
-        """Insert text before byte ``at``."""
-        return cls(at, at, text)
-
-    @classmethod
-    def delete(cls, start_byte: int, end_byte: int) -> Edit:
-        return cls(start_byte, end_byte, "")
-
-    @property
-    def is_insertion(self) -> bool:
-        return self.start_byte == self.end_byte
-
-
-def _check_overlaps(edits: list[Edit], parsed: ParsedSource) -> None:
-    for before, after in itertools.pairwise(edits):
-        both_inserts = before.is_insertion and after.is_insertion
-        if after.start_byte < before.end_byte or (
-            both_inserts and after.start_byte == before.start_byte
-        ):
-            line = parsed.line_of(after.start_byte)
-            what = "two insertions at the same place" if both_inserts else "overlapping edits"
-            raise EditError(
-                f"{parsed.kernel.name}:{line}: {what} "
-                f"([{before.start_byte}, {before.end_byte}) and "
-                f"[{after.start_byte}, {after.end_byte})); merge them into one edit"
-            )
-
-
-def apply_edits(
-    source: KernelSource | ParsedSource, edits: Iterable[Edit], *, check: bool = True
-) -> KernelSource:
-    """Apply non-overlapping edits together and re-parse; the result, or :class:`EditError`.
-
-    The edits may come in any order; they are applied from the end of the file backwards, so
-    every offset refers to the original source. Exact duplicates count once. The result keeps
-    the input's name and path (the file it derives from). With ``check``
-    (the default) the edits are refused when they overlap, when one touches a region the
-    parser could not read, or when the result has more parse errors than the input.
-    """
-    parsed = source if isinstance(source, ParsedSource) else source.parsed
-    kernel = parsed.kernel
-    ordered = sorted(set(edits))
-    if not ordered:
-        return kernel
-    _check_overlaps(ordered, parsed)
-    size = len(parsed.data)
-    for edit in ordered:
-        if edit.end_byte > size:
-            raise EditError(
-                f"{kernel.name}: edit [{edit.start_byte}, {edit.end_byte}) runs past the end "
-                f"of the source ({size} bytes)"
-            )
-        if check:
-            span = parsed.error_touching(edit.start_byte, edit.end_byte)
-            if span is not None:
-                raise EditError(
-                    f"{kernel.name}:{parsed.line_of(edit.start_byte)}: the edit touches a region "
-                    f"the parser could not read (line {span.line}: "
-                    f"{parsed.snippet((span.start_byte, max(span.end_byte, span.start_byte)))!r})"
-                )
-    pieces: list[bytes] = []
-    cursor = 0
-    new_ranges: list[tuple[int, int]] = []  # where each replacement lands in the result
-    length = 0
-    for edit in ordered:
-        kept = parsed.data[cursor : edit.start_byte]
-        inserted = edit.replacement.encode("utf-8")
-        pieces += [kept, inserted]
-        length += len(kept)
-        new_ranges.append((length, length + len(inserted)))
-        length += len(inserted)
-        cursor = edit.end_byte
-    pieces.append(parsed.data[cursor:])
-    try:
-        text = b"".join(pieces).decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise EditError(f"{kernel.name}: an edit splits a multi-byte character ({err})") from None
-    result = KernelSource(text=text, name=kernel.name, path=kernel.path)
-    if check:
-        _check_no_new_errors(parsed, result.parsed, new_ranges)
-    return result
-
-
-def _check_no_new_errors(
-    before: ParsedSource, after: ParsedSource, new_ranges: list[tuple[int, int]]
-) -> None:
-    if len(after.errors) <= len(before.errors):
-        return
-
-    def distance(span: ErrorSpan) -> int:
-        return min(
-            max(0, start - span.end_byte, span.start_byte - end) for start, end in new_ranges
-        )
-
-    worst = min(after.errors, key=distance)
-    context = after.snippet((after.line_start(worst.start_byte), worst.end_byte + 20))
-    what = "a missing token" if worst.missing else "a syntax error"
-    raise EditError(
-        f"{after.kernel.name}:{worst.line}: the edited kernel has {what} near {context!r} "
-        f"({len(after.errors)} unparsed regions, {len(before.errors)} before)"
-    )

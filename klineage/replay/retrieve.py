@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from pydantic import BaseModel, Field
 
 from klineage.conditions import Condition, EvalContext, parse_condition
-from klineage.facts import eval_context
+from klineage.cuda.facts import eval_context
 from klineage.gate.sass import MachineCode, signature_present
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Site, UnknownMechanism, get

@@ -28,10 +28,10 @@ from pydantic import BaseModel, Field
 
 from klineage.kernel import KernelSource
 from klineage.lineage import LineageGraph
-from klineage.materialize import MethodResult
 from klineage.mechanisms import UnknownMechanism, get
 from klineage.problem import Problem
-from klineage.retrieve import retrieve
+from klineage.replay.methods import MethodResult
+from klineage.replay.retrieve import retrieve
 from klineage.skills import Skill
 
 MARGIN = 1.05

@@ -1,29 +1,19 @@
-"""`mine`: expert kernel -> lineage -> conditions -> skills -> round trip -> skills_out/.
+"""Skills from a lineage: each accepted removal, reversed, with its conditions (static and
+learned from probes), risks, effect, machine-code evidence and round trip.
 
-    from klineage import mine
-    report = mine("expert_kernels/softmax", out="skills_out")
-
-Every gate verdict goes through an append-only log under `out/gatelog/`, so a killed run
-resumes (`resume=True`) without repeating finished work.
-
-With `llm=provider`, the walk also gates one LLM-proposed removal per state (see
-:mod:`klineage.lineage`). A skill from an accepted LLM-origin edge gets the conditions learned
-from probes; static conditions and a round trip need a rule, so they come only when the
-mechanism the LLM named is in the catalog (else `verified` stays None, and the note says why).
+An LLM-origin attempt gets the conditions learned from probes; static conditions and a round
+trip need a rule, so they come only when the mechanism the LLM named is in the catalog (else
+`verified` stays None, and the note says why).
 """
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
-
-from pydantic import BaseModel, Field
 
 from klineage.conditions import Prose, conditions_to_json, merge_conditions, parse_condition
 from klineage.gate.build import specific_arch_for
+from klineage.gate.log import GateLog
 from klineage.gate.result import GateVerdict
 from klineage.gate.sass import (
     delta,
@@ -32,27 +22,20 @@ from klineage.gate.sass import (
     short_name,
     signature_shown,
 )
-from klineage.gatelog import GateLike, GateLog
-from klineage.inference import infer_condition, why_no_condition
 from klineage.kernel import KernelSource
 from klineage.lineage import (
     Attempt,
     AttemptStatus,
     LineageGraph,
-    MiningBudget,
-    Simplifier,
     StateInfo,
-    WalkEvent,
     catalog_mechanism,
     is_llm_origin,
     slug,
 )
-from klineage.llm.base import Provider
-from klineage.materialize import apply_everywhere
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site
-from klineage.mechanisms.recall import MECHANISMS_FILE
-from klineage.problem import Problem, load_problem
-from klineage.removal import Removal, reapply
+from klineage.mining.inference import infer_condition, why_no_condition
+from klineage.mining.removal import Removal, apply_everywhere, reapply
+from klineage.problem import Problem
 from klineage.skills import (
     Anchor,
     Evidence,
@@ -61,173 +44,19 @@ from klineage.skills import (
     Risk,
     Scope,
     Skill,
-    SkillLibrary,
     anchor_of,
     effect_of,
     unified_diff,
 )
 
 
-class MineReport(BaseModel):
-    """What mining one problem did."""
-
-    problem: str = Field(description="definition name")
-    folder: str = Field(description="the problem folder")
-    termination: str = Field(description="complete, budget or stuck")
-    walk_gate_runs: int = Field(description="gate runs spent by the walk")
-    probe_gate_runs: int = Field(description="gate runs spent checking probes")
-    round_trip_gate_runs: int = Field(description="gate runs spent on round trips")
-    cached_verdicts: int = Field(description="verdicts served from the log (resume)")
-    wall_seconds: float = Field(description="wall time of the whole mining")
-    accepted: int = Field(description="accepted attempts")
-    rejected: int = Field(description="rejected attempts")
-    refusals: int = Field(description="sites the rules could not rewrite")
-    remaining: list[str] = Field(
-        default_factory=list,
-        description="mechanisms still in code the workloads run when the walk ended, every "
-        "site refused by its rule (the reason the walk is stuck rather than complete)",
-    )
-    steps: int = Field(description="removals on the main path")
-    skills: int = Field(description="skills written")
-    verified: int = Field(
-        description="skills whose round trip reproduced a measured gain (Skill.verified)"
-    )
-    recall: float | None = Field(description="share of mechanisms.json entries that became skills")
-    missed: list[str] = Field(default_factory=list, description="listed mechanisms with no skill")
-    llm_attempts: int = Field(default=0, description="attempts proposed by the LLM (gated)")
-    llm_accepted: int = Field(default=0, description="of those, accepted by the gate")
-    llm_rejections: int = Field(
-        default=0, description="LLM answers never gated (provider, parse, duplicate)"
-    )
-    no_machine_code_change: int = Field(
-        default=0,
-        description="attempts refused before the gate: the same device SASS and host code as "
-        "their parent (each a gate run saved)",
-    )
-    shared_verdicts: int = Field(
-        default=0,
-        description="verdicts taken from an earlier one on the same machine code (gate runs saved)",
-    )
-    signature_missing: list[str] = Field(
-        default_factory=list,
-        description="skills whose SASS delta does not show their mechanism's declared signature",
-    )
-
-
-def mine(
-    problem_dir: str | Path,
-    out: str | Path = "skills_out",
-    *,
-    gate: GateLike | None = None,
-    budget: MiningBudget | None = None,
-    resume: bool = True,
-    on_event: Callable[[WalkEvent], None] | None = None,
-    llm: Provider | None = None,
-    gates: Sequence[GateLike] = (),
-    devices: Sequence[int] | None = None,
-    skip_no_ops: bool = True,
-    reuse_unaudited: bool = False,
-) -> MineReport:
-    """Mine one expert problem folder into `out`. Without `gate`, one gate is opened per GPU
-    in `devices` (default: every visible GPU). With several `gates`, each state's attempts are
-    gated in parallel, one per GPU. With `llm`, each state also gets an LLM-proposed removal
-    (same gate, same budget). With `skip_no_ops` (the default), a removal that changes no
-    machine code is refused before the gate; a verdict on the same machine code as an earlier
-    one (this run's, or one logged before whose source the previous lineage holds) is shared.
-    With `reuse_unaudited`, verdicts logged before the timing audits are served too (to
-    re-derive old results without a GPU; a run that measures leaves it off)."""
-    if gate is None:
-        from klineage.gate.pool import open_gates
-
-        # mining pairs every timed verdict with its parent state: the reference is timed only
-        # for the expert's own verdict
-        with open_gates(devices, time_reference="unpaired") as opened:
-            return mine(
-                problem_dir,
-                out,
-                gate=opened[0],
-                budget=budget,
-                resume=resume,
-                on_event=on_event,
-                llm=llm,
-                gates=opened,
-                skip_no_ops=skip_no_ops,
-                reuse_unaudited=reuse_unaudited,
-            )
-    started = time.monotonic()
-    problem = load_problem(problem_dir)
-    if problem.kernel_path is None:
-        raise FileNotFoundError(f"{problem.root}: no kernel.cu to mine")
-    expert = KernelSource.from_file(problem.kernel_path)
-    root = Path(out)
-    log = GateLog(
-        root / "gatelog" / f"{problem.name}.jsonl",
-        gate,
-        resume=resume,
-        share=skip_no_ops,
-        accept_older=reuse_unaudited,
-    )
-    previous = root / "lineages" / f"{problem.name}.json"
-    if resume and skip_no_ops and previous.is_file():
-        # the old verdicts' sources, so a state with the same machine code can reuse them
-        old = LineageGraph.load(previous)
-        log.learn_sources({fp: old.state(fp).source for fp in old.graph.nodes})
-    simplifier = Simplifier(log, on_event=on_event, llm=llm, gates=gates, skip_no_ops=skip_no_ops)
-    lineage = simplifier.walk(problem, expert, budget)
-    walk_runs = log.runs
-
-    skills, probe_runs, trip_runs = _skills(problem, lineage, simplifier, log)
-    lineage.save(root / "lineages" / f"{problem.name}.json")
-    SkillLibrary.update_problem(root, problem.name, skills)
-
-    attempts = lineage.attempts()
-    recall, missed = _recall(problem, skills)
-    return MineReport(
-        problem=problem.name,
-        folder=str(problem_dir),
-        termination=lineage.termination.value if lineage.termination else "unknown",
-        walk_gate_runs=walk_runs,
-        probe_gate_runs=probe_runs,
-        round_trip_gate_runs=trip_runs,
-        cached_verdicts=log.hits,
-        wall_seconds=time.monotonic() - started,
-        accepted=sum(a.status is AttemptStatus.ACCEPTED for a in attempts),
-        rejected=sum(a.status is AttemptStatus.REJECTED for a in attempts),
-        refusals=len(lineage.graph.graph["refusals"]),
-        remaining=list(lineage.graph.graph.get("remaining", [])),
-        steps=len(lineage.main_path()),
-        skills=len(skills),
-        verified=sum(bool(s.verified) for s in skills),
-        recall=recall,
-        missed=missed,
-        llm_attempts=sum(is_llm_origin(a.origin) for a in attempts),
-        llm_accepted=sum(
-            is_llm_origin(a.origin) and a.status is AttemptStatus.ACCEPTED for a in attempts
-        ),
-        llm_rejections=len(lineage.llm_rejections),
-        no_machine_code_change=sum(
-            a.status is AttemptStatus.NO_MACHINE_CODE_CHANGE for a in attempts
-        ),
-        shared_verdicts=log.shared,
-        signature_missing=[
-            s.id for s in skills if s.machine_code and s.machine_code.signature_shown is False
-        ],
-    )
-
-
-def _recall(problem: Problem, skills: list[Skill]) -> tuple[float | None, list[str]]:
-    listed_path = problem.root / MECHANISMS_FILE
-    if not listed_path.is_file():
-        return None, []
-    listed = {entry["mechanism"] for entry in json.loads(listed_path.read_text())}
-    found = {s.mechanism for s in skills}
-    missed = sorted(listed - found)
-    return (len(listed) - len(missed)) / len(listed) if listed else None, missed
-
-
-def _skills(
-    problem: Problem, lineage: LineageGraph, simplifier: Simplifier, log: GateLog
+def extract_skills(
+    problem: Problem, lineage: LineageGraph, removals: Mapping[str, Removal], log: GateLog
 ) -> tuple[list[Skill], int, int]:
+    """One skill per mechanism the walk removed: each main-path attempt, then the first accepted
+    attempt off the path of a mechanism the path lacks; each skill's probes gated, then its
+    round trip. Returns the skills and the gate runs spent on probes and on round trips.
+    `removals` maps an attempt id to the removal behind it (rule attempts)."""
     runs_before = log.runs
     main = lineage.main_path()
     on_path = {a.mechanism for a in main}
@@ -242,7 +71,7 @@ def _skills(
     chosen = main + sorted(extra.values(), key=lambda a: a.step)
     skills = []
     for attempt in chosen:
-        skill = _skill_of(problem, lineage, simplifier.removals.get(attempt.id), attempt, log)
+        skill = skill_of(problem, lineage, removals.get(attempt.id), attempt, log)
         skill.evidence.other_edges = [
             e for e in others.get(attempt.mechanism, []) if e != attempt.id
         ]
@@ -250,7 +79,7 @@ def _skills(
     probe_runs = log.runs - runs_before
     trip_start = log.runs
     for skill, attempt in zip(skills, chosen, strict=True):
-        _round_trip(problem, lineage, simplifier.removals.get(attempt.id), skill, log)
+        round_trip(problem, lineage, removals.get(attempt.id), skill, log)
     return skills, probe_runs, log.runs - trip_start
 
 
@@ -288,7 +117,7 @@ def skill_id(attempt: Attempt, problem: Problem) -> str:
     return f"{name}--{problem.name}--{attempt.parent[:8]}"
 
 
-def _skill_of(
+def skill_of(
     problem: Problem,
     lineage: LineageGraph,
     removal: Removal | None,
@@ -465,7 +294,7 @@ def _reapply_by_rule(
     return apply_everywhere(simplified, mechanism, carrier)
 
 
-def _round_trip(
+def round_trip(
     problem: Problem, lineage: LineageGraph, removal: Removal | None, skill: Skill, log: GateLog
 ) -> None:
     """Re-apply the mechanism to the simplified state; it must recover the optimized speed.

@@ -9,7 +9,7 @@ skills used and the expert each came from; a summary with geometric means and fa
 forward lineages under `out/lineages/`, and a PNG chart.
 
 With `llm=provider`, the `skills` method asks the LLM to apply a retrieved skill no rule can
-apply (see :mod:`klineage.materialize`); the baselines never ask it.
+apply (see :mod:`klineage.replay.methods`); the baselines never ask it.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from klineage.gate.log import GateLike, GateLog
 from klineage.gate.pool import open_gates, spread
 from klineage.gate.result import geomean
-from klineage.gatelog import GateLike, GateLog
 from klineage.kernel import KernelSource
 from klineage.llm.base import Provider
-from klineage.materialize import GateRunRecord, Materializer, MethodResult, ReplayBudget
-from klineage.misses import Miss, explain_misses
 from klineage.problem import Problem, load_problem
+from klineage.replay.methods import GateRunRecord, Materializer, MethodResult, ReplayBudget
+from klineage.replay.misses import Miss, explain_misses
 from klineage.skills import SkillLibrary
 
 FAST_P = (1.0, 1.5)

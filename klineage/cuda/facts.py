@@ -11,10 +11,10 @@ launching function are taken as axis names, as the kernel ABI passes every var a
 
 from __future__ import annotations
 
-from klineage.cexpr import SIZEOF, fold_int, to_size_expr
 from klineage.conditions import DEFAULT_ARCH, EvalContext, evaluate_size
+from klineage.cuda.cexpr import SIZEOF, fold_int, to_size_expr
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
-from klineage.source import Function, Launch, Node, ParsedSource
 
 __all__ = [
     "block_size_of",

@@ -27,10 +27,10 @@ from collections.abc import Mapping, Sequence
 
 from tree_sitter import Node
 
-from klineage.cexpr import to_size_expr
 from klineage.conditions import evaluate_size
+from klineage.cuda.cexpr import to_size_expr
+from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
-from klineage.source import Function, ParsedSource
 
 _NAME_KINDS = ("identifier", "field_identifier")
 

@@ -12,17 +12,18 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from klineage import __version__
-from klineage.cli_format import Column, print_rows, short_kernel_names
-from klineage.cli_import_export import export_command, import_command, new_command
-from klineage.cli_mechanisms import mechanisms_app
-from klineage.cli_mine import lineage_app, mine_command, skills_app
-from klineage.cli_replay import replay_command
+from klineage.cli.import_export import export_command, import_command, new_command
+from klineage.cli.mechanisms import mechanisms_app
+from klineage.cli.mine import lineage_app, mine_command, skills_app
+from klineage.cli.replay import replay_command
+from klineage.cli.tables import Column, print_rows, short_kernel_names
 from klineage.gate.build import Builder, BuildResult, check_abi
 from klineage.gate.gate import Gate, GateEvent, GateSetupError
 from klineage.gate.result import GateVerdict, Status
 from klineage.gate.trace import append_traces, verdict_to_traces
-from klineage.kernel import KernelAbi, KernelSource
+from klineage.kernel import KernelSource
 from klineage.problem import Problem, ProblemError, load_problem
+from klineage.problem.abi import KernelAbi
 
 # Plain help (rich_markup_mode=None): paragraphs re-wrapped to the terminal, flags without a
 # `<bool>`, long values such as the --llm spec never cut.

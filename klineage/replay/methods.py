@@ -4,7 +4,8 @@ Three methods share the same gate, the same budget and the same keep rule (corre
 workload, and faster than the current state overall and in every trial, timed interleaved):
 
 - `skills`: retrieved skills in rank order (conditions checked before any gate run), a skill
-  whose rewrite would close another's candidate sites moved after it (:mod:`klineage.ordering`),
+  whose rewrite would close another's candidate sites moved after it
+  (:mod:`klineage.replay.ordering`),
   each mechanism applied at every candidate site with the carrier its evidence supports (a
   vector width keeps its bytes on the target's element size); when one carrier passes the
   keep rule, the skill's other carriers, and the rule's default choice for the target, are
@@ -36,9 +37,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from klineage.gate.log import GateLog
+from klineage.gate.noop import same_machine_code
 from klineage.gate.result import GateVerdict, geomean
 from klineage.gate.sass import MachineCode
-from klineage.gatelog import GateLog
 from klineage.kernel import KernelSource
 from klineage.lineage import (
     LLM_PREFIX,
@@ -58,17 +60,21 @@ from klineage.mechanisms import (
     Refusal,
     all_mechanisms,
 )
-from klineage.noop import same_machine_code
-from klineage.ordering import closes, keep_options_open, transfer_carrier, without_foreign_names
+from klineage.mining.removal import apply_everywhere
 from klineage.problem import Problem
-from klineage.retrieve import bm25_scores, retrieve
+from klineage.replay.ordering import (
+    closes,
+    keep_options_open,
+    transfer_carrier,
+    without_foreign_names,
+)
+from klineage.replay.retrieve import bm25_scores, retrieve
 from klineage.skills import Skill, render_skill_md
 
 NO_CHANGE = "no machine code change (the same SASS and host code as the current state)"
 METHODS = ("skills", "blind", "memory")
 KEEP_RATIO = 1.01
 """A change is kept when current/new latency exceeds this overall, and exceeds 1 per trial."""
-APPLY_LIMIT = 64
 
 
 class ReplayBudget(BaseModel):
@@ -173,28 +179,6 @@ def move_key(current: KernelSource, move: Move) -> MoveKey:
         move.carrier.model_dump_json(),
         move.site,
     )
-
-
-def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrier) -> KernelSource:
-    """Apply the mechanism at every supported candidate, one at a time; refuse if none took."""
-    current = kernel
-    refused: set[str] = set()
-    reasons = []
-    for _ in range(APPLY_LIMIT):
-        site = next(
-            (s for s in mechanism.candidates(current) if s.supported and s.id not in refused), None
-        )
-        if site is None:
-            break
-        try:
-            current = mechanism.apply(current, site, carrier)
-        except MechanismRefused as err:
-            refused.add(site.id)
-            reasons.append(err.reason)
-    if current is kernel:
-        reason = reasons[0] if reasons else "no candidate site in this kernel"
-        raise MechanismRefused(Refusal(mechanism=mechanism.name, action="apply", reason=reason))
-    return current
 
 
 class Materializer:

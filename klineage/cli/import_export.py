@@ -12,12 +12,12 @@ from rich.console import Console
 from rich.text import Text
 
 from klineage.formats.kernelbench import KernelBenchError, import_kernelbench
+from klineage.formats.scaffold import ScaffoldError, new_problem
 from klineage.formats.solution import SolutionError, export_solution, import_solution
 from klineage.gate.result import GateVerdict
 from klineage.gate.trace import append_traces, verdict_to_traces
 from klineage.kernel import KernelSource
 from klineage.problem import ProblemError, load_problem
-from klineage.scaffold import ScaffoldError, new_problem
 
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klineage.kernel import DeclaredParam, KernelSource, declared_run
+from klineage.kernel import KernelSource
 from klineage.problem import (
     DEFINITION_FILE,
     KERNEL_FILE,
@@ -24,6 +24,7 @@ from klineage.problem import (
     Problem,
     load_problem,
 )
+from klineage.problem.abi import DeclaredParam, declared_run
 
 GUESSED_EXTENT = 1024
 """The size every axis gets in the scaffold's one workload (to be confirmed)."""

@@ -9,12 +9,12 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from klineage.cli_format import Column, print_rows
-from klineage.cli_llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
+from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
+from klineage.cli.tables import Column, print_rows
 from klineage.gate.pool import parse_devices
 from klineage.lineage import is_llm_origin
-from klineage.materialize import METHODS, GateRunRecord, ReplayBudget
-from klineage.replay import ReplayReport, replay
+from klineage.replay.methods import METHODS, GateRunRecord, ReplayBudget
+from klineage.replay.run import ReplayReport, replay
 
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)

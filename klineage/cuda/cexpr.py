@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from klineage.conditions import evaluate_size
-from klineage.source import Node, ParsedSource
+
+if TYPE_CHECKING:
+    # types only: the source model folds its constants with this module, so it imports it
+    from tree_sitter import Node
+
+    from klineage.cuda.source import ParsedSource
 
 __all__ = [
     "ASSIGNMENT",

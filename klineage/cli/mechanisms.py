@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from klineage.cli_format import Column, print_rows
+from klineage.cli.tables import Column, print_rows
 from klineage.kernel import KernelSource
 from klineage.mechanisms import (
     Carrier,

@@ -1,0 +1,126 @@
+"""The package's shape: imports run downward only, and no module imports itself in a circle.
+
+The layers, from the bottom (DESIGN.md, "Package layout"):
+
+    kernel -> problem -> conditions, gate -> llm, formats, cuda -> mechanisms
+           -> lineage, skills, search -> mining -> replay -> the package (its API) -> cli
+           -> __main__
+
+A module may import its own component and the components below it. Imports under
+``if TYPE_CHECKING:`` are for the type checker only and are not followed: they run nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "klineage"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("kernel",),
+    ("problem",),
+    ("conditions", "gate"),
+    ("llm", "formats", "cuda"),
+    ("mechanisms",),
+    ("lineage", "skills", "search"),
+    ("mining",),
+    ("replay",),
+    ("",),  # the package itself: klineage/__init__.py, the public API
+    ("cli",),
+    ("__main__",),
+)
+"""Components by layer, bottom first; a component is a top-level module or subpackage."""
+
+RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _component(module: str) -> str:
+    """`klineage.mining.walk` -> `mining`; the package itself -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth (a lazy import inside a function counts), except
+    those in an ``if TYPE_CHECKING:`` block."""
+    for node in ast.iter_child_nodes(tree):
+        if _is_type_checking(node):
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _runtime_imports(node)
+
+
+def _import_graph() -> nx.DiGraph:
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for module, path in modules.items():
+        for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif node.level or not node.module:
+                raise AssertionError(f"{module}: relative import; write klineage.… in full")
+            else:  # `from klineage.x import y`: y is a module or a name in klineage.x
+                found = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets = [t if t in modules else node.module for t in found]
+            for target in targets:
+                # a module reaching its own package's namespace (the mechanism registry walks
+                # its package to find its plugins) is the same unit, not a dependency
+                if target.startswith("klineage") and not module.startswith(target + "."):
+                    graph.add_edge(module, target)
+    return graph
+
+
+GRAPH = _import_graph()
+
+
+def test_every_component_has_a_layer() -> None:
+    components = {_component(module) for module in GRAPH}
+    assert components <= set(RANK), f"place these in LAYERS: {sorted(components - set(RANK))}"
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    cycles = sorted(sorted(cycle) for cycle in nx.simple_cycles(GRAPH))
+    assert not cycles, f"import cycles: {cycles}"
+
+
+@pytest.mark.parametrize("layer", [c for layer in LAYERS for c in layer])
+def test_imports_run_downward_only(layer: str) -> None:
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, target in GRAPH.edges
+        if _component(module) == layer
+        and _component(target) != layer
+        and RANK[_component(target)] >= RANK[layer]
+    )
+    assert not upward, f"imports from a layer above or beside {layer or 'klineage'}: {upward}"
+
+
+def test_the_gate_needs_nothing_above_problems() -> None:
+    # the gate judges any kernel for any problem: it never sees mechanisms, lineages or skills
+    reached = {_component(m) for m in nx.descendants(GRAPH, "klineage.gate")}
+    assert reached <= {"gate", "kernel", "problem"}, sorted(reached)
+
+
+def test_the_graph_sees_lazy_imports() -> None:
+    # the package imports the parser inside a function, to keep `import klineage` fast
+    assert GRAPH.has_edge("klineage", "klineage.cuda.source")
