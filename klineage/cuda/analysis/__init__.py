@@ -32,8 +32,8 @@ from klineage.cuda.analysis.indices import Access, Buffer, FunctionIndices, Loop
 from klineage.cuda.analysis.ptx import PtxModel
 from klineage.cuda.analysis.shared import Copy, SharedMemory
 from klineage.cuda.analysis.vectors import VectorModel
-from klineage.cuda.tree import callee_name, integer_literal, strip_parens, template_arguments
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import callee_name, integer_literal, strip_parens, template_arguments
 
 __all__ = [
     "Access",

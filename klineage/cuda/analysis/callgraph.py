@@ -16,8 +16,8 @@ import networkx as nx  # type: ignore[import-untyped]
 
 from klineage.cuda.analysis.cooperative_groups import CooperativeGroups
 from klineage.cuda.analysis.ptx import PtxModel
-from klineage.cuda.tree import callee_name
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import callee_name
 
 __all__ = ["BLOCK_BARRIERS", "WARP_COLLECTIVES", "CallGraph", "FunctionSummary"]
 

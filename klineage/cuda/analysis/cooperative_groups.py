@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klineage.cuda.cexpr import fold_int
-from klineage.cuda.tree import WARP_SIZE, call_arguments
 from klineage.cuda.source import Function, Node, ParsedSource, call_name
+from klineage.cuda.tree import WARP_SIZE, call_arguments
 
 __all__ = [
     "CgBarrier",

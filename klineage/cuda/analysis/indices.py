@@ -27,8 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from klineage.cuda.cexpr import SIZEOF, fold_int
 from klineage.cuda.analysis.forms import IndexForm
+from klineage.cuda.cexpr import SIZEOF, fold_int
+from klineage.cuda.source import Function, Node, ParsedSource, call_name
 from klineage.cuda.tree import (
     WARP_SIZE,
     binary_operands,
@@ -40,7 +41,6 @@ from klineage.cuda.tree import (
     operator_of,
     strip_parens,
 )
-from klineage.cuda.source import Function, Node, ParsedSource, call_name
 
 if TYPE_CHECKING:
     from klineage.cuda.analysis import SourceAnalysis

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from klineage.cuda.tree import callee_name
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import callee_name
 
 __all__ = ["PtxInstruction", "PtxModel", "PtxSite", "parse_template"]
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from klineage.cuda.analysis.callgraph import BLOCK_BARRIERS
 from klineage.cuda.analysis.indices import Access, FunctionIndices
 from klineage.cuda.analysis.ptx import PtxSite
-from klineage.cuda.tree import call_arguments, descendants, walk
 from klineage.cuda.source import Function, Node, call_name
+from klineage.cuda.tree import call_arguments, descendants, walk
 
 if TYPE_CHECKING:
     from klineage.cuda.analysis import SourceAnalysis

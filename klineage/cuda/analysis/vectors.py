@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from klineage.cuda.tree import call_arguments, descendants, strip_casts
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import call_arguments, descendants, strip_casts
 
 __all__ = ["BUILTIN_VECTORS", "ELEMENT_BYTES", "PackedType", "VectorHelper", "VectorModel"]
 
