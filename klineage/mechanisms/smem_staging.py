@@ -57,6 +57,7 @@ from klineage.mechanisms._staging import (
     value_type,
     zero_of,
 )
+from klineage.mechanisms._staging_forms import staging_forms
 from klineage.mechanisms._tiles_util import (
     STATIC_SHARED_LIMIT,
     Locals,
@@ -652,6 +653,14 @@ class SmemStaging(Mechanism):
             seen.add(loop.start_byte)
             yield self.site(source, loop, snippet=_header(source, loop), refusal=refusal)
         yield from self._async_sites(source, seen)
+        for form in staging_forms(source, seen):
+            yield self.site(
+                source,
+                form.node,
+                snippet=_header(source, form.node),
+                detail={"kernel": form.function.name, "form": "analysis"},
+                refusal=form.refusal,
+            )
 
     def _async_sites(self, source: ParsedSource, seen: set[int]) -> Iterator[Site]:
         """Tile loops fed by cp.async copies (directly or through helpers)."""
@@ -668,6 +677,7 @@ class SmemStaging(Mechanism):
                 if not any(is_call_statement(source, s, "__syncthreads") for s in statements(body)):
                     continue
                 if (_calls_within(source, body) | {function.name}) & copiers:
+                    seen.add(loop.start_byte)
                     yield self.site(
                         source,
                         loop,

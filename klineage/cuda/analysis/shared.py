@@ -126,7 +126,7 @@ class SharedMemory:
 
     def _loads_in(self, indices: FunctionIndices, target: Node, _: None) -> list[Access]:
         """The loads of ``indices``' function that the value assigned at ``target`` reads,
-        directly or through one local variable."""
+        directly or through the values given to a local it reads."""
         value = _assigned_value(target)
         if value is None:
             return []
@@ -134,8 +134,7 @@ class SharedMemory:
         source = self.analysis.source
         for node in walk(value):
             if node.type == "identifier":
-                definition = _single_definition(indices, source.text_of(node))
-                if definition is not None:
+                for definition in _definitions(indices, source.text_of(node)):
                     spans.append((definition.start_byte, definition.end_byte))
         return [
             a
@@ -161,9 +160,19 @@ def _assigned_value(target: Node) -> Node | None:
     return parent.child_by_field_name("right")
 
 
-def _single_definition(indices: FunctionIndices, name: str) -> Node | None:
-    """The initial value of a local declared once and never written, else None."""
-    declared = indices._defs.declared.get(name, [])
-    if len(declared) != 1 or name in indices._defs.written:
-        return None
-    return declared[0][1]
+def _definitions(indices: FunctionIndices, name: str) -> list[Node]:
+    """The values a local is given: its initializer and the right sides of its assignments;
+    none for an accumulator (``acc += x[i]`` holds a sum of loads, not a loaded value)."""
+    source = indices.source
+    found = [value for _, value in indices._defs.declared.get(name, []) if value is not None]
+    for write in indices._defs.written.get(name, []):
+        right = write.child_by_field_name("right")
+        operator = write.child_by_field_name("operator")
+        if write.type == "update_expression" or right is None:
+            return []
+        if operator is not None and operator.type != "=":
+            return []
+        if any(n.type == "identifier" and source.text_of(n) == name for n in walk(right)):
+            return []
+        found.append(right)
+    return found
