@@ -18,33 +18,18 @@ these forms are detected and refused with the form they are in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from klineage.cuda.analysis import analysis
 from klineage.cuda.analysis.forms import IndexForm
-from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import NotInForm, call_arguments, descendants, strip_parens
+from klineage.cuda.source import Function, ParsedSource
+from klineage.cuda.tree import call_arguments, descendants, strip_parens
+from klineage.mechanisms._forms import FoundForm
 
-__all__ = ["GridStrideForm", "grid_stride_forms"]
+__all__ = ["grid_stride_forms"]
 
 _CANONICAL = (
     "the canonical `for (i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * "
     "blockDim.x)` over one element per iteration in a kernel without barriers"
 )
-
-
-@dataclass(frozen=True)
-class GridStrideForm:
-    """A loop that walks the grid in a form the rewrite does not take."""
-
-    node: Node
-    function: Function
-    form: str
-    """What the loop is, in words (used in the refusal)."""
-
-    @property
-    def refusal(self) -> str:
-        return str(NotInForm(self.form, _CANONICAL))
 
 
 def _dimension(step: IndexForm, start: IndexForm) -> str | None:
@@ -58,7 +43,7 @@ def _dimension(step: IndexForm, start: IndexForm) -> str | None:
     return None
 
 
-def _index_loops(source: ParsedSource, function: Function) -> list[GridStrideForm]:
+def _index_loops(source: ParsedSource, function: Function) -> list[FoundForm]:
     indices = analysis(source).indices(function)
     found = []
     for variable in indices.loops:
@@ -74,11 +59,11 @@ def _index_loops(source: ParsedSource, function: Function) -> list[GridStrideFor
             f"a grid-stride `{keyword}` loop over gridDim.{dimension} (step {variable.step}, "
             f"from {variable.init}){barrier}"
         )
-        found.append(GridStrideForm(variable.loop, function, form))
+        found.append(FoundForm(variable.loop, function, form, _CANONICAL))
     return found
 
 
-def _scheduler_loops(source: ParsedSource, function: Function) -> list[GridStrideForm]:
+def _scheduler_loops(source: ParsedSource, function: Function) -> list[FoundForm]:
     """``while (sched.next(a, b))`` where ``next`` is a device member function that returns
     whether there is work and writes the coordinates through reference parameters."""
     assert function.body is not None
@@ -107,14 +92,14 @@ def _scheduler_loops(source: ParsedSource, function: Function) -> list[GridStrid
             f"a persistent loop taking work from a scheduler "
             f"(`{source.snippet(call, 60)}` hands out the coordinates)"
         )
-        found.append(GridStrideForm(loop, function, form))
+        found.append(FoundForm(loop, function, form, _CANONICAL))
     return found
 
 
-def grid_stride_forms(source: ParsedSource, skip: set[int]) -> list[GridStrideForm]:
+def grid_stride_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
     """Every grid-stride loop of the kernels whose loop node does not start at a byte in
     ``skip`` (the canonical ones, already reported)."""
-    found: list[GridStrideForm] = []
+    found: list[FoundForm] = []
     for function in source.kernels:
         if function.body is None:
             continue

@@ -22,28 +22,15 @@ from dataclasses import dataclass, field
 
 from klineage.cuda.analysis import Access, analysis
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import NotInForm
+from klineage.mechanisms._forms import FoundForm
 
-__all__ = ["StagingForm", "staging_forms"]
+__all__ = ["staging_forms"]
 
 _LOOPS = ("for_statement", "while_statement", "do_statement")
 _CANONICAL = (
     "the canonical staged tile loop: `S[..] = G[..]` stores in the kernel, `__syncthreads()` "
     "in the loop, and reads `S[..]` that a global expression can replace"
 )
-
-
-@dataclass(frozen=True)
-class StagingForm:
-    """A place where a kernel stages global memory in shared memory."""
-
-    node: Node
-    function: Function
-    form: str
-
-    @property
-    def refusal(self) -> str:
-        return str(NotInForm(self.form, _CANONICAL))
 
 
 def _loop_around(node: Node, function: Function, barriers: list[Node]) -> Node | None:
@@ -142,9 +129,9 @@ def _places(source: ParsedSource, function: Function) -> list[_Place]:
     return [places[k] for k in sorted(places)]
 
 
-def staging_forms(source: ParsedSource, skip: set[int]) -> list[StagingForm]:
+def staging_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
     """Every staging site of the kernels not already reported (loop starts in ``skip``)."""
-    found: list[StagingForm] = []
+    found: list[FoundForm] = []
     for function in source.kernels:
         if function.body is None or not analysis(source).shared(function).barriers:
             continue
@@ -159,5 +146,5 @@ def staging_forms(source: ParsedSource, skip: set[int]) -> list[StagingForm]:
             if not place.in_loop and place.asynchronous and loops:
                 continue  # a pipeline's prologue: part of the tile loop's staging
             skip.add(place.node.start_byte)
-            found.append(StagingForm(place.node, function, place.describe()))
+            found.append(FoundForm(place.node, function, place.describe(), _CANONICAL))
     return found
