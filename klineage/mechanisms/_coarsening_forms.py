@@ -23,7 +23,7 @@ from klineage.mechanisms._forms import FoundForm
 __all__ = ["coarsening_forms"]
 
 _CANONICAL = (
-    "the canonical coarsened kernel: `i_first = blockIdx.x * blockDim.x * K + threadIdx.x` and "
+    "the canonical form of coarsening: `i_first = blockIdx.x * blockDim.x * K + threadIdx.x` and "
     "`for (i_step < K) { i = i_first + i_step * blockDim.x; ... }` over one-element code"
 )
 

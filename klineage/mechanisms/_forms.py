@@ -9,11 +9,15 @@ form the rewrite would need, which together are its refusal.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from klineage.cuda.source import Function, Node
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import NotInForm
 
-__all__ = ["FoundForm"]
+if TYPE_CHECKING:
+    from klineage.mechanisms.base import Mechanism, Site
+
+__all__ = ["FoundForm", "form_site"]
 
 
 @dataclass(frozen=True)
@@ -30,3 +34,17 @@ class FoundForm:
     @property
     def refusal(self) -> str:
         return str(NotInForm(self.form, self.needed))
+
+
+def form_site(mechanism: Mechanism, source: ParsedSource, form: FoundForm) -> Site:
+    """The refused site of ``form``: its node, its header as the snippet (a loop without its
+    body), the kernel and ``form=analysis`` in the detail."""
+    body = form.node.child_by_field_name("body")
+    end = body.start_byte if body is not None else form.node.end_byte
+    return mechanism.site(
+        source,
+        form.node,
+        snippet=source.snippet((form.node.start_byte, end)).rstrip(" {"),
+        detail={"kernel": form.function.name, "form": "analysis"},
+        refusal=form.refusal,
+    )

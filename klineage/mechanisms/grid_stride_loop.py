@@ -39,6 +39,7 @@ from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._forms import form_site
 from klineage.mechanisms._grid_stride_forms import grid_stride_forms
 from klineage.mechanisms._local_util import (
     ElementKernel,
@@ -309,15 +310,7 @@ class GridStrideLoop(Mechanism):
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         loops = grid_loops(source)
         for form in grid_stride_forms(source, {loop.node.start_byte for loop in loops}):
-            body = form.node.child_by_field_name("body")
-            end = body.start_byte if body is not None else form.node.end_byte
-            yield self.site(
-                source,
-                form.node,
-                snippet=source.snippet((form.node.start_byte, end)).rstrip(" {"),
-                detail={"kernel": form.function.name, "form": "index"},
-                refusal=form.refusal,
-            )
+            yield form_site(self, source, form)
         for loop in loops:
             refusal = _removal_refusal(source, loop, loops)
             if refusal is None:

@@ -47,6 +47,7 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._forms import form_site
 from klineage.mechanisms._staging import (
     NotStaged,
     StagedLoop,
@@ -654,13 +655,7 @@ class SmemStaging(Mechanism):
             yield self.site(source, loop, snippet=_header(source, loop), refusal=refusal)
         yield from self._async_sites(source, seen)
         for form in staging_forms(source, seen):
-            yield self.site(
-                source,
-                form.node,
-                snippet=_header(source, form.node),
-                detail={"kernel": form.function.name, "form": "analysis"},
-                refusal=form.refusal,
-            )
+            yield form_site(self, source, form)
 
     def _async_sites(self, source: ParsedSource, seen: set[int]) -> Iterator[Site]:
         """Tile loops fed by cp.async copies (directly or through helpers)."""

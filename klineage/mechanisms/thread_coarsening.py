@@ -45,6 +45,7 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._coarsening_forms import coarsening_forms
+from klineage.mechanisms._forms import form_site
 from klineage.mechanisms._local_util import (
     ElementKernel,
     Refused,
@@ -397,15 +398,7 @@ class ThreadCoarsening(Mechanism):
         handwritten_loops = list(handwritten(source, spans))
         covered = spans + [(h.loop.start_byte, h.loop.end_byte) for h in handwritten_loops]
         for form in coarsening_forms(source, covered):
-            body = form.node.child_by_field_name("body")
-            end = body.start_byte if body is not None else form.node.end_byte
-            yield self.site(
-                source,
-                form.node,
-                snippet=source.snippet((form.node.start_byte, end)).rstrip(" {"),
-                detail={"kernel": form.function.name, "form": "index"},
-                refusal=form.refusal,
-            )
+            yield form_site(self, source, form)
         for loop in handwritten_loops:
             header = loop.loop.child_by_field_name("body")
             end = header.start_byte if header is not None else loop.loop.end_byte

@@ -83,7 +83,7 @@ __global__ void taps(const float* x, const float* w, float* y, int channels, int
 
 def _site(text: str):
     (site,) = coarsening.detect(KernelSource(text))
-    assert site.refusal is not None and "this rule needs the canonical coarsened kernel" in (
+    assert site.refusal is not None and "this rule needs the canonical form of coarsening" in (
         site.refusal
     )
     return site
