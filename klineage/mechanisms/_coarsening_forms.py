@@ -117,7 +117,7 @@ def _unrolled_pairs(indices: FunctionIndices, accesses: list[Access]) -> list[tu
     found = []
     by_buffer: dict[str, list[Access]] = {}
     for access in accesses:
-        if access.direction != "store" and access.buffer.space == "global":
+        if access.direction == "load" and access.buffer.space == "global":
             by_buffer.setdefault(access.buffer.name, []).append(access)
     for group in by_buffer.values():
         offsets = {str(a.offset): a for a in group}
@@ -158,7 +158,9 @@ def coarsening_forms(source: ParsedSource, skip: list[tuple[int, int]]) -> list[
 
     for function in source.kernels:
         indices = analysis(source).indices(function)
-        accesses = [a for a in indices.accesses() if a.buffer.space == "global"]
+        accesses = [
+            a for a in indices.accesses() if a.buffer.space == "global" and a.direction != "address"
+        ]
         for access in accesses:
             for atom in sorted(access.offset.atoms()):
                 variable = indices.loop(atom) if is_loop_atom(atom) else None

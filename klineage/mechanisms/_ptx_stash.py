@@ -21,8 +21,11 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
+from klineage.cuda.analysis import analysis
+from klineage.cuda.analysis.ptx import PtxInstruction
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Node, ParsedSource
+from klineage.cuda.tree import NotInForm
 from klineage.mechanisms._tiles_util import (
     AsmStatement,
     asm_statement,
@@ -52,6 +55,11 @@ class PtxEmulation(Mechanism):
     @abstractmethod
     def matches(self, statement: AsmStatement) -> bool:
         """Whether an asm statement belongs to this mechanism."""
+
+    def matches_instruction(self, instruction: PtxInstruction) -> bool:
+        """Whether one parsed PTX instruction belongs to this mechanism (for instructions
+        that macros issue); by default, :meth:`matches` on its mnemonic."""
+        return False
 
     @abstractmethod
     def emulation(self, source: ParsedSource, statement: Any) -> list[str]:
@@ -117,7 +125,31 @@ class PtxEmulation(Mechanism):
             wrappers.setdefault(found.function, []).append(found)
             yield found
         yield from self._use_sites(source, wrappers)
+        yield from self._macro_sites(source)
         yield from self.extra_sites(source)
+
+    def _macro_sites(self, source: ParsedSource) -> Iterator[Site]:
+        """Calls of function-like macros that expand to this mechanism's instructions
+        (``HMMA16816(...)``, ``CP_ASYNC_CG(...)``), found by the PTX model; refused, since
+        the emulation reads inline asm."""
+        ptx = analysis(source).ptx
+        for site in ptx.sites:
+            if site.via != "macro" or not any(
+                self.matches_instruction(i) for i in site.instructions
+            ):
+                continue
+            instruction = site.instructions[0]
+            yield self.site(
+                source,
+                site.node,
+                detail={"instruction": instruction.head, "macro": site.name},
+                refusal=str(
+                    NotInForm(
+                        f"{instruction.head} issued through the macro {site.name}",
+                        "the instruction written as inline asm (the macro expanded)",
+                    )
+                ),
+            )
 
     def _use_sites(self, source: ParsedSource, wrappers: dict[str, list[Site]]) -> Iterator[Site]:
         """The calls of a wrapper function holding the instruction (``mma_16816(...)`` in a

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from klineage.conditions import ArchAtLeast, Condition, SharedMemoryAtMost
+from klineage.cuda.analysis.ptx import PtxInstruction
 from klineage.cuda.cexpr import PRIMARY, SIZEOF, fold_int, precedence
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
@@ -411,6 +412,9 @@ class CpAsyncPipeline(PtxEmulation):
     }
 
     # -- statements -------------------------------------------------------------------------
+
+    def matches_instruction(self, instruction: PtxInstruction) -> bool:
+        return instruction.family in ("cp_async", "cp_async_commit", "cp_async_wait")
 
     def matches(self, statement: AsmStatement) -> bool:
         return any(i.startswith("cp.async") for i in statement.instructions)

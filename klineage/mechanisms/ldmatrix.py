@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition
+from klineage.cuda.analysis.ptx import PtxInstruction
 from klineage.cuda.source import ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
@@ -88,6 +89,9 @@ class Ldmatrix(PtxEmulation):
         "Load the 8x8 sub-matrices of an MMA operand from shared memory with one warp-wide "
         "instruction that hands every lane its fragment registers."
     )
+
+    def matches_instruction(self, instruction: PtxInstruction) -> bool:
+        return instruction.family == "ldmatrix"
 
     def matches(self, statement: AsmStatement) -> bool:
         return any(i.startswith("ldmatrix") for i in statement.instructions)

@@ -64,7 +64,8 @@ GRID_ATOMS = frozenset({"gridDim.x", "gridDim.y", "gridDim.z"})
 MEMORY = "<memory>"
 """The dependency of an opaque atom that is a value read from memory."""
 Space = Literal["global", "shared", "local", "param", "unknown"]
-Direction = Literal["load", "store", "both"]
+Direction = Literal["load", "store", "both", "address"]
+"""``address``: ``&x[i]`` handed on (to ``__cvta_generic_to_shared``, an asm operand)."""
 
 _LOAD_INTRINSICS = re.compile(r"^__ld(g|cg|ca|cs|lu|cv)$")
 _STORE_INTRINSICS = re.compile(r"^__st(cg|cs|wb|wt)$")
@@ -778,9 +779,8 @@ class FunctionIndices:
                     and (node.parent.child_by_field_name("argument") == node)
                 ):
                     continue  # an inner part of a[i][j]
-                if _address_taken(node):
-                    continue
-                found = self._access(node, self._address(node), _direction(node))
+                direction = "address" if _address_taken(node) else _direction(node)
+                found = self._access(node, self._address(node), direction)
             elif node.type == "pointer_expression":
                 if operator_of(node) != "*":
                     continue

@@ -58,7 +58,7 @@ class SharedMemory:
         """Stores into shared memory of values read from global memory."""
         found = []
         for store in self.accesses:
-            if store.direction == "load":
+            if store.direction in ("load", "address"):
                 continue
             loads = self._loads_feeding(store)
             if any(load.buffer.space == "global" for load in loads):
@@ -139,7 +139,7 @@ class SharedMemory:
         return [
             a
             for a in indices.accesses()
-            if a.direction != "store"
+            if a.direction in ("load", "both")
             and any(start <= a.node.start_byte < end for start, end in spans)
         ]
 

@@ -1,0 +1,83 @@
+"""Tensor-core kernels in public spellings: PTX through macros, warp tiles through helpers."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.kernel import KernelSource
+from klineage.mechanisms import MechanismRefused, get
+
+# PTX issued through function-like macros, qualifiers in another order than the PTX manual's
+MACROS = """\
+#include <cuda_fp16.h>
+#include <stdint.h>
+#define FRAG_X2(R0, R1, addr) \\
+  asm volatile("ldmatrix.sync.aligned.x2.m8n8.shared.b16 {%0, %1}, [%2];\\n" \\
+               : "=r"(R0), "=r"(R1) : "r"(addr))
+#define MMA_16816(D0, D1, A0, A1, A2, A3, B0, B1) \\
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0, %1}, " \\
+               "{%2, %3, %4, %5}, {%6, %7}, {%0, %1};\\n" \\
+               : "+r"(D0), "+r"(D1) : "r"(A0), "r"(A1), "r"(A2), "r"(A3), "r"(B0), "r"(B1))
+#define ASYNC_16(dst, src) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" \\
+                                        :: "r"(dst), "l"(src))
+#define ASYNC_COMMIT() asm volatile("cp.async.commit_group;\\n" ::)
+#define ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;\\n" :: "n"(n))
+__global__ void tile(const half* a, half* c) {
+  __shared__ half s[16 * 16];
+  uint32_t dst = __cvta_generic_to_shared(&s[threadIdx.x * 8]);
+  ASYNC_16(dst, a + threadIdx.x * 8);
+  ASYNC_COMMIT();
+  ASYNC_WAIT(0);
+  __syncthreads();
+  uint32_t b0, b1, d0 = 0, d1 = 0;
+  FRAG_X2(b0, b1, dst);
+  MMA_16816(d0, d1, b0, b1, b0, b1, b0, b1);
+  reinterpret_cast<uint32_t*>(c)[threadIdx.x] = d0 ^ d1;
+}
+"""
+
+# warp tiles whose coordinates come from a 2-D block's linear index and scale in a helper
+WARP_TILES = """\
+template <int WM, int WN>
+__device__ void store_warp_tile(float* c, int ldc, float v, int warp_row, int warp_col, int lane) {
+  c[(warp_row * WM + lane / 8) * ldc + warp_col * WN + lane % 8] = v;
+}
+template <int WARPS_N, int WM, int WN>
+__global__ void warp_tiles(float* c, int ldc) {
+  const int linear = threadIdx.y * blockDim.x + threadIdx.x;
+  const int warp = linear / 32;
+  store_warp_tile<WM, WN>(c, ldc, 1.f, warp / WARPS_N, warp % WARPS_N, linear % 32);
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "count", "macro"),
+    [
+        ("cp_async_pipeline", 3, "ASYNC_16"),
+        ("ldmatrix", 1, "FRAG_X2"),
+        ("tensor_core_mma", 1, "MMA_16816"),
+    ],
+)
+def test_ptx_issued_through_macros_is_detected_and_refused(
+    name: str, count: int, macro: str
+) -> None:
+    mechanism = get(name)
+    kernel = KernelSource(MACROS)
+    sites = mechanism.detect(kernel)
+    assert len(sites) == count and sites[0].detail["macro"] == macro
+    assert "issued through the macro" in str(sites[0].refusal)
+    assert "this rule needs the instruction written as inline asm" in str(sites[0].refusal)
+    with pytest.raises(MechanismRefused):
+        mechanism.remove(kernel, sites[0])
+
+
+def test_qualifier_order_does_not_matter() -> None:
+    (site,) = get("ldmatrix").detect(KernelSource(MACROS))
+    assert site.detail["instruction"] == "ldmatrix.sync.aligned.x2.m8n8.shared.b16"
+
+
+def test_warp_tiles_scaled_inside_a_helper_are_found() -> None:
+    (site,) = get("warp_tiling").detect(KernelSource(WARP_TILES))
+    assert site.function == "warp_tiles" and site.refusal is not None
+    assert site.detail["coordinates"] == "[warp % WARPS_N], [warp / WARPS_N]"
