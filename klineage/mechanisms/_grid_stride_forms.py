@@ -18,13 +18,15 @@ these forms are detected and refused with the form they are in.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from klineage.cuda.analysis import analysis
 from klineage.cuda.analysis.forms import IndexForm
-from klineage.cuda.source import Function, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import call_arguments, descendants, strip_parens
 from klineage.mechanisms._forms import FoundForm
 
-__all__ = ["grid_stride_forms"]
+__all__ = ["SchedulerLoop", "grid_stride_forms", "scheduler_loops"]
 
 _CANONICAL = (
     "the canonical `for (i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * "
@@ -63,7 +65,17 @@ def _index_loops(source: ParsedSource, function: Function) -> list[FoundForm]:
     return found
 
 
-def _scheduler_loops(source: ParsedSource, function: Function) -> list[FoundForm]:
+@dataclass(frozen=True)
+class SchedulerLoop:
+    """``while (sched.next(a, b))``: a persistent loop fed by a scheduler object."""
+
+    loop: Node
+    call: Node
+    method: Function
+    """The member function that hands out the work (``next``)."""
+
+
+def scheduler_loops(source: ParsedSource, function: Function) -> list[SchedulerLoop]:
     """``while (sched.next(a, b))`` where ``next`` is a device member function that returns
     whether there is work and writes the coordinates through reference parameters."""
     assert function.body is not None
@@ -88,11 +100,18 @@ def _scheduler_loops(source: ParsedSource, function: Function) -> list[FoundForm
         out = [p for p in method.params if "&" in source.text_of(p.node)] if method else []
         if method is None or not method.runs_on_device or not out or not call_arguments(call):
             continue
+        found.append(SchedulerLoop(loop, call, method))
+    return found
+
+
+def _scheduler_forms(source: ParsedSource, function: Function) -> list[FoundForm]:
+    found = []
+    for scheduled in scheduler_loops(source, function):
         form = (
             f"a persistent loop taking work from a scheduler "
-            f"(`{source.snippet(call, 60)}` hands out the coordinates)"
+            f"(`{source.snippet(scheduled.call, 60)}` hands out the coordinates)"
         )
-        found.append(FoundForm(loop, function, form, _CANONICAL))
+        found.append(FoundForm(scheduled.loop, function, form, _CANONICAL))
     return found
 
 
@@ -103,7 +122,7 @@ def grid_stride_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
     for function in source.kernels:
         if function.body is None:
             continue
-        for form in _index_loops(source, function) + _scheduler_loops(source, function):
+        for form in _index_loops(source, function) + _scheduler_forms(source, function):
             if form.node.start_byte not in skip:
                 skip.add(form.node.start_byte)
                 found.append(form)
