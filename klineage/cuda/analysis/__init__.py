@@ -194,12 +194,31 @@ class SourceAnalysis:
         self._binding.add(callee.node.start_byte)
         try:
             values = self.binding(caller, callee, call, args)
+            spaces: dict[str, bool] = {}
             for access in self.indices(callee).accesses():
+                atom = access.buffer.atom
+                if atom not in spaces:
+                    spaces[atom] = self._visible(caller, values.get(atom), access.buffer)
+                if not spaces[atom]:
+                    continue  # registers (the helper's, or the caller's it was handed)
                 rebound = self.rebind(access, values, caller, call, callee)
                 if rebound is not None:
                     yield rebound
         finally:
             self._binding.discard(callee.node.start_byte)
+
+    def _visible(self, caller: FunctionIndices, bound: IndexForm | None, buffer: Buffer) -> bool:
+        """Whether a helper's buffer is memory the caller's other threads can see: not the
+        helper's registers, nor a register array of the caller's handed to it."""
+        if buffer.space == "local":
+            return False
+        if bound is None:
+            return True
+        for atom in bound.atoms():
+            found = self.buffer(caller.function, atom) if is_buffer(atom) else None
+            if found is not None and found.space == "local":
+                return False
+        return True
 
     def rebind(
         self,

@@ -28,7 +28,7 @@ def _product(a: Monomial, b: Monomial) -> Monomial:
     return tuple(sorted(a + b))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class IndexForm:
     """A polynomial over atoms with integer coefficients, plus the dependencies of its opaque
     atoms (``[min(C - 1, i)]`` -> ``{C, i}``)."""
@@ -42,10 +42,18 @@ class IndexForm:
     def of(
         terms: Mapping[Monomial, int], opaque: Mapping[str, frozenset[str]] | None = None
     ) -> IndexForm:
-        kept = tuple(sorted((m, c) for m, c in terms.items() if c != 0))
+        kept = tuple((m, c) for m, c in terms.items() if c != 0)
+        if not opaque:
+            return IndexForm(kept, ())
         used = {a for m, _ in kept for a in m}
-        deps = tuple(sorted((k, v) for k, v in (opaque or {}).items() if k in used))
-        return IndexForm(kept, deps)
+        return IndexForm(kept, tuple((k, v) for k, v in opaque.items() if k in used))
+
+    def __eq__(self, other: object) -> bool:
+        # terms are kept in the order they arose; a form is the same whatever that order
+        return isinstance(other, IndexForm) and dict(self.terms) == dict(other.terms)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self.terms))
 
     @staticmethod
     def constant(value: int) -> IndexForm:
@@ -178,7 +186,7 @@ class IndexForm:
         if not self.terms:
             return "0"
         parts = []
-        for monomial, coefficient in self.terms:
+        for monomial, coefficient in sorted(self.terms):
             body = "·".join(monomial)
             if not body:
                 parts.append(str(coefficient))
