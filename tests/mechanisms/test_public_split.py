@@ -52,3 +52,50 @@ def test_a_plain_2d_grid_is_not_a_split() -> None:
     assert plain != COLUMN_SUMS
     sites = split_k.detect(KernelSource(plain.replace("ways = 1", "ways = 4")))
     assert "run" not in {s.function for s in sites}  # a fixed count is no run-time choice
+
+
+# a choice between two instantiations on a size derived from the arguments and the device
+DERIVED_DISPATCH = """\
+#include <stdint.h>
+#include <type_traits>
+template <bool kPartial>
+__global__ void col_sums(const float* x, float* out, int rows, int cols,
+                         std::bool_constant<kPartial>) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  float acc = 0.f;
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) acc += x[r * cols + c];
+  if (kPartial) out[blockIdx.y * cols + c] = acc; else out[c] = acc;
+}
+__global__ void add_rows(const float* parts, float* y, int cols, int count) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  float s = 0.f;
+  for (int i = 0; i < count; ++i) s += parts[i * cols + c];
+  y[c] = s;
+}
+extern "C" int run(const float* x, float* y, float* scratch, int64_t rows, int64_t cols,
+                   cudaStream_t stream) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int blocks_x = (int)(cols / 256);
+  const int blocks_y = sms * 4 / blocks_x;
+  if (blocks_y <= 1) {
+    col_sums<<<dim3(blocks_x, 1), 256, 0, stream>>>(x, y, (int)rows, (int)cols,
+                                                     std::bool_constant<false>{});
+  } else {
+    col_sums<<<dim3(blocks_x, blocks_y), 256, 0, stream>>>(x, scratch, (int)rows, (int)cols,
+                                                           std::bool_constant<true>{});
+    add_rows<<<blocks_x, 256, 0, stream>>>(scratch, y, (int)cols, blocks_y);
+  }
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def test_a_dispatch_on_a_derived_size_keeps_its_general_branch() -> None:
+    dispatch = get("launch_size_dispatch")
+    kernel = KernelSource(DERIVED_DISPATCH)
+    (site,) = dispatch.detect(kernel)
+    assert site.supported and site.snippet.startswith("if (blocks_y <= 1)")
+    removed = dispatch.remove(kernel, site)
+    assert "std::bool_constant<false>" not in removed.text
+    assert "add_rows<<<" in removed.text
