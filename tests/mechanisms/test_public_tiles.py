@@ -81,3 +81,41 @@ def test_warp_tiles_scaled_inside_a_helper_are_found() -> None:
     (site,) = get("warp_tiling").detect(KernelSource(WARP_TILES))
     assert site.function == "warp_tiles" and site.refusal is not None
     assert site.detail["coordinates"] == "[warp % WARPS_N], [warp / WARPS_N]"
+
+
+# chunks of each row rotated by a row-dependent amount for cp.async writes
+ROTATED = """\
+#include <cuda_fp16.h>
+#include <stdint.h>
+__global__ void stage(const half* a, int lda) {
+  __shared__ half tile[64][32];
+  const int lane = threadIdx.x % 32;
+  for (int row = threadIdx.x / 4; row < 64; row += blockDim.x / 4) {
+    uint32_t dst = __cvta_generic_to_shared(&tile[row][0]) +
+                   ((lane % 4 + (row % 8) / 2) % 4) * 16;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" :: "r"(dst),
+                 "l"(a + row * lda));
+  }
+}
+"""
+
+# the swizzle is the copy engine's: a tensor map in 128-byte swizzle mode
+TMA_SWIZZLE = """\
+#include <cuda.h>
+CUresult make_map(CUtensorMap* map, void* base, const cuuint64_t* shape,
+                  const cuuint64_t* stride, const cuuint32_t* box, const cuuint32_t* elem) {
+  return cuTensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, shape, stride,
+                                box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+"""
+
+
+def test_a_rotation_of_chunks_and_a_tma_swizzle_mode_are_swizzles() -> None:
+    swizzle = get("smem_swizzle")
+    (rotation,) = swizzle.detect(KernelSource(ROTATED))
+    assert rotation.start_line == 7
+    assert "a rotation of the 16-byte chunks of each row" in str(rotation.refusal)
+    (tma,) = swizzle.detect(KernelSource(TMA_SWIZZLE))
+    assert "a 128-byte swizzle applied by the TMA copy engine" in str(tma.refusal)
