@@ -33,26 +33,35 @@ def _block_only(indices: FunctionIndices, node: Node) -> set[str]:
     return {a for a in atoms if a in BLOCK_ATOMS}
 
 
-def _used_in_addresses(indices: FunctionIndices, node: Node) -> bool:
-    text = f"[{' '.join(indices.source.text_of(node).split())}]"
-    return any(
-        text in access.offset.atoms() or text in {d for _, ds in access.offset.opaque for d in ds}
-        for access in indices.accesses()
-        if access.buffer.space == "global"
-    )
+def _address_atoms(indices: FunctionIndices) -> set[str]:
+    """The atoms global addresses are made of (opaque atoms' dependencies included)."""
+    found: set[str] = set()
+    for access in indices.accesses():
+        if access.buffer.space == "global":
+            found |= access.offset.atoms()
+            for _, depends in access.offset.opaque:
+                found |= depends
+    return found
+
+
+def _used_in_addresses(indices: FunctionIndices, node: Node, atoms: set[str]) -> bool:
+    return f"[{' '.join(indices.source.text_of(node).split())}]" in atoms
 
 
 def _remaps(indices: FunctionIndices, function: Function) -> list[tuple[Node, str]]:
     assert function.body is not None
     found = []
-    for node in descendants(function.body, "conditional_expression", "binary_expression"):
+    atoms: set[str] | None = None
+    for node in indices.nodes("conditional_expression", "binary_expression"):
         if node.type == "conditional_expression":
             condition = node.child_by_field_name("condition")
             branches = [node.child_by_field_name(f) for f in ("consequence", "alternative")]
             if condition is None or None in branches or not _block_only(indices, condition):
                 continue
             blocks = all(_block_only(indices, b) for b in branches if b is not None)
-            if blocks and _used_in_addresses(indices, node):
+            if blocks and atoms is None:
+                atoms = _address_atoms(indices)
+            if blocks and _used_in_addresses(indices, node, atoms or set()):
                 found.append((node, "a serpentine block order (a condition on the block index)"))
             continue
         sides = binary_operands(node, "%")

@@ -17,7 +17,7 @@ import re
 
 from klineage.cuda.analysis import FunctionIndices, analysis
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import binary_operands, descendants, identifier_names
+from klineage.cuda.tree import binary_operands, identifier_names
 from klineage.mechanisms._forms import FoundForm
 
 __all__ = ["swizzle_forms"]
@@ -50,7 +50,7 @@ def _rotations(source: ParsedSource, indices: FunctionIndices) -> list[Node]:
     function = indices.function
     assert function.body is not None
     found = []
-    for node in descendants(function.body, "binary_expression"):
+    for node in indices.nodes("binary_expression"):
         sides = binary_operands(node, "%")
         if sides is None or indices.form(sides[1]).value is None:
             continue

@@ -36,7 +36,6 @@ from klineage.cuda.tree import (
     builtin_of,
     call_arguments,
     callee_name,
-    descendants,
     integer_literal,
     operator_of,
     strip_parens,
@@ -167,6 +166,7 @@ class FunctionIndices:
         self.params = {p.name for p in function.params if p.name}
         self.template_params = set(function.template_params)
         self._forms: dict[tuple[int, int, str], IndexForm] = {}
+        self._by_kind = _nodes_by_kind(function.body)
         self._defs = self._definitions()
         self.buffers = self._buffers()
         self.loops: list[LoopVariable] = []
@@ -238,6 +238,14 @@ class FunctionIndices:
         """Whether ``threadIdx.x`` is the lane: the kernel asserts ``blockDim.x == 32``."""
         return self.facts.get("blockDim.x") == WARP_SIZE
 
+    def nodes(self, *kinds: str) -> list[Node]:
+        """The named nodes of the function body of the given kinds, in document order (one
+        walk of the body serves every query)."""
+        if len(kinds) == 1:
+            return self._by_kind.get(kinds[0], [])
+        found = [n for kind in kinds for n in self._by_kind.get(kind, [])]
+        return sorted(found, key=lambda n: (n.start_byte, -n.end_byte))
+
     # -- definitions ------------------------------------------------------------------------
 
     def _definitions(self) -> _Definitions:
@@ -246,12 +254,12 @@ class FunctionIndices:
         body = self.function.body
         if body is None:
             return defs
-        for declaration in descendants(body, "declaration"):
+        for declaration in self.nodes("declaration"):
             for declarator in declaration.children_by_field_name("declarator"):
                 name, value = _declared(source, declarator)
                 if name is not None:
                     defs.declared.setdefault(name, []).append((declarator, value))
-        for node in descendants(body, "assignment_expression", "update_expression"):
+        for node in self.nodes("assignment_expression", "update_expression"):
             target = node.child_by_field_name("left") or node.child_by_field_name("argument")
             if target is not None:
                 target = strip_parens(target)
@@ -265,7 +273,7 @@ class FunctionIndices:
         body = self.function.body
         if body is None:
             return facts
-        for call in descendants(body, "call_expression"):
+        for call in self.nodes("call_expression"):
             if call_name(self.source, call) != "assert":
                 continue
             args = call_arguments(call)
@@ -295,7 +303,7 @@ class FunctionIndices:
         body = self.function.body
         if body is None:
             return buffers
-        for declaration in descendants(body, "declaration"):
+        for declaration in self.nodes("declaration"):
             shared = "__shared__" in source.text_of(declaration).split("=")[0]
             type_node = declaration.child_by_field_name("type")
             element = source.text_of(type_node) if type_node is not None else ""
@@ -318,7 +326,7 @@ class FunctionIndices:
         body = self.function.body
         if body is None:
             return
-        for loop in descendants(body, "for_statement", "while_statement", "do_statement"):
+        for loop in self.nodes("for_statement", "while_statement", "do_statement"):
             variable = self._induction(loop)
             if variable is not None:
                 self.loops.append(variable)
@@ -769,9 +777,9 @@ class FunctionIndices:
         body = self.function.body
         if body is None:
             return
-        for node in descendants(
-            body, "subscript_expression", "pointer_expression", "call_expression"
-        ):
+        for node in self.nodes("subscript_expression", "pointer_expression", "call_expression"):
+            if _in_asm_operand(node):
+                continue  # an asm operand holds a value (a register), not a memory access
             if node.type == "subscript_expression":
                 if (
                     node.parent is not None
@@ -851,6 +859,28 @@ class FunctionIndices:
 # ---------------------------------------------------------------------------------------------
 # Small syntax helpers
 # ---------------------------------------------------------------------------------------------
+
+
+def _nodes_by_kind(body: Node | None) -> dict[str, list[Node]]:
+    """Every named node under ``body`` by kind, each list in document order."""
+    found: dict[str, list[Node]] = {}
+    if body is None:
+        return found
+    stack = list(reversed(body.named_children))
+    while stack:
+        current = stack.pop()
+        found.setdefault(current.type, []).append(current)
+        stack.extend(reversed(current.named_children))
+    return found
+
+
+def _in_asm_operand(node: Node) -> bool:
+    parent = node.parent
+    while parent is not None and parent.type not in ("expression_statement", "compound_statement"):
+        if parent.type in ("gnu_asm_output_operand", "gnu_asm_input_operand"):
+            return True
+        parent = parent.parent
+    return False
 
 
 def _arithmetic(operator: str, left: IndexForm, right: IndexForm) -> IndexForm | None:
@@ -993,29 +1023,30 @@ def _enclosing_loop(node: Node) -> Node | None:
 def _exclusive(definition: Node, use: Node) -> bool:
     """Whether no path runs from ``definition`` to ``use``: they sit in different branches of
     one ``if``."""
-    ancestors = []
+
+    def key(node: Node) -> tuple[int, int, str]:
+        return (node.start_byte, node.end_byte, node.type)
+
+    ancestors: dict[tuple[int, int, str], Node] = {}
     current: Node | None = definition
     while current is not None:
-        ancestors.append(current)
+        ancestors[key(current)] = current
         current = current.parent
-    current = use
-    child = use
-    while current is not None and not any(current == a for a in ancestors):
+    current, child = use, use
+    while current is not None and key(current) not in ancestors:
         child = current
         current = current.parent
     if current is None or current.type != "if_statement":
         return False
-    branch_of_definition = next(
-        (a for a in ancestors if a.parent is not None and a.parent == current), None
-    )
-    return (
-        branch_of_definition is not None
-        and branch_of_definition != child
-        and (
-            branch_of_definition.type
-            in ("compound_statement", "else_clause", "expression_statement")
-            or child.type == "else_clause"
-        )
+    branch = None  # the child of the `if` on the definition's side
+    node: Node | None = definition
+    while node is not None and node.parent is not None and key(node.parent) != key(current):
+        node = node.parent
+    branch = node
+    if branch is None or key(branch) == key(child):
+        return False
+    return branch.type in ("compound_statement", "else_clause", "expression_statement") or (
+        child.type == "else_clause"
     )
 
 

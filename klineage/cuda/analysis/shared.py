@@ -19,7 +19,7 @@ from klineage.cuda.analysis.callgraph import BLOCK_BARRIERS
 from klineage.cuda.analysis.indices import Access, FunctionIndices
 from klineage.cuda.analysis.ptx import PtxSite
 from klineage.cuda.source import Function, Node, call_name
-from klineage.cuda.tree import call_arguments, descendants, walk
+from klineage.cuda.tree import call_arguments, walk
 
 if TYPE_CHECKING:
     from klineage.cuda.analysis import SourceAnalysis
@@ -80,7 +80,7 @@ class SharedMemory:
         source = self.analysis.source
         return [
             c
-            for c in descendants(body, "call_expression")
+            for c in self.indices.nodes("call_expression")
             if (call_name(source, c) or "").split("<")[0] in _ASYNC_CALLS
         ]
 
@@ -95,7 +95,7 @@ class SharedMemory:
         groups = self.analysis.cooperative_groups
         graph = self.analysis.call_graph
         found = []
-        for call in descendants(body, "call_expression"):
+        for call in self.indices.nodes("call_expression"):
             name = call_name(source, call) or ""
             barrier = groups.barrier_at(call)
             block_barrier = barrier is not None and barrier.scope == "block"
