@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismRefused, get
+from tests.mechanisms.roundtrip import compile_ok, forward_chain, removal_chain
 
 # PTX issued through function-like macros, qualifiers in another order than the PTX manual's
 MACROS = """\
@@ -34,6 +36,10 @@ __global__ void tile(const half* a, half* c) {
   MMA_16816(d0, d1, b0, b1, b0, b1, b0, b1);
   reinterpret_cast<uint32_t*>(c)[threadIdx.x] = d0 ^ d1;
 }
+extern "C" int run(const half* a, half* c, cudaStream_t stream) {
+  tile<<<1, 32, 0, stream>>>(a, c);
+  return (int)cudaGetLastError();
+}
 """
 
 # warp tiles whose coordinates come from a 2-D block's linear index and scale in a helper
@@ -51,30 +57,47 @@ __global__ void warp_tiles(float* c, int ldc) {
 """
 
 
-@pytest.mark.parametrize(
-    ("name", "count", "macro"),
-    [
-        ("cp_async_pipeline", 3, "ASYNC_16"),
-        ("ldmatrix", 1, "FRAG_X2"),
-        ("tensor_core_mma", 1, "MMA_16816"),
-    ],
-)
-def test_ptx_issued_through_macros_is_detected_and_refused(
-    name: str, count: int, macro: str
+def test_ptx_through_macros_is_removed_through_the_expansion_and_restored(
+    mechanism_builder: Builder,
 ) -> None:
-    mechanism = get(name)
     kernel = KernelSource(MACROS)
-    sites = mechanism.detect(kernel)
-    assert len(sites) == count and sites[0].detail["macro"] == macro
-    assert "issued through the macro" in str(sites[0].refusal)
-    assert "this rule needs the instruction written as inline asm" in str(sites[0].refusal)
+    states = []
+    for name in ("cp_async_pipeline", "ldmatrix"):
+        mechanism = get(name)
+        sites = mechanism.detect(kernel)
+        assert {s.detail["macro"] for s in sites} <= {
+            "ASYNC_16",
+            "ASYNC_COMMIT",
+            "ASYNC_WAIT",
+            "FRAG_X2",
+        }
+        chain = removal_chain(mechanism, kernel)
+        assert chain.sites and not [s for s in mechanism.detect(chain.states[-1]) if s.supported]
+        assert "klineage:" + name in chain.states[-1].text  # the macro call kept in the stash
+        restored = forward_chain(mechanism, chain)
+        assert restored[-1].text == kernel.text
+        states.append(chain.states[-1])
+    compile_ok(mechanism_builder, states)
+
+
+def test_macro_commits_wait_for_the_macro_copies() -> None:
+    copies = get("cp_async_pipeline").detect(KernelSource(MACROS))
+    commit = next(s for s in copies if s.detail["macro"] == "ASYNC_COMMIT")
+    assert "asynchronous copies remain in the file" in str(commit.refusal)
+
+
+def test_an_f16_accumulating_mma_macro_is_refused_by_the_emulation() -> None:
+    (site,) = get("tensor_core_mma").detect(KernelSource(MACROS))
+    assert site.detail["macro"] == "MMA_16816"
+    assert "fp32 accumulation, the form the scalar emulation covers" in str(site.refusal)
     with pytest.raises(MechanismRefused):
-        mechanism.remove(kernel, sites[0])
+        get("tensor_core_mma").remove(KernelSource(MACROS), site)
 
 
 def test_qualifier_order_does_not_matter() -> None:
     (site,) = get("ldmatrix").detect(KernelSource(MACROS))
     assert site.detail["instruction"] == "ldmatrix.sync.aligned.x2.m8n8.shared.b16"
+    assert site.supported
 
 
 def test_warp_tiles_scaled_inside_a_helper_are_found() -> None:

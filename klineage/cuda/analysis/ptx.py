@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import callee_name
+from klineage.cuda.tree import call_arguments, callee_name
 
-__all__ = ["PtxInstruction", "PtxModel", "PtxSite", "parse_template"]
+__all__ = ["PtxInstruction", "PtxMacro", "PtxModel", "PtxSite", "parse_template"]
 
 Family = Literal[
     "mma",
@@ -78,6 +78,40 @@ class PtxSite:
 
     def families(self) -> set[str]:
         return {i.family for i in self.instructions}
+
+
+@dataclass(frozen=True)
+class PtxMacro:
+    """A function-like macro whose body is inline assembly (``#define CP_ASYNC_CG(dst, src,
+    Bytes) asm volatile("cp.async.cg.shared.global [%0], [%1], %2;" :: ...)``)."""
+
+    name: str
+    params: tuple[str, ...]
+    body: str
+    """The replacement text, line continuations joined."""
+    instructions: tuple[PtxInstruction, ...]
+
+    def expand(self, args: list[str]) -> str | None:
+        """The body with the parameters replaced by ``args`` (outside string literals);
+        None for a wrong argument count or a body that stringifies or pastes tokens."""
+        if len(args) != len(self.params) or "#" in _STRING.sub("", self.body):
+            return None
+        values = dict(zip(self.params, args, strict=True))
+        pieces = []
+        position = 0
+        for literal in _STRING.finditer(self.body):
+            pieces.append(_substitute(self.body[position : literal.start()], values))
+            pieces.append(literal.group(0))
+            position = literal.end()
+        pieces.append(_substitute(self.body[position:], values))
+        return "".join(pieces)
+
+
+def _substitute(text: str, values: dict[str, str]) -> str:
+    if not values:
+        return text
+    pattern = re.compile(r"\b(" + "|".join(re.escape(p) for p in values) + r")\b")
+    return pattern.sub(lambda m: values[m.group(1)], text)
 
 
 def _unescape(body: str) -> str:
@@ -159,7 +193,7 @@ class PtxModel:
 
     def __init__(self, source: ParsedSource) -> None:
         self.source = source
-        self.macros: dict[str, tuple[PtxInstruction, ...]] = {}
+        self.macros: dict[str, PtxMacro] = {}
         self.helpers: dict[str, tuple[PtxInstruction, ...]] = {}
         self.sites: list[PtxSite] = []
         if _ASM.search(source.data) is None:
@@ -192,14 +226,37 @@ class PtxModel:
     # -- reading ----------------------------------------------------------------------------
 
     def _read_macros(self) -> None:
+        """Function-like macros of inline assembly; the first definition of a name wins (the
+        branch of an ``#if`` a current toolkit takes comes first in the files seen so far)."""
         for node in self.source.nodes("preproc_function_def"):
             name = node.child_by_field_name("name")
             value = node.child_by_field_name("value")
-            if name is None or value is None:
+            parameters = node.child_by_field_name("parameters")
+            if name is None or value is None or self.source.text_of(name) in self.macros:
                 continue
-            instructions = parse_template(_leading_strings(self.source.text_of(value)))
+            body = self.source.text_of(value).replace("\\\n", " ")
+            instructions = parse_template(_leading_strings(body))
+            params = tuple(
+                self.source.text_of(p) for p in (parameters.named_children if parameters else [])
+            )
             if instructions:
-                self.macros[self.source.text_of(name)] = instructions
+                text = self.source.text_of(name)
+                self.macros[text] = PtxMacro(text, params, body, instructions)
+
+    def expand(self, call: Node, constants: dict[str, int]) -> str | None:
+        """The statement a macro call stands for, its integer-constant arguments folded
+        (``THREAD_COPY_BYTES`` -> ``16``) so the expansion reads on its own; None when the
+        call is no assembly macro or does not expand."""
+        callee = call.child_by_field_name("function")
+        macro = self.macros.get(self.source.text_of(callee)) if callee is not None else None
+        if macro is None:
+            return None
+        args = []
+        for arg in call_arguments(call):
+            text = " ".join(self.source.text_of(arg).split())
+            args.append(str(constants[text]) if text in constants else text)
+        expanded = macro.expand(args)
+        return None if expanded is None else expanded.strip().rstrip(";") + ";"
 
     def _inline_sites(self) -> list[PtxSite]:
         found = []
@@ -216,8 +273,9 @@ class PtxModel:
             return []
         found = []
         for call in self.source.calls:
-            instructions = self.macros.get(call.name)
-            if instructions is not None:
+            macro = self.macros.get(call.name)
+            if macro is not None:
+                instructions = macro.instructions
                 function = self.source.enclosing_function(call.node)
                 found.append(PtxSite(call.node, function, "macro", call.name, instructions))
         return found
