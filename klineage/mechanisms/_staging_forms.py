@@ -137,9 +137,9 @@ def staging_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
             continue
         places = _places(source, function)
         body = function.body
-        loops = [p for p in places if p.in_loop] or [
-            start for start in skip if body.start_byte <= start < body.end_byte
-        ]
+        loops = any(p.in_loop for p in places) or any(
+            body.start_byte <= start < body.end_byte for start in skip
+        )
         for place in places:
             if place.node.start_byte in skip:
                 continue

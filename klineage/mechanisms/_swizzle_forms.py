@@ -80,10 +80,10 @@ def swizzle_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
     for call in source.calls:
         text = source.text_of(call.node)
         match = _TMA_SWIZZLE.search(text)
-        function = source.enclosing_function(call.node)
-        if match is None or function is None or call.node.start_byte in skip:
+        caller = source.enclosing_function(call.node)
+        if match is None or caller is None or call.node.start_byte in skip:
             continue
         form = f"a {match.group(1)}-byte swizzle applied by the TMA copy engine (its tensor map)"
-        found.append(FoundForm(call.node, function, form, _NEEDED))
+        found.append(FoundForm(call.node, caller, form, _NEEDED))
         break
     return found
