@@ -14,7 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
-klineage=(python3 -m klineage.cli)
+klineage=(python3 -m klineage)
 folders=()
 for d in bench/public/*/; do
   d=${d%/}

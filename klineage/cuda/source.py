@@ -103,15 +103,18 @@ class Mask:
     start_byte: int
     end_byte: int
     what: str
-    """Why it was masked: ``__align__``, ``__maxnreg__``, ``_Pragma``,
+    """Why it was masked: ``__align__``, ``__maxnreg__``, ``_Pragma``, ``__cluster_dims__``,
     ``__launch_bounds__ extra argument``, ``extended lambda`` or ``#if in parentheses``."""
 
 
 # `__align__(16)` (a parenthesized declarator to the grammar), `__maxnreg__(64)` and the
 # `_Pragma("unroll")` operator leave ERROR or MISSING nodes; so does a third
-# `__launch_bounds__` argument (max blocks per cluster, sm_90). `alignas(16)` parses fine in
+# `__launch_bounds__` argument (max blocks per cluster, sm_90), and `__cluster_dims__(x, y, z)`
+# between the return type and the name of a Hopper kernel. `alignas(16)` parses fine in
 # tree-sitter-cuda 0.21, so it is left alone: its node is useful to mechanisms.
-_MASKED_CALLS = re.compile(rb"\b(__align__|__maxnreg__|_Pragma|__launch_bounds__)\s*\(")
+_MASKED_CALLS = re.compile(
+    rb"\b(__align__|__maxnreg__|_Pragma|__launch_bounds__|__cluster_dims__)\s*\("
+)
 # Comments and literals are skipped so their parentheses do not count.
 _LEXEMES = re.compile(
     rb'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[()]'
@@ -167,7 +170,8 @@ def mask_source(data: bytes) -> tuple[bytes, tuple[Mask, ...]]:
     """A copy of ``data`` with constructs tree-sitter-cuda cannot parse blanked out.
 
     The copy has the same length and the same newlines, so nodes of its tree index the
-    original bytes. Masked: ``__align__(n)``, ``__maxnreg__(n)``, ``_Pragma("...")``, the
+    original bytes. Masked: ``__align__(n)``, ``__maxnreg__(n)``, ``_Pragma("...")``,
+    ``__cluster_dims__(x, y, z)``, the
     arguments of ``__launch_bounds__`` after the second, the execution space of an extended
     lambda (``[] __device__ (float v) {...}``), and preprocessor conditionals
     (``#if``/``#else``/``#endif``...) inside parentheses, such as an ``#if`` in an argument
@@ -179,6 +183,7 @@ def mask_source(data: bytes) -> tuple[bytes, tuple[Mask, ...]]:
         or b"__maxnreg__" in data
         or b"_Pragma" in data
         or b"__launch_b" in data
+        or b"__cluster_dims__" in data
     ):
         for match in _MASKED_CALLS.finditer(data):
             found = _closing_paren(data, match.end() - 1)

@@ -39,6 +39,7 @@ from klineage.cuda.source import (
     strip_casts,
     strip_parens,
 )
+from klineage.cuda.tree import assigned_names, builtin_of, operator_of, walk
 
 __all__ = [
     "ELEMENT_SIZES",
@@ -89,32 +90,6 @@ class Refused(Exception):
 # Nodes and expressions
 # ---------------------------------------------------------------------------------------------
 
-BUILTINS = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim"})
-
-
-def walk(node: Node) -> Iterator[Node]:
-    """Every node under ``node`` (itself included), in document order."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(reversed(current.children))
-
-
-def builtin_of(source: ParsedSource, node: Node) -> str | None:
-    """``threadIdx.x`` (casts and parentheses ignored) for a CUDA built-in, else None."""
-    node = strip_casts(node)
-    if node.type != "field_expression":
-        return None
-    argument = node.child_by_field_name("argument")
-    field = node.child_by_field_name("field")
-    if argument is None or field is None or argument.type != "identifier":
-        return None
-    name = source.text_of(argument)
-    if name not in BUILTINS:
-        return None
-    return f"{name}.{source.text_of(field)}"
-
 
 def statements(block: Node) -> list[Node]:
     """The statements of a compound statement (comments left out)."""
@@ -126,11 +101,6 @@ def identifiers(source: ParsedSource, node: Node) -> list[Node]:
     return [n for n in walk(node) if n.type == "identifier"]
 
 
-def operator_of(node: Node) -> str | None:
-    op = node.child_by_field_name("operator")
-    return op.type if op is not None else None
-
-
 def binary(node: Node, *ops: str) -> tuple[Node, Node] | None:
     """(left, right) of a binary expression with one of ``ops``, else None."""
     if node.type != "binary_expression" or operator_of(node) not in ops:
@@ -139,22 +109,6 @@ def binary(node: Node, *ops: str) -> tuple[Node, Node] | None:
     if left is None or right is None:
         return None
     return left, right
-
-
-def assigned_names(source: ParsedSource, node: Node) -> set[str]:
-    """Names written under ``node`` (assignments, ``++``/``--``), by their base identifier."""
-    written: set[str] = set()
-    for n in walk(node):
-        target = None
-        if n.type == "assignment_expression":
-            target = n.child_by_field_name("left")
-        elif n.type == "update_expression":
-            target = n.child_by_field_name("argument")
-        if target is not None:
-            target = strip_parens(target)
-            if target.type == "identifier":
-                written.add(source.text_of(target))
-    return written
 
 
 _PURE_CALLS = frozenset(

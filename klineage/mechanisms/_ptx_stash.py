@@ -21,8 +21,11 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
+from klineage.cuda.analysis import analysis
+from klineage.cuda.analysis.ptx import PtxInstruction
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Node, ParsedSource
+from klineage.cuda.tree import NotInForm, call_arguments
 from klineage.mechanisms._tiles_util import (
     AsmStatement,
     asm_statement,
@@ -52,6 +55,11 @@ class PtxEmulation(Mechanism):
     @abstractmethod
     def matches(self, statement: AsmStatement) -> bool:
         """Whether an asm statement belongs to this mechanism."""
+
+    def matches_instruction(self, instruction: PtxInstruction) -> bool:
+        """Whether one parsed PTX instruction belongs to this mechanism (for instructions
+        that macros issue); by default, :meth:`matches` on its mnemonic."""
+        return False
 
     @abstractmethod
     def emulation(self, source: ParsedSource, statement: Any) -> list[str]:
@@ -117,7 +125,101 @@ class PtxEmulation(Mechanism):
             wrappers.setdefault(found.function, []).append(found)
             yield found
         yield from self._use_sites(source, wrappers)
+        yield from self._macro_sites(source)
         yield from self.extra_sites(source)
+
+    def _macro_sites(self, source: ParsedSource) -> Iterator[Site]:
+        """Calls of function-like macros that expand to this mechanism's instructions
+        (``HMMA16816(...)``, ``CP_ASYNC_CG(...)``), found by the PTX model: emulated through
+        the macro's expansion, the call itself kept in the stash so that restoring puts it
+        back as written."""
+        ptx = analysis(source).ptx
+        for site in ptx.sites:
+            matching = any(self.matches_instruction(i) for i in site.instructions)
+            if site.via != "macro" or not matching:
+                continue
+            instruction = site.instructions[0]
+            statement = site.node.parent
+            refusal = None
+            expanded = None
+            if statement is None or statement.type != "expression_statement":
+                refusal = str(
+                    NotInForm(
+                        f"{instruction.head} issued through the macro {site.name} inside an "
+                        "expression",
+                        "the macro called as a statement of its own",
+                    )
+                )
+            else:
+                expanded = self.macro_statement(source, statement)
+                if expanded is None:
+                    refusal = str(
+                        NotInForm(
+                            f"{instruction.head} issued through the macro {site.name}, whose "
+                            "expansion is not one asm statement of this mechanism",
+                            "a macro that expands to one asm statement",
+                        )
+                    )
+            if refusal is None and expanded is not None:
+                try:
+                    self.emulation(*expanded)
+                except Unsupported as why:
+                    refusal = str(why)
+                if refusal is None:
+                    refusal = self.removal_refusal(source, expanded[1])
+            yield self.site(
+                source,
+                statement if statement is not None and refusal is None else site.node,
+                detail={"instruction": instruction.head, "macro": site.name},
+                refusal=refusal,
+            )
+
+    def macro_statement(
+        self, source: ParsedSource, statement: Node
+    ) -> tuple[ParsedSource, Any] | None:
+        """``(parsed expansion, statement)`` for a statement calling an assembly macro of this
+        mechanism, read from its expansion; None for any other statement."""
+        call = statement.named_children[0] if statement.named_children else None
+        if call is None or call.type != "call_expression":
+            return None
+        model = analysis(source)
+        expansion = model.ptx.expand(call, model.constants)
+        reparsed = None if expansion is None else reparse_statement(expansion)
+        if reparsed is None:
+            return None
+        found = asm_statement(*reparsed)
+        return (reparsed[0], found) if found is not None and self.matches(found) else None
+
+    def statement_of_text(
+        self, source: ParsedSource, original: str
+    ) -> tuple[ParsedSource, Any] | None:
+        """What a remembered statement is (``(its source, statement)``): inline asm or an
+        intrinsic read on its own, or a macro call read through the macros of ``source``."""
+        reparsed = reparse_statement(original)
+        if reparsed is None:
+            return None
+        statement = self.statement(*reparsed)
+        if statement is not None:
+            return reparsed[0], statement
+        call = reparsed[1].named_children[0] if reparsed[1].named_children else None
+        if call is None or call.type != "call_expression":
+            return None
+        callee = call.child_by_field_name("function")
+        macro = analysis(source).ptx.macros.get(reparsed[0].text_of(callee)) if callee else None
+        if macro is None:
+            return None
+        constants = analysis(source).constants
+        args = [" ".join(reparsed[0].text_of(a).split()) for a in call_arguments(call)]
+        expansion = macro.expand([str(constants[a]) if a in constants else a for a in args])
+        again = (
+            None if expansion is None else reparse_statement(expansion.strip().rstrip(";") + ";")
+        )
+        found = None if again is None else asm_statement(*again)
+        return (
+            (again[0], found)
+            if again is not None and found is not None and self.matches(found)
+            else None
+        )
 
     def _use_sites(self, source: ParsedSource, wrappers: dict[str, list[Site]]) -> Iterator[Site]:
         """The calls of a wrapper function holding the instruction (``mma_16816(...)`` in a
@@ -162,22 +264,29 @@ class PtxEmulation(Mechanism):
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         node = self._statement_node(source, site)
         statement = self.statement(source, node)
-        if statement is None:
+        expanded = None if statement is not None else self.macro_statement(source, node)
+        if statement is None and expanded is None:
             raise self.refuse(f"the site is no longer a statement of {self.name}", site)
         try:
-            block = self._emulate(source, node, statement)
+            if expanded is not None:  # a macro call: emulate its expansion, stash the call
+                original = source.text_of(node)
+                if not can_stash(original):
+                    raise Unsupported("the statement holds '*/' and cannot be kept in a comment")
+                body = self.emulation(*expanded)
+                block = stash_block(self.name, original, source.indent_of(node.start_byte), body)
+            else:
+                block = self._emulate(source, node, statement)
         except Unsupported as why:
             raise self.refuse(str(why), site) from None
         return [Edit.replace(node, block)]
 
     def _valid_stash(self, source: ParsedSource, block: Node, original: str) -> str | None:
         """None when ``block`` is exactly the emulation of ``original``, else why not."""
-        reparsed = reparse_statement(original)
-        statement = None if reparsed is None else self.statement(*reparsed)
-        if reparsed is None or statement is None:
+        found = self.statement_of_text(source, original)
+        if found is None:
             return f"the remembered statement is not a statement of {self.name}"
         try:
-            body = self.emulation(reparsed[0], statement)
+            body = self.emulation(*found)
         except Unsupported as why:
             return str(why)
         indent = source.indent_of(block.start_byte)

@@ -1,6 +1,8 @@
 """The mechanism base shared by ``block_per_row`` and ``warp_per_row``: a group of threads
 (a block or a warp) per row against one thread per row. See
-:mod:`klineage.mechanisms._reductions_rows` for the analyses and the rewrites."""
+:mod:`klineage.mechanisms._reductions_rows` for the analyses and the rewrites, and
+:mod:`klineage.mechanisms._row_layout_forms` for the other spellings, found by the index
+analysis and refused with their form."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from klineage.mechanisms._reductions_rows import (
     thread_rows_shape,
 )
 from klineage.mechanisms._reductions_util import fold, inside
+from klineage.mechanisms._row_layout_forms import row_layout_forms
 from klineage.mechanisms.base import Carrier, Mechanism, Site
 from klineage.problem import Problem
 
@@ -61,15 +64,19 @@ class RowLayoutMechanism(Mechanism):
         )
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        seen: set[str] = set()
         for kernel in source.kernels:
             if kernel.body is None or not self.detected(source, kernel):
                 continue
+            seen.add(kernel.name)
             refusal = None
             try:
                 group_rows(source, kernel, self.group)
             except NotCanonical as why:
                 refusal = str(why)
             yield self._site(source, kernel, refusal)
+        for form in row_layout_forms(source, self.group, seen):
+            yield self._site(source, form.function, form.refusal)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for kernel in source.kernels:

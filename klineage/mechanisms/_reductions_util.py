@@ -29,6 +29,8 @@ from klineage.cuda.source import (
     strip_parens,
     within,
 )
+from klineage.cuda.tree import call_arguments as arguments_of
+from klineage.cuda.tree import statements as named_statements
 
 __all__ = [
     "BUILTINS",
@@ -112,17 +114,6 @@ def builtin_uses(source: ParsedSource, within_node: Node, *names: str) -> list[N
         ):
             found.append(node)
     return found
-
-
-def arguments_of(call: Node) -> list[Node]:
-    """The argument expressions of a call, comments left out."""
-    arguments = call.child_by_field_name("arguments")
-    return [a for a in (arguments.named_children if arguments else []) if a.type != "comment"]
-
-
-def named_statements(block: Node) -> list[Node]:
-    """The statements of a compound statement, comments left out."""
-    return [c for c in block.named_children if c.type != "comment"]
 
 
 def fold(source: ParsedSource, node: Node | None) -> int | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from klineage.cuda.source import (
@@ -34,6 +33,11 @@ from klineage.cuda.source import (
     strip_parens,
     within,
 )
+from klineage.cuda.tree import FULL_WARP_MASK as FULL_MASK
+from klineage.cuda.tree import call_arguments as call_args
+from klineage.cuda.tree import descendants as iter_descendants
+from klineage.cuda.tree import fresh_name, is_full_mask
+from klineage.cuda.tree import statements as block_statements
 
 __all__ = [
     "FULL_MASK",
@@ -62,7 +66,6 @@ __all__ = [
     "within",
 ]
 
-FULL_MASK = 0xFFFFFFFF
 _JUMPS = ("return_statement", "break_statement", "continue_statement", "goto_statement")
 _UNIFORM_BUILTINS = frozenset({"blockIdx", "blockDim", "gridDim", "warpSize"})
 _THREAD_BUILTINS = frozenset({"threadIdx"})
@@ -97,15 +100,6 @@ def normalized(text: str) -> str:
     return "".join(text.split())
 
 
-def block_statements(block: Node | None) -> list[Node]:
-    """The statements of a compound statement (comments left out); a lone statement as one."""
-    if block is None:
-        return []
-    if block.type != "compound_statement":
-        return [block]
-    return [c for c in block.named_children if c.type != "comment"]
-
-
 def node_starting_at(source: ParsedSource, start: int, kind: str) -> Node | None:
     """The outermost node of ``kind`` that starts at byte ``start`` (for sites whose span
     covers several statements, where ``Mechanism.node_at`` finds their common block)."""
@@ -118,14 +112,6 @@ def node_starting_at(source: ParsedSource, start: int, kind: str) -> Node | None
     return found
 
 
-def call_args(node: Node) -> list[Node]:
-    """The argument expressions of a call."""
-    arguments = node.child_by_field_name("arguments")
-    if arguments is None:
-        return []
-    return [c for c in arguments.named_children if c.type != "comment"]
-
-
 def identifiers_in(source: ParsedSource, node: Node) -> set[str]:
     """Every identifier (and type identifier) written inside ``node``."""
     found: set[str] = set()
@@ -136,16 +122,6 @@ def identifiers_in(source: ParsedSource, node: Node) -> set[str]:
             found.add(source.text_of(current))
         stack.extend(current.named_children)
     return found
-
-
-def iter_descendants(node: Node, *kinds: str) -> Iterator[Node]:
-    """Descendants of ``node`` of the given kinds, in document order."""
-    stack = list(reversed(node.named_children))
-    while stack:
-        current = stack.pop()
-        if current.type in kinds:
-            yield current
-        stack.extend(reversed(current.named_children))
 
 
 def declared_names(source: ParsedSource, node: Node) -> set[str]:
@@ -174,16 +150,6 @@ def _declarator_name(declarator: Node) -> Node | None:
     return current
 
 
-def fresh_name(taken: set[str], base: str) -> str:
-    """``base``, or ``base_2``, ``base_3``... whichever is not in ``taken``."""
-    if base not in taken:
-        return base
-    index = 2
-    while f"{base}_{index}" in taken:
-        index += 1
-    return f"{base}_{index}"
-
-
 def indent_lines(text: str, extra: str) -> str:
     """Every non-blank line of ``text`` but the first indented by ``extra``."""
     lines = text.split("\n")
@@ -200,18 +166,6 @@ def dedent_lines(text: str, amount: int) -> str:
             strip += 1
         out.append(line[strip:])
     return "\n".join(out)
-
-
-def is_full_mask(source: ParsedSource, node: Node) -> bool:
-    """``0xffffffff``, ``0xffffffffu``, ``~0u`` or a file constant with that value."""
-    node = strip_parens(node)
-    text = normalized(source.text_of(node))
-    if node.type == "identifier":
-        return source.integer_constants.get(text) == FULL_MASK
-    if text in ("~0u", "~0U", "~0", "(unsigned)-1", "-1u"):
-        return True
-    match = _INT_LITERAL.match(text)
-    return match is not None and int(match.group(1), 0) == FULL_MASK
 
 
 def is_one(source: ParsedSource, node: Node) -> Node | None:

@@ -25,7 +25,9 @@ Writing one::
 
 Build sites with :meth:`Mechanism.site`. When a site cannot be rewritten safely, either
 report it with ``refusal="why"`` (``detect`` then tells the truth and ``remove`` refuses), or
-raise :class:`MechanismRefused` from ``removal``/``application`` via :meth:`Mechanism.refuse`.
+raise :class:`MechanismRefused` from ``removal``/``application`` via :meth:`Mechanism.refuse`,
+or raise :class:`klineage.cuda.tree.NotInForm` (the form the site is in, the form the rule
+needs), which becomes the refusal.
 A wrong rewrite is never an acceptable answer.
 """
 
@@ -44,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 
 from klineage.cuda.edit import Edit, EditError, apply_edits
 from klineage.cuda.source import Node, ParsedSource
+from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
 
 if TYPE_CHECKING:
@@ -388,7 +391,10 @@ class Mechanism(ABC):
         found = self._resolve(kernel, site, before, "remove")
         if found.refusal:
             raise self.refuse(found.refusal, found, "remove")
-        edits = self.removal(kernel.parsed, found)
+        try:
+            edits = self.removal(kernel.parsed, found)
+        except NotInForm as err:
+            raise self.refuse(str(err), found, "remove") from err
         result = self._rewrite(kernel, edits, found, "remove")
         self.verify_removal(kernel, result, found, before)
         return result
@@ -422,7 +428,7 @@ class Mechanism(ABC):
         effective = self.default_carrier(kernel, found).merged(carrier)
         try:
             edits = self.application(kernel.parsed, found, effective)
-        except CarrierError as err:
+        except (CarrierError, NotInForm) as err:
             raise self.refuse(str(err), found, "apply") from err
         result = self._rewrite(kernel, edits, found, "apply")
         self.verify_application(kernel, result, found, candidates)

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from klineage.conditions import ArchAtLeast, Condition, SharedMemoryAtMost
+from klineage.cuda.analysis import analysis
+from klineage.cuda.analysis.ptx import PtxInstruction
 from klineage.cuda.cexpr import PRIMARY, SIZEOF, fold_int, precedence
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
@@ -57,7 +59,6 @@ from klineage.mechanisms._tiles_util import (
     fresh_name,
     function_names,
     rename,
-    reparse_statement,
     split_operands,
     stash_blocks,
 )
@@ -412,6 +413,9 @@ class CpAsyncPipeline(PtxEmulation):
 
     # -- statements -------------------------------------------------------------------------
 
+    def matches_instruction(self, instruction: PtxInstruction) -> bool:
+        return instruction.family in ("cp_async", "cp_async_commit", "cp_async_wait")
+
     def matches(self, statement: AsmStatement) -> bool:
         return any(i.startswith("cp.async") for i in statement.instructions)
 
@@ -460,7 +464,12 @@ class CpAsyncPipeline(PtxEmulation):
 
     def _async_copies(self, source: ParsedSource) -> int:
         count = sum(1 for s in asm_statements(source) if self.matches(s) and _kind(s) == "copy")
-        return count + len(source.calls_named(_PIPELINE_COPY))
+        macros = sum(
+            1
+            for site in analysis(source).ptx.sites
+            if site.via == "macro" and "cp_async" in site.families()
+        )
+        return count + macros + len(source.calls_named(_PIPELINE_COPY))
 
     def removal_refusal(self, source: ParsedSource, statement: Any) -> str | None:
         if _kind(statement) == "group" and self._async_copies(source):
@@ -472,17 +481,12 @@ class CpAsyncPipeline(PtxEmulation):
 
     def apply_refusal_of(self, source: ParsedSource, block: Node) -> str | None:
         original = next((o for b, o in stash_blocks(source, self.name) if b == block), None)
-        reparsed = None if original is None else reparse_statement(original)
-        statement = None if reparsed is None else self.statement(*reparsed)
-        if _kind(statement) != "copy":
+        found = None if original is None else self.statement_of_text(source, original)
+        if _kind(found[1] if found is not None else None) != "copy":
             return None
         for other_block, other in stash_blocks(source, self.name):
-            again = reparse_statement(other)
-            if (
-                other_block != block
-                and again is not None
-                and _kind(self.statement(*again)) == "group"
-            ):
+            again = self.statement_of_text(source, other)
+            if other_block != block and again is not None and _kind(again[1]) == "group":
                 return (
                     "the commit and wait groups made no-ops are still missing; restore them "
                     "first, or this copy would never be waited for"

@@ -21,6 +21,11 @@ SMs) so blocks are not launched only to exit, and each thread keeps going.
   ``continue``); with the carrier ``max_blocks`` every launch's grid is capped at that many
   blocks, ``(unsigned)min((int64_t)((n + block - 1) / block), (int64_t)max_blocks)``;
   without it the grid stays as it was (still correct, the loop runs once).
+
+Grid-stride loops in other spellings (a ``while`` with the stride in a variable, the y or z
+dimension, a stride scaled by another block dimension, a persistent loop fed by a scheduler)
+are found by the index analysis (:mod:`klineage.mechanisms._grid_stride_forms`) and refused
+with the form they are in.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._forms import form_site
+from klineage.mechanisms._grid_stride_forms import grid_stride_forms
 from klineage.mechanisms._local_util import (
     ElementKernel,
     GlobalIndex,
@@ -302,6 +309,8 @@ class GridStrideLoop(Mechanism):
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         loops = grid_loops(source)
+        for form in grid_stride_forms(source, {loop.node.start_byte for loop in loops}):
+            yield form_site(self, source, form)
         for loop in loops:
             refusal = _removal_refusal(source, loop, loops)
             if refusal is None:

@@ -6,7 +6,9 @@ register-resident rows up to a limit, a streaming fallback beyond it.
 
 - detect: ``if`` chains in host code whose conditions compare a value with a constant
   (``cols <= 1024``, ``m <= 16``) and whose branches launch kernels (directly or through a
-  host function that does);
+  host function that does); also an ``if``/``else`` whose branches both launch and whose
+  condition compares a size derived from ``run``'s arguments (``grid_size_y == 1``, computed
+  from the channel count and the SM count);
 - remove: keep only the most general path. With a final ``else``, the chain becomes that
   branch (the fallback that handles every shape, as ``softmax_online_rows<512, false>``
   does); a chain without ``else`` whose branches all end in ``return`` is deleted, so the
@@ -31,7 +33,7 @@ from typing import ClassVar
 from klineage.conditions import Condition, Prose
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._tiles_util import (
     column,
@@ -88,6 +90,46 @@ def _compares_size(source: ParsedSource, condition: Node) -> bool:
         known = [v for v in values if v is not None]
         if len(known) == 1 and known[0] not in (0, 1):  # `n > 0` is a guard, not a size
             return True
+    return False
+
+
+def _derived_size(source: ParsedSource, function: Function, condition: Node) -> bool:
+    """Whether a condition compares, with a constant, a local computed from the function's
+    integer parameters (the sizes ``run`` receives): ``grid_size_y == 1``."""
+    sizes = {p.name for p in function.params if p.name and not p.is_pointer}
+    for node in source.iter_nodes("binary_expression", within=condition):
+        op = node.child_by_field_name("operator")
+        left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+        if op is None or op.type not in (*_RELATIONAL, "==", "!=") or None in (left, right):
+            continue
+        for side, other in ((left, right), (right, left)):
+            assert side is not None and other is not None
+            if fold_int(source, other) is None or side.type != "identifier":
+                continue
+            if _computed_from(source, function, source.text_of(side), sizes):
+                return True
+    return False
+
+
+def _computed_from(source: ParsedSource, function: Function, name: str, sizes: set[str]) -> bool:
+    """Whether local ``name`` is initialized from ``sizes``, directly or through locals."""
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        current = pending.pop()
+        if current in sizes:
+            return current != name
+        if current in seen or function.body is None:
+            continue
+        seen.add(current)
+        for declaration in source.iter_nodes("declaration", within=function.body):
+            for declarator in declaration.children_by_field_name("declarator"):
+                inner = declarator.child_by_field_name("declarator")
+                value = declarator.child_by_field_name("value")
+                if inner is not None and value is not None and source.text_of(inner) == current:
+                    pending.extend(
+                        source.text_of(n) for n in source.iter_nodes("identifier", within=value)
+                    )
     return False
 
 
@@ -235,6 +277,12 @@ class LaunchSizeDispatch(Mechanism):
             links = _chain(node)
             sized = [c for c, _ in links if c is not None and _compares_size(source, c)]
             launched = [b for _, b in links if _launches(source, b, launching)]
+            if not sized and links[-1][0] is None and len(launched) >= 2:
+                # `if (blocks_y == 1) k<false><<<..>>> else { k<true><<<..>>>; sum<<<..>>> }`:
+                # a choice on a size derived from the arguments, with a general else
+                sized = [
+                    c for c, _ in links if c is not None and _derived_size(source, function, c)
+                ]
             if (
                 not sized
                 or not launched

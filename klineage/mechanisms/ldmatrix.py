@@ -18,9 +18,8 @@ from shared memory in one warp-wide instruction and hands every lane the registe
 
 from __future__ import annotations
 
-import re
-
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition
+from klineage.cuda.analysis.ptx import PtxInstruction
 from klineage.cuda.source import ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
@@ -36,7 +35,26 @@ from klineage.mechanisms._tiles_util import (
 from klineage.mechanisms.base import Site, register
 from klineage.problem import Problem
 
-_CANONICAL = re.compile(r"^ldmatrix\.sync\.aligned\.m8n8\.x([124])(\.trans)?\.shared(::cta)?\.b16$")
+_REQUIRED = frozenset({"sync", "aligned", "m8n8", "b16"})
+_COUNTS = {"x1": 1, "x2": 2, "x4": 4}
+
+
+def _canonical(mnemonic: str) -> tuple[int, bool] | None:
+    """``(count, transposed)`` of ``ldmatrix.sync.aligned.m8n8.x4[.trans].shared[::cta].b16``
+    with its qualifiers in any order (``.x4.m8n8`` as public macros write it); None for any
+    other form."""
+    parts = mnemonic.split(".")
+    if parts[0] != "ldmatrix":
+        return None
+    qualifiers = parts[1:]
+    counts = [q for q in qualifiers if q in _COUNTS]
+    spaces = [q for q in qualifiers if q in ("shared", "shared::cta")]
+    rest = set(qualifiers) - _REQUIRED - set(_COUNTS) - {"trans", "shared", "shared::cta"}
+    if len(counts) != 1 or len(spaces) != 1 or rest or not set(qualifiers) >= _REQUIRED:
+        return None
+    if len(qualifiers) != len(set(qualifiers)):
+        return None
+    return _COUNTS[counts[0]], "trans" in qualifiers
 
 
 def _operands(statement: AsmStatement) -> tuple[int, bool, list[AsmOperand], AsmOperand]:
@@ -45,13 +63,13 @@ def _operands(statement: AsmStatement) -> tuple[int, bool, list[AsmOperand], Asm
     if len(instructions) != 1:
         raise Unsupported("the asm statement holds more than one instruction")
     mnemonic, parts = split_operands(instructions[0])
-    match = _CANONICAL.match(mnemonic)
-    if match is None:
+    canonical = _canonical(mnemonic)
+    if canonical is None:
         raise Unsupported(
             f"{mnemonic} is not ldmatrix.sync.aligned.m8n8.x1/x2/x4[.trans].shared.b16, the "
             "form the emulation covers"
         )
-    count = int(match.group(1))
+    count, transposed = canonical
     if len(parts) != 2:
         raise Unsupported("expected a register list and one address")
     tokens = register_list(parts[0])
@@ -71,7 +89,7 @@ def _operands(statement: AsmStatement) -> tuple[int, bool, list[AsmOperand], Asm
             f"the address {address_text!r} is not a plain register operand (an offset or "
             "an immediate is not handled)"
         )
-    return count, match.group(2) is not None, [r for r in registers if r is not None], address
+    return count, transposed, [r for r in registers if r is not None], address
 
 
 def _load(ctype: str, address: str) -> str:
@@ -88,6 +106,9 @@ class Ldmatrix(PtxEmulation):
         "Load the 8x8 sub-matrices of an MMA operand from shared memory with one warp-wide "
         "instruction that hands every lane its fragment registers."
     )
+
+    def matches_instruction(self, instruction: PtxInstruction) -> bool:
+        return instruction.family == "ldmatrix"
 
     def matches(self, statement: AsmStatement) -> bool:
         return any(i.startswith("ldmatrix") for i in statement.instructions)

@@ -6,10 +6,12 @@ the blocks in flight share one row of A tiles but sweep all of B; walking down a
 of each operand is served from L2.
 
 - detect: a run of consecutive declarations in a kernel that maps the block index to a
-  tile through "group" arithmetic (names with group in them, or a call of a function named
-  swizzle or raster on ``blockIdx``); the site spans the run;
-- remove: when the run reads a group-size constant (a file-scope integer constant whose name
-  says group, above 1, e.g. ``kGroupM``), every read of it in the run becomes
+  tile through group arithmetic: each reads the group size (a file-scope integer constant
+  above 1 that bounds the last group in a ``min(...)``, e.g. ``kGroupM``) or a value declared
+  earlier in the run, and one reads ``blockIdx``; the site spans the run. Other orders (a
+  serpentine, a diagonal, a table handed out by a scheduler) are found by the index analysis
+  (:mod:`klineage.mechanisms._raster_forms`) and refused with their form;
+- remove: when the run reads the group-size constant, every read of it in the run becomes
   ``1 /* klineage:rasterization kGroupM */``. Groups of one tile-row are the plain row-major
   order, so the mapping stays a bijection and the output is the same; only the order in which
   blocks meet the tiles changes. A run without such a constant is refused: rewriting it to
@@ -27,6 +29,8 @@ from klineage.conditions import Condition, Prose
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._forms import form_site
+from klineage.mechanisms._raster_forms import raster_forms
 from klineage.mechanisms._tiles_util import BLOCK_INDEX, names_in, statements
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -35,7 +39,6 @@ REFUSAL = (
     "any bijection of block ids to tiles gives the same output, but rewriting this mapping "
     "to row-major order needs its tile counts and origins identified, which no rule does yet"
 )
-_GROUP = re.compile(r"(?i)group|swizzl|raster")
 _MARK = "klineage:rasterization"
 _MARKED = re.compile(r"^/\*\s*klineage:rasterization\s+([A-Za-z_]\w*)\s*\*/$")
 
@@ -45,14 +48,28 @@ def _identifiers(source: ParsedSource, run: list[Node]) -> Iterator[Node]:
         yield from source.iter_nodes("identifier", within=statement)
 
 
+def group_sizes(source: ParsedSource, statements_: list[Node]) -> set[str]:
+    """File-scope integer constants above 1 that bound a group in a ``min(...)`` of the
+    statements (``min(tiles_m - first_m, kGroupM)``): what the grouped order's size is,
+    whatever it is called."""
+    constants = source.integer_constants
+    found = set()
+    for statement in statements_:
+        for call in source.iter_nodes("call_expression", within=statement):
+            function = call.child_by_field_name("function")
+            if function is None or source.text_of(function) not in ("min", "std::min"):
+                continue
+            for node in source.iter_nodes("identifier", within=call):
+                value = constants.get(source.text_of(node))
+                if isinstance(value, int) and value > 1:
+                    found.add(source.text_of(node))
+    return found
+
+
 def group_size_reads(source: ParsedSource, run: list[Node]) -> tuple[str, list[Node]] | None:
     """The group-size constant the run reads and every read of it; None without one."""
-    constants = source.integer_constants
-    for node in _identifiers(source, run):
-        name = source.text_of(node)
-        value = constants.get(name)
-        if _GROUP.search(name) and isinstance(value, int) and value > 1:
-            return name, [n for n in _identifiers(source, run) if source.text_of(n) == name]
+    for name in sorted(group_sizes(source, run)):
+        return name, [n for n in _identifiers(source, run) if source.text_of(n) == name]
     return None
 
 
@@ -80,11 +97,19 @@ def _declared(source: ParsedSource, statement: Node) -> str | None:
     return source.text_of(name) if name is not None else None
 
 
+def _marked(source: ParsedSource, statement: Node) -> bool:
+    return any(
+        _MARKED.match(source.text_of(c)) for c in source.iter_nodes("comment", within=statement)
+    )
+
+
 def raster_run(source: ParsedSource, function: Function) -> list[Node]:
-    """The longest run of consecutive top-level declarations that each read a group-named
-    value (or one declared earlier in the run), one of which reads the block index."""
+    """The longest run of consecutive top-level declarations that each read the group size
+    (or a value declared earlier in the run, or hold a removal's mark), one of which reads
+    the block index."""
     if function.body is None:
         return []
+    sizes = group_sizes(source, statements(function.body))
     best: list[Node] = []
     run: list[Node] = []
     names: set[str] = set()
@@ -93,7 +118,7 @@ def raster_run(source: ParsedSource, function: Function) -> list[Node]:
         name = None if statement is None else _declared(source, statement)
         used = names_in(source, statement) if statement is not None and name else set()
         grouped = name is not None and (
-            _GROUP.search(name) or any(_GROUP.search(u) for u in used) or used & names
+            bool(used & sizes) or bool(used & names) or _marked(source, statement)  # type: ignore[arg-type]
         )
         if grouped and statement is not None:
             run.append(statement)
@@ -135,11 +160,15 @@ class Rasterization(Mechanism):
         )
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        seen: set[str] = set()
         for function, run in self._runs(source):
+            seen.add(function.name)
             if group_size_reads(source, run) is not None:
                 yield self._site(source, function, run)
             elif not marked_reads(source, run):  # marked: already groups of one, row-major
                 yield self._site(source, function, run, refusal=REFUSAL)
+        for form in raster_forms(source, seen):
+            yield form_site(self, source, form)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for function, run in self._runs(source):

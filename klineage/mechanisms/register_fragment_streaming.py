@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterator
 
 from klineage.conditions import ArchAtLeast, Condition, Prose
+from klineage.cuda.analysis import analysis
 from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import DetectOnly, Site, register
@@ -33,7 +34,9 @@ REFUSAL = (
     "which rules do not do"
 )
 _MMA = re.compile(r"\bmma\.sync\b")
-_STAGED = re.compile(r"ldmatrix|cp\.async|cp_async|load_stage|wgmma")
+_STAGING_PTX = frozenset(
+    {"ldmatrix", "cp_async", "cp_async_commit", "cp_async_wait", "wgmma", "tma_load"}
+)
 _STREAM = re.compile(r"\b__ld(g|cs|cg|lu|cv)\s*\(")
 
 
@@ -46,14 +49,25 @@ def _mma_functions(source: ParsedSource) -> set[str]:
     return names
 
 
+def _stages_operands(source: ParsedSource, kernel: Function) -> bool:
+    """Whether a kernel stages operands through shared memory: it (or a helper it calls)
+    issues ldmatrix, cp.async, wgmma or TMA copies, or stores global values into shared
+    memory."""
+    model = analysis(source)
+    if model.call_graph.summary(kernel.name).ptx & _STAGING_PTX:
+        return True
+    return bool(model.shared(kernel).copies)
+
+
 def _streams_into_mma(source: ParsedSource, kernel: Function, mma: set[str]) -> bool:
     if kernel.body is None:
         return False
     body = source.text_of(kernel.body)
     issues_mma = bool(_MMA.search(body)) or any(re.search(rf"\b{n}\s*\(", body) for n in mma)
-    # staged kernels feed fragments from shared memory (ldmatrix, cp.async tiles); a shared
-    # buffer used only to combine the warps' partial sums at the end does not count
-    if not issues_mma or _STAGED.search(body):
+    # staged kernels feed fragments from shared memory (ldmatrix, cp.async or TMA tiles, or
+    # tiles stored from global memory, in the kernel or its helpers); a shared buffer used only
+    # to combine the warps' partial sums at the end does not count
+    if not issues_mma or _stages_operands(source, kernel):
         return False
     helpers = [f for f in source.functions if f.body is not None and f.name != kernel.name]
     loads = _STREAM.search(body) or any(

@@ -47,6 +47,7 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._forms import form_site
 from klineage.mechanisms._staging import (
     NotStaged,
     StagedLoop,
@@ -57,6 +58,7 @@ from klineage.mechanisms._staging import (
     value_type,
     zero_of,
 )
+from klineage.mechanisms._staging_forms import staging_forms
 from klineage.mechanisms._tiles_util import (
     STATIC_SHARED_LIMIT,
     Locals,
@@ -652,6 +654,8 @@ class SmemStaging(Mechanism):
             seen.add(loop.start_byte)
             yield self.site(source, loop, snippet=_header(source, loop), refusal=refusal)
         yield from self._async_sites(source, seen)
+        for form in staging_forms(source, seen):
+            yield form_site(self, source, form)
 
     def _async_sites(self, source: ParsedSource, seen: set[int]) -> Iterator[Site]:
         """Tile loops fed by cp.async copies (directly or through helpers)."""
@@ -668,6 +672,7 @@ class SmemStaging(Mechanism):
                 if not any(is_call_statement(source, s, "__syncthreads") for s in statements(body)):
                     continue
                 if (_calls_within(source, body) | {function.name}) & copiers:
+                    seen.add(loop.start_byte)
                     yield self.site(
                         source,
                         loop,

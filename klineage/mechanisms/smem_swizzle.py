@@ -5,6 +5,9 @@ row ``r`` is stored at ``c ^ (r & 7)``. The eight rows an ``ldmatrix`` phase (or
 of cp.async writes) touches then land in eight different chunks, i.e. all 32 banks, with no
 memory wasted.
 
+- detect (other forms, when a file has no XOR swizzle): a rotation of the chunks of a row by
+  a row-dependent amount in a shared-memory address, or a swizzle mode given to TMA
+  (:mod:`klineage.mechanisms._swizzle_forms`), refused with their form;
 - detect: ``^`` expressions with a masked operand (``c ^ (r & 7)``; a butterfly exchange
   ``lane ^ offset`` is not a swizzle) in a device function whose name says swizzle, or
   inside the subscript of a ``__shared__`` array;
@@ -43,6 +46,8 @@ from klineage.mechanisms._descriptor_swizzle import (
     descriptors,
     removal_plan,
 )
+from klineage.mechanisms._forms import form_site
+from klineage.mechanisms._swizzle_forms import swizzle_forms
 from klineage.mechanisms._tiles_util import names_in
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -224,6 +229,9 @@ class SmemSwizzle(Mechanism):
                     "every access of that buffer rewritten the same way, which is not checked"
                 )
             yield self.site(source, node, detail=detail, refusal=refusal)
+        if not any(True for _ in _xor_sites(source)):
+            for form in swizzle_forms(source, set()):
+                yield form_site(self, source, form)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for function in source.functions:

@@ -4,9 +4,11 @@ When the output has too few tiles to fill the GPU (a GEMM with small M and N), K
 across blocks too (``grid.y``): each block reduces its K range into an fp32 partial tile,
 and a small kernel (or atomics) sums the partials.
 
-- detect: the host-side choice of the split count (an ``if`` that raises a local named
-  ``splits`` from its initial 1), kernels whose K range starts at ``blockIdx.y`` (or ``.z``)
-  times a split size, and kernels that sum over a split count;
+- detect: the host-side choice of the split count (an ``if`` that raises a local from its
+  initial 1, the local being the y or z extent of a launch's grid), kernels whose K range
+  starts at ``blockIdx.y`` (or ``.z``) times a run-time size, kernels that reduce over
+  ``gridDim.y`` and store a partial per ``blockIdx.y``, and kernels that sum over a count a
+  launch passes the split count for (:mod:`klineage.mechanisms._split_forms`);
 - remove: the canonical host-side choice ``int splits = 1; ... if (tiles < sms) splits =
   ...;`` is deleted, so ``splits`` stays 1: one block owns K. This is semantics-preserving
   because the code already handles ``splits == 1`` (it is the initial value), and the split
@@ -21,7 +23,6 @@ and a small kernel (or atomics) sums the partials.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -29,19 +30,20 @@ from klineage.conditions import Condition, Prose
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._split_forms import (
+    grid_split_counts,
+    k_range_declarations,
+    partial_loops,
+    partial_sums,
+)
 from klineage.mechanisms._tiles_util import (
-    BLOCK_INDEX,
     names_in,
-    scaled_terms,
     statement_deletion,
     statements,
-    strip_casts,
-    top_declarations,
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 
-_SPLIT = re.compile(r"(?i)split")
 KERNEL_REFUSAL = (
     "the kernel follows the host's split count; remove the host-side choice of splits so "
     "this path is no longer taken"
@@ -52,10 +54,15 @@ APPLY_REFUSAL = (
 )
 
 
-def _host_choices(source: ParsedSource, function: Function) -> Iterator[tuple[Node, str | None]]:
-    """``if (...) splits = ...;`` statements of a host function, with a refusal or None."""
+def _host_choices(
+    source: ParsedSource, function: Function, counts: set[str] | None = None
+) -> Iterator[tuple[Node, str | None]]:
+    """``if (...) n = ...;`` statements of a host function where ``n`` is a split count (the
+    y or z extent of a launch's grid, unless ``counts`` names them), with a refusal or None."""
     if function.body is None or function.runs_on_device:
         return
+    if counts is None:
+        counts = grid_split_counts(source)
     for node in source.iter_nodes("if_statement", within=function.body):
         consequence = node.child_by_field_name("consequence")
         if consequence is None:
@@ -67,7 +74,7 @@ def _host_choices(source: ParsedSource, function: Function) -> Iterator[tuple[No
         if not assignments or None in assignments:
             continue
         targets = {t for t in assignments if t is not None}
-        if not all(_SPLIT.search(t) for t in targets):
+        if not targets <= counts:
             continue
         refusal = None
         initial = [_initial(source, t, node) for t in sorted(targets)]
@@ -119,6 +126,7 @@ def _restorable(source: ParsedSource, function: Function) -> Iterator[tuple[Node
     if function.body is None or function.runs_on_device:
         return
     choices = {node for node, _ in _host_choices(source, function)}
+    counts = grid_split_counts(source)
     for block in source.iter_nodes("compound_statement", within=function.body):
         body = statements(block)
         for index, statement in enumerate(body):
@@ -131,7 +139,7 @@ def _restorable(source: ParsedSource, function: Function) -> Iterator[tuple[Node
                     continue
                 name = source.text_of(inner)
                 later = body[index + 1 :]
-                if not _SPLIT.search(name) or any(s in choices for s in later):
+                if name not in counts or any(s in choices for s in later):
                     continue
                 if any(name in names_in(source, s) for s in later):
                     yield statement, name
@@ -144,7 +152,7 @@ def _carried_choice(text: str, name: str) -> bool:
     function = source.function("choose")
     if function is None or function.body is None or source.errors:
         return False
-    found = list(_host_choices(source, function))
+    found = list(_host_choices(source, function, {name}))
     return (
         len(found) == 1
         and found[0][1] is None
@@ -155,28 +163,12 @@ def _carried_choice(text: str, name: str) -> bool:
 
 
 def _kernel_sites(source: ParsedSource, function: Function) -> list[Node]:
-    """K ranges from ``blockIdx.y/z`` times a split size, and loops over a split count."""
-    found: list[Node] = []
-    for _, decl, value in top_declarations(source, function):
-        for scaled, size in scaled_terms(value):
-            index = strip_casts(scaled)
-            if source.text_of(index) in ("blockIdx.y", "blockIdx.z") and _SPLIT.search(
-                source.text_of(size)
-            ):
-                found.append(decl)
-                break
-    params = {p.name for p in function.params if p.name and _SPLIT.search(p.name)}
-    if function.body is not None:
-        for loop in source.loops:
-            if loop.condition is None or not (
-                function.body.start_byte <= loop.node.start_byte < function.body.end_byte
-            ):
-                continue
-            if names_in(source, loop.condition) & params and not names_in(
-                source, loop.condition
-            ) & set(BLOCK_INDEX):
-                found.append(function.outer)
-                break
+    """A kernel's K range per block (``begin = blockIdx.y * S``), its partials per block row
+    (a loop grid-strided over ``gridDim.y`` storing per-``blockIdx.y`` results), or its sum of
+    the partials (a loop up to the split count a launch passes)."""
+    found = k_range_declarations(source, function) + partial_loops(source, function)
+    if not found and partial_sums(source, function, grid_split_counts(source)):
+        found.append(function.outer)
     return found
 
 

@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterator
 
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition, Prose
+from klineage.cuda.analysis.ptx import PtxInstruction
 from klineage.cuda.source import Loop, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
@@ -160,6 +161,9 @@ class TensorCoreMma(PtxEmulation):
         "Multiply whole tiles with one warp-wide tensor-core instruction (mma.sync) instead "
         "of one fused multiply-add per thread and element."
     )
+
+    def matches_instruction(self, instruction: PtxInstruction) -> bool:
+        return instruction.family in ("mma", "wgmma")
 
     def matches(self, statement: AsmStatement) -> bool:
         return any("mma.sync" in i or "wgmma.mma_async" in i for i in statement.instructions)

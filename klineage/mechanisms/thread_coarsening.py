@@ -44,6 +44,8 @@ from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._coarsening_forms import coarsening_forms
+from klineage.mechanisms._forms import form_site
 from klineage.mechanisms._local_util import (
     ElementKernel,
     Refused,
@@ -393,7 +395,11 @@ class ThreadCoarsening(Mechanism):
                     "kernel": found.function.name,
                 },
             )
-        for loop in handwritten(source, spans):
+        handwritten_loops = list(handwritten(source, spans))
+        covered = spans + [(h.loop.start_byte, h.loop.end_byte) for h in handwritten_loops]
+        for form in coarsening_forms(source, covered):
+            yield form_site(self, source, form)
+        for loop in handwritten_loops:
             header = loop.loop.child_by_field_name("body")
             end = header.start_byte if header is not None else loop.loop.end_byte
             yield self.site(

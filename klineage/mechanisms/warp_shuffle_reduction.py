@@ -13,14 +13,22 @@ every lane stores its value, the warp synchronizes, every lane loads its partner
   the exactness argument and for what is refused (partial masks, unknown offsets, values that
   are not plain variables, shuffles beyond the first statement of the step, host code).
 - apply: the reverse, on a step in that shared-memory form.
+
+The cooperative-groups spelling, ``cg::reduce(warp, v, op)`` over a 32-thread tile, is a site
+too; its removal calls a helper that reduces through shared memory in the same exchange form
+(:mod:`klineage.mechanisms._cg_reduce`), whose loop ``apply`` turns into shuffles.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import ClassVar
 
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import ParsedSource
+from klineage.mechanisms._cg_reduce import cg_reductions, removal_edits
 from klineage.mechanisms._reductions_exchange import ExchangeMechanism
-from klineage.mechanisms.base import register
+from klineage.mechanisms.base import Site, register
 
 
 @register
@@ -34,3 +42,22 @@ class WarpShuffleReduction(ExchangeMechanism):
         "barriers are involved."
     )
     kinds: ClassVar[frozenset[str]] = frozenset({"xor", "down"})
+
+    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        yield from super().find_sites(source)
+        for reduction in cg_reductions(source):
+            yield self.site(
+                source,
+                reduction.call.node,
+                detail={"kind": "cg_reduce", "function": reduction.call.function.name},
+                refusal=reduction.refusal,
+            )
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("kind") != "cg_reduce":
+            return super().removal(source, site)
+        for reduction in cg_reductions(source):
+            node = reduction.call.node
+            if (node.start_byte, node.end_byte) == (site.start_byte, site.end_byte):
+                return removal_edits(source, reduction)
+        raise self.refuse(f"no cg::reduce at line {site.start_line}", site)

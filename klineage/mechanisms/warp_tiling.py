@@ -7,7 +7,9 @@ warps and reused from registers many times.
 
 - detect: kernels that split the warp index (``threadIdx.x >> 5``, ``/ 32``) into two
   coordinates and scale them by compile-time warp-tile extents; the site spans those
-  declarations;
+  declarations. Other spellings (the warp index from a 2-D block, coordinates scaled inside
+  helpers, offsets in ``ldmatrix`` addresses) are found by the index analysis
+  (:mod:`klineage.mechanisms._tiling_forms`), the site then the kernel;
 - remove and apply: refused: the warp tile fixes the accumulator arrays, the fragment
   loads and the epilogue together; changing it re-tiles the kernel.
 """
@@ -28,6 +30,7 @@ from klineage.mechanisms._tiles_util import (
     strip_casts,
     top_declarations,
 )
+from klineage.mechanisms._tiling_forms import warp_coordinates
 from klineage.mechanisms.base import DetectOnly, Site, register
 from klineage.problem import Problem
 
@@ -99,6 +102,7 @@ class WarpTiling(DetectOnly):
         for function in source.kernels:
             declarations = warp_grid(source, function)
             if not declarations:
+                yield from self._analysis_site(source, function)
                 continue
             start = min(d.start_byte for d in declarations)
             end = max(d.end_byte for d in declarations)
@@ -110,6 +114,24 @@ class WarpTiling(DetectOnly):
                 detail={"kernel": function.name},
                 refusal=REFUSAL,
             )
+
+    def _analysis_site(self, source: ParsedSource, function: Function) -> Iterator[Site]:
+        """A 2-D warp grid the index analysis finds in the addresses (helpers included)."""
+        if function.body is None:
+            return
+        coordinates = warp_coordinates(source, function)
+        if len(coordinates) < 2:
+            return
+        header = source.snippet((function.outer.start_byte, function.body.start_byte))
+        yield self.site(
+            source,
+            function.node,
+            span=(function.outer.start_byte, function.outer.end_byte),
+            kind="function_definition",
+            snippet=header,
+            detail={"kernel": function.name, "coordinates": ", ".join(coordinates)[:200]},
+            refusal=REFUSAL,
+        )
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None

@@ -51,9 +51,10 @@ def test_kernel_sites_point_at_the_host_choice() -> None:
 
 
 def test_a_choice_that_does_more_is_refused() -> None:
-    source = KernelSource(
+    source = KernelSource(  # the count is a split count by being the grid's y extent
+        "__global__ void part(int n) {}\n"
         'extern "C" int run(long n) {\n  int splits = 2;\n'
-        "  if (n < 64) splits = 4;\n  return splits;\n}\n"
+        "  if (n < 64) splits = 4;\n  part<<<dim3(1, splits), 32>>>(n);\n  return splits;\n}\n"
     )
     (site,) = mechanism.detect(source)
     assert "initialized to 1" in (site.refusal or "")

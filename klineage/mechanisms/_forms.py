@@ -1,0 +1,50 @@
+"""A site found by the analysis layer in a form its mechanism's rewrite does not take.
+
+Mechanisms rebuilt on :mod:`klineage.cuda.analysis` recognize an optimization by what the code
+does, in every spelling; the rewrite often exists for one canonical form only. A
+:class:`FoundForm` is such a site: where it is, and in words what form it is in and what
+form the rewrite would need, which together are its refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import NotInForm
+
+if TYPE_CHECKING:
+    from klineage.mechanisms.base import Mechanism, Site
+
+__all__ = ["FoundForm", "form_site"]
+
+
+@dataclass(frozen=True)
+class FoundForm:
+    """A place where a mechanism is present, in a form no rule rewrites yet."""
+
+    node: Node
+    function: Function
+    form: str
+    """What the site is, in words: "a grid-stride `while` loop over gridDim.x ..."."""
+    needed: str
+    """The form the mechanism's rewrite takes."""
+
+    @property
+    def refusal(self) -> str:
+        return str(NotInForm(self.form, self.needed))
+
+
+def form_site(mechanism: Mechanism, source: ParsedSource, form: FoundForm) -> Site:
+    """The refused site of ``form``: its node, its header as the snippet (a loop without its
+    body), the kernel and ``form=analysis`` in the detail."""
+    body = form.node.child_by_field_name("body")
+    end = body.start_byte if body is not None else form.node.end_byte
+    return mechanism.site(
+        source,
+        form.node,
+        snippet=source.snippet((form.node.start_byte, end)).rstrip(" {"),
+        detail={"kernel": form.function.name, "form": "analysis"},
+        refusal=form.refusal,
+    )

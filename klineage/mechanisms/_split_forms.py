@@ -1,0 +1,111 @@
+"""Split-K recognized by what the counts and indices do, whatever they are called.
+
+- a host-side *split count*: a local initialized to 1, raised under a condition (``if (tiles <
+  sms) n = ...;``), that becomes the y or z extent of a launch's grid (``dim3(tiles, n)``);
+- a kernel-side *K range per block*: a top-level value ``blockIdx.y * S`` (``.z``) with a
+  run-time ``S``, in a kernel whose loops start or stop by ``blockIdx.y``;
+- a *partial per split*: a loop grid-strided over ``gridDim.y`` (``.z``) whose results are
+  stored at offsets that depend on ``blockIdx.y``: each block row writes its own partial;
+- a *sum of the partials*: a kernel looping up to a parameter that a launch in the file passes
+  the split count for.
+"""
+
+from __future__ import annotations
+
+from klineage.cuda.analysis import analysis
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.tree import call_arguments, statements, strip_parens
+
+__all__ = ["grid_split_counts", "k_range_declarations", "partial_loops", "partial_sums"]
+
+_SPLIT_DIMENSIONS = ("y", "z")
+
+
+def _grid_components(source: ParsedSource, launch: Launch) -> list[str]:
+    """The y and z extents of a launch's grid, as written (``dim3(x, y, z)``)."""
+    grid = launch.grid
+    if grid is None:
+        return []
+    grid = strip_parens(grid)
+    if grid.type == "call_expression":
+        return [source.text_of(a).strip() for a in call_arguments(grid)[1:]]
+    return []
+
+
+def grid_split_counts(source: ParsedSource) -> set[str]:
+    """Names that are the y or z extent of some launch's grid."""
+    return {c for launch in source.launches for c in _grid_components(source, launch)}
+
+
+def k_range_declarations(source: ParsedSource, function: Function) -> list[Node]:
+    """Top-level declarations ``begin = blockIdx.y * S`` of a kernel whose loops start or
+    stop by that block index (its K range)."""
+    if function.body is None:
+        return []
+    indices = analysis(source).indices(function)
+    used = set()
+    for loop in indices.loops:
+        bound = indices.form(loop.bound).base_atoms() if loop.bound is not None else frozenset()
+        for dimension in _SPLIT_DIMENSIONS:
+            step = loop.step.base_atoms() if loop.step is not None else frozenset()
+            if f"gridDim.{dimension}" in step:
+                continue  # a grid-stride loop, not a range
+            if f"blockIdx.{dimension}" in (loop.init.base_atoms() | bound):
+                used.add(dimension)
+    found = []
+    for statement in statements(function.body):
+        if statement.type != "declaration":
+            continue
+        for declarator in statement.children_by_field_name("declarator"):
+            value = declarator.child_by_field_name("value")
+            if value is None:
+                continue
+            form = indices.form(value)
+            for dimension in used:
+                scale = form.coefficient(f"blockIdx.{dimension}")
+                rest = form.without({f"blockIdx.{dimension}"})
+                ranged = scale.terms and scale.value is None and indices.is_uniform(scale)
+                if ranged and not indices.thread_atoms(rest):
+                    found.append(statement)
+    return found
+
+
+def partial_loops(source: ParsedSource, function: Function) -> list[Node]:
+    """Loops grid-strided over gridDim.y (z) whose kernel stores per-``blockIdx.y`` partials."""
+    indices = analysis(source).indices(function)
+    stores = [
+        a for a in indices.accesses() if a.direction == "store" and a.buffer.space == "global"
+    ]
+    found = []
+    for loop in indices.loops:
+        step = loop.step
+        if step is None:
+            continue
+        for dimension in _SPLIT_DIMENSIONS:
+            if not step.coefficient(f"gridDim.{dimension}").terms:
+                continue
+            if loop.init.coefficient(f"blockIdx.{dimension}").terms and any(
+                s.offset.coefficient(f"blockIdx.{dimension}").terms
+                and not loop.loop.start_byte <= s.node.start_byte < loop.loop.end_byte
+                for s in stores
+            ):
+                found.append(loop.loop)
+    return found
+
+
+def partial_sums(source: ParsedSource, function: Function, counts: set[str]) -> bool:
+    """Whether a kernel loops up to a parameter that a launch passes a split count for."""
+    if function.body is None:
+        return False
+    indices = analysis(source).indices(function)
+    bounds = {
+        source.text_of(loop.bound).strip()
+        for loop in indices.loops
+        if loop.bound is not None and loop.init.value == 0
+    }
+    params = [p.name for p in function.params]
+    for launch in source.launches_of(function.name):
+        for param, arg in zip(params, launch.args, strict=False):
+            if param in bounds and source.text_of(arg).strip() in counts:
+                return True
+    return False

@@ -1,0 +1,150 @@
+"""Shared-memory staging in the forms public kernels write it.
+
+The canonical form (:mod:`klineage.mechanisms._staging`) is a tile loop that stores a global
+value into a ``__shared__`` array and holds ``__syncthreads()``. The shared-memory model of
+the analysis layer (:class:`klineage.cuda.analysis.SharedMemory`) sees staging however it is
+spelled: stores made by a helper that receives the shared arrays as parameters
+(``loadFromGmem(..., As, Bs, ...)``), stores through a pointer cast from ``extern __shared__
+char buf[]`` (``reinterpret_cast<x128*>(buf)[i] = load128(w + i)``), barriers written with
+cooperative groups (``cg::sync(cta)``, ``block.sync()``), copies issued by ``cp.async`` or TMA
+(inline, through a macro, or through a wrapper).
+
+A staging site is the loop around the barrier that the copies happen in (a tile loop), or,
+for a tile staged once, the statement that makes the copies (the kernel then waits at a
+barrier and reads the tile). Each is reported with the form it is in and refused: removing it
+means replacing every read of the tile by the global expression that filled it, which the
+canonical rule does only for its own form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from klineage.cuda.analysis import Access, analysis
+from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.mechanisms._forms import FoundForm
+
+__all__ = ["staging_forms"]
+
+_LOOPS = ("for_statement", "while_statement", "do_statement")
+_CANONICAL = (
+    "the canonical staged tile loop: `S[..] = G[..]` stores in the kernel, `__syncthreads()` "
+    "in the loop, and reads `S[..]` that a global expression can replace"
+)
+
+
+def _loop_around(node: Node, function: Function, barriers: list[Node]) -> Node | None:
+    """The innermost loop around ``node`` that also holds a block barrier."""
+    current = node.parent
+    while current is not None and current != function.body:
+        if current.type in _LOOPS and any(
+            current.start_byte <= b.start_byte < current.end_byte for b in barriers
+        ):
+            return current
+        current = current.parent
+    return None
+
+
+def _top_statement(node: Node, function: Function) -> Node:
+    """The statement of the function body that holds ``node``."""
+    current = node
+    while current.parent is not None and current.parent != function.body:
+        current = current.parent
+    return current
+
+
+def _through_alias(source: ParsedSource, store: Access) -> bool:
+    """Whether a store of the function's own reaches its shared buffer through another name
+    (a pointer cast from the buffer)."""
+    if store.helper is not None:
+        return False
+    text = source.text_of(store.node).lstrip("(*& ")
+    name = store.buffer.name
+    return not text.startswith(name.split(".")[0]) and not text.startswith(name.split("(")[0])
+
+
+@dataclass
+class _Place:
+    """Where copies of one kernel gather: a tile loop, or a statement staging a tile once."""
+
+    node: Node
+    in_loop: bool
+    helpers: set[str] = field(default_factory=set)
+    """Helpers that make the stores."""
+    aliased: bool = False
+    """Some store reaches the buffer through a cast pointer."""
+    asynchronous: set[str] = field(default_factory=set)
+    """How asynchronous copies are issued (a macro, a wrapper, ``memcpy_async``)."""
+
+    def merge(self, other: _Place) -> None:
+        self.helpers |= other.helpers
+        self.aliased |= other.aliased
+        self.asynchronous |= other.asynchronous
+
+    def describe(self) -> str:
+        where = (
+            "a tile loop with block barriers"
+            if self.in_loop
+            else "tiles staged once, then a barrier"
+        )
+        parts = []
+        if self.helpers:
+            names = ", ".join(sorted(self.helpers))
+            parts.append(
+                f"stored by the helper {names}, which gets the shared arrays as parameters"
+            )
+        if self.aliased:
+            parts.append("stored through a pointer cast from a dynamic shared buffer")
+        if self.asynchronous:
+            parts.append(f"copied asynchronously ({', '.join(sorted(self.asynchronous))})")
+        return f"{where}, the tile {'; '.join(parts) or 'stored directly'}"
+
+
+def _places(source: ParsedSource, function: Function) -> list[_Place]:
+    shared = analysis(source).shared(function)
+    barriers = shared.barriers
+    copies: list[tuple[Node, _Place]] = []
+    for copy in shared.copies:
+        helpers = {copy.store.helper} if copy.store.helper is not None else set()
+        aliased = _through_alias(source, copy.store)
+        copies.append((copy.store.node, _Place(copy.store.node, False, helpers, aliased)))
+    for site in shared.async_copies:
+        copies.append((site.node, _Place(site.node, False, asynchronous={site.name})))
+    for call in shared.async_calls:
+        copies.append((call, _Place(call, False, asynchronous={"memcpy_async"})))
+    places: dict[int, _Place] = {}
+    once: _Place | None = None
+    for node, found in sorted(copies, key=lambda item: item[0].start_byte):
+        loop = _loop_around(node, function, barriers)
+        if loop is None and not any(b.start_byte > node.start_byte for b in barriers):
+            continue  # no barrier after the copy: nothing waits for the tile
+        if loop is None:  # tiles staged once (a pipeline's prologue too): one site, the first
+            if once is None:
+                once = _Place(_top_statement(node, function), False)
+                places[once.node.start_byte] = once
+            once.merge(found)
+            continue
+        place = places.setdefault(loop.start_byte, _Place(loop, True))
+        place.merge(found)
+    return [places[k] for k in sorted(places)]
+
+
+def staging_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
+    """Every staging site of the kernels not already reported (loop starts in ``skip``)."""
+    found: list[FoundForm] = []
+    for function in source.kernels:
+        if function.body is None or not analysis(source).shared(function).barriers:
+            continue
+        places = _places(source, function)
+        body = function.body
+        loops = any(p.in_loop for p in places) or any(
+            body.start_byte <= start < body.end_byte for start in skip
+        )
+        for place in places:
+            if place.node.start_byte in skip:
+                continue
+            if not place.in_loop and place.asynchronous and loops:
+                continue  # a pipeline's prologue: part of the tile loop's staging
+            skip.add(place.node.start_byte)
+            found.append(FoundForm(place.node, function, place.describe(), _CANONICAL))
+    return found

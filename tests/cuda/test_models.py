@@ -1,0 +1,138 @@
+"""The models of the analysis layer: cooperative groups, packed vectors, PTX, the call graph."""
+
+from __future__ import annotations
+
+from klineage.cuda.analysis import analysis
+from klineage.kernel import KernelSource
+
+COOPERATIVE = """\
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+namespace cg = cooperative_groups;
+
+__device__ float pair_max(float a, float b) { return a > b ? a : b; }
+
+__global__ void rows(const float* x, float* y, int cols) {
+  cg::thread_block block = cg::this_thread_block();
+  cg::thread_block_tile<32> warp = cg::tiled_partition<32>(block);
+  int row = blockIdx.x * warp.meta_group_size() + warp.meta_group_rank();
+  float s = 0.f;
+  for (int c = warp.thread_rank(); c < cols; c += warp.size()) s += x[row * cols + c];
+  s = cg::reduce(warp, s, cg::plus<float>{});
+  float m = cg::reduce(warp, s, pair_max);
+  s += warp.shfl_down(s, 1);
+  block.sync();
+  if (warp.thread_rank() == 0) y[row] = s + m;
+}
+"""
+
+PACKED = """\
+typedef __nv_bfloat16 elem_t;
+template <class T> struct alignas(16) Pack {
+  static constexpr int size = sizeof(int4) / sizeof(T);
+  T v[size];
+};
+using pack_t = Pack<elem_t>;
+struct alignas(16) Quad { float q[4]; };
+template <class T> __device__ Pack<T> load_pack(const T* p) {
+  return Pack<T>{*reinterpret_cast<const int4*>(p)};
+}
+template <class T> __device__ void store_pack(T* p, Pack<T> value) {
+  *reinterpret_cast<int4*>(p) = *reinterpret_cast<int4*>(&value);
+}
+__global__ void copy(const elem_t* in, elem_t* out, int n) {
+  int i = (blockIdx.x * blockDim.x + threadIdx.x) * pack_t::size;
+  if (i < n) store_pack(out + i, load_pack(in + i));
+}
+"""
+
+PTX = """\
+#define LOAD_FRAGMENT(R0, R1, addr) \\
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\\n" \\
+               : "=r"(R0), "=r"(R1) : "r"(addr))
+#define COPY_16(dst, src) \\
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" :: "r"(dst), "l"(src))
+#define COMMIT() asm volatile("cp.async.commit_group;\\n" ::)
+__device__ void wait_all() { asm volatile("cp.async.wait_group 0;\\n" ::); }
+__device__ void fence_then_wait() { wait_all(); }
+__global__ void tile(const half* a) {
+  __shared__ half s[64];
+  unsigned r0, r1;
+  unsigned dst = __cvta_generic_to_shared(&s[threadIdx.x * 8]);
+  COPY_16(dst, a + threadIdx.x * 8);
+  COMMIT();
+  fence_then_wait();
+  __syncthreads();
+  LOAD_FRAGMENT(r0, r1, dst);
+}
+"""
+
+
+def test_cooperative_groups_are_read_as_warps_ranks_reductions_and_barriers() -> None:
+    source = KernelSource(COOPERATIVE).parsed
+    groups = analysis(source).cooperative_groups
+    function = source.function("rows")
+    assert function is not None
+    warp = groups.group(function, "warp")
+    assert warp is not None and warp.is_warp  # declared in a statement the grammar misreads
+    reduces = [(r.op, r.op_name) for r in groups.reduces]
+    assert reduces == [("sum", "cg::plus"), ("custom", "pair_max")]
+    assert [s.kind for s in groups.shuffles] == ["shfl_down"]
+    assert [b.scope for b in groups.barriers] == ["block"]
+    indices = analysis(source).indices(function)
+    (loop,) = indices.loops
+    assert str(loop.init) == "lane" and loop.step.value == 32
+    load = next(a for a in indices.accesses() if a.buffer.name == "x")
+    assert load.offset.coefficient("warp").atoms() == {"cols"}
+
+
+def test_packed_structs_typedefs_and_helpers_are_vectors() -> None:
+    source = KernelSource(PACKED).parsed
+    vectors = analysis(source).vectors
+    packed = vectors.packed("pack_t")
+    assert packed is not None and (packed.count, packed.bytes) == (8, 16)
+    assert vectors.constant("pack_t::size") == 8
+    quad = vectors.packed("Quad")
+    assert quad is not None and quad.count == 4 and quad.user_defined
+    assert vectors.packed("float4") is not None and vectors.packed("float") is None
+    assert {(h.name, h.kind, h.bytes) for h in vectors.helpers.values()} == {
+        ("load_pack", "load", 16),
+        ("store_pack", "store", 16),
+    }
+    function = source.function("copy")
+    assert function is not None
+    accesses = analysis(source).indices(function).accesses()
+    assert sorted((a.buffer.name, a.direction, a.bytes) for a in accesses) == [
+        ("in", "load", 16),
+        ("out", "store", 16),
+    ]
+    assert str(accesses[0].offset) == "8·blockDim.x·blockIdx.x + 8·threadIdx.x"
+
+
+def test_ptx_is_found_through_macros_and_wrappers_with_qualifiers_in_any_order() -> None:
+    source = KernelSource(PTX).parsed
+    ptx = analysis(source).ptx
+    function = source.function("tile")
+    assert function is not None
+    sites = ptx.sites_in(function)
+    assert [(s.via, s.name) for s in sites] == [
+        ("macro", "COPY_16"),
+        ("macro", "COMMIT"),
+        ("helper", "fence_then_wait"),
+        ("macro", "LOAD_FRAGMENT"),
+    ]
+    ldmatrix = sites[-1].instructions[0]
+    assert ldmatrix.family == "ldmatrix" and ldmatrix.has("x2", "m8n8")
+    assert ptx.issues(function, "cp_async_wait")
+    shared = analysis(source).shared(function)
+    assert [s.name for s in shared.async_copies] == ["COPY_16"] and shared.barriers
+
+
+def test_the_call_graph_summarizes_helpers() -> None:
+    source = KernelSource(PTX + COOPERATIVE.split("namespace cg = cooperative_groups;")[1]).parsed
+    graph = analysis(source).call_graph
+    assert graph.callees("tile") == ["fence_then_wait"]
+    assert graph.reachable("fence_then_wait") == {"wait_all"}
+    assert "cp_async_wait" in graph.summary("tile").ptx
+    assert graph.summary("tile").block_barrier and not graph.summary("wait_all").block_barrier
+    assert graph.call_sites("wait_all")[0][0] == "fence_then_wait"

@@ -1,0 +1,115 @@
+"""Reductions in the spellings public kernels use: cooperative groups, grid strides."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.mechanisms import MechanismRefused, get
+from tests.mechanisms.roundtrip import compile_ok
+
+warp_reduction = get("warp_shuffle_reduction")
+grid_stride = get("grid_stride_loop")
+
+# one block per row, partial sums reduced per warp with cooperative groups, then across warps
+CG_ROWS = """\
+#include <cooperative_groups.h>
+#include <cooperative_groups/reduce.h>
+#include <stdint.h>
+namespace cg = cooperative_groups;
+
+__global__ void row_sums(const float* x, float* y, int cols) {
+  cg::thread_block block = cg::this_thread_block();
+  cg::thread_block_tile<32> warp = cg::tiled_partition<32>(block);
+  __shared__ float partial[32];
+  const float* row = x + blockIdx.x * cols;
+  float s = 0.f;
+  for (int c = block.thread_rank(); c < cols; c += blockDim.x) s += row[c];
+  partial[warp.meta_group_rank()] = cg::reduce(warp, s, cg::plus<float>{});
+  block.sync();
+  s = warp.thread_rank() < warp.meta_group_size() ? partial[warp.thread_rank()] : 0.f;
+  s = cg::reduce(warp, s, cg::plus<float>{});
+  if (block.thread_rank() == 0) y[blockIdx.x] = s;
+}
+
+extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+  row_sums<<<rows, 256, 0, stream>>>(x, y, (int)cols);
+  return (int)cudaGetLastError();
+}
+"""
+
+HALF_WARP = CG_ROWS.replace("thread_block_tile<32>", "thread_block_tile<16>").replace(
+    "tiled_partition<32>", "tiled_partition<16>"
+)
+
+# a reduction whose grid-stride loop keeps its stride in a variable and reads two elements
+STRIDED_SUM = """\
+template <unsigned kThreads>
+__global__ void partial_sums(const float* __restrict__ in, float* __restrict__ out, unsigned n) {
+  __shared__ float warp_sums[kThreads / 32];
+  unsigned step = kThreads * gridDim.x * 2;
+  unsigned i = blockIdx.x * kThreads * 2 + threadIdx.x;
+  float acc = 0.f;
+  while (i < n) {
+    acc += in[i];
+    if (i + kThreads < n) acc += in[i + kThreads];
+    i += step;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_down_sync(0xffffffff, acc, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) acc += warp_sums[w];
+    out[blockIdx.x] = acc;
+  }
+}
+
+__global__ void column_sums(const float* m, float* out, int rows, int cols) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  float acc = 0.f;
+  for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y)
+    acc += m[r * cols + c];
+  atomicAdd(&out[c], acc);
+}
+"""
+
+
+def test_cg_reduce_over_a_warp_is_a_site_and_its_removal_goes_through_shared_memory(
+    mechanism_builder: Builder,
+) -> None:
+    kernel = KernelSource(CG_ROWS)
+    sites = [s for s in warp_reduction.detect(kernel) if s.detail.get("kind") == "cg_reduce"]
+    assert [s.start_line for s in sites] == [13, 16] and all(s.supported for s in sites)
+    once = warp_reduction.remove(kernel, sites[0])
+    assert "klineage_warp_reduce_sum_float(s)" in once.text
+    assert "__device__ float klineage_warp_reduce_sum_float(float value)" in once.text
+    twice = warp_reduction.remove(once, warp_reduction.detect(once)[0])
+    assert twice.text.count("__device__ float klineage_warp_reduce_sum_float") == 1
+    assert "cg::reduce(" not in twice.text and not warp_reduction.detect(twice)
+    (candidate,) = warp_reduction.candidates(twice)  # the helper's exchange loop
+    forward = warp_reduction.apply(twice, candidate)
+    assert "value = value + __shfl_xor_sync(0xffffffffu, value, offset);" in forward.text
+    compile_ok(mechanism_builder, [once, twice, forward])
+
+
+def test_cg_reduce_over_a_half_warp_is_refused_with_its_form() -> None:
+    kernel = KernelSource(HALF_WARP)
+    site = next(s for s in warp_reduction.detect(kernel) if s.detail.get("kind") == "cg_reduce")
+    assert site.refusal == (
+        "the site is a cg::reduce over a tile of 16 threads; this rule needs a cg::reduce "
+        "over a 32-thread tile"
+    )
+    with pytest.raises(MechanismRefused, match="tile of 16 threads"):
+        warp_reduction.remove(kernel, site)
+
+
+def test_grid_stride_loops_are_found_by_what_their_index_does() -> None:
+    kernel = KernelSource(STRIDED_SUM)
+    sites = {s.function: s for s in grid_stride.detect(kernel)}
+    assert set(sites) == {"partial_sums", "column_sums"}
+    assert sites["partial_sums"].snippet == "while (i < n)"
+    assert "over gridDim.x (step 2·gridDim.x·kThreads" in str(sites["partial_sums"].refusal)
+    assert "in a kernel with block barriers" in str(sites["partial_sums"].refusal)
+    assert "over gridDim.y (step blockDim.y·gridDim.y" in str(sites["column_sums"].refusal)
+    assert "this rule needs the canonical" in str(sites["column_sums"].refusal)

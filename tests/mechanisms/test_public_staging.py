@@ -1,0 +1,112 @@
+"""Shared-memory staging in the spellings public kernels use."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.kernel import KernelSource
+from klineage.mechanisms import MechanismRefused, get
+
+staging = get("smem_staging")
+
+# a transpose through one padded tile, barrier through cooperative groups, no loop around it
+ONE_TILE = """\
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+#define TILE 32
+#define ROWS 8
+__global__ void flip(float* out, const float* in, int width, int height) {
+  cg::thread_block cta = cg::this_thread_block();
+  __shared__ float tile[TILE][TILE + 1];
+  int x = blockIdx.x * TILE + threadIdx.x, y = blockIdx.y * TILE + threadIdx.y;
+  for (int j = 0; j < TILE; j += ROWS)
+    tile[threadIdx.y + j][threadIdx.x] = in[(y + j) * width + x];
+  cg::sync(cta);
+  x = blockIdx.y * TILE + threadIdx.x;
+  y = blockIdx.x * TILE + threadIdx.y;
+  for (int j = 0; j < TILE; j += ROWS)
+    out[(y + j) * height + x] = tile[threadIdx.x][threadIdx.y + j];
+}
+"""
+
+# tiles loaded by a helper that gets the shared arrays, vectors through float4
+HELPER_TILES = """\
+template <int BM, int BK>
+__device__ void fetch(const float* a, int lda, float* a_tile, int row, int col) {
+  const float4 v = reinterpret_cast<const float4*>(&a[row * lda + col * 4])[0];
+  a_tile[(col * 4 + 0) * BM + row] = v.x;
+  a_tile[(col * 4 + 1) * BM + row] = v.y;
+  a_tile[(col * 4 + 2) * BM + row] = v.z;
+  a_tile[(col * 4 + 3) * BM + row] = v.w;
+}
+template <int BM, int BK>
+__global__ void gemm(const float* a, const float* b, float* c, int n, int k) {
+  __shared__ float a_tile[BM * BK];
+  float acc = 0.f;
+  const float* a_block = a + blockIdx.y * BM * k;
+  for (int k0 = 0; k0 < k; k0 += BK) {
+    fetch<BM, BK>(a_block + k0, k, a_tile, threadIdx.x / (BK / 4), threadIdx.x % (BK / 4));
+    __syncthreads();
+    for (int kk = 0; kk < BK; ++kk) acc += a_tile[kk * BM + threadIdx.x % BM] * b[(k0 + kk) * n];
+    __syncthreads();
+  }
+  c[blockIdx.y * BM * n + threadIdx.x] = acc;
+}
+"""
+
+# a row's parameters staged once through a cast of the dynamic buffer, read by every row
+CAST_ONCE = """\
+struct alignas(16) Vec { float v[4]; };
+__global__ void affine_rows(const float* w, const float* x, float* y, int rows, int cols) {
+  extern __shared__ char raw[];
+  Vec* sw = reinterpret_cast<Vec*>(raw);
+  for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4)
+    sw[c / 4] = *reinterpret_cast<const Vec*>(w + c);
+  __syncthreads();
+  for (int r = blockIdx.x; r < rows; r += gridDim.x)
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+      y[r * cols + c] = x[r * cols + c] * sw[c / 4].v[c % 4];
+}
+"""
+
+# a block reduction: shared memory holds partial sums, not staged input (not a site)
+PARTIALS = """\
+__global__ void sums(const float* x, float* y, int n) {
+  __shared__ float part[32];
+  float acc = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) acc += x[blockIdx.x * n + i];
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) y[blockIdx.x] = part[0] + part[1];
+}
+"""
+
+
+def _only_site(text: str):
+    (site,) = staging.detect(KernelSource(text))
+    return site
+
+
+def test_a_single_tile_behind_a_cooperative_groups_barrier_is_staging() -> None:
+    site = _only_site(ONE_TILE)
+    assert site.snippet == "for (int j = 0; j < TILE; j += ROWS)" and site.start_line == 9
+    assert site.refusal is not None
+    assert site.refusal.startswith("the site is tiles staged once, then a barrier, the tile")
+    with pytest.raises(MechanismRefused, match="this rule needs the canonical staged tile loop"):
+        staging.remove(KernelSource(ONE_TILE), site)
+
+
+def test_a_tile_loop_whose_stores_are_in_a_helper_is_staging() -> None:
+    site = _only_site(HELPER_TILES)
+    assert site.snippet == "for (int k0 = 0; k0 < k; k0 += BK)"
+    assert "stored by the helper fetch, which gets the shared arrays" in str(site.refusal)
+
+
+def test_stores_through_a_cast_of_the_dynamic_buffer_are_staging() -> None:
+    site = _only_site(CAST_ONCE)
+    assert site.start_line == 5
+    assert "through a pointer cast from a dynamic shared buffer" in str(site.refusal)
+
+
+def test_partial_sums_in_shared_memory_are_not_staging() -> None:
+    assert staging.detect(KernelSource(PARTIALS)) == []
