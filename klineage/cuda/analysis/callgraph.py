@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import networkx as nx  # type: ignore[import-untyped]
+import networkx as nx
 
 from klineage.cuda.analysis.cooperative_groups import CooperativeGroups
 from klineage.cuda.analysis.ptx import PtxModel
