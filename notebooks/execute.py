@@ -55,6 +55,7 @@ def execute(
         timeout_func=lambda _cell: max(1, int(deadline - time.monotonic())),
         startup_timeout=120,
         record_timing=False,
+        coalesce_streams=True,  # one stream output per cell however the kernel chunked it
     )
     saved = dict(os.environ)
     os.environ.update(env or {})
