@@ -298,6 +298,12 @@ class LineageGraph:
         ]
 
     @property
+    def refusals(self) -> list[dict[str, Any]]:
+        """The sites a rule refused to rewrite, in walk order: each with its `parent` state,
+        `mechanism`, `reason` and `step` (no gate run was spent on them)."""
+        return list(self.graph.graph.get("refusals", []))
+
+    @property
     def llm_rejections(self) -> list[dict[str, Any]]:
         """The LLM answers that never became an attempt, with why."""
         return list(self.graph.graph.get("llm_rejections", []))

@@ -177,3 +177,15 @@ def test_visible_gpus_is_zero_without_torch() -> None:
         """
     )
     assert out == "0"
+
+
+def test_a_kept_lineage_reads_as_a_graph_with_its_path_and_refusals() -> None:
+    from klineage import LineageGraph
+
+    lineage = LineageGraph.load(REPO / "skills_out" / "lineages" / "softmax_rows_f32.json")
+    path = lineage.main_path()
+    assert path[0].parent == lineage.root
+    assert lineage.graph.has_edge(path[-1].parent, path[-1].child)
+    assert lineage.refusals
+    assert {"parent", "mechanism", "reason", "step"} <= set(lineage.refusals[0])
+    assert all(r["parent"] in lineage.graph for r in lineage.refusals)
