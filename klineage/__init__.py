@@ -1,7 +1,9 @@
 """klineage: mine verified GPU-kernel optimization skills from expert CUDA kernels.
 
-The public API: load a problem, wrap a kernel, judge it with the gate, mine skills from an
-expert kernel, retrieve them for a new kernel and replay them there.
+The public API: load a problem (or scaffold one from a kernel with `new_problem`), wrap a
+kernel, judge it with the gate, mine skills from an expert kernel, retrieve them for a new
+kernel and replay them there. `visible_gpus()` says whether the check and time stages (and so
+`mine` and `replay`) can run here.
 
     from klineage import Gate, KernelSource, load_problem, mine, replay, retrieve
 
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.gate import Gate, GateSetupError
-from klineage.gate.pool import GatePool
+from klineage.gate.pool import GatePool, visible_gpus
 from klineage.gate.result import GateVerdict, Status, WorkloadVerdict
 from klineage.kernel import KernelSource, use_parser
 from klineage.problem import Problem, ProblemError, load_problem
@@ -55,6 +57,9 @@ _LAZY = {
     "ReplayBudget": ("klineage.replay.results", "ReplayBudget"),
     "retrieve": ("klineage.replay.retrieve", "retrieve"),
     "Retrieval": ("klineage.replay.retrieve", "Retrieval"),
+    "new_problem": ("klineage.formats.scaffold", "new_problem"),
+    "Scaffold": ("klineage.formats.scaffold", "Scaffold"),
+    "ScaffoldError": ("klineage.formats.scaffold", "ScaffoldError"),
 }
 
 
@@ -102,12 +107,16 @@ __all__ = [
     "ReplayBudget",
     "ReplayReport",
     "Retrieval",
+    "Scaffold",
+    "ScaffoldError",
     "Skill",
     "SkillLibrary",
     "Status",
     "WorkloadVerdict",
     "load_problem",
     "mine",
+    "new_problem",
     "replay",
     "retrieve",
+    "visible_gpus",
 ]

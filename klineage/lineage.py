@@ -328,6 +328,12 @@ class LineageGraph:
         ]
 
     @property
+    def refusals(self) -> list[RefusedSite]:
+        """The sites a rule refused to rewrite, in walk order: each with its parent state,
+        mechanism, reason and step (no gate run was spent on them)."""
+        return list(self.meta.refusals or [])
+
+    @property
     def llm_rejections(self) -> list[LlmRejection]:
         """The LLM answers that never became an attempt, with why."""
         return list(self.meta.llm_rejections or [])

@@ -141,3 +141,51 @@ def test_torch_is_an_extra_and_reading_never_imports_it() -> None:
         """
     )
     assert out == "True 0 0"
+
+
+def test_kept_results_read_back_as_models_without_a_gpu() -> None:
+    from klineage import ReplayReport
+
+    report = ReplayReport.load(REPO / "bench" / "results" / "replay.json")
+    assert {r.method for r in report.results} == {"skills", "blind", "memory"}
+    assert [s.method for s in report.summary] == ["skills", "blind", "memory"]
+    with pytest.raises(ValueError, match=r"mine\.json: not a report written by `klineage replay`"):
+        ReplayReport.load(REPO / "bench" / "results" / "mine.json")
+
+
+def test_a_problem_is_scaffolded_from_a_kernel_through_the_top_level_name(tmp_path: Path) -> None:
+    from klineage import Scaffold, new_problem
+
+    kernel = tmp_path / "scale.cu"
+    kernel.write_text(
+        '#include <cstdint>\n#include <cuda_runtime.h>\nextern "C" int run(const float* x, '
+        "float* y, int64_t n, cudaStream_t stream) { return 0; }\n"
+    )
+    made = new_problem("scale_f32", kernel, tmp_path / "scale_f32")
+    assert isinstance(made, Scaffold)
+    assert list(made.problem.definition.inputs) == ["x"]
+    assert made.problem.definition.var_axes() == ["n"]
+
+
+def test_visible_gpus_is_zero_without_torch() -> None:
+    out = _fresh_python(
+        """
+        import sys
+        sys.modules["torch"] = None  # import torch fails, as where it is not installed
+        from klineage import visible_gpus
+        print(visible_gpus())
+        """
+    )
+    assert out == "0"
+
+
+def test_a_kept_lineage_reads_as_a_graph_with_its_path_and_refusals() -> None:
+    from klineage import LineageGraph
+
+    lineage = LineageGraph.load(REPO / "skills_out" / "lineages" / "softmax_rows_f32.json")
+    path = lineage.main_path()
+    assert path[0].parent == lineage.root
+    assert lineage.graph.has_edge(path[-1].parent, path[-1].child)
+    assert lineage.refusals
+    assert {"parent", "mechanism", "reason", "step"} <= set(lineage.refusals[0].model_dump())
+    assert all(r.parent in lineage.graph for r in lineage.refusals)

@@ -162,13 +162,14 @@ def new_problem(name: str, kernel_path: str | Path, out: str | Path) -> Scaffold
     (out / WORKLOADS_FILE).write_text(json.dumps(workload) + "\n", encoding="utf-8")
     if kernel_path.resolve() != (out / KERNEL_FILE).resolve():
         (out / KERNEL_FILE).write_text(source.text, encoding="utf-8")
+    scalars = [n for n, spec in inputs.items() if spec["shape"] is None]
     todo = [
         f"{DEFINITION_FILE}: write the reference's body (it raises until then)",
         f"{DEFINITION_FILE}: confirm each tensor's shape (guessed over every axis: "
         f"{', '.join(axes) or 'none'})",
         f"{DEFINITION_FILE}: set op_type and the description",
-        f"{WORKLOADS_FILE}: real sizes for the axes (guessed {GUESSED_EXTENT} each) and the "
-        "scalar inputs' values (guessed 1.0)",
+        f"{WORKLOADS_FILE}: real sizes for the axes (guessed {GUESSED_EXTENT} each)"
+        + (f" and the values of {', '.join(scalars)} (guessed 1.0)" if scalars else ""),
         "then: klineage gate " + str(out),
     ]
     (out / TODO_FILE).write_text(

@@ -15,7 +15,6 @@ apply (see :mod:`klineage.replay.methods`); the baselines never ask it.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -108,6 +107,16 @@ class ReplayReport(BaseModel):
         default_factory=list,
         description="why the skills method fell short where a baseline ended faster",
     )
+
+    @classmethod
+    def load(cls, path: str | Path) -> ReplayReport:
+        """The report `replay` wrote at `path` (`replay_out/replay.json`, or the kept H200 run
+        `bench/results/replay.json`); a file that is not one raises ValueError naming it."""
+        file = Path(path)
+        try:
+            return cls.model_validate_json(file.read_text(encoding="utf-8"))
+        except ValueError as err:  # pydantic's ValidationError is one
+            raise ValueError(f"{file}: not a report written by `klineage replay` ({err})") from err
 
 
 def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
@@ -261,5 +270,5 @@ def draw_chart(report: ReplayReport, path: str | Path) -> Path:
 
 
 def load_replay(path: str | Path) -> ReplayReport:
-    """The replay report saved at `path` (`replay.json`)."""
-    return ReplayReport.model_validate(json.loads(Path(path).read_text()))
+    """The report at `path` (:meth:`ReplayReport.load`)."""
+    return ReplayReport.load(path)

@@ -34,6 +34,18 @@ def test_the_signature_gives_inputs_outputs_axes_and_a_workload(tmp_path: Path) 
         run_reference(definition, inputs)
 
 
+def test_the_to_do_list_names_the_scalar_inputs_to_set_and_only_those(tmp_path: Path) -> None:
+    with_scalar = new_problem("scale", KERNEL, tmp_path / "scale").todo
+    assert any("the values of alpha (guessed 1.0)" in item for item in with_scalar)
+    kernel = tmp_path / "copy.cu"
+    kernel.write_text(
+        '#include <cstdint>\n#include <cuda_runtime.h>\nextern "C" int run(const float* x, '
+        "float* y, int64_t n, cudaStream_t stream) { return 0; }\n"
+    )
+    without = new_problem("copy", kernel, tmp_path / "copy").todo
+    assert not any("values of" in item or "scalar" in item for item in without)
+
+
 def test_filling_in_the_reference_gives_a_working_problem(tmp_path: Path) -> None:
     folder = new_problem("scale", KERNEL, tmp_path / "scale").problem.root
     path = folder / "definition.json"
