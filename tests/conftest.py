@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -44,10 +45,34 @@ def build_cache(tmp_path: Path) -> Path:
     return tmp_path / "build-cache"
 
 
+def _run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's temporary folder: new for every run (so no build is carried over from an
+    earlier one) and, under pytest-xdist, the one its workers' folders are made in."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def shared_builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
     """One nvcc builder and cache for the whole run, for tests that need builds to succeed
     rather than to exercise the cache: a source several tests build (an expert kernel, a
-    state every mining walk passes through) compiles once. Tests of the cache use
-    `build_cache`."""
-    return Builder(cache_dir=tmp_path_factory.mktemp("shared-builds"))
+    state every mining walk passes through) compiles once, also across pytest-xdist's
+    workers (the cache's per-key locks make one wait for the other's compile). Tests of the
+    cache use `build_cache`."""
+    return Builder(cache_dir=_run_dir(tmp_path_factory) / "shared-builds")
+
+
+@pytest.fixture(scope="session")
+def device_builder(shared_builder: Builder) -> Builder:
+    """Device-only builds (`nvcc -cubin`) in the same cache, for tests that ask whether a
+    kernel compiles, or for its ptxas report or SASS, and never run or link it: nvcc's front
+    end still checks the whole file, host code included, at about half a full build's cost."""
+    return Builder(cache_dir=shared_builder.cache_dir, device_only=True)
+
+
+@pytest.fixture
+def shared_cache_dir(shared_builder: Builder, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`KLINEAGE_CACHE_DIR` set to the run's shared cache, for command-line tests whose
+    builds must succeed and whose subject is not the cache."""
+    monkeypatch.setenv("KLINEAGE_CACHE_DIR", str(shared_builder.cache_dir))
+    return shared_builder.cache_dir

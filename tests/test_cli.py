@@ -15,8 +15,8 @@ runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
-def private_cache(monkeypatch: pytest.MonkeyPatch, build_cache: Path) -> None:
-    monkeypatch.setenv("KLINEAGE_CACHE_DIR", str(build_cache))
+def run_cache(shared_cache_dir: Path) -> None:
+    """Builds go to the run's cache (the softmax expert compiles once for every test)."""
 
 
 @pytest.mark.nvcc

@@ -98,10 +98,8 @@ def test_kernel_names_are_shortened_but_kept_apart() -> None:
 
 @pytest.mark.nvcc
 @pytest.mark.usefixtures("eighty_columns")
-def test_the_build_table_shows_each_kernel_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("KLINEAGE_CACHE_DIR", str(tmp_path))
+@pytest.mark.usefixtures("shared_cache_dir")
+def test_the_build_table_shows_each_kernel_whole() -> None:
     built = runner.invoke(app, ["gate", str(REPO / "expert_kernels" / "softmax"), "--build-only"])
     assert built.exit_code == 0, built.output
     for name in ("softmax_block_rows<1024, 8>", "softmax_block_rows<256, 4>"):

@@ -670,9 +670,10 @@ def test_kernel_builds_for_sm90a_without_spills(shared_builder: Builder) -> None
 
 
 @pytest.mark.nvcc
-def test_mma_sync_version_builds_for_sm90_without_spills(shared_builder: Builder) -> None:
-    """bench/gemm_variants/mma_sync.cu: the earlier tiled path on mma.sync + ldmatrix."""
-    result = shared_builder.build(MODELLED.read_text(), MODELLED.name)
+def test_mma_sync_version_builds_for_sm90_without_spills(device_builder: Builder) -> None:
+    """bench/gemm_variants/mma_sync.cu: the earlier tiled path on mma.sync + ldmatrix (never
+    run here, so compiled device-only)."""
+    result = device_builder.build(MODELLED.read_text(), MODELLED.name)
     assert result.ok, result.message
     assert result.arch == "sm_90"
     assert result.report is not None and result.report.total_spills == 0

@@ -3,8 +3,6 @@ launch), and its card shows how."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from klineage.gate.build import Builder
@@ -65,9 +63,9 @@ def _smallest(library: SkillLibrary, lineages: dict[str, LineageGraph], n: int) 
 
 
 @pytest.mark.nvcc
-def test_a_rebuild_agrees_that_the_steps_change_machine_code(build_cache: Path) -> None:
+def test_a_rebuild_agrees_that_the_steps_change_machine_code(shared_builder: Builder) -> None:
     library, lineages = _library()
-    builder = Builder(cache_dir=build_cache)
+    builder = shared_builder  # an expert state test_experts builds too compiles once
     for skill in _smallest(library, lineages, 2):
         lineage = lineages[skill.evidence.problem]
         sources = [

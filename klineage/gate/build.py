@@ -3,7 +3,7 @@
 A kernel is a single ``.cu`` file exporting ``extern "C" int run(...)``. :class:`Builder`
 compiles it to ``kernel.so`` and keeps the outcome in a content-addressed cache::
 
-    <cache>/<key[:2]>/<key>/kernel.so     (only when the build is OK)
+    <cache>/<key[:2]>/<key>/kernel.so     (only when the build is OK, and not device-only)
     <cache>/<key[:2]>/<key>/kernel.cu     (the source, for debugging)
     <cache>/<key[:2]>/<key>/kernel.cubin  (the device image, for disassembly; only when OK)
     <cache>/<key[:2]>/<key>/result.json   (the BuildResult, library path relative)
@@ -16,6 +16,13 @@ instruction histograms from nvdisasm.
 
 Compile errors are cached as well: the same broken source never runs nvcc twice. Timeouts
 are not cached because they depend on machine load rather than on the source.
+
+A device-only builder (``Builder(device_only=True)``, ``nvcc -cubin``) compiles the device
+code alone, in about half the time: nvcc's front end still checks the whole file (host code
+included) and ptxas reports the same resources and writes the same SASS as in the full build,
+but the host compiler never runs and no library is linked. Its entries hold ``kernel.cubin``
+and no ``kernel.so``, so they can be disassembled but not run: for "does it compile", the
+ptxas report and SASS questions (the tests', the -lineinfo builds of no-op reasons).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from klineage.problem.abi import KernelAbi
 
 __all__ = [
     "BASE_FLAGS",
+    "DEVICE_FLAGS",
     "BuildResult",
     "BuildStatus",
     "BuildToolError",
@@ -70,6 +78,7 @@ MAX_ERRORS = 20
 MAX_NOTES = 3
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17")
 SHARED_FLAGS: tuple[str, ...] = ("-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v")
+DEVICE_FLAGS: tuple[str, ...] = ("-cubin", "-Xptxas", "-v")  # device-only: no host compile
 _ARCH = re.compile(r"^sm_(\d+)([a-z]?)$")
 
 
@@ -99,7 +108,14 @@ class BuildResult(BaseModel):
     status: BuildStatus = Field(description="OK or COMPILE_ERROR.")
     key: str = Field(description="Cache key: sha256 hex of source, flags, nvcc version and arch.")
     library: Path | None = Field(
-        default=None, description="Path of kernel.so inside the cache entry; None unless OK."
+        default=None,
+        description="Path of kernel.so inside the cache entry; None unless OK, and always "
+        "None for a device-only build.",
+    )
+    device_only: bool = Field(
+        default=False,
+        description="True for a device-only build (nvcc -cubin): checked by nvcc's front end "
+        "and ptxas, with a ptxas report and device machine code, but no library to run.",
     )
     log: str = Field(
         default="",
@@ -138,7 +154,8 @@ class BuildResult(BaseModel):
 
     @property
     def ok(self) -> bool:
-        """True when the build produced a usable library."""
+        """True when the build succeeded: a usable library, or for a device-only build its
+        device image (``library`` is then None)."""
         return self.status is BuildStatus.OK
 
 
@@ -195,6 +212,8 @@ class Builder:
         extra_flags: Sequence[str] = (),
         nvcc: str = "nvcc",
         timeout_s: float = 300,
+        *,
+        device_only: bool = False,
     ) -> None:
         if isinstance(extra_flags, str):
             raise TypeError("extra_flags must be a sequence of flags, not one string")
@@ -204,6 +223,7 @@ class Builder:
         self.extra_flags: tuple[str, ...] = tuple(extra_flags)
         self.nvcc = nvcc
         self.timeout_s = float(timeout_s)
+        self.device_only = device_only
         self._nvcc_path: str | None = None
         self._nvcc_version: str | None = None
         self._version_lock = threading.Lock()
@@ -216,12 +236,14 @@ class Builder:
     @property
     def flags(self) -> list[str]:
         """All nvcc flags except the output and input file names."""
-        return [*BASE_FLAGS, *self._arch_flags, *SHARED_FLAGS, *self.extra_flags]
+        mode = DEVICE_FLAGS if self.device_only else SHARED_FLAGS
+        return [*BASE_FLAGS, *self._arch_flags, *mode, *self.extra_flags]
 
     @property
     def command(self) -> list[str]:
         """The nvcc command line as run inside the work dir."""
-        return [self.nvcc, *self.flags, "-o", LIBRARY_FILE, SOURCE_FILE]
+        output = CUBIN_FILE if self.device_only else LIBRARY_FILE
+        return [self.nvcc, *self.flags, "-o", output, SOURCE_FILE]
 
     @property
     def nvcc_version(self) -> str:
@@ -299,9 +321,15 @@ class Builder:
 
     def instantiated_lines(self, source: str) -> set[int] | None:
         """The source lines some SASS instruction of ``source`` comes from (a -lineinfo build
-        beside this one, cached like any build); None when that cannot be told."""
+        beside this one, cached like any build); None when that cannot be told. Only its
+        cubin is read, so it is a device-only build."""
         lined = Builder(
-            self.cache_dir, self.arch, (*self.extra_flags, "-lineinfo"), self.nvcc, self.timeout_s
+            self.cache_dir,
+            self.arch,
+            (*self.extra_flags, "-lineinfo"),
+            self.nvcc,
+            self.timeout_s,
+            device_only=True,
         )
         result = lined.build(source)
         if not result.ok:
@@ -318,7 +346,12 @@ class Builder:
         with self._specific_lock:
             if arch not in self._specific:
                 self._specific[arch] = Builder(
-                    self.cache_dir, arch, self.extra_flags, self.nvcc, self.timeout_s
+                    self.cache_dir,
+                    arch,
+                    self.extra_flags,
+                    self.nvcc,
+                    self.timeout_s,
+                    device_only=self.device_only,
                 )
             return self._specific[arch]
 
@@ -370,7 +403,8 @@ class Builder:
         if stored.key != key:
             return None
         library = entry / stored.library if stored.library is not None else None
-        if stored.ok and (library is None or not library.is_file()):
+        product = entry / CUBIN_FILE if stored.device_only else library
+        if stored.ok and (product is None or not product.is_file()):
             return None
         message = stored.message
         if stored.source_name != name:
@@ -409,7 +443,7 @@ class Builder:
             self._finalize_work_dir(work, result)
             entry = self.entry_dir(key)
             _publish(work, entry, tmp_root)
-            if result.ok:
+            if result.ok and not result.device_only:
                 result.library = entry / LIBRARY_FILE
             return result
         finally:
@@ -423,7 +457,8 @@ class Builder:
             library.unlink(missing_ok=True)
         elif library.exists():
             _fsync_file(library)
-        stored = result.model_copy(update={"library": Path(LIBRARY_FILE) if result.ok else None})
+        linked = result.ok and not result.device_only
+        stored = result.model_copy(update={"library": Path(LIBRARY_FILE) if linked else None})
         result_path = work / RESULT_FILE
         result_path.write_text(stored.model_dump_json(indent=1), encoding="utf-8")
         _fsync_file(result_path)
@@ -442,6 +477,7 @@ class Builder:
             nvcc_version=self.nvcc_version,
             arch=self.arch,
             source_name=name,
+            device_only=self.device_only,
         )
         if run.timed_out:
             result.failure = FailureKind.TIMEOUT
@@ -457,6 +493,10 @@ class Builder:
             result.report = report if report.kernels else None
             return result
         result.report = report
+        if self.device_only:  # no library: nothing to look the run symbol up in
+            result.status = BuildStatus.OK
+            self._read_machine_code(work, result)
+            return result
         missing = _missing_run_message(work / LIBRARY_FILE, name)
         if missing is not None:
             result.failure = FailureKind.MISSING_RUN
@@ -470,8 +510,14 @@ class Builder:
         """Fingerprints from nvcc's kept files, and the cubin kept for disassembly."""
         kept = work / KEEP_DIR
         try:
-            result.machine_code = sass.read_machine_code(kept, self.arch)
-            (work / CUBIN_FILE).write_bytes(sass.normalized_image(kept))
+            if self.device_only:
+                cubin = work / CUBIN_FILE  # nvcc's output, rewritten normalized below
+                result.machine_code = sass.read_device_code(cubin, kept, self.arch)
+                image = sass.normalized_image(kept, cubin)
+            else:
+                result.machine_code = sass.read_machine_code(kept, self.arch)
+                image = sass.normalized_image(kept)
+            (work / CUBIN_FILE).write_bytes(image)
         except (OSError, ValueError) as err:
             result.machine_code = None
             result.machine_code_note = f"no machine code fingerprints: {err}"

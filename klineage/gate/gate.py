@@ -90,6 +90,11 @@ class Gate:
         if check_trials < CHECK_TRIALS:
             raise ValueError(f"check_trials must be at least {CHECK_TRIALS} (the gate's contract)")
         self.builder = builder or Builder()
+        if self.builder.device_only:
+            raise ValueError(
+                "a device-only Builder links no library for the worker to run: pass "
+                "Builder(device_only=False) to a Gate"
+            )
         self.timing = timing or TimingConfig()
         self.check_trials = check_trials
         self.check_timeout_s = check_timeout_s

@@ -50,6 +50,7 @@ __all__ = [
     "find_tool",
     "instantiated_lines",
     "normalized_image",
+    "read_device_code",
     "read_machine_code",
     "render_delta",
     "short_name",
@@ -129,7 +130,8 @@ class MachineCode(BaseModel):
     device_fingerprint: str = Field(description="sha256 (24 hex) of every device section")
     host_fingerprint: str = Field(
         description="sha256 (24 hex) of the host object: code, data, relocations by symbol; "
-        "the embedded device image and the kernels' own stubs left out"
+        "the embedded device image and the kernels' own stubs left out; empty for a "
+        "device-only build (no host object)"
     )
     host_source_fingerprint: str = Field(
         default="",
@@ -167,6 +169,8 @@ class MachineCode(BaseModel):
         Either is enough. A stub gcc inlined into its caller lays out its argument copies
         differently under `__restrict__` (the object differs, the source does not); a loop
         pragma gcc ignores changes the source and not the object."""
+        if not (self.host_fingerprint and other.host_fingerprint):
+            return False  # a device-only build has no host side to compare
         if self.host_fingerprint == other.host_fingerprint:
             return True
         return bool(self.host_source_fingerprint) and (
@@ -196,10 +200,29 @@ def read_machine_code(keep_dir: Path, arch: str) -> MachineCode:
     return code
 
 
-def normalized_image(keep_dir: Path) -> bytes:
-    """The kernel's cubin with the translation unit's hash normalized in its names (same
-    length, so the ELF stays valid): what the cache keeps for later disassembly."""
-    return _normal(device_image(keep_dir).read_bytes(), _module_hash(keep_dir))
+def read_device_code(cubin: Path, keep_dir: Path, arch: str) -> MachineCode:
+    """Fingerprints of a device-only build (``nvcc -cubin``): `cubin` is its output, `keep_dir`
+    the files nvcc kept. There is no host side, so the host fingerprints are empty (and
+    :meth:`MachineCode.same_host` is never true of them)."""
+    started = time.perf_counter()
+    module = _module_hash(keep_dir)
+    device = Elf.parse(cubin.read_bytes())
+    code = MachineCode(
+        arch=arch,
+        functions=_functions(device, module),
+        device_fingerprint=_device_fingerprint(device, module),
+        host_fingerprint="",
+    )
+    code.fingerprint_seconds = time.perf_counter() - started
+    return code
+
+
+def normalized_image(keep_dir: Path, cubin: Path | None = None) -> bytes:
+    """The kernel's cubin (`cubin`, else the one among nvcc's kept files) with the translation
+    unit's hash normalized in its names (same length, so the ELF stays valid): what the cache
+    keeps for later disassembly."""
+    image = cubin if cubin is not None else device_image(keep_dir)
+    return _normal(image.read_bytes(), _module_hash(keep_dir))
 
 
 def device_image(keep_dir: Path) -> Path:

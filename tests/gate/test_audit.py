@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pickle
 import random
-from pathlib import Path
 
 import pytest
 
@@ -205,13 +204,13 @@ def test_a_latency_below_the_floor_is_impossible() -> None:
     ],
 )
 def test_an_audit_failure_becomes_the_workloads_verdict(
-    tmp_path: Path, runner: str, status: Status, audit: str
+    shared_builder: Builder, runner: str, status: Status, audit: str
 ) -> None:
     from klineage.problem import load_problem
 
     problem = load_problem(FIXTURES / "problems" / "scale_rows")
     kernel = KernelSource.from_file(FIXTURES / "kernels" / "scale_rows" / "correct.cu")
-    with Gate(Builder(cache_dir=tmp_path), worker_runner=runner) as gate:
+    with Gate(shared_builder, worker_runner=runner) as gate:
         verdict = gate.run(problem, kernel, workloads=problem.workloads[:1])
         [result] = verdict.workloads
         assert result.status is status, result.message

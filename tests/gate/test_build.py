@@ -17,6 +17,7 @@ from typing import TypeVar, cast
 import pytest
 
 import klineage
+from klineage.gate import sass
 from klineage.gate.build import (
     Builder,
     BuildResult,
@@ -419,3 +420,85 @@ def test_a_wgmma_kernel_is_built_for_sm_90a_automatically(tmp_path: Path) -> Non
     assert any("compute_90a" in flag for flag in result.command)
     plain = builder.build(source.replace("wgmma.fence.sync.aligned;", "nanosleep.u32 1;"))
     assert plain.ok and plain.arch == "sm_90"
+
+
+# ------------------------------------------------------------------ device-only builds
+
+HOST_ERROR = kernel().replace("return 0;", "return undefined_on_the_host(n);")
+HOST_UNUSED = kernel().replace("return 0;", "int blocks = (int)n;\n    return 0;")
+
+
+def _resources(result: BuildResult) -> list[tuple[str, int, int, int, int]]:
+    """The ptxas report less the mangled names (they carry the translation unit's hash)."""
+    assert result.report is not None
+    return [
+        (k.name, k.registers, k.shared_bytes, k.stack_bytes, k.spill_bytes)
+        for k in result.report.kernels
+    ]
+
+
+def test_a_gate_refuses_a_device_only_builder(tmp_path: Path) -> None:
+    from klineage.gate.gate import Gate
+
+    builder = Builder(cache_dir=tmp_path, device_only=True)
+    assert builder.command[-4:] == ["-v", "-o", "kernel.cubin", "kernel.cu"]
+    assert "-cubin" in builder.flags and "-shared" not in builder.flags
+    assert Builder(cache_dir=tmp_path).key("x") != builder.key("x")
+    with pytest.raises(ValueError, match="device-only"):
+        Gate(builder)
+
+
+@needs_nvcc
+def test_a_device_only_build_gives_the_full_builds_device_code(tmp_path: Path) -> None:
+    """The same SASS, the same ptxas report, no library: what "it compiles" and the SASS
+    questions need, at about half the cost (the host compiler never runs)."""
+    full = Builder(cache_dir=tmp_path).build(RESOURCES)
+    device = Builder(cache_dir=tmp_path, device_only=True)
+    result = device.build(RESOURCES, "resources.cu")
+    assert result.ok and result.device_only and not full.device_only
+    assert result.library is None and result.key != full.key
+    assert "-cubin" in result.command and "-shared" not in result.command
+    assert sorted(p.name for p in device.entry_dir(result.key).iterdir()) == [
+        "kernel.cu",
+        "kernel.cubin",
+        "result.json",
+    ]
+    assert _resources(result) == _resources(full)
+    code, full_code = result.machine_code, full.machine_code
+    assert code is not None and full_code is not None
+    assert code.device_fingerprint == full_code.device_fingerprint
+    assert [(f.name, f.fingerprint) for f in code.functions] == [
+        (f.name, f.fingerprint) for f in full_code.functions
+    ]
+    # no host side: never the same host launch as anything, not even itself
+    assert code.host_fingerprint == "" and not code.same_host(code)
+    again = device.build(RESOURCES, "resources.cu")
+    assert again.cached and again.ok and again.library is None and again.device_only
+    if sass.find_tool("nvdisasm") is not None:
+        histograms = device.disassemble(again).machine_code
+        assert histograms is not None and histograms.disassembled
+
+
+@needs_nvcc
+def test_a_device_only_build_still_checks_the_host_code(tmp_path: Path) -> None:
+    """nvcc's front end parses the whole file in the device pass, so an error in host code is
+    a compile error with its line, as in the full build."""
+    result = Builder(cache_dir=tmp_path, device_only=True).build(HOST_ERROR, "host.cu")
+    assert result.status is BuildStatus.COMPILE_ERROR and result.failure is FailureKind.NVCC
+    assert 'host.cu:9: error: identifier "undefined_on_the_host" is undefined' in result.message
+    # and it warns about host code too (a rewrite's unused host variable, nvcc's #177)
+    unused = Builder(cache_dir=tmp_path, device_only=True).build(HOST_UNUSED)
+    assert unused.ok and '#177-D: variable "blocks" was declared but never referenced' in unused.log
+
+
+@needs_nvcc
+def test_instantiated_lines_come_from_a_device_only_lineinfo_build(tmp_path: Path) -> None:
+    builder = Builder(cache_dir=tmp_path)
+    lines = builder.instantiated_lines(kernel(tag="lines"))
+    if sass.find_tool("nvdisasm") is None:
+        pytest.skip("needs nvdisasm")
+    assert lines and 4 in lines  # `if (i < n) x[i] *= a;`
+    (stored,) = [
+        BuildResult.model_validate_json(p.read_text()) for p in tmp_path.glob("*/*/result.json")
+    ]
+    assert stored.device_only and "-lineinfo" in stored.command and "-shared" not in stored.command

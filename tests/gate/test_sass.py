@@ -32,8 +32,10 @@ COMMENTED = "// a comment changes the translation unit's hash, not its code\n" +
 
 
 @pytest.fixture
-def builder(build_cache: Path) -> Builder:
-    return Builder(cache_dir=build_cache)
+def builder(shared_builder: Builder) -> Builder:
+    """The run's builder: these tests read what a build holds, so BASE compiles once for all
+    of them (the one test of what the cache keeps has its own)."""
+    return shared_builder
 
 
 def test_edits_apply() -> None:
@@ -97,7 +99,8 @@ def test_edit_in_a_branch_no_instantiation_keeps(builder: Builder) -> None:
 
 @pytest.mark.nvcc
 @pytest.mark.nvdisasm
-def test_histogram_delta_and_cache(builder: Builder, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_histogram_delta_and_cache(build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    builder = Builder(cache_dir=build_cache)  # its own cache: nvdisasm runs here first
     base = builder.build(BASE, disassemble=True)
     wide = builder.build(WIDE_SUM, disassemble=True)
     assert base.machine_code is not None and wide.machine_code is not None
@@ -159,14 +162,12 @@ def test_histograms_from_a_listing() -> None:
 
 @pytest.mark.nvcc
 @pytest.mark.nvdisasm
-def test_build_only_prints_the_machine_code(
-    build_cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("shared_cache_dir")
+def test_build_only_prints_the_machine_code(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
     from klineage.cli import app
 
-    monkeypatch.setenv("KLINEAGE_CACHE_DIR", str(build_cache))
     monkeypatch.setenv("COLUMNS", "200")
     problem = Path(__file__).resolve().parents[1] / "fixtures" / "mining" / "exp_scale"
     result = CliRunner().invoke(app, ["gate", str(problem), "--build-only"])

@@ -27,10 +27,12 @@ NO_COLS = CORRECT.replace("int64_t rows, int64_t cols,", "int64_t rows,").replac
 
 
 @pytest.mark.nvcc
-def test_a_run_without_cols_is_a_compile_error_before_any_gpu_work(tmp_path: Path) -> None:
+def test_a_run_without_cols_is_a_compile_error_before_any_gpu_work(
+    shared_builder: Builder,
+) -> None:
     problem = load_problem(PROBLEM)
     expected = KernelAbi.from_definition(problem.definition).prototype
-    with Gate(Builder(cache_dir=tmp_path), worker_runner=STAND_IN) as gate:
+    with Gate(shared_builder, worker_runner=STAND_IN) as gate:
         verdict = gate.run(problem, KernelSource(NO_COLS, name="no_cols.cu"))
         plain = gate.builder.build(NO_COLS, name="no_cols.cu")
     assert plain.ok  # nvcc alone is happy: only the definition knows cols is missing
@@ -56,10 +58,8 @@ def test_a_run_without_c_linkage_shows_the_line_expected(tmp_path: Path) -> None
 
 
 @pytest.mark.nvcc
-def test_build_only_reports_the_mismatch_and_exits_1(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("KLINEAGE_CACHE_DIR", str(tmp_path / "cache"))
+@pytest.mark.usefixtures("shared_cache_dir")
+def test_build_only_reports_the_mismatch_and_exits_1(tmp_path: Path) -> None:
     kernel = tmp_path / "no_cols.cu"
     kernel.write_text(NO_COLS)
     result = CliRunner().invoke(

@@ -34,8 +34,8 @@ def problem():
     return load_problem(FIXTURES / "problems" / "scale_rows")
 
 
-def _verdict(build_cache: Path, source: str, workloads: list[WorkloadVerdict]) -> GateVerdict:
-    build = Builder(cache_dir=build_cache).build(source, "k.cu")
+def _verdict(builder: Builder, source: str, workloads: list[WorkloadVerdict]) -> GateVerdict:
+    build = builder.build(source, "k.cu")
     return GateVerdict(
         problem="scale_rows_f32",
         kernel="k.cu",
@@ -52,7 +52,7 @@ def _timing(ms: float) -> Timing:
     return Timing(samples_ms=[[ms] * 5, [ms * 1.01] * 5, [ms * 0.99] * 5])
 
 
-def test_trace_fields_follow_the_status_rules(problem, build_cache: Path) -> None:
+def test_trace_fields_follow_the_status_rules(problem, shared_builder: Builder) -> None:
     w0, w1, w2 = problem.workloads
     results = [
         WorkloadVerdict(
@@ -74,7 +74,7 @@ def test_trace_fields_follow_the_status_rules(problem, build_cache: Path) -> Non
             workload_uuid=w2.uuid, label=w2.label, status=Status.TIMEOUT, message="killed"
         ),
     ]
-    verdict = _verdict(build_cache, (KERNELS / "correct.cu").read_text(), results)
+    verdict = _verdict(shared_builder, (KERNELS / "correct.cu").read_text(), results)
     assert verdict.status is Status.INCORRECT_NUMERICAL and not verdict.passed
     traces = verdict_to_traces(verdict, problem, solution="mine")
     assert [t["workload"]["uuid"] for t in traces] == [w0.uuid, w1.uuid, w2.uuid]
@@ -88,8 +88,8 @@ def test_trace_fields_follow_the_status_rules(problem, build_cache: Path) -> Non
     assert traces[0]["solution"] == "mine" and traces[0]["definition"] == "scale_rows_f32"
 
 
-def test_compile_error_gives_one_trace_per_workload(problem, build_cache: Path) -> None:
-    verdict = _verdict(build_cache, "this is not cuda\n", [])
+def test_compile_error_gives_one_trace_per_workload(problem, shared_builder: Builder) -> None:
+    verdict = _verdict(shared_builder, "this is not cuda\n", [])
     assert verdict.status is Status.COMPILE_ERROR
     traces = verdict_to_traces(verdict, problem)
     assert len(traces) == len(problem.workloads)
@@ -97,8 +97,8 @@ def test_compile_error_gives_one_trace_per_workload(problem, build_cache: Path) 
     assert "k.cu:1" in traces[0]["evaluation"]["log"]
 
 
-def test_traces_append_as_jsonl(problem, build_cache: Path, tmp_path: Path) -> None:
-    verdict = _verdict(build_cache, "broken\n", [])
+def test_traces_append_as_jsonl(problem, shared_builder: Builder, tmp_path: Path) -> None:
+    verdict = _verdict(shared_builder, "broken\n", [])
     out = tmp_path / "deep" / "traces.jsonl"
     append_traces(out, verdict_to_traces(verdict, problem))
     append_traces(out, verdict_to_traces(verdict, problem))
@@ -123,7 +123,7 @@ def test_timing_is_the_median_of_trial_medians() -> None:
 
 
 def test_an_impossible_latency_is_written_as_a_runtime_error_that_says_so(
-    problem, build_cache: Path
+    problem, shared_builder: Builder
 ) -> None:
     w0 = problem.workloads[0]
     result = WorkloadVerdict(
@@ -133,7 +133,7 @@ def test_an_impossible_latency_is_written_as_a_runtime_error_that_says_so(
         message="measured 0.1 us, below the physical floor of 3 us",
     )
     source = (KERNELS / "correct.cu").read_text()
-    [trace] = verdict_to_traces(_verdict(build_cache, source, [result]), problem)[:1]
+    [trace] = verdict_to_traces(_verdict(shared_builder, source, [result]), problem)[:1]
     evaluation = trace["evaluation"]
     assert evaluation["status"] == "RUNTIME_ERROR"
     assert evaluation["log"].startswith("IMPOSSIBLE: measured 0.1 us")

@@ -57,8 +57,7 @@ def test_a_worker_that_cannot_start_says_why_in_one_line() -> None:
 
 
 @pytest.mark.nvcc
-def test_gate_without_a_gpu_says_what_to_do(tmp_path) -> None:
-    from klineage.gate.build import Builder
+def test_gate_without_a_gpu_says_what_to_do(shared_builder) -> None:
     from klineage.gate.gate import Gate, GateSetupError
     from klineage.kernel import KernelSource
     from klineage.problem import load_problem
@@ -69,15 +68,16 @@ def test_gate_without_a_gpu_says_what_to_do(tmp_path) -> None:
     # the stand-in refuses to start, as the real runner does on a machine without a GPU
     runner = "tests.gate.cpu_stand_in:NoGpuRunner"
     with (
-        Gate(Builder(cache_dir=tmp_path), worker_runner=runner) as gate,
+        Gate(shared_builder, worker_runner=runner) as gate,
         pytest.raises(GateSetupError, match="pass --build-only"),
     ):
         gate.run(problem, kernel)
 
 
 @pytest.mark.nvcc
-def test_an_unpaired_only_gate_times_the_reference_only_without_a_baseline(tmp_path) -> None:
-    from klineage.gate.build import Builder
+def test_an_unpaired_only_gate_times_the_reference_only_without_a_baseline(
+    shared_builder,
+) -> None:
     from klineage.gate.gate import Gate
     from klineage.kernel import KernelSource
     from klineage.problem import load_problem
@@ -86,7 +86,7 @@ def test_an_unpaired_only_gate_times_the_reference_only_without_a_baseline(tmp_p
     problem = load_problem(FIXTURES / "problems" / "scale_rows")
     kernel = KernelSource.from_file(FIXTURES / "kernels" / "scale_rows" / "correct.cu")
     runner = "tests.gate.cpu_stand_in:TimingStandInRunner"
-    builder = Builder(cache_dir=tmp_path)
+    builder = shared_builder
     with Gate(builder, worker_runner=runner, time_reference="unpaired") as gate:
         paired = gate.run(problem, kernel, against=kernel)
         alone = gate.run(problem, kernel)

@@ -17,7 +17,11 @@ pytestmark = pytest.mark.nvcc
 
 @pytest.mark.parametrize("kind", ["anthropic", "openai"])
 def test_proposed_removal_compiles(
-    kind: str, server: FakeLLMServer, make_provider: MakeProvider, tmp_path: Path
+    kind: str,
+    server: FakeLLMServer,
+    make_provider: MakeProvider,
+    tmp_path: Path,
+    shared_builder: Builder,
 ) -> None:
     server.play(Reply(answer()))
     provider = make_provider(kind)
@@ -25,7 +29,7 @@ def test_proposed_removal_compiles(
         provider, kernel(), problem(), ["tuned_block_size"], cache=ResponseCache(tmp_path / "llm")
     )
     assert isinstance(outcome, Proposal)
-    built = build_proposal(Builder(cache_dir=tmp_path / "build"), outcome)
+    built = build_proposal(shared_builder, outcome)  # both providers' answers: one build
     assert isinstance(built, Proposal) and built.build is not None
     assert built.build.status is BuildStatus.OK and built.build.library is not None
     assert built.build.library.is_file()

@@ -8,7 +8,8 @@ from klineage.gate.build import Builder
 
 
 @pytest.fixture(scope="session")
-def mechanism_builder(shared_builder: Builder) -> Builder:
-    """The session's nvcc builder, for all mechanism tests: a source shared by two tests (or
-    by a mining test) compiles once."""
-    return shared_builder
+def mechanism_builder(device_builder: Builder) -> Builder:
+    """The session's device-only nvcc builder, for all mechanism tests: they ask whether a
+    rewrite compiles (front end over the whole file, ptxas), never run it, so the host
+    compiler and the link are left out; a source shared by two tests compiles once."""
+    return device_builder
