@@ -143,8 +143,14 @@ class _Coarsened:
 
 
 def _code(text: str) -> str:
-    kept = [line for line in text.split("\n") if line.strip() != "#pragma unroll"]
+    # an unroll pragma is the pragma_unroll mechanism's, with or without a count
+    kept = [line for line in text.split("\n") if not _is_unroll_pragma(line)]
     return " ".join(" ".join(kept).split())
+
+
+def _is_unroll_pragma(line: str) -> bool:
+    words = line.split()
+    return words[:2] == ["#pragma", "unroll"] and all(w.isdigit() for w in words[2:])
 
 
 def _step_loop(source: ParsedSource, node: Node, step: str) -> int | None:

@@ -132,3 +132,14 @@ def test_the_canonical_form_survives_edits_to_the_element_code_only() -> None:
     assert len([s for s in mechanism.detect(edited) if s.supported]) == 2
     swapped = KernelSource(text.replace("i_step < 4", "i_step < 3"))
     assert len([s for s in mechanism.detect(swapped) if s.supported]) == 1
+
+
+def test_an_unroll_pragma_with_a_count_is_still_the_canonical_form() -> None:
+    # experts write `#pragma unroll 4` as often as `#pragma unroll`; either belongs to
+    # pragma_unroll and leaves the coarsened loop removable
+    text = (FIXTURES / NAME / "before.cu").read_text()
+    counted = KernelSource(text.replace("#pragma unroll\n", "#pragma unroll 4\n", 1))
+    assert counted.text != text
+    assert len([s for s in mechanism.detect(counted) if s.supported]) == 2
+    other = KernelSource(text.replace("#pragma unroll\n", "#pragma nounroll\n", 1))
+    assert len([s for s in mechanism.detect(other) if s.supported]) == 1

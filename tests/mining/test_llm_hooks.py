@@ -184,7 +184,7 @@ def test_an_llm_proposed_removal_is_gated_beside_the_rules(
 def test_an_answer_that_does_not_compile_is_a_rejected_attempt(
     builder: Builder, server: FakeLLMServer, tmp_path: Path
 ) -> None:
-    broken = without_launch_bounds().replace("alpha, y, n);", "alpha, y, n_elems);")
+    broken = without_launch_bounds().replace("alpha, y, rows, cols);", "alpha, y, n_elems);")
     server.play(Reply(answer(broken, mechanism="launch_bounds")), default=Reply(DECLINE))
     report = mine_gated(
         PROBLEM, tmp_path, gate=_gate(builder), budget=first_step_only(), llm=anthropic(server)

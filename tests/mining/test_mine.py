@@ -92,11 +92,14 @@ def test_a_removal_that_breaks_is_rejected_and_the_walk_gets_stuck(
 
 
 SPLIT_LOOP = """\
-  if (base + 4 <= n) {
+  if (cols % 4 == 0) {
 #pragma unroll 4
-    for (int k = 0; k < 4; ++k) y[base + k] = __expf(__ldg(&x[base + k])) * alpha;
+    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = __expf(__ldg(&x[r * cols + c])) * alpha;
   } else {
-    for (int64_t i = base; i < n; ++i) y[i] = __expf(__ldg(&x[i])) * alpha;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      y[i] = __expf(__ldg(&x[i])) * alpha;
+    }
   }
 """
 
@@ -133,11 +136,11 @@ def test_a_mechanism_that_cannot_go_everywhere_goes_where_it_can(
     alone = ldg[1]
     assert alone.id.endswith(f"-site-{alone.sites[0]['id']}")
     child = lineage.state(alone.child).source
-    assert "__expf(x[base + k])" in child and "__ldg(&x[i])" in child
+    assert "__expf(x[r * cols + c])" in child and "__ldg(&x[i])" in child
     skill = next(s for s in SkillLibrary.load(tmp_path / "out") if s.mechanism == "readonly_ldg")
     # the stand-in charges nothing while one __ldg is left: the round trip reproduces the
     # step, but a step that gained nothing verifies no gain
-    assert skill.round_trip_reproduced and "__ldg(&x[base + k])" in skill.anchor.after
+    assert skill.round_trip_reproduced and "__ldg(&x[r * cols + c])" in skill.anchor.after
     assert skill.effect.measured is Measured.NO_GAIN and skill.verified is False
     own = [r for r in skill.risks if r.kind == "rejected_sibling" and r.mechanism == "readonly_ldg"]
     # each names the sites it removed: both, then the tail's alone
@@ -145,7 +148,7 @@ def test_a_mechanism_that_cannot_go_everywhere_goes_where_it_can(
     assert all(r.message.startswith("removing it at exp_scale:") for r in own)
     # the tail's __ldg never goes: every later state rejects removing it again
     final = lineage.state(lineage.meta.final).source
-    assert "__ldg(&x[i])" in final and "__ldg(&x[base + k])" not in final
+    assert "__ldg(&x[i])" in final and "__ldg(&x[r * cols + c])" not in final
 
 
 def test_conditions_are_inferred_from_probes(builder: Builder, tmp_path: Path) -> None:
@@ -262,9 +265,9 @@ def test_a_walk_ending_with_refused_sites_in_running_code_is_stuck(
     kernel = problem / "kernel.cu"
     text = kernel.read_text().replace("#include <stdint.h>\n", "#include <stdint.h>\n" + WMMA_TILE)
     text = text.replace(
-        "  const int64_t base",
-        "  if (n < 0) wmma_tile((const half*)x, (const half*)x, y);  // never taken\n"
-        "  const int64_t base",
+        "  const int64_t r =",
+        "  if (rows < 0) wmma_tile((const half*)x, (const half*)x, y);  // never taken\n"
+        "  const int64_t r =",
     )
     kernel.write_text(text)
     report = mine_gated(problem, tmp_path / "out", gate=_gate(builder))

@@ -126,15 +126,18 @@ class SourceAnalysis:
     # -- per function -----------------------------------------------------------------------
 
     def indices(self, function: Function) -> FunctionIndices:
+        """The index analysis of ``function``, made on first use and kept."""
         found = self._indices.get(function.node.start_byte)
         if found is None:
             found = self._indices[function.node.start_byte] = FunctionIndices(self, function)
         return found
 
     def register_loop(self, variable: LoopVariable) -> None:
+        """Remember a loop's induction variable under its atom (for ``loop_variable``)."""
         self._loops[variable.atom] = variable
 
     def loop_variable(self, atom: str) -> LoopVariable | None:
+        """The loop induction variable an atom ``name@line`` stands for, if one was seen."""
         return self._loops.get(atom)
 
     def buffer(self, function: Function, atom: str) -> Buffer | None:
@@ -228,6 +231,9 @@ class SourceAnalysis:
         call: Node,
         callee: Function,
     ) -> Access | None:
+        """A helper's memory access seen from one of its call sites: its address with the
+        parameters replaced by the call's arguments (``values``), in the caller's terms; None
+        where the caller cannot say what the address is."""
         address = (IndexForm.atom(access.buffer.atom) + access.offset).substitute(values)
         rebound = caller._access(call, address, access.direction, access.bytes)
         if rebound is None:

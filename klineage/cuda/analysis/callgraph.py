@@ -83,6 +83,7 @@ class CallGraph:
     # -- queries ----------------------------------------------------------------------------
 
     def functions_named(self, name: str) -> list[Function]:
+        """Every definition under a name (templates and overloads share one)."""
         return self._functions.get(_short(name), [])
 
     def definition(self, name: str) -> Function | None:
@@ -91,6 +92,7 @@ class CallGraph:
         return found[0] if found else None
 
     def callees(self, function: str) -> list[str]:
+        """The functions ``function`` calls directly."""
         return list(self.graph.successors(function)) if function in self.graph else []
 
     def call_sites(self, callee: str) -> list[tuple[str, Node]]:
@@ -109,6 +111,7 @@ class CallGraph:
         return set(nx.descendants(self.graph, function)) if function in self.graph else set()
 
     def summary(self, name: str) -> FunctionSummary:
+        """What a function does, its callees included (an empty summary if unknown)."""
         return self.summaries.get(_short(name), FunctionSummary(_short(name)))
 
     # -- summaries --------------------------------------------------------------------------

@@ -70,6 +70,7 @@ class Group:
 
     @property
     def is_warp(self) -> bool:
+        """Whether the group is a tile of one warp's 32 threads."""
         return self.kind == "tile" and self.size == WARP_SIZE
 
 
@@ -137,6 +138,7 @@ class CooperativeGroups:
     # -- queries ----------------------------------------------------------------------------
 
     def group(self, function: Function, name: str) -> Group | None:
+        """The group a variable of ``function`` holds, if it holds one."""
         return self.groups.get((function.name, name))
 
     def rank_of(self, call: Node) -> RankQuery | None:
@@ -144,9 +146,11 @@ class CooperativeGroups:
         return self.ranks.get(call.start_byte)
 
     def barrier_at(self, call: Node) -> CgBarrier | None:
+        """The barrier a call node is (``cg::sync(block)``, ``block.sync()``), if it is one."""
         return next((b for b in self.barriers if b.node == call), None)
 
     def in_function(self, function: Function) -> tuple[list[CgReduce], list[CgBarrier]]:
+        """The reductions and the barriers written in ``function``."""
         def inside(node: Node) -> bool:
             return function.node.start_byte <= node.start_byte < function.node.end_byte
 

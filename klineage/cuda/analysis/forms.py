@@ -131,10 +131,12 @@ class IndexForm:
 
     @property
     def is_constant(self) -> bool:
+        """Whether the form has no atom (an integer)."""
         return all(m == () for m, _ in self.terms)
 
     @property
     def constant_term(self) -> int:
+        """The term with no atom (0 if none)."""
         return next((c for m, c in self.terms if m == ()), 0)
 
     @property
@@ -155,9 +157,11 @@ class IndexForm:
         return frozenset(found)
 
     def is_opaque(self, atom: str) -> bool:
+        """Whether ``atom`` stands for a part that is not a polynomial."""
         return atom in dict(self.opaque)
 
     def depends_on(self, atom: str) -> bool:
+        """Whether the form varies with ``atom``, through an opaque part or directly."""
         return atom in self.base_atoms() or atom in self.atoms()
 
     def coefficient(self, atom: str) -> IndexForm:

@@ -73,10 +73,12 @@ _MAX_DEPTH = 40
 
 
 def is_buffer(atom: str) -> bool:
+    """Whether an atom names memory an address starts from (``buf:name``)."""
     return atom.startswith("buf:")
 
 
 def is_loop_atom(atom: str) -> bool:
+    """Whether an atom is a loop's induction variable (``name@line``)."""
     return "@" in atom and not atom.startswith("[")
 
 
@@ -93,6 +95,7 @@ class Buffer:
 
     @property
     def atom(self) -> str:
+        """The atom addresses into this buffer start from."""
         return f"buf:{self.name}"
 
 
@@ -197,6 +200,7 @@ class FunctionIndices:
         return result
 
     def loop(self, atom: str) -> LoopVariable | None:
+        """The loop induction variable an atom stands for, if any."""
         return self.analysis.loop_variable(atom)
 
     def loop_of(self, node: Node) -> LoopVariable | None:

@@ -57,6 +57,7 @@ class PtxInstruction:
 
     @property
     def opcode(self) -> str:
+        """The instruction without its qualifiers (``mma`` of ``mma.sync.aligned...``)."""
         return self.head.split(".")[0]
 
     def has(self, *qualifiers: str) -> bool:
@@ -77,6 +78,7 @@ class PtxSite:
     instructions: tuple[PtxInstruction, ...]
 
     def families(self) -> set[str]:
+        """The instruction families issued at this site."""
         return {i.family for i in self.instructions}
 
 
@@ -206,6 +208,8 @@ class PtxModel:
     # -- queries ----------------------------------------------------------------------------
 
     def sites_in(self, function: Function, *, via_helpers: bool = True) -> list[PtxSite]:
+        """The PTX sites of ``function``: its own, and its helpers' unless ``via_helpers`` is
+        False."""
         return [
             s
             for s in self.sites
@@ -215,6 +219,7 @@ class PtxModel:
         ]
 
     def of_family(self, *families: str) -> list[PtxSite]:
+        """Every site issuing an instruction of one of ``families``."""
         wanted = set(families)
         return [s for s in self.sites if s.families() & wanted]
 

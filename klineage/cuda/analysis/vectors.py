@@ -129,6 +129,7 @@ class VectorModel:
         return name
 
     def element_bytes(self, type_text: str) -> int | None:
+        """Bytes one value of a type takes (a scalar, a vector or a packed struct), if known."""
         name = self.resolve(type_text)
         if name in ELEMENT_BYTES:
             return ELEMENT_BYTES[name]
