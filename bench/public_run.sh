@@ -7,6 +7,10 @@
 #   bench/public_run.sh build [DIR]   build-only verdicts (nvcc, no GPU) of every expert, naive
 #                                     and alternate kernel, as DIR/<folder>.<role>.json
 #                                     (default DIR: build/public_builds)
+#   bench/public_run.sh gate OUT      full verdicts on the GPU (check on every workload, then
+#                                     time against the reference) of every expert, naive and
+#                                     alternate kernel, as OUT/<folder>.<role>.json; NO_TIME=1
+#                                     checks only
 #   bench/public_run.sh mine OUT      mine every expert on the GPU into OUT (skills, lineages,
 #                                     gate log) with OUT/report_<folder>.json, one after another
 #
@@ -24,27 +28,37 @@ if [ ${#folders[@]} -eq 0 ]; then
   echo "no bench/public folder has its kernel.cu (see bench/public/README.md)" >&2
   exit 2
 fi
+# gate_every_kernel OUT [GATE FLAGS...]: one verdict per expert, naive and alternate kernel
+gate_every_kernel() {
+  local out=$1 d name alt stem
+  shift
+  mkdir -p "$out"
+  for d in "${folders[@]}"; do
+    name=$(basename "$d")
+    "${klineage[@]}" gate "$d" "$@" --json "$out/$name.expert.json" > /dev/null
+    echo "$name expert: exit $?"
+    if [ -f "$d/naive/kernel.cu" ]; then
+      "${klineage[@]}" gate "$d" --kernel "$d/naive/kernel.cu" "$@" \
+        --json "$out/$name.naive.json" > /dev/null
+      echo "$name naive: exit $?"
+    fi
+    for alt in "$d"/alt/*.cu; do
+      [ -f "$alt" ] || continue
+      stem=$(basename "$alt" .cu)
+      "${klineage[@]}" gate "$d" --kernel "$alt" "$@" --json "$out/$name.alt-$stem.json" \
+        > /dev/null
+      echo "$name alt/$stem.cu: exit $?"
+    done
+  done
+}
+
 case "$mode" in
   build)
-    out=${2:-build/public_builds}
-    mkdir -p "$out"
-    for d in "${folders[@]}"; do
-      name=$(basename "$d")
-      "${klineage[@]}" gate "$d" --build-only --json "$out/$name.expert.json" > /dev/null
-      echo "$name expert: exit $?"
-      if [ -f "$d/naive/kernel.cu" ]; then
-        "${klineage[@]}" gate "$d" --kernel "$d/naive/kernel.cu" --build-only \
-          --json "$out/$name.naive.json" > /dev/null
-        echo "$name naive: exit $?"
-      fi
-      for alt in "$d"/alt/*.cu; do
-        [ -f "$alt" ] || continue
-        stem=$(basename "$alt" .cu)
-        "${klineage[@]}" gate "$d" --kernel "$alt" --build-only \
-          --json "$out/$name.alt-$stem.json" > /dev/null
-        echo "$name alt/$stem.cu: exit $?"
-      done
-    done
+    gate_every_kernel "${2:-build/public_builds}" --build-only
+    ;;
+  gate)
+    out=${2:?usage: bench/public_run.sh gate OUT}
+    if [ -n "${NO_TIME:-}" ]; then gate_every_kernel "$out" --no-time; else gate_every_kernel "$out"; fi
     ;;
   mine)
     out=${2:?usage: bench/public_run.sh mine OUT}
@@ -58,7 +72,7 @@ case "$mode" in
     done
     ;;
   *)
-    sed -n '2,13p' "$0" >&2
+    sed -n '2,17p' "$0" >&2
     exit 2
     ;;
 esac
