@@ -273,12 +273,15 @@ __device__ void wmma_tile(const half* a, const half* b, float* c) {
 """
 
 
-ONE_STEP_FROM_WMMA = """\
+ONE_STEP_FROM_WMMA = (
+    """\
 // exp_scale with every catalog mechanism but __expf already gone, and a wmma tile product in
 // running code (a branch the workloads never take, but nothing proves it dead)
 #include <cuda_runtime.h>
 #include <stdint.h>
-""" + WMMA_TILE + """
+"""
+    + WMMA_TILE
+    + """
 __global__ void exp_scale(const float* x, float alpha, float* y, int64_t rows, int64_t cols) {
   if (rows < 0) wmma_tile((const half*)x, (const half*)x, y);  // never taken
   const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -296,6 +299,7 @@ extern "C" int run(const float* x, float alpha, float* y, int64_t rows, int64_t 
   return (int)cudaGetLastError();
 }
 """
+)
 
 
 def test_a_walk_ending_with_refused_sites_in_running_code_is_stuck(
