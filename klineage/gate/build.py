@@ -56,7 +56,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from klineage.gate import sass
-from klineage.gate.link import link_failure
+from klineage.gate.link import DRIVER_LINK_DIR, driver_link_flags, link_failure
 from klineage.gate.ptxas import PtxasReport, demangle, parse_ptxas
 from klineage.problem.abi import KernelAbi
 from klineage.problem.compile_options import CompileOptions
@@ -499,6 +499,7 @@ class Builder:
     def _finalize_work_dir(self, work: Path, result: BuildResult) -> None:
         """Leave only what the entry should hold, and write result.json last."""
         shutil.rmtree(work / "nvcc-tmp", ignore_errors=True)
+        shutil.rmtree(work / DRIVER_LINK_DIR, ignore_errors=True)
         library = work / LIBRARY_FILE
         if not result.ok:
             library.unlink(missing_ok=True)
@@ -582,7 +583,9 @@ class Builder:
         nvcc_tmp = work / "nvcc-tmp"
         nvcc_tmp.mkdir()
         env = {**os.environ, "TMPDIR": str(nvcc_tmp)}
-        command = [executable, *self.command[1:-3], *KEEP_FLAGS, *self.command[-3:]]
+        found = [] if self.device_only else driver_link_flags(work, self.options.ld_flags)
+        # what finds this machine's driver is no part of the key, like nvcc's own search path
+        command = [executable, *self.command[1:-3], *found, *KEEP_FLAGS, *self.command[-3:]]
         start = time.perf_counter()
         # A new session lets a timeout kill nvcc's children (cicc, ptxas, gcc) as well.
         proc = subprocess.Popen(

@@ -8,12 +8,20 @@ where the driver is absent), where loading the library with ``RTLD_NOW`` would n
 itself and fail on CI machines for every kernel that links ``-lcuda``.
 
 This module reads ld's messages and says which flag of ``compile_options.json`` is missing.
+It also lets ``-lcuda`` link on a GPU machine whose driver has only ``libcuda.so.1`` (a
+container's driver mount has no unversioned ``libcuda.so``, and a toolkit may lack its stubs).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import shutil
+import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from klineage.gate.ptxas import demangle
 from klineage.problem.compile_options import COMPILE_OPTIONS_FILE
@@ -115,3 +123,42 @@ def _not_found_message(flags: list[str], name: str) -> str:
         "when the library is outside the linker's search path"
     )
     return "\n".join(lines)
+
+
+DRIVER_LINK_DIR = "driver-lib"
+"""Folder in a build's work dir holding a libcuda.so that points at the driver's library."""
+_LDCONFIG_ENTRY = re.compile(r"^\s*libcuda\.so\.1 \((?P<flags>[^)]*)\) => (?P<path>\S+)$")
+
+
+@functools.cache
+def driver_library() -> Path | None:
+    """The GPU driver's libcuda.so.1 as the dynamic loader knows it (`ldconfig -p`), or None
+    on a machine without a driver."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/sbin", "/usr/sbin"])
+    ldconfig = shutil.which("ldconfig", path=search)
+    if ldconfig is None:
+        return None
+    try:
+        listing = subprocess.run(
+            [ldconfig, "-p"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = [m for m in map(_LDCONFIG_ENTRY.match, listing.splitlines()) if m]
+    found.sort(key=lambda m: "x86-64" not in m["flags"] and "AArch64" not in m["flags"])
+    return Path(found[0]["path"]) if found else None
+
+
+def driver_link_flags(work: Path, ld_flags: Sequence[str]) -> list[str]:
+    """For a build that links -lcuda on a machine with a driver: a libcuda.so in `work`
+    pointing at the driver's libcuda.so.1, and the -L (relative to `work`) that finds it.
+    The library still records libcuda.so.1, which the harness loads from the driver."""
+    if "-lcuda" not in ld_flags:
+        return []
+    driver = driver_library()
+    if driver is None:
+        return []
+    folder = work / DRIVER_LINK_DIR
+    folder.mkdir(exist_ok=True)
+    (folder / "libcuda.so").symlink_to(driver)
+    return [f"-L{DRIVER_LINK_DIR}"]

@@ -30,23 +30,28 @@ TMA = FIXTURES / "problems" / "tma_copy"
 TMA_SOURCE = (TMA / "kernel.cu").read_text()
 
 
-@pytest.fixture(scope="module")
-def stub_driver_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding a STUB libcuda.so (soname libcuda.so.1) that defines the one driver
-    function the TMA fixture calls: enough for the linker, never loaded."""
-    folder = tmp_path_factory.mktemp("stub-driver")
+def _stub_driver(folder: Path, file_name: str) -> Path:
+    """A STUB driver library (soname libcuda.so.1) defining the one driver function the TMA
+    fixture calls: enough for the linker, never loaded."""
+    folder.mkdir(parents=True, exist_ok=True)
     source = folder / "stub_libcuda.c"
     source.write_text("int cuTensorMapEncodeTiled(void) { return 0; }\n")
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         pytest.skip("needs a C compiler for the stub driver library")
     subprocess.run(
-        [compiler, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", "libcuda.so", str(source)],
+        [compiler, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", file_name, str(source)],
         cwd=folder,
         check=True,
         capture_output=True,
     )
-    return folder
+    return folder / file_name
+
+
+@pytest.fixture(scope="module")
+def stub_driver_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding a STUB libcuda.so, as the toolkit's lib64/stubs/ does."""
+    return _stub_driver(tmp_path_factory.mktemp("stub-driver"), "libcuda.so").parent
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +100,23 @@ def test_a_library_missing_from_the_machine_is_named_and_not_cached(builder: Bui
     assert "-lklineage_no_such_library" in first.message
     second = builder.with_options(options).build(TMA_SOURCE)
     assert not second.cached  # the machine may get the library: nvcc is asked again
+
+
+def test_a_driver_with_only_its_versioned_library_links_lcuda(
+    builder: Builder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU machine whose driver has only libcuda.so.1 (a container's driver mount) and a
+    toolkit without stubs: -lcuda links against the driver's file, found through ldconfig
+    (here the STUB stands in for the driver's library)."""
+    import klineage.gate.link
+
+    driver = _stub_driver(tmp_path / "driver", "libcuda.so.1")
+    monkeypatch.setattr(klineage.gate.link, "driver_library", lambda: driver)
+    linked = builder.with_options(CompileOptions(ld_flags=("-lcuda",)))
+    result = linked.build(TMA_SOURCE + "// linked against the driver's own file\n")
+    assert result.ok, result.message
+    assert result.command == linked.command  # the machine's driver path is not recorded
+    assert result.library is not None and not (result.library.parent / "driver-lib").exists()
 
 
 def test_the_options_are_in_the_cache_key(builder: Builder) -> None:
