@@ -91,24 +91,28 @@ def _import_graph() -> nx.DiGraph:
     return graph
 
 
-GRAPH = _import_graph()
+@pytest.fixture(scope="module")
+def graph() -> nx.DiGraph:
+    """The package's import graph, parsed once per worker that runs these tests (not at
+    collection, which every worker does)."""
+    return _import_graph()
 
 
-def test_every_component_has_a_layer() -> None:
-    components = {_component(module) for module in GRAPH}
+def test_every_component_has_a_layer(graph: nx.DiGraph) -> None:
+    components = {_component(module) for module in graph}
     assert components <= set(RANK), f"place these in LAYERS: {sorted(components - set(RANK))}"
 
 
-def test_no_module_imports_itself_in_a_circle() -> None:
-    cycles = sorted(sorted(cycle) for cycle in nx.simple_cycles(GRAPH))
+def test_no_module_imports_itself_in_a_circle(graph: nx.DiGraph) -> None:
+    cycles = sorted(sorted(cycle) for cycle in nx.simple_cycles(graph))
     assert not cycles, f"import cycles: {cycles}"
 
 
 @pytest.mark.parametrize("layer", [c for layer in LAYERS for c in layer])
-def test_imports_run_downward_only(layer: str) -> None:
+def test_imports_run_downward_only(graph: nx.DiGraph, layer: str) -> None:
     upward = sorted(
         f"{module} -> {target}"
-        for module, target in GRAPH.edges
+        for module, target in graph.edges
         if _component(module) == layer
         and _component(target) != layer
         and RANK[_component(target)] >= RANK[layer]
@@ -116,12 +120,12 @@ def test_imports_run_downward_only(layer: str) -> None:
     assert not upward, f"imports from a layer above or beside {layer or 'klineage'}: {upward}"
 
 
-def test_the_gate_needs_nothing_above_problems() -> None:
+def test_the_gate_needs_nothing_above_problems(graph: nx.DiGraph) -> None:
     # the gate judges any kernel for any problem: it never sees mechanisms, lineages or skills
-    reached = {_component(m) for m in nx.descendants(GRAPH, "klineage.gate")}
+    reached = {_component(m) for m in nx.descendants(graph, "klineage.gate")}
     assert reached <= {"gate", "kernel", "problem"}, sorted(reached)
 
 
-def test_the_graph_sees_lazy_imports() -> None:
+def test_the_graph_sees_lazy_imports(graph: nx.DiGraph) -> None:
     # the package imports the parser inside a function, to keep `import klineage` fast
-    assert GRAPH.has_edge("klineage", "klineage.cuda.source")
+    assert graph.has_edge("klineage", "klineage.cuda.source")

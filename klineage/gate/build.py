@@ -15,7 +15,15 @@ device and host code, read from the files nvcc keeps, and (on demand, cached in 
 instruction histograms from nvdisasm.
 
 Compile errors are cached as well: the same broken source never runs nvcc twice. Timeouts
-are not cached because they depend on machine load rather than on the source.
+are not cached because they depend on machine load rather than on the source, nor is a
+library the linker cannot find on this machine.
+
+A problem's ``compile_options.json`` (:class:`~klineage.problem.CompileOptions`) reaches
+nvcc through ``Builder(options=...)`` or :meth:`Builder.with_options` (a sibling sharing the
+cache); the flags are part of the cache key. The library is linked with ``--no-undefined``, so
+a kernel that calls a library it does not link (``cuTensorMapEncodeTiled`` without
+``-lcuda``) is a COMPILE_ERROR naming the symbol and the flag (:mod:`klineage.gate.link`),
+not a build reported OK that fails when the harness loads it.
 
 A device-only builder (``Builder(device_only=True)``, ``nvcc -cubin``) compiles the device
 code alone, in about half the time: nvcc's front end still checks the whole file (host code
@@ -48,8 +56,10 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from klineage.gate import sass
+from klineage.gate.link import DRIVER_LINK_DIR, driver_link_flags, link_failure
 from klineage.gate.ptxas import PtxasReport, demangle, parse_ptxas
 from klineage.problem.abi import KernelAbi
+from klineage.problem.compile_options import CompileOptions
 
 __all__ = [
     "BASE_FLAGS",
@@ -62,6 +72,7 @@ __all__ = [
     "arch_flags",
     "check_abi",
     "default_cache_dir",
+    "option_flags",
     "render_compile_errors",
 ]
 
@@ -77,7 +88,16 @@ KEEP_FLAGS: tuple[str, ...] = ("-keep", "-keep-dir", KEEP_DIR)
 MAX_ERRORS = 20
 MAX_NOTES = 3
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17")
-SHARED_FLAGS: tuple[str, ...] = ("-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v")
+# --no-undefined: a symbol no linked library defines fails the link (see klineage.gate.link)
+SHARED_FLAGS: tuple[str, ...] = (
+    "-shared",
+    "-Xcompiler",
+    "-fPIC",
+    "-Xptxas",
+    "-v",
+    "-Xlinker",
+    "--no-undefined",
+)
 DEVICE_FLAGS: tuple[str, ...] = ("-cubin", "-Xptxas", "-v")  # device-only: no host compile
 _ARCH = re.compile(r"^sm_(\d+)([a-z]?)$")
 
@@ -100,6 +120,8 @@ class FailureKind(str, enum.Enum):
     TIMEOUT = "timeout"  # nvcc ran past timeout_s
     MISSING_RUN = "missing_run"  # compiled, but no extern "C" run symbol
     SIGNATURE = "signature"  # run(...) is declared with other parameters than the ABI's
+    UNRESOLVED_SYMBOL = "unresolved_symbol"  # links a call no linked library defines
+    LIBRARY_NOT_FOUND = "library_not_found"  # an -l library absent from this machine
 
 
 class BuildResult(BaseModel):
@@ -139,6 +161,10 @@ class BuildResult(BaseModel):
     )
     nvcc_version: str = Field(default="", description="Last line of `nvcc --version`.")
     arch: str = Field(default="", description="Target architecture, e.g. 'sm_90'.")
+    options: CompileOptions = Field(
+        default_factory=CompileOptions,
+        description="The problem's extra flags (compile_options.json) this build used.",
+    )
     source_name: str = Field(default=SOURCE_FILE, description="Display name used in `message`.")
     failure: FailureKind | None = Field(
         default=None, description="Which step failed for a COMPILE_ERROR; None when OK."
@@ -214,9 +240,11 @@ class Builder:
         timeout_s: float = 300,
         *,
         device_only: bool = False,
+        options: CompileOptions | None = None,
     ) -> None:
         if isinstance(extra_flags, str):
             raise TypeError("extra_flags must be a sequence of flags, not one string")
+        self.options = options if options is not None else CompileOptions()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.arch = arch
         self._arch_flags = arch_flags(arch)  # validates early
@@ -228,6 +256,7 @@ class Builder:
         self._nvcc_version: str | None = None
         self._version_lock = threading.Lock()
         self._specific: dict[str, Builder] = {}
+        self._with_options: dict[CompileOptions, Builder] = {}
         self._lines: dict[str, frozenset[int]] = {}
         self._specific_lock = threading.Lock()
 
@@ -237,7 +266,8 @@ class Builder:
     def flags(self) -> list[str]:
         """All nvcc flags except the output and input file names."""
         mode = DEVICE_FLAGS if self.device_only else SHARED_FLAGS
-        return [*BASE_FLAGS, *self._arch_flags, *mode, *self.extra_flags]
+        chosen = option_flags(self.options, link=not self.device_only)
+        return [*BASE_FLAGS, *self._arch_flags, *mode, *self.extra_flags, *chosen]
 
     @property
     def command(self) -> list[str]:
@@ -270,6 +300,35 @@ class Builder:
         }
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(blob).hexdigest()
+
+    def with_options(self, options: CompileOptions) -> Builder:
+        """This builder with a problem's extra flags: itself when they are its own, else a
+        sibling (made once per options) sharing the cache, arch and mode."""
+        if options == self.options:
+            return self
+        with self._specific_lock:
+            if options not in self._with_options:
+                self._with_options[options] = self._like(self.arch, options=options)
+            return self._with_options[options]
+
+    def _like(
+        self,
+        arch: str,
+        *,
+        extra_flags: Sequence[str] | None = None,
+        device_only: bool | None = None,
+        options: CompileOptions | None = None,
+    ) -> Builder:
+        """A builder on the same cache and nvcc, with the settings given changed."""
+        return Builder(
+            self.cache_dir,
+            arch,
+            self.extra_flags if extra_flags is None else extra_flags,
+            self.nvcc,
+            self.timeout_s,
+            device_only=self.device_only if device_only is None else device_only,
+            options=self.options if options is None else options,
+        )
 
     def entry_dir(self, key: str) -> Path:
         """Directory of the cache entry for ``key`` (it may not exist)."""
@@ -323,13 +382,8 @@ class Builder:
         """The source lines some SASS instruction of ``source`` comes from (a -lineinfo build
         beside this one, cached like any build); None when that cannot be told. Only its
         cubin is read, so it is a device-only build."""
-        lined = Builder(
-            self.cache_dir,
-            self.arch,
-            (*self.extra_flags, "-lineinfo"),
-            self.nvcc,
-            self.timeout_s,
-            device_only=True,
+        lined = self._like(
+            self.arch, extra_flags=(*self.extra_flags, "-lineinfo"), device_only=True
         )
         result = lined.build(source)
         if not result.ok:
@@ -345,14 +399,7 @@ class Builder:
     def _sibling(self, arch: str) -> Builder:
         with self._specific_lock:
             if arch not in self._specific:
-                self._specific[arch] = Builder(
-                    self.cache_dir,
-                    arch,
-                    self.extra_flags,
-                    self.nvcc,
-                    self.timeout_s,
-                    device_only=self.device_only,
-                )
+                self._specific[arch] = self._like(arch)
             return self._specific[arch]
 
     def build_many(
@@ -438,8 +485,8 @@ class Builder:
         work = Path(tempfile.mkdtemp(prefix=f"{key[:16]}-", dir=tmp_root))
         try:
             result = self._compile(work, key, source, name)
-            if result.failure is FailureKind.TIMEOUT:
-                return result  # not cached: depends on machine load, not on the source
+            if result.failure in _NOT_CACHED:
+                return result  # depends on the machine (its load, its libraries), not the source
             self._finalize_work_dir(work, result)
             entry = self.entry_dir(key)
             _publish(work, entry, tmp_root)
@@ -452,6 +499,7 @@ class Builder:
     def _finalize_work_dir(self, work: Path, result: BuildResult) -> None:
         """Leave only what the entry should hold, and write result.json last."""
         shutil.rmtree(work / "nvcc-tmp", ignore_errors=True)
+        shutil.rmtree(work / DRIVER_LINK_DIR, ignore_errors=True)
         library = work / LIBRARY_FILE
         if not result.ok:
             library.unlink(missing_ok=True)
@@ -476,6 +524,7 @@ class Builder:
             command=self.command,
             nvcc_version=self.nvcc_version,
             arch=self.arch,
+            options=self.options,
             source_name=name,
             device_only=self.device_only,
         )
@@ -488,9 +537,14 @@ class Builder:
             return result
         report = parse_ptxas(run.log)
         if run.returncode != 0:
+            result.report = report if report.kernels else None
+            linking = link_failure(run.log, name)
+            if linking is not None:
+                result.failure = FailureKind(linking.kind)
+                result.message = linking.message
+                return result
             result.failure = FailureKind.NVCC
             result.message = render_compile_errors(run.log, source, name, run.returncode)
-            result.report = report if report.kernels else None
             return result
         result.report = report
         if self.device_only:  # no library: nothing to look the run symbol up in
@@ -529,7 +583,9 @@ class Builder:
         nvcc_tmp = work / "nvcc-tmp"
         nvcc_tmp.mkdir()
         env = {**os.environ, "TMPDIR": str(nvcc_tmp)}
-        command = [executable, *self.command[1:-3], *KEEP_FLAGS, *self.command[-3:]]
+        found = [] if self.device_only else driver_link_flags(work, self.options.ld_flags)
+        # what finds this machine's driver is no part of the key, like nvcc's own search path
+        command = [executable, *self.command[1:-3], *found, *KEEP_FLAGS, *self.command[-3:]]
         start = time.perf_counter()
         # A new session lets a timeout kill nvcc's children (cicc, ptxas, gcc) as well.
         proc = subprocess.Popen(
@@ -554,6 +610,23 @@ class Builder:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+_NOT_CACHED = (FailureKind.TIMEOUT, FailureKind.LIBRARY_NOT_FOUND)
+"""Failures that depend on the machine (its load, the libraries it has), not on the source."""
+
+
+def option_flags(options: CompileOptions, *, link: bool) -> list[str]:
+    """nvcc's arguments for a problem's compile options: nvcc flags as they are, host flags
+    behind -Xcompiler, linker flags (only where something is linked) as nvcc takes them:
+    -l and -L itself, -Wl,<options> as -Xlinker <options>."""
+    flags = list(options.cuda_cflags)
+    for flag in options.cflags:
+        flags += ["-Xcompiler", flag]
+    if link:
+        for flag in options.ld_flags:
+            flags += ["-Xlinker", flag[len("-Wl,") :]] if flag.startswith("-Wl,") else [flag]
+    return flags
 
 
 def _probe_nvcc(nvcc: str) -> tuple[str, str]:
@@ -687,6 +760,9 @@ def _rerender_message(stored: BuildResult, source: str, name: str) -> str:
         rest = stored.message.partition("\n")[2]
         first = f'{name} does not export extern "C" run(...)'
         return f"{first}\n{rest}" if rest else first
+    if stored.failure is FailureKind.UNRESOLVED_SYMBOL:
+        linking = link_failure(stored.log, name)
+        return linking.message if linking is not None else stored.message
     return stored.message
 
 

@@ -120,11 +120,12 @@ class Gate:
 
     def build(self, kernel: KernelSource, problem: Problem | None = None) -> BuildResult:
         """Compile `kernel` (no GPU needed), with its machine code and instruction histograms;
-        with `problem`, its `run(...)` must match the definition's ABI, else the result is a
-        COMPILE_ERROR showing the expected line."""
-        result = self.builder.build(kernel.text, name=kernel.name, disassemble=True)
+        with `problem`, under its compile options, and its `run(...)` must match the
+        definition's ABI, else the result is a COMPILE_ERROR showing the expected line."""
         if problem is None:
-            return result
+            return self.builder.build(kernel.text, name=kernel.name, disassemble=True)
+        builder = self.builder.with_options(problem.compile_options)
+        result = builder.build(kernel.text, name=kernel.name, disassemble=True)
         return check_abi(result, kernel.text, KernelAbi.from_definition(problem.definition))
 
     def run(
@@ -154,7 +155,9 @@ class Gate:
         )
         baseline_library: str | None = None
         if against is not None and build.ok and time_it:
-            baseline_build = self.build(against)
+            baseline_build = self.builder.with_options(problem.compile_options).build(
+                against.text, name=against.name, disassemble=True
+            )
             if not baseline_build.ok:
                 raise GateSetupError(
                     f"the baseline {against.name} does not build:\n{baseline_build.message}"

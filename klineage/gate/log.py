@@ -26,7 +26,7 @@ from klineage.gate.build import Builder, BuildResult
 from klineage.gate.pool import spread
 from klineage.gate.result import GATE_PROTOCOL, GateVerdict
 from klineage.kernel import KernelSource
-from klineage.problem import Problem, Workload
+from klineage.problem import CompileOptions, Problem, Workload
 
 
 class GateLike(Protocol):
@@ -130,11 +130,13 @@ class GateLog:
         """Kernel sources by fingerprint, so lines logged without a machine key get one."""
         self._sources.update(sources)
 
-    def _builder(self) -> Any:
-        return getattr(self.gate, "builder", None)
+    def _builder(self, options: CompileOptions) -> Any:
+        """The gate's builder under a problem's compile options (None without one)."""
+        builder = getattr(self.gate, "builder", None)
+        return builder.with_options(options) if builder is not None else None
 
-    def _machine_of(self, kernel: KernelSource) -> str | None:
-        builder = self._builder()
+    def _machine_of(self, kernel: KernelSource, options: CompileOptions) -> str | None:
+        builder = self._builder(options)
         if builder is None:
             return None
         code = builder.build(kernel.text, kernel.name).machine_code
@@ -146,17 +148,19 @@ class GateLog:
         workloads: Sequence[Workload],
         time_it: bool,
         against: KernelSource | None,
+        options: CompileOptions,
     ) -> str | None:
-        mine = self._machine_of(kernel)
-        theirs = self._machine_of(against) if against is not None else None
+        mine = self._machine_of(kernel, options)
+        theirs = self._machine_of(against, options) if against is not None else None
         if mine is None or (against is not None and theirs is None):
             return None
         return machine_key(mine, [w.uuid for w in workloads], time_it, theirs)
 
-    def _index_old_lines(self) -> None:
+    def _index_old_lines(self, options: CompileOptions) -> None:
         """Machine keys for logged verdicts whose kernels' sources are known (built once, in
-        parallel; the builds are cached)."""
-        builder = self._builder()
+        parallel; the builds are cached), under the compile options of the problem asked
+        about (a verdict's key holds its workloads, so another problem's never matches)."""
+        builder = self._builder(options)
         todo = [k for k in self._unindexed if self._indexable(self._verdicts[k])]
         if builder is None or not todo:
             return
@@ -179,7 +183,7 @@ class GateLog:
             for time_it in (True, False):  # the key says which it was
                 probe = _stand_in_workloads(uuids)
                 if verdict_key(kernel, probe, time_it, against) == key:
-                    mkey = self._machine_key(kernel, probe, time_it, against)
+                    mkey = self._machine_key(kernel, probe, time_it, against, options)
                     if mkey is not None:
                         self._by_machine.setdefault(mkey, key)
         self._unindexed = [k for k in self._unindexed if k not in set(todo)]
@@ -221,13 +225,14 @@ class GateLog:
             else:
                 self.hits += 1
             return self._verdicts[key]
-        mkey = self._machine_key(kernel, chosen, time_it, against) if self.share else None
+        options = problem.compile_options
+        mkey = self._machine_key(kernel, chosen, time_it, against, options) if self.share else None
         if mkey is not None:
             with self._lock:
-                self._index_old_lines()
+                self._index_old_lines(options)
                 earlier = self._by_machine.get(mkey)
             if earlier is not None:
-                return self._shared(key, mkey, earlier, kernel, against)
+                return self._shared(key, mkey, earlier, kernel, against, options)
         judge = gate if gate is not None else self.gate
         if judge is None:
             raise RuntimeError(f"{self.path}: no verdict logged for {kernel.name} and no gate")
@@ -252,10 +257,11 @@ class GateLog:
         earlier: str,
         kernel: KernelSource,
         against: KernelSource | None,
+        options: CompileOptions,
     ) -> GateVerdict:
         """The verdict of `earlier` (the same machine code), as this kernel's, logged."""
         source = self._verdicts[earlier]
-        builder = self._builder()
+        builder = self._builder(options)
         verdict = source.model_copy(
             deep=True,
             update={

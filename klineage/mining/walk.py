@@ -164,7 +164,11 @@ class Simplifier:
         return self._problem
 
     def _builder(self) -> Any:
-        return getattr(self.log.gate, "builder", None)
+        """The gate's builder under the walked problem's compile options (None without one)."""
+        builder = getattr(self.log.gate, "builder", None)
+        if builder is None or self._problem is None:
+            return builder
+        return builder.with_options(self._problem.compile_options)
 
     def _machine_code(self, kernel: KernelSource) -> MachineCode | None:
         """The kernel's machine code with histograms (a cached build); None without a builder."""

@@ -12,11 +12,12 @@ import json
 import types
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import AliasChoices, BaseModel, Tag, ValidationError
 from pydantic.fields import FieldInfo
 
+from klineage.problem.compile_options import COMPILE_OPTIONS_FILE, CompileOptions
 from klineage.problem.errors import JsonPath, ProblemError, format_path, listed
 from klineage.problem.models import (
     DEFINITION_FILE,
@@ -251,27 +252,62 @@ def _parse_json(text: str, file: Path, *, line: int | None = None) -> Any:
         ) from None
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def _load_object(path: Path, model: type[M], *, missing: str, expected: str) -> M:
+    """Read a JSON file holding one object and validate it as `model`; errors name the line."""
+    text = _read_text(path, missing=missing, expected=FOLDER_LAYOUT)
+    data = _parse_json(text, path)
+    if not isinstance(data, dict):
+        raise ProblemError(
+            f"the top level is a JSON {type(data).__name__}", file=path, line=1, expected=expected
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        lines = _json_lines(text)
+        raise _translate(err, model, file=path, line_of=lambda p: _line_for(lines, p)) from None
+
+
 def load_definition(path: str | Path) -> Definition:
     """Load and validate a definition.json (or the one inside a problem folder)."""
     path = Path(path)
     if path.is_dir():
         path = path / DEFINITION_FILE
-    text = _read_text(path, missing=f"{path.name} not found", expected=FOLDER_LAYOUT)
-    data = _parse_json(text, path)
-    if not isinstance(data, dict):
-        raise ProblemError(
-            f"the top level is a JSON {type(data).__name__}",
-            file=path,
-            line=1,
-            expected="a JSON object with the definition's fields",
-        )
-    try:
-        return Definition.model_validate(data)
-    except ValidationError as err:
-        lines = _json_lines(text)
-        raise _translate(
-            err, Definition, file=path, line_of=lambda p: _line_for(lines, p)
-        ) from None
+    return _load_object(
+        path,
+        Definition,
+        missing=f"{path.name} not found",
+        expected="a JSON object with the definition's fields",
+    )
+
+
+def load_compile_options(path: str | Path) -> CompileOptions:
+    """Load and validate a compile_options.json (or the one inside a problem folder); a
+    folder without one has no extra flags."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / COMPILE_OPTIONS_FILE
+    if not path.exists():
+        return CompileOptions()
+    return _load_object(
+        path,
+        CompileOptions,
+        missing=f"{path.name} not found",
+        expected='a JSON object such as {"ld_flags": ["-lcuda"]}',
+    )
+
+
+def dump_compile_options(options: CompileOptions, folder: str | Path) -> Path | None:
+    """Write `options` as the folder's compile_options.json (only the lists given); with no
+    flags, write nothing and return None."""
+    if options.empty:
+        return None
+    path = Path(folder) / COMPILE_OPTIONS_FILE
+    data = options.model_dump(mode="json", exclude_defaults=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
 
 
 def _parse_workload(text: str, *, file: Path, line: int, definition: Definition | None) -> Workload:
@@ -372,6 +408,7 @@ def load_problem(path: str | Path) -> Problem:
         workloads=workloads,
         probes=probes,
         kernel_path=kernel if kernel.is_file() else None,
+        compile_options=load_compile_options(root / COMPILE_OPTIONS_FILE),
     )
 
 

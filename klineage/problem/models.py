@@ -6,7 +6,9 @@ A problem folder holds:
   constraints, and our extensions (``tolerance``, and ``range`` on a tensor spec);
 - ``workloads.jsonl``: the concrete sizes the kernel must pass (at least one);
 - ``probes.jsonl`` (optional): extra sizes that are tried but not required to pass;
-- ``kernel.cu`` (optional): the kernel source.
+- ``kernel.cu`` (optional): the kernel source;
+- ``compile_options.json`` (optional): extra compiler and linker flags
+  (:mod:`.compile_options`).
 
 The models hold the data and every check that needs more than one field; reading the files
 and turning pydantic's errors into a :class:`ProblemError` with a line is :mod:`.load`'s job.
@@ -36,6 +38,7 @@ from pydantic import (
 )
 
 from klineage.kernel import KernelSource
+from klineage.problem.compile_options import COMPILE_OPTIONS_FILE, CompileOptions
 from klineage.problem.dtypes import FLOAT_DTYPES, SUPPORTED_DTYPES, dtype_itemsize
 from klineage.problem.errors import JsonPath, ProblemError, fail, listed
 
@@ -46,7 +49,7 @@ KERNEL_FILE = "kernel.cu"
 
 FOLDER_LAYOUT = (
     f"a problem folder holding {DEFINITION_FILE} and {WORKLOADS_FILE} "
-    f"({PROBES_FILE} and {KERNEL_FILE} are optional)"
+    f"({PROBES_FILE}, {KERNEL_FILE} and {COMPILE_OPTIONS_FILE} are optional)"
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -522,6 +525,10 @@ class Problem(_Model):
         default=[], description="extra workloads that are tried but need not pass"
     )
     kernel_path: Path | None = Field(default=None, description="kernel.cu, if the folder has one")
+    compile_options: CompileOptions = Field(
+        default_factory=CompileOptions,
+        description="extra compiler and linker flags from compile_options.json (none without one)",
+    )
 
     @property
     def name(self) -> str:

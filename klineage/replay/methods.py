@@ -36,7 +36,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from klineage.gate.log import GateLog
 from klineage.gate.noop import same_machine_code
@@ -325,8 +325,15 @@ class ForwardSearch(ABC):
 
     # ---- writing and recording moves ----------------------------------------------------------
 
-    def _no_machine_code_change(self, current: KernelSource, new: KernelSource) -> bool:
+    def _builder(self) -> Any:
+        """The gate's builder under this problem's compile options (None without one)."""
         builder = getattr(self.materializer.log.gate, "builder", None)
+        if builder is None:
+            return None
+        return builder.with_options(self.problem.compile_options)
+
+    def _no_machine_code_change(self, current: KernelSource, new: KernelSource) -> bool:
+        builder = self._builder()
         if builder is None or not self.materializer.skip_no_ops:
             return False
         before = builder.build(current.text, current.name).machine_code
@@ -334,7 +341,7 @@ class ForwardSearch(ABC):
 
     def _machine_code(self, kernel: KernelSource) -> MachineCode | None:
         """The target state's machine code with histograms (a cached build), for retrieval."""
-        builder = getattr(self.materializer.log.gate, "builder", None)
+        builder = self._builder()
         if builder is None or not self.materializer.skip_no_ops:
             return None
         return builder.build(kernel.text, kernel.name, disassemble=True).machine_code
@@ -352,7 +359,7 @@ class ForwardSearch(ABC):
         """Apply the next rule moves the budget can still pay for and compile them all in
         parallel, so the gate runs that follow find their builds cached: nvcc, not the GPU,
         is the slow part of a gate run on a fast kernel."""
-        builder = getattr(self.materializer.log.gate, "builder", None)
+        builder = self._builder()
         if builder is None or remaining <= 0:
             return
         sources: dict[str, KernelSource] = {}

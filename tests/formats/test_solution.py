@@ -126,6 +126,36 @@ def test_a_solution_in_our_abi_becomes_a_problem_with_its_compile_options(tmp_pa
     )
     assert (problem.root / "kernel.cu").read_text() == KERNEL.read_text()
     assert json.loads((problem.root / OPTIONS_FILE).read_text()) == {"ld_flags": ["-lcuda"]}
+    assert problem.compile_options.ld_flags == ("-lcuda",)
+    # and out again: the solution carries the folder's flags, and reads back the same
+    exported = export_solution(problem, problem.kernel_source(), name="scale_rows_linked")
+    options = exported.spec.compile_options
+    assert options is not None and options.ld_flags == ("-lcuda",)
+    out = _write(tmp_path / "exported.json", exported.model_dump(mode="json", exclude_none=True))
+    assert load_solution(out).spec.compile_options == problem.compile_options
+
+
+def test_a_solution_without_compile_options_exports_none(tmp_path: Path) -> None:
+    solution = export_solution(
+        load_problem(PROBLEM), KernelSource.from_file(KERNEL), name="scale_rows_plain"
+    )
+    assert solution.spec.compile_options is None
+
+
+@pytest.mark.parametrize(
+    ("options", "phrase"),
+    [
+        ({"ldflags": ["-lcuda"]}, "ldflags"),
+        ({"cuda_cflags": ["-arch=sm_80"]}, "chooses the target"),
+    ],
+)
+def test_bad_compile_options_in_a_solution_name_the_file(
+    tmp_path: Path, options: dict, phrase: str
+) -> None:
+    path = _write(tmp_path / "solution.json", _ours(compile_options=options))
+    with pytest.raises(SolutionError, match=rf"solution.json: spec.compile_options.*{phrase}"):
+        import_solution(path, tmp_path / "p", definition_path=PROBLEM / "definition.json")
+    assert not (tmp_path / "p").exists()  # nothing written
 
 
 def test_a_kernel_goes_into_an_existing_problem_folder(tmp_path: Path) -> None:

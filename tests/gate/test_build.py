@@ -28,6 +28,7 @@ from klineage.gate.build import (
     default_cache_dir,
     render_compile_errors,
 )
+from klineage.problem import CompileOptions
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -91,11 +92,28 @@ def test_arch_and_flags(tmp_path: Path) -> None:
         "-fPIC",
         "-Xptxas",
         "-v",
+        "-Xlinker",
+        "--no-undefined",
         "-lineinfo",
         "-o",
         "kernel.so",
         "kernel.cu",
     ]
+    # a problem's compile options come last: nvcc flags, host flags, then what the link needs
+    options = CompileOptions(
+        cflags=("-DNDEBUG",), cuda_cflags=("-DTILE=4",), ld_flags=("-lcuda", "-Wl,--as-needed")
+    )
+    linked = builder.with_options(options).command
+    assert linked[linked.index("-lineinfo") + 1 : -3] == [
+        "-DTILE=4",
+        "-Xcompiler",
+        "-DNDEBUG",
+        "-lcuda",
+        "-Xlinker",
+        "--as-needed",
+    ]
+    device = Builder(cache_dir=tmp_path, device_only=True, options=options).command
+    assert "-lcuda" not in device and "-DTILE=4" in device  # a cubin links nothing
 
 
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

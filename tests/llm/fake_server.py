@@ -13,6 +13,8 @@ was sent.
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from collections import deque
@@ -112,6 +114,18 @@ def _openai_body(action: Reply, request: dict[str, Any], n: int) -> dict[str, An
     }
 
 
+def _client_gone(h: BaseHTTPRequestHandler) -> bool:
+    """True once the client closed the connection while waiting for the answer (a client
+    that times out does so; one waiting for an answer sends nothing more)."""
+    readable, _, _ = select.select([h.connection], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return h.connection.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
 def _error_body(wire: str, status: int, message: str) -> dict[str, Any]:
     if wire == "anthropic":
         kind = {429: "rate_limit_error", 401: "authentication_error"}.get(status, "api_error")
@@ -126,6 +140,8 @@ class FakeLLMServer:
         self.script: deque[Action] = deque()
         self.default: Action | None = None
         self.requests: list[Seen] = []
+        self.abandoned = 0
+        """Stalled requests whose client closed the connection before the answer (gave up)."""
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
@@ -149,6 +165,15 @@ class FakeLLMServer:
     def base_url(self, wire: str) -> str:
         """What to give the SDK as base_url for ``wire`` (anthropic or openai)."""
         return self.url if wire == "anthropic" else f"{self.url}/v1"
+
+    def abandoned_requests(self, expected: int, wait_s: float = 60.0) -> int:
+        """How many stalled requests their client hung up on, once `expected` are (the
+        server notices a closed connection within a poll, after the client moved on), or
+        when `wait_s` has passed."""
+        deadline = time.monotonic() + wait_s
+        while self.abandoned < expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.abandoned
 
     def count(self, path: str | None = None) -> int:
         with self._lock:
@@ -216,6 +241,10 @@ class FakeLLMServer:
         if isinstance(action, Stall):
             deadline = time.monotonic() + action.seconds
             while time.monotonic() < deadline and not self._stopping.is_set():
+                if _client_gone(h):
+                    with self._lock:
+                        self.abandoned += 1
+                    return
                 time.sleep(0.01)
             action = action.then
         if isinstance(action, Garbage):

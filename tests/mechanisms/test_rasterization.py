@@ -61,19 +61,26 @@ def _tile_origins(kernel: KernelSource, function: str, axes: dict[str, int]) -> 
     parsed = scratch.parsed
     body = parsed.function(function)
     statements = [c for c in body.body.named_children if c.end_byte <= run[-1].end_byte]
+    declared = [d for d in (_declared(parsed, s) for s in statements) if d is not None]
+    # each declaration as a size expression over the names before it, made once: evaluating
+    # it for every block is what the loop below repeats (thousands of blocks)
+    symbols: dict[str, int | str] = {**parsed.integer_constants, **{a: a for a in axes}}
+    symbols["blockIdx_x"] = "blockIdx_x"
+    formulas: list[tuple[str, str]] = []
+    for name, value in declared:
+        expr = to_size_expr(parsed, value, symbols)
+        if expr is not None:
+            formulas.append((name, expr))
+            symbols[name] = name
     origins: list[tuple] = []
     tiles = 1
     block = 0
     while block < tiles:
-        values: dict[str, int | str] = {**parsed.integer_constants, **axes, "blockIdx_x": block}
-        for statement in statements:
-            declared = _declared(parsed, statement)
-            if declared is None:
-                continue
-            expr = to_size_expr(parsed, declared[1], values)
-            result = evaluate_size(expr, {}) if expr is not None else None
+        values: dict[str, int] = {**parsed.integer_constants, **axes, "blockIdx_x": block}
+        for name, expr in formulas:
+            result = evaluate_size(expr, values)
             if result is not None:
-                values[declared[0]] = result
+                values[name] = result
         tiles = int(values["tiles_m"]) * int(values["tiles_n"])
         origins.append((values[m0_name], values[n0_name]))
         block += 1

@@ -91,9 +91,16 @@ def test_a_removal_that_breaks_is_rejected_and_the_walk_gets_stuck(
     assert any(r.kind == "rejected_sibling" and r.mechanism == "pragma_unroll" for r in risky.risks)
 
 
-SPLIT_LOOP = """\
+TAIL_LOOP = """\
+// exp_scale with a full-vector path and a tail loop: two __ldg sites; __expf the only other
+// mechanism (the others are gone already, so the walk builds few states)
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+__global__ void exp_scale(const float* x, float alpha, float* y, int64_t rows, int64_t cols) {
+  const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
   if (cols % 4 == 0) {
-#pragma unroll 4
     for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = __expf(__ldg(&x[r * cols + c])) * alpha;
   } else {
     for (int64_t c = 0; c < cols; ++c) {
@@ -101,17 +108,26 @@ SPLIT_LOOP = """\
       y[i] = __expf(__ldg(&x[i])) * alpha;
     }
   }
+}
+
+extern "C" int run(const float* x, float alpha, float* y, int64_t rows, int64_t cols,
+                   cudaStream_t stream) {
+  if (rows == 0) return 0;
+  exp_scale<<<(unsigned)((rows + 255) / 256), 256, 0, stream>>>(x, alpha, y, rows, cols);
+  return (int)cudaGetLastError();
+}
 """
 
 
 def _with_a_tail_loop(folder: Path) -> Path:
-    """exp_scale with a full-vector path and a tail loop: two __ldg sites."""
+    """exp_scale as TAIL_LOOP, its mechanisms.json listing the two mechanisms it has."""
     shutil.copytree(PROBLEM, folder)
-    kernel = folder / "kernel.cu"
-    text = kernel.read_text()
-    start = text.index("#pragma unroll 4")
-    end = text.index("  }\n}", start) + len("  }\n")
-    kernel.write_text(text[:start] + SPLIT_LOOP + text[end:])
+    (folder / "kernel.cu").write_text(TAIL_LOOP)
+    listed = json.loads((folder / "mechanisms.json").read_text())
+    kept = [m for m in listed if m["mechanism"] in ("readonly_ldg", "fast_math")]
+    for entry in kept:
+        entry["lines"] = [10, 15]
+    (folder / "mechanisms.json").write_text(json.dumps(kept, indent=1))
     return folder
 
 
@@ -257,27 +273,54 @@ __device__ void wmma_tile(const half* a, const half* b, float* c) {
 """
 
 
+ONE_STEP_FROM_WMMA = (
+    """\
+// exp_scale with every catalog mechanism but __expf already gone, and a wmma tile product in
+// running code (a branch the workloads never take, but nothing proves it dead)
+#include <cuda_runtime.h>
+#include <stdint.h>
+"""
+    + WMMA_TILE
+    + """
+__global__ void exp_scale(const float* x, float alpha, float* y, int64_t rows, int64_t cols) {
+  if (rows < 0) wmma_tile((const half*)x, (const half*)x, y);  // never taken
+  const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  for (int64_t c = 0; c < cols; ++c) {
+    const int64_t i = r * cols + c;
+    y[i] = __expf(x[i]) * alpha;
+  }
+}
+
+extern "C" int run(const float* x, float alpha, float* y, int64_t rows, int64_t cols,
+                   cudaStream_t stream) {
+  if (rows == 0) return 0;
+  exp_scale<<<(unsigned)((rows + 255) / 256), 256, 0, stream>>>(x, alpha, y, rows, cols);
+  return (int)cudaGetLastError();
+}
+"""
+)
+
+
 def test_a_walk_ending_with_refused_sites_in_running_code_is_stuck(
-    builder: Builder, tmp_path: Path
+    builder: Builder, mined: Mined, tmp_path: Path
 ) -> None:
+    """One step from the end (only __expf left to remove, each state a slow wmma build): the
+    walk removes it, then only the wmma product is left, which its rule refuses: stuck."""
     problem = tmp_path / "exp_scale"
     shutil.copytree(PROBLEM, problem)
-    kernel = problem / "kernel.cu"
-    text = kernel.read_text().replace("#include <stdint.h>\n", "#include <stdint.h>\n" + WMMA_TILE)
-    text = text.replace(
-        "  const int64_t r =",
-        "  if (rows < 0) wmma_tile((const half*)x, (const half*)x, y);  // never taken\n"
-        "  const int64_t r =",
-    )
-    kernel.write_text(text)
+    (problem / "kernel.cu").write_text(ONE_STEP_FROM_WMMA)
     report = mine_gated(problem, tmp_path / "out", gate=_gate(builder))
     # every catalog mechanism the rules can remove is gone, but the wmma product still runs
-    assert report.steps == 5 and report.skills == 5
+    assert report.steps == 1 and report.skills == 1
     assert report.termination == "stuck" and report.remaining == ["tensor_core_mma"]
     lineage = LineageGraph.load(tmp_path / "out" / "lineages" / "exp_scale_f32.json")
     assert lineage.meta.remaining == ["tensor_core_mma"]
-    plain = mine_gated(PROBLEM, tmp_path / "plain", gate=_gate(builder))
-    assert plain.termination == "complete" and plain.remaining == []
+    assert [a.mechanism for a in lineage.main_path()] == ["fast_math"]
+    final = lineage.state(lineage.meta.final).source
+    assert "__expf(" not in final and "nvcuda::wmma::mma_sync" in final
+    # the same walk without the wmma product ends complete (the session's walk of exp_scale)
+    assert mined.report.termination == "complete" and mined.report.remaining == []
 
 
 def test_a_card_names_carried_code_by_its_size() -> None:
