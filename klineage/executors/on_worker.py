@@ -63,7 +63,7 @@ class WarmGates(WorkerPlugin):
     name = PLUGIN_NAME
 
     def __init__(self) -> None:
-        self._gates: dict[GateSpec, GateLike] = {}
+        self._gates: dict[tuple[str, GateSpec], GateLike] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -72,12 +72,13 @@ class WarmGates(WorkerPlugin):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
 
-    def gate(self, spec: GateSpec) -> GateLike:
-        """The worker's gate for `spec`, made on first use."""
+    def gate(self, worker: str, spec: GateSpec) -> GateLike:
+        """The gate of `worker` (its address) for `spec`, made on first use. Keyed by worker
+        too: workers in one process (threads, `processes=False`) may share this plugin."""
         with self._lock:
-            if spec not in self._gates:
-                self._gates[spec] = spec.make()
-            return self._gates[spec]
+            if (worker, spec) not in self._gates:
+                self._gates[worker, spec] = spec.make()
+            return self._gates[worker, spec]
 
     def close(self) -> int:
         """Stop every gate's GPU worker process; how many were open."""
@@ -93,9 +94,10 @@ class WarmGates(WorkerPlugin):
         self.close()
 
 
-def close_warm_gates() -> int:
-    """Run on every worker (`Client.run`) when an executor closes: free the GPUs."""
-    plugin = get_worker().plugins.get(PLUGIN_NAME)
+def close_warm_gates(dask_worker: Any) -> int:
+    """Run on every worker (`Client.run` passes it as `dask_worker`) when an executor
+    closes: stop its gates' GPU worker processes, freeing the GPUs."""
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
     return plugin.close() if isinstance(plugin, WarmGates) else 0
 
 
@@ -135,7 +137,7 @@ def gate_task(spec: GateSpec, request: GateRequest) -> TaskOutcome:
     plugin = worker.plugins.get(PLUGIN_NAME)
     if not isinstance(plugin, WarmGates):
         raise RuntimeError(f"worker {worker.address}: klineage's {PLUGIN_NAME} plugin is missing")
-    gate = plugin.gate(spec)
+    gate = plugin.gate(worker.address, spec)
     builder = getattr(gate, "builder", None)
     if isinstance(builder, Builder):
         for key, files in request.entries.items():

@@ -1,0 +1,122 @@
+"""Mining and replay through the Dask executor on a real CPU cluster: real schedulers and
+workers, real nvcc builds, the labelled stand-in gate (`stand_in.py`) at the GPU boundary."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed", reason="needs the dask extra: pip install 'klineage[dask]'")
+
+from klineage.executors import ExecutorError
+from klineage.executors.dask_cluster import DaskExecutor
+from klineage.lineage import LineageGraph
+from klineage.mining.mine import MineReport, mine
+from klineage.mining.walk import WalkEvent
+from tests.conftest import FIXTURES
+from tests.executors.conftest import Cluster, StandIn, local_cluster
+from tests.executors.stand_in import STAND_IN_GATE, gate_runs, stand_in_gate
+
+pytestmark = pytest.mark.nvcc
+
+PROBLEM = FIXTURES / "mining" / "exp_scale"
+LINEAGE = "lineages/exp_scale_f32.json"
+VOLATILE = {"wall_seconds", "folder"}
+
+
+def _executor(cluster: Cluster, stand_in: StandIn) -> DaskExecutor:
+    return DaskExecutor(
+        client=cluster.client, gate_factory=STAND_IN_GATE, gate_options=stand_in.options()
+    )
+
+
+def _mine_here(stand_in: StandIn, out: Path) -> MineReport:
+    """The same mining with the stand-in gate in this process (the local executor's path)."""
+    gate = stand_in_gate(str(stand_in.worker_cache), str(out / "local_runs.jsonl"))
+    return mine(PROBLEM, out, gate=gate)
+
+
+def _verdicts(out: Path) -> list[tuple[str, str, str, str, float | None, bool]]:
+    lineage = LineageGraph.load(out / LINEAGE)
+    return sorted(
+        (a.parent, a.child, a.mechanism, a.status.value, a.ratio, a.chosen)
+        for a in lineage.attempts()
+    )
+
+
+def _verdict_keys(out: Path) -> list[str]:
+    log = out / "gatelog" / "exp_scale_f32.jsonl"
+    return [json.loads(line)["key"] for line in log.read_text().splitlines()]
+
+
+def test_mining_on_a_cluster_gives_the_local_lineage_verdict_for_verdict(
+    cpu_cluster: Cluster, stand_in: StandIn, tmp_path: Path
+) -> None:
+    here = _mine_here(stand_in, tmp_path / "here")
+    with _executor(cpu_cluster, stand_in) as executor:
+        there = mine(PROBLEM, tmp_path / "there", executor=executor)
+        workers = executor.tally.workers()
+    assert there.termination == "complete"
+    assert there.model_dump(exclude=VOLATILE) == here.model_dump(exclude=VOLATILE)
+    assert _verdicts(tmp_path / "there") == _verdicts(tmp_path / "here")
+    assert (tmp_path / "there" / "skills.jsonl").read_text() == (
+        tmp_path / "here" / "skills.jsonl"
+    ).read_text()
+    # each state's attempts went to both GPU workers; every run the client counted was made
+    # by a worker's gate, and written to the log once, by the client
+    made = gate_runs(stand_in.runs_file)
+    assert {w.worker for w in workers} == set(cpu_cluster.client.scheduler_info()["workers"])
+    assert all(w.gate_runs > 0 for w in workers)
+    assert sum(w.gate_runs for w in workers) == len(made)
+    assert len(made) == there.walk_gate_runs + there.probe_gate_runs + there.round_trip_gate_runs
+    assert Counter(line["worker"] for line in made) == {w.worker: w.gate_runs for w in workers}
+    keys = _verdict_keys(tmp_path / "there")
+    assert len(keys) == len(set(keys)) == len(made) + there.shared_verdicts
+
+
+def test_a_cluster_lost_mid_run_resumes_with_no_gate_run_repeated(
+    stand_in: StandIn, tmp_path: Path
+) -> None:
+    from distributed import Client
+
+    out = tmp_path / "out"
+    uninterrupted = _mine_here(stand_in, tmp_path / "here")
+    total = uninterrupted.walk_gate_runs + uninterrupted.probe_gate_runs
+    total += uninterrupted.round_trip_gate_runs
+
+    with local_cluster() as first, Client(first, set_as_default=False) as client:
+
+        def lose_the_cluster(event: WalkEvent) -> None:
+            if event.gate_runs >= 3:  # the whole cluster goes, gate runs in flight with it
+                first.close()
+
+        with (
+            pytest.raises(ExecutorError, match="run the same command again to resume"),
+            _executor(Cluster(client, first), stand_in) as executor,
+        ):
+            mine(PROBLEM, out, executor=executor, on_event=lose_the_cluster)
+    before = gate_runs(stand_in.runs_file)
+    logged = _verdict_keys(out)
+    assert 3 <= len(before) < total and len(logged) >= 3
+
+    with (
+        local_cluster() as second,
+        Client(second, set_as_default=False) as client,
+        _executor(Cluster(client, second), stand_in) as executor,
+    ):
+        resumed = mine(PROBLEM, out, executor=executor)
+    assert resumed.termination == "complete"
+    assert resumed.cached_verdicts >= len(logged)
+    made = gate_runs(stand_in.runs_file)
+    asked = [(r["kernel"], r["against"], tuple(r["workloads"]), r["time_it"]) for r in made]
+    # every verdict logged before the loss was served from the log; a gate run lost in flight
+    # (never logged) is the only one made twice
+    lost_in_flight = len(before) - len(logged)
+    assert len(asked) - len(set(asked)) == lost_in_flight <= 2
+    assert len(set(asked)) == total
+    assert _verdicts(out) == _verdicts(tmp_path / "here")
+    keys = _verdict_keys(out)
+    assert len(keys) == len(set(keys))
