@@ -21,17 +21,10 @@ from klineage.gate.result import GateVerdict
 from klineage.kernel import KernelSource
 from klineage.problem import Problem, Workload
 from tests.mining.stand_in_gate import StandInGate
+from tests.mining.test_mine import COST, EXPERT
 
 STAND_IN_GATE = "tests.executors.stand_in:stand_in_gate"
 
-COST = {
-    "restrict_pointers": 1.01,
-    "readonly_ldg": 1.05,
-    "fast_math": 1.20,
-    "launch_bounds": 1.02,
-    "pragma_unroll": 1.10,
-}
-EXPERT = list(COST)
 
 _written = threading.Lock()
 
