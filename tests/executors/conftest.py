@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+from klineage.gate.build import Builder
+from tests.mining.conftest import Mined, mined  # noqa: F401 (a fixture, used by mined_skills)
+
 DASK_EXTRA = "needs the dask extra: pip install 'klineage[dask]'"
 
 
@@ -66,3 +69,16 @@ def stand_in(tmp_path: Path, shared_cache_dir: Path) -> StandIn:
     the walk's states compile once per test run; `test_cluster_builds.py` covers entries
     travelling between caches), and a fresh record of gate runs."""
     return StandIn(shared_cache_dir, tmp_path / "gate_runs.jsonl")
+
+
+@pytest.fixture(scope="session")
+def builder(shared_builder: Builder) -> Builder:
+    """The session's nvcc builder (as the mining tests': their `mined` fixture needs it)."""
+    return shared_builder
+
+
+@pytest.fixture(scope="session")
+def mined_skills(mined: Mined) -> Path:
+    """exp_scale's skills, mined once per session with the stand-in gate (shared with the
+    mining tests when they run in the same session)."""
+    return mined.out

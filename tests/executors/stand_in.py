@@ -3,8 +3,9 @@
 A worker makes it through :class:`klineage.executors.on_worker.GateSpec`, as it would make the
 real gate: real nvcc builds into the worker's own cache, the check and time stages synthesized
 by the mining tests' stand-in (:mod:`tests.mining.stand_in_gate`, exp_scale's costs). Every
-verdict it makes is appended to `runs_file` (one JSON line: kernel, baseline, workloads, the
-worker), so a test counts gate runs across all workers and across runs of a resumed job.
+verdict it makes is appended to `runs_file` (one JSON line: problem, kernel, baseline,
+workloads, the worker), so a test counts gate runs across all workers and across the runs of
+a resumed job.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class CountingStandInGate(StandInGate):
             problem, kernel, workloads=workloads, time_it=time_it, against=against
         )
         line = {
+            "problem": problem.name,
             "kernel": kernel.fingerprint,
             "against": against.fingerprint if against is not None else None,
             "workloads": [w.uuid for w in (problem.workloads if workloads is None else workloads)],
