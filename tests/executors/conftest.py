@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 
 from klineage.gate.build import Builder
-from tests.mining.conftest import Mined, mined  # noqa: F401 (a fixture, used by mined_skills)
-
-DASK_EXTRA = "needs the dask extra: pip install 'klineage[dask]'"
+from tests.mining import conftest as mining_fixtures
 
 
 @dataclass(frozen=True)
@@ -77,8 +75,5 @@ def builder(shared_builder: Builder) -> Builder:
     return shared_builder
 
 
-@pytest.fixture(scope="session")
-def mined_skills(mined: Mined) -> Path:
-    """exp_scale's skills, mined once per session with the stand-in gate (shared with the
-    mining tests when they run in the same session)."""
-    return mined.out
+mined = mining_fixtures.mined
+"""exp_scale mined once per session with the stand-in gate (the mining tests' fixture)."""

@@ -16,6 +16,7 @@ from klineage.replay.run import ReplayReport, replay
 from tests.conftest import FIXTURES
 from tests.executors.conftest import Cluster, StandIn
 from tests.executors.stand_in import STAND_IN_GATE, gate_runs, stand_in_gate
+from tests.mining.conftest import Mined
 
 pytestmark = pytest.mark.nvcc
 
@@ -40,14 +41,14 @@ def _timeless(report: ReplayReport) -> dict[str, object]:
 
 
 def test_replay_on_a_cluster_gives_the_local_report_one_worker_per_problem(
-    cpu_cluster: Cluster, stand_in: StandIn, mined_skills: Path, tmp_path: Path
+    cpu_cluster: Cluster, stand_in: StandIn, mined: Mined, tmp_path: Path
 ) -> None:
     here_gate = stand_in_gate(str(stand_in.worker_cache), str(tmp_path / "here_runs.jsonl"))
-    here = _replay(mined_skills, tmp_path / "here", gate=here_gate)
+    here = _replay(mined.out, tmp_path / "here", gate=here_gate)
     with DaskExecutor(
         client=cpu_cluster.client, gate_factory=STAND_IN_GATE, gate_options=stand_in.options()
     ) as executor:
-        there = _replay(mined_skills, tmp_path / "there", executor=executor)
+        there = _replay(mined.out, tmp_path / "there", executor=executor)
     assert _timeless(there) == _timeless(here)
     made = gate_runs(stand_in.runs_file)
     assert len(made) == len(gate_runs(tmp_path / "here_runs.jsonl")) > 0
