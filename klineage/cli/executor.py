@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from klineage.executors import Executor, ExecutorError, ExecutorKind, TaskTally, open_executor
+from klineage.gate.gate import GateSetupError
 from klineage.gate.pool import parse_devices
 
 ExecutorOption = Annotated[
@@ -44,6 +45,9 @@ def open_cli_executor(
     except (ValueError, ExecutorError) as err:
         errors.print(Text(str(err), "red"))
         raise typer.Exit(2) from None
+    except GateSetupError as err:  # a cluster of this host's GPUs, on a host without one
+        errors.print(Text(f"gate error: {err}", "red"))
+        raise typer.Exit(2) from None
 
 
 class WorkerProgress:
@@ -57,15 +61,17 @@ class WorkerProgress:
 
     def __rich__(self) -> Table:
         table = Table(title=self.title, title_justify="left")
-        for header in ("worker", "gate runs", "", "builds", "busy s", "overhead"):
-            table.add_column(header, justify="left" if header in ("worker", "") else "right")
         workers = self.tally.workers()
+        names = [w.worker.split("://", 1)[-1] for w in workers]  # the scheme says nothing here
+        table.add_column("worker", no_wrap=True, min_width=max(map(len, names), default=6))
+        for header in ("gate runs", "", "builds", "busy s", "overhead"):
+            table.add_column(header, justify="left" if not header else "right", no_wrap=True)
         most = max((w.gate_runs for w in workers), default=0)
-        for worker in workers:
+        for name, worker in zip(names, workers, strict=True):
             table.add_row(
-                worker.worker,
+                name,
                 str(worker.gate_runs),
-                ProgressBar(total=max(most, 1), completed=worker.gate_runs, width=24),
+                ProgressBar(total=max(most, 1), completed=worker.gate_runs, width=12),
                 str(worker.builds),
                 f"{worker.busy_seconds:.1f}",
                 f"{worker.overhead_share:.1%}",

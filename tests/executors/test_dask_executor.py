@@ -4,6 +4,7 @@ workers, real nvcc builds, the labelled stand-in gate (`stand_in.py`) at the GPU
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -120,3 +121,43 @@ def test_a_cluster_lost_mid_run_resumes_with_no_gate_run_repeated(
     assert _verdicts(out) == _verdicts(tmp_path / "here")
     keys = _verdict_keys(out)
     assert len(keys) == len(set(keys))
+
+
+def test_mine_command_on_a_cluster_by_its_address_shows_tasks_per_worker(
+    stand_in: StandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functools
+
+    from distributed import LocalCluster
+    from typer.testing import CliRunner
+
+    import klineage.executors.dask_cluster
+    from klineage.cli import app
+
+    # the command's executor gates with the labelled stand-in (GPU boundary); the rest is
+    # the command's own: the address, the connection, the table
+    stand_in_executor = functools.partial(
+        DaskExecutor, gate_factory=STAND_IN_GATE, gate_options=stand_in.options()
+    )
+    monkeypatch.setattr(klineage.executors.dask_cluster, "DaskExecutor", stand_in_executor)
+    with LocalCluster(
+        n_workers=2,
+        processes=False,
+        protocol="tcp",
+        resources={"GPU": 1},
+        dashboard_address=None,
+        scheduler_port=0,
+    ) as cluster:
+        address = cluster.scheduler_address
+        workers = list(cluster.scheduler_info["workers"])
+        args = ["mine", str(PROBLEM), "--out", str(tmp_path / "out"), "--budget", "4"]
+        result = CliRunner().invoke(app, [*args, "--executor", "dask", "--scheduler", address])
+    assert result.exit_code == 0, result.output
+    assert f"tasks per worker (dask: {address}, 2 GPU of 2 workers)" in result.output
+    assert "exp_scale_f32: budget" in result.output
+    rows = [line for line in result.output.splitlines() if "127.0.0.1:" in line]
+    shown = {w for w in workers if any(w.removeprefix("tcp://") in row for row in rows)}
+    assert shown == {r["worker"] for r in gate_runs(stand_in.runs_file)}, result.output
+    spent = re.search(r"(\d+) walk \+ (\d+) probe \+ (\d+) round-trip gate runs", result.output)
+    assert spent is not None and spent[1] == "4"
+    assert len(gate_runs(stand_in.runs_file)) == sum(int(n) for n in spent.groups())
