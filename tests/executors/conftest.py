@@ -33,7 +33,7 @@ def local_cluster(workers: int = 2, *, processes: bool = False) -> Any:
         threads_per_worker=2,
         processes=processes,
         resources={"GPU": 1},
-        dashboard_address=None,
+        dashboard_address=":0",  # any free port: runs side by side never collide
         scheduler_port=0,
     )
 

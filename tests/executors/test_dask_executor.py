@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ pytest.importorskip("distributed", reason="needs the dask extra: pip install 'kl
 
 from klineage.executors import ExecutorError
 from klineage.executors.dask_cluster import DaskExecutor
+from klineage.gate.build import Builder
 from klineage.lineage import LineageGraph
 from klineage.mining.mine import MineReport, mine
 from klineage.mining.walk import WalkEvent
@@ -34,10 +36,25 @@ def _executor(cluster: Cluster, stand_in: StandIn) -> DaskExecutor:
     )
 
 
-def _mine_here(stand_in: StandIn, out: Path) -> MineReport:
-    """The same mining with the stand-in gate in this process (the local executor's path)."""
-    gate = stand_in_gate(str(stand_in.worker_cache), str(out / "local_runs.jsonl"))
-    return mine(PROBLEM, out, gate=gate)
+@dataclass(frozen=True)
+class MinedHere:
+    """exp_scale mined with the stand-in gate in this process (the local executor's path)."""
+
+    out: Path
+    report: MineReport
+
+    @property
+    def gate_runs(self) -> int:
+        """Every gate run it made: walk, probes, round trips."""
+        r = self.report
+        return r.walk_gate_runs + r.probe_gate_runs + r.round_trip_gate_runs
+
+
+@pytest.fixture(scope="module")
+def here(shared_builder: Builder, tmp_path_factory: pytest.TempPathFactory) -> MinedHere:
+    out = tmp_path_factory.mktemp("here")
+    gate = stand_in_gate(str(shared_builder.cache_dir), str(out / "local_runs.jsonl"))
+    return MinedHere(out, mine(PROBLEM, out, gate=gate))
 
 
 def _verdicts(out: Path) -> list[tuple[str, str, str, str, float | None, bool]]:
@@ -54,17 +71,16 @@ def _verdict_keys(out: Path) -> list[str]:
 
 
 def test_mining_on_a_cluster_gives_the_local_lineage_verdict_for_verdict(
-    cpu_cluster: Cluster, stand_in: StandIn, tmp_path: Path
+    cpu_cluster: Cluster, stand_in: StandIn, here: MinedHere, tmp_path: Path
 ) -> None:
-    here = _mine_here(stand_in, tmp_path / "here")
     with _executor(cpu_cluster, stand_in) as executor:
         there = mine(PROBLEM, tmp_path / "there", executor=executor)
         workers = executor.tally.workers()
     assert there.termination == "complete"
-    assert there.model_dump(exclude=VOLATILE) == here.model_dump(exclude=VOLATILE)
-    assert _verdicts(tmp_path / "there") == _verdicts(tmp_path / "here")
+    assert there.model_dump(exclude=VOLATILE) == here.report.model_dump(exclude=VOLATILE)
+    assert _verdicts(tmp_path / "there") == _verdicts(here.out)
     assert (tmp_path / "there" / "skills.jsonl").read_text() == (
-        tmp_path / "here" / "skills.jsonl"
+        here.out / "skills.jsonl"
     ).read_text()
     # each state's attempts went to both GPU workers; every run the client counted was made
     # by a worker's gate, and written to the log once, by the client
@@ -79,14 +95,12 @@ def test_mining_on_a_cluster_gives_the_local_lineage_verdict_for_verdict(
 
 
 def test_a_cluster_lost_mid_run_resumes_with_no_gate_run_repeated(
-    stand_in: StandIn, tmp_path: Path
+    stand_in: StandIn, here: MinedHere, tmp_path: Path
 ) -> None:
     from distributed import Client
 
     out = tmp_path / "out"
-    uninterrupted = _mine_here(stand_in, tmp_path / "here")
-    total = uninterrupted.walk_gate_runs + uninterrupted.probe_gate_runs
-    total += uninterrupted.round_trip_gate_runs
+    total = here.gate_runs
 
     with local_cluster() as first, Client(first, set_as_default=False) as client:
 
@@ -118,7 +132,7 @@ def test_a_cluster_lost_mid_run_resumes_with_no_gate_run_repeated(
     lost_in_flight = len(before) - len(logged)
     assert len(asked) - len(set(asked)) == lost_in_flight <= 2
     assert len(set(asked)) == total
-    assert _verdicts(out) == _verdicts(tmp_path / "here")
+    assert _verdicts(out) == _verdicts(here.out)
     keys = _verdict_keys(out)
     assert len(keys) == len(set(keys))
 
@@ -145,7 +159,7 @@ def test_mine_command_on_a_cluster_by_its_address_shows_tasks_per_worker(
         processes=False,
         protocol="tcp",
         resources={"GPU": 1},
-        dashboard_address=None,
+        dashboard_address=":0",  # any free port: runs side by side never collide
         scheduler_port=0,
     ) as cluster:
         address = cluster.scheduler_address
@@ -161,3 +175,36 @@ def test_mine_command_on_a_cluster_by_its_address_shows_tasks_per_worker(
     spent = re.search(r"(\d+) walk \+ (\d+) probe \+ (\d+) round-trip gate runs", result.output)
     assert spent is not None and spent[1] == "4"
     assert len(gate_runs(stand_in.runs_file)) == sum(int(n) for n in spent.groups())
+
+
+def test_a_worker_killed_mid_run_leaves_its_gate_runs_to_the_others(
+    stand_in: StandIn, here: MinedHere, tmp_path: Path
+) -> None:
+    import os
+    import signal
+
+    from distributed import Client
+
+    out = tmp_path / "there"
+    killed: list[str] = []
+    with (
+        local_cluster(processes=True) as cluster,
+        Client(cluster, set_as_default=False) as client,
+        _executor(Cluster(client, cluster), stand_in) as executor,
+    ):
+        pids = client.run(os.getpid)
+
+        def kill_a_worker(event: WalkEvent) -> None:
+            if event.gate_runs >= 3 and not killed:  # SIGKILL: no goodbye to the scheduler
+                victim = min(pids)
+                os.kill(pids[victim], signal.SIGKILL)
+                killed.append(victim)
+
+        there = mine(PROBLEM, out, executor=executor, on_event=kill_a_worker)
+    assert killed and there.termination == "complete"
+    assert there.model_dump(exclude=VOLATILE) == here.report.model_dump(exclude=VOLATILE)
+    assert _verdicts(out) == _verdicts(here.out)
+    made = gate_runs(stand_in.runs_file)
+    assert any(r["worker"] != killed[0] for r in made)
+    keys = _verdict_keys(out)
+    assert len(keys) == len(set(keys))
