@@ -1,7 +1,7 @@
 """The Dask executor against the local one on one GPU: the same verdicts, and what a gate run
-costs in scheduling (issue 20). Needs a CUDA GPU, nvcc, torch and the `dask` extra (and
-`dask-cuda` for `--executor dask`'s own cluster; without it a plain distributed cluster of one
-GPU=1 worker is used, reached by its address).
+costs in scheduling (issue 20). Needs a CUDA GPU, nvcc, torch and the `dask` extra; the Dask
+side is what `--executor dask` starts on this host (dask-cuda's LocalCUDACluster where
+installed, else one worker process per GPU from distributed alone).
 
     python bench/dask_equivalence.py mine [--problem expert_kernels/softmax]
     python bench/dask_equivalence.py replay [--skills skills_out] [--budget 10] [PROBLEM_DIR...]
@@ -99,29 +99,18 @@ def workers_of(executor: Executor) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def dask_on_gpu0() -> Iterator[tuple[Executor, str]]:
-    """dask-cuda's one-worker cluster on GPU 0, else a plain one reached by its address."""
+def executor_on_gpu0(name: str, part: dict[str, Any]) -> Iterator[Executor]:
+    """`local` or `dask` on GPU 0, its wall time and tasks per worker kept in `part[name]`."""
     from klineage.executors.dask_cluster import DaskExecutor
 
-    try:
-        import dask_cuda  # noqa: F401
-    except ImportError:
-        from distributed import LocalCluster
-
-        with (
-            LocalCluster(
-                n_workers=1,
-                threads_per_worker=2,
-                resources={"GPU": 1},
-                dashboard_address=":0",
-                env={"CUDA_VISIBLE_DEVICES": "0"},
-            ) as cluster,
-            DaskExecutor(cluster.scheduler_address) as executor,
-        ):
-            yield executor, "distributed.LocalCluster by address (dask-cuda not installed)"
-        return
-    with DaskExecutor(devices=[0]) as executor:
-        yield executor, "dask_cuda.LocalCUDACluster"
+    started = time.perf_counter()
+    with LocalExecutor([0]) if name == "local" else DaskExecutor(devices=[0]) as executor:
+        yield executor
+        part[name] = {
+            "executor": executor.describe(),
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "workers": workers_of(executor),
+        }
 
 
 def run_mine(problem: str, work: Path) -> dict[str, Any]:
@@ -130,18 +119,9 @@ def run_mine(problem: str, work: Path) -> dict[str, Any]:
     part: dict[str, Any] = {"problem": problem}
     lineages = {}
     for name in ("local", "dask"):
-        started = time.perf_counter()
-        with contextlib.ExitStack() as stack:
-            if name == "local":
-                executor: Executor = stack.enter_context(LocalExecutor([0]))
-            else:
-                executor, part["cluster"] = stack.enter_context(dask_on_gpu0())
+        with executor_on_gpu0(name, part) as executor:
             report = mine(problem, work / name, executor=executor, resume=False)
-            part[name] = {
-                "wall_seconds": round(time.perf_counter() - started, 1),
-                "report": report.model_dump(mode="json", exclude={"folder"}),
-                "workers": workers_of(executor),
-            }
+        part[name]["report"] = report.model_dump(mode="json", exclude={"folder"})
         lineages[name] = LineageGraph.load(work / name / "lineages" / f"{report.problem}.json")
     part["comparison"] = compare_lineages(lineages["local"], lineages["dask"])
     return part
@@ -153,12 +133,7 @@ def run_replay(problems: list[str], skills: str, budget: int, work: Path) -> dic
     part: dict[str, Any] = {"problems": problems, "skills": skills, "budget": budget}
     reports = {}
     for name in ("local", "dask"):
-        started = time.perf_counter()
-        with contextlib.ExitStack() as stack:
-            if name == "local":
-                executor: Executor = stack.enter_context(LocalExecutor([0]))
-            else:
-                executor, part["cluster"] = stack.enter_context(dask_on_gpu0())
+        with executor_on_gpu0(name, part) as executor:
             reports[name] = replay(
                 problems,
                 skills,
@@ -168,10 +143,6 @@ def run_replay(problems: list[str], skills: str, budget: int, work: Path) -> dic
                 budget=ReplayBudget(gate_runs=budget),
                 resume=False,
             )
-            part[name] = {
-                "wall_seconds": round(time.perf_counter() - started, 1),
-                "workers": workers_of(executor),
-            }
     part["comparison"] = compare_replays(reports["local"], reports["dask"])
     return part
 

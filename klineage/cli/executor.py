@@ -21,8 +21,9 @@ ExecutorOption = Annotated[
         "--executor",
         case_sensitive=False,
         help="Where builds and gate runs happen: local (this machine's GPUs) or dask (a Dask "
-        "cluster: the one at --scheduler, or one worker per GPU of this host started with "
-        "dask-cuda). The search and the gate log stay in this process either way.",
+        "cluster: the one at --scheduler, or one worker per GPU of this host, started here; "
+        "pip install 'klineage[dask]'). The search and the gate log stay in this process "
+        "either way.",
     ),
 ]
 SchedulerOption = Annotated[

@@ -141,7 +141,7 @@ def mine_command(
       dask scheduler                                    # on one host
       CUDA_VISIBLE_DEVICES=0 dask worker tcp://HOST:8786 --nthreads 2 --resources GPU=1
       klineage mine DIR --executor dask --scheduler tcp://HOST:8786
-    On this host, one worker per GPU (pip install 'klineage[dask-cuda]'):
+    On this host, one worker per GPU (dask-cuda's LocalCUDACluster where installed):
       klineage mine DIR --executor dask [--devices 0,1]
 
     \b

@@ -3,7 +3,7 @@
     with DaskExecutor("tcp://HOST:8786") as executor:     # a running cluster
         mine("expert_kernels/softmax", executor=executor)
     with DaskExecutor() as executor:                      # this host: one worker per GPU
-        replay(["heldout/gelu"], executor=executor)       # (dask-cuda's LocalCUDACluster)
+        replay(["heldout/gelu"], executor=executor)       # (dask-cuda's, where installed)
 
 A gate run is a task that needs the worker resource `GPU=1`, so a GPU worker runs one at a
 time, on a gate it keeps warm between tasks (:mod:`klineage.executors.on_worker`). A build is
@@ -114,8 +114,8 @@ class DaskExecutor(Executor):
         connect_timeout_s: float = 10.0,
     ) -> None:
         """`scheduler`: a running cluster's address; None: start a one-worker-per-GPU cluster
-        on this host's GPUs (`devices`, default all; needs dask-cuda); `client`: an open
-        `distributed.Client` to use instead (its cluster stays the caller's). Gate runs use
+        on this host's GPUs (`devices`, default all; dask-cuda's where installed); `client`:
+        an open `distributed.Client` to use instead (its cluster stays the caller's). Gate runs use
         `gate_factory` (`module:callable`, importable on the workers) with `gate_options`;
         workers build into `worker_cache_dir` (None: each worker's own default)."""
         super().__init__()
@@ -190,7 +190,11 @@ class DaskExecutor(Executor):
 
     def describe(self) -> str:
         workers = self.client.scheduler_info().get("workers", {})
-        return f"dask: {self.address}, {len(self.gpu_workers())} GPU of {len(workers)} workers"
+        started = f" ({type(self._cluster).__name__} here)" if self._cluster is not None else ""
+        return (
+            f"dask: {self.address}{started}, {len(self.gpu_workers())} GPU of "
+            f"{len(workers)} workers"
+        )
 
     def close(self) -> None:
         """Stop the workers' warm gates, then the client and a cluster started here."""
@@ -205,21 +209,42 @@ class DaskExecutor(Executor):
 
 
 def _local_gpu_cluster(devices: Sequence[int] | None) -> Any:
-    """dask-cuda's LocalCUDACluster: one worker per GPU of this host, each seeing only its own
-    GPU, offering `GPU=1`, with a second thread for builds."""
+    """One worker process per GPU of this host, each seeing only its own GPU (as device 0),
+    offering `GPU=1`, with a second thread for builds: dask-cuda's LocalCUDACluster where it
+    is installed, else the same shape from distributed alone."""
     if visible_gpus() == 0:
         raise GateSetupError(NO_GPU)
+    chosen = list(devices) if devices is not None else list(range(visible_gpus()))
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
-        raise ExecutorError(
-            "--executor dask without --scheduler starts one worker per GPU here with "
-            "dask-cuda: pip install 'klineage[dask-cuda]', or pass --scheduler tcp://HOST:8786"
-        ) from None
-    chosen = ",".join(map(str, devices)) if devices is not None else None
+        return _per_gpu_cluster(chosen)
     return LocalCUDACluster(
-        CUDA_VISIBLE_DEVICES=chosen, threads_per_worker=2, resources={GPU_RESOURCE: 1}
+        CUDA_VISIBLE_DEVICES=",".join(map(str, chosen)),
+        threads_per_worker=2,
+        resources={GPU_RESOURCE: 1},
+        dashboard_address=":0",
     )
+
+
+def _per_gpu_cluster(devices: Sequence[int]) -> Any:
+    """A SpecCluster of one Nanny per GPU, its worker started with CUDA_VISIBLE_DEVICES set to
+    that GPU (without dask-cuda's memory management, which gate runs do not use)."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    workers = {
+        f"gpu{device}": {
+            "cls": Nanny,
+            "options": {
+                "nthreads": 2,
+                "resources": {GPU_RESOURCE: 1},
+                "env": {"CUDA_VISIBLE_DEVICES": str(device)},
+            },
+        }
+        for device in devices
+    }
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
+    return SpecCluster(workers=workers, scheduler=scheduler, name="klineage-gpus")
 
 
 class ClusterBuilder(Builder):

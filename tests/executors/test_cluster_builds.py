@@ -80,3 +80,21 @@ def test_an_entry_with_a_path_in_a_file_name_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"no result\.json"):
         builder.import_entry("ab" * 32, {"kernel.so": b""})
     assert not any(tmp_path.rglob("*.so"))
+
+
+def test_without_dask_cuda_each_gpu_gets_a_worker_process_that_sees_only_it() -> None:
+    import os
+
+    from distributed import Client
+
+    from klineage.executors.dask_cluster import _per_gpu_cluster
+
+    # what `--executor dask` starts on this host without dask-cuda; nothing here touches a
+    # GPU, so it starts on a CPU machine too
+    with _per_gpu_cluster([0, 3]) as cluster, Client(cluster, set_as_default=False) as client:
+        seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+        workers = client.scheduler_info()["workers"]
+    assert sorted(seen.values()) == ["0", "3"]
+    assert sorted(info["name"] for info in workers.values()) == ["gpu0", "gpu3"]
+    assert all(info["resources"] == {"GPU": 1} for info in workers.values())
+    assert all(info["nthreads"] == 2 for info in workers.values())

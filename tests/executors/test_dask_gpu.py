@@ -1,7 +1,7 @@
 """On a GPU: mining through the Dask executor with the real gate, against the local executor.
 
-Run on a machine with one GPU, nvcc, a CUDA build of torch and the `dask` extra (the
-`local-cuda` case also needs the `dask-cuda` extra and skips without it):
+Run on a machine with a GPU, nvcc, a CUDA build of torch and the `dask` extra (with the
+`dask-cuda` extra too, `this-host` runs on dask-cuda's LocalCUDACluster):
 
     python -m pytest -q tests/executors/test_dask_gpu.py
 """
@@ -28,13 +28,13 @@ PROBLEM = FIXTURES / "mining" / "exp_scale"
 BUDGET = MiningBudget(gate_runs=6)
 
 
-@pytest.fixture(params=["local-cuda", "scheduler"])
+@pytest.fixture(params=["this-host", "scheduler"])
 def dask_executor(request: pytest.FixtureRequest) -> Iterator[DaskExecutor]:
-    """`local-cuda`: what `--executor dask` starts here (dask-cuda, GPU 0); `scheduler`: a
-    plain distributed cluster of one GPU=1 worker process, reached by its address as a
-    cluster's would be (`--scheduler`)."""
-    if request.param == "local-cuda":
-        pytest.importorskip("dask_cuda", reason="needs the dask-cuda extra")
+    """`this-host`: what `--executor dask` starts here on GPU 0 (dask-cuda's cluster where
+    installed, else one worker process per GPU from distributed); `scheduler`: a plain
+    distributed cluster of one GPU=1 worker process, reached by its address as a cluster's
+    would be (`--scheduler`)."""
+    if request.param == "this-host":
         with DaskExecutor(devices=[0]) as executor:
             yield executor
         return
