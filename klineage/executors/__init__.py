@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
-from klineage.executors.base import Executor, ExecutorError, TaskTally, WorkerTally
+from klineage.executors.base import (
+    Executor,
+    ExecutorError,
+    TaskTally,
+    WorkerTally,
+    require_distributed,
+)
 from klineage.executors.local import LocalExecutor
 
 __all__ = [
@@ -42,9 +48,9 @@ def open_executor(
                 "--scheduler is for --executor dask; the local executor uses this machine's GPUs"
             )
         return LocalExecutor(devices)
-    from klineage.executors.dask_cluster import DaskExecutor, require_distributed
+    require_distributed()  # before the backend's modules, which import it at their top
+    from klineage.executors.dask_cluster import DaskExecutor
 
-    require_distributed()  # before any address is parsed: the missing extra is the first news
     if scheduler is not None and devices is not None:
         raise ExecutorError(
             "--devices picks GPUs of this host; with --scheduler the cluster's workers own theirs"

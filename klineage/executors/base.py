@@ -34,6 +34,18 @@ class ExecutorError(RuntimeError):
     address, a cluster without a GPU worker). The message is one line saying what to do."""
 
 
+def require_distributed() -> Any:
+    """The `distributed` module, or an ExecutorError naming the extra to install (called
+    before anything that imports it at its top, such as the Dask backend's modules)."""
+    try:
+        import distributed
+    except ImportError:
+        raise ExecutorError(
+            "--executor dask needs the `distributed` package: pip install 'klineage[dask]'"
+        ) from None
+    return distributed
+
+
 @dataclass(frozen=True)
 class WorkerTally:
     """What one worker (a local GPU, or a Dask worker) has done so far."""

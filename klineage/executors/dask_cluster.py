@@ -24,7 +24,7 @@ from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
-from klineage.executors.base import Executor, ExecutorError, TaskTally
+from klineage.executors.base import Executor, ExecutorError, TaskTally, require_distributed
 from klineage.executors.on_worker import (
     DEVICE_GATE,
     PLUGIN_NAME,
@@ -57,17 +57,6 @@ WORKER_START = (
     "start one worker per GPU: `CUDA_VISIBLE_DEVICES=N dask worker ADDRESS --nthreads 2 "
     "--resources GPU=1` (or `dask cuda worker ADDRESS --resources GPU=1`)"
 )
-
-
-def require_distributed() -> Any:
-    """The `distributed` module, or an ExecutorError naming the extra to install."""
-    try:
-        import distributed
-    except ImportError:
-        raise ExecutorError(
-            "--executor dask needs the `distributed` package: pip install 'klineage[dask]'"
-        ) from None
-    return distributed
 
 
 def parse_scheduler(text: str) -> str:

@@ -20,9 +20,18 @@ from tests.conftest import FIXTURES
 
 runner = CliRunner()
 PROBLEM = str(FIXTURES / "mining" / "exp_scale")
+
+
+def _has_dask() -> bool:
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 DASK = pytest.mark.skipif(
-    "distributed" not in sys.modules and not __import__("importlib").util.find_spec("distributed"),
-    reason="needs the dask extra: pip install 'klineage[dask]'",
+    not _has_dask(), reason="needs the dask extra: pip install 'klineage[dask]'"
 )
 
 
