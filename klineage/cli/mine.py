@@ -137,11 +137,12 @@ def mine_command(
     log is written here, so a killed run resumes with no gate run repeated.
 
     \b
-    On a cluster (pip install 'klineage[dask]'):
-      dask scheduler                                    # on one host
-      CUDA_VISIBLE_DEVICES=0 dask worker tcp://HOST:8786 --nthreads 2 --resources GPU=1
+    On a cluster (pip install 'klineage[dask]'), one worker per GPU, each
+    started with CUDA_VISIBLE_DEVICES set to its GPU:
+      dask scheduler
+      dask worker tcp://HOST:8786 --nthreads 2 --resources GPU=1
       klineage mine DIR --executor dask --scheduler tcp://HOST:8786
-    On this host, one worker per GPU (dask-cuda's LocalCUDACluster where installed):
+    On this host, one worker per GPU (dask-cuda's cluster where installed):
       klineage mine DIR --executor dask [--devices 0,1]
 
     \b

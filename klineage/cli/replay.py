@@ -67,7 +67,7 @@ def replay_command(
     \b
     On a cluster (pip install 'klineage[dask]'):
       klineage replay heldout/* --executor dask --scheduler tcp://HOST:8786
-    On this host, one worker per GPU (dask-cuda's LocalCUDACluster where installed):
+    On this host, one worker per GPU (dask-cuda's cluster where installed):
       klineage replay heldout/* --executor dask
 
     \b
