@@ -42,10 +42,20 @@ GATE_INTERNALS = tuple(
 their pydantic fields are covered below)."""
 
 
+OPTIONAL = {"distributed"}
+"""Packages of optional extras a module may import at its top (the `dask` extra's); where
+one is not installed, the modules needing it are left out."""
+
+
 def _modules() -> Iterator[ModuleType]:
     for info in pkgutil.walk_packages(klineage.__path__, "klineage."):
-        if not info.name.endswith("__main__"):
+        if info.name.endswith("__main__"):
+            continue
+        try:
             yield importlib.import_module(info.name)
+        except ModuleNotFoundError as err:
+            if err.name not in OPTIONAL:
+                raise
 
 
 MODULES = list(_modules())

@@ -3,7 +3,8 @@
 The layers, each importing only the ones after it (DESIGN.md, "Package layout"):
 
     __main__ -> cli -> the package (its API) -> replay -> mining -> lineage, skills
-             -> mechanisms, search -> llm, formats, cuda -> conditions, gate -> problem
+             -> mechanisms, search -> llm, formats, cuda -> executors -> conditions, gate
+             -> problem
              -> kernel, limits
 
 A module may import its own component and the components of the layers below it, never one
@@ -28,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kernel", "limits"),
     ("problem",),
     ("conditions", "gate"),
+    ("executors",),
     ("llm", "formats", "cuda"),
     ("mechanisms", "search"),
     ("lineage", "skills"),

@@ -8,14 +8,21 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
+from klineage.cli.executor import (
+    ExecutorOption,
+    SchedulerOption,
+    WorkerProgress,
+    open_cli_executor,
+)
 from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.cli.tables import Column, print_rows
+from klineage.executors import ExecutorError, ExecutorKind
 from klineage.lineage import AttemptStatus, LineageGraph, is_llm_origin
 from klineage.llm import Provider, ProviderError
 from klineage.mining.mine import MineReport, mine
@@ -110,10 +117,12 @@ def mine_command(
     devices: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated GPU indexes; each state's attempts are gated side by side, "
-            "one per GPU (default: every visible GPU)."
+            help="Comma-separated GPU indexes of this host; each state's attempts are gated "
+            "side by side, one per GPU (default: every visible GPU)."
         ),
     ] = None,
+    executor: ExecutorOption = ExecutorKind.LOCAL,
+    scheduler: SchedulerOption = None,
     llm: LlmOption = None,
     llm_cache: LlmCacheOption = None,
     llm_replay_only: LlmReplayOnlyOption = False,
@@ -123,32 +132,43 @@ def mine_command(
     With --llm, each state also gets one removal proposed by the LLM, gated like the
     catalog's and recorded in the lineage with its origin.
 
+    With --executor dask, each state's attempts are gated side by side on a Dask cluster's
+    GPU workers (one gate run per GPU at a time), builds run on any worker, and the gate
+    log is written here, so a killed run resumes with no gate run repeated.
+
+    \b
+    On a cluster (pip install 'klineage[dask]'), one worker per GPU, each
+    started with CUDA_VISIBLE_DEVICES set to its GPU:
+      dask scheduler
+      dask worker tcp://HOST:8786 --nthreads 2 --resources GPU=1
+      klineage mine DIR --executor dask --scheduler tcp://HOST:8786
+    On this host, one worker per GPU (dask-cuda's cluster where installed):
+      klineage mine DIR --executor dask [--devices 0,1]
+
     \b
     PROVIDER:MODEL for --llm, keys from the environment:
       anthropic:MODEL
       openai:MODEL
       openai-compatible:MODEL@http://HOST:PORT/v1"""
     from klineage.gate.gate import GateSetupError
-    from klineage.gate.pool import open_gates, parse_devices
 
-    try:
-        chosen_devices = parse_devices(devices)
-    except ValueError as err:
-        _fail(str(err))
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
+    running = open_cli_executor(executor, scheduler, devices, errors)
     limits = MiningBudget(gate_runs=budget, wall_seconds=wall)
     reports: list[MineReport] = []
+    workers = WorkerProgress(running.tally, f"tasks per worker ({running.describe()})")
     try:
-        with open_gates(chosen_devices, time_reference="unpaired") as gates:
+        with running, running.gates(time_reference="unpaired") as gates:
             for folder in problems:
                 view = WalkView(folder.name)
-                with Live(view.render(), console=console, refresh_per_second=4) as live:
+                shown = Group(view.render(), workers)
+                with Live(shown, console=console, refresh_per_second=4) as live:
 
                     def on_event(
                         event: WalkEvent, view: WalkView = view, live: Live = live
                     ) -> None:
                         view.update(event)
-                        live.update(view.render())
+                        live.update(Group(view.render(), workers))
 
                     result = mine(
                         folder,
@@ -166,6 +186,8 @@ def mine_command(
                     _write_report(report, reports, provider)
     except GateSetupError as err:
         _fail(f"gate error: {err}")
+    except ExecutorError as err:
+        _fail(f"executor error: {err}")
     except ProviderError as err:
         _fail(f"LLM error: {err.message}")
     except (FileNotFoundError, ValueError) as err:

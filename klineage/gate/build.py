@@ -359,6 +359,44 @@ class Builder:
                     hit = self._compile_and_publish(key, source, name)
         return self.disassemble(hit) if disassemble else hit
 
+    def entry_key(self, source: str) -> str:
+        """The cache key ``source`` is stored under (a sm_90a-only source's sibling's key)."""
+        specific = specific_arch_for(self.arch, source)
+        return self._sibling(specific).key(source) if specific is not None else self.key(source)
+
+    def export_entry(self, key: str) -> dict[str, bytes] | None:
+        """The files of a complete cache entry, to carry it to another host's cache (a build
+        made on one cluster worker, used by the client and the GPU workers); None if absent."""
+        entry = self.entry_dir(key)
+        if not (entry / RESULT_FILE).is_file():
+            return None
+        return {path.name: path.read_bytes() for path in entry.iterdir() if path.is_file()}
+
+    def import_entry(self, key: str, files: dict[str, bytes]) -> bool:
+        """Install an entry exported by :meth:`export_entry` (on another host, with the same
+        nvcc, so under the same key); False when this cache already holds it."""
+        if any(Path(name).name != name or name in ("", ".", "..") for name in files):
+            raise ValueError(f"cache entry {key[:12]}: a file name with a path in it")
+        if RESULT_FILE not in files:
+            raise ValueError(f"cache entry {key[:12]}: no {RESULT_FILE}")
+        if (self.entry_dir(key) / RESULT_FILE).is_file():
+            return False
+        tmp_root = self.cache_dir / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f"{key[:16]}-in-", dir=tmp_root))
+        try:
+            for name, data in files.items():
+                if name != RESULT_FILE:  # result.json last: it marks the entry complete
+                    (work / name).write_bytes(data)
+            (work / RESULT_FILE).write_bytes(files[RESULT_FILE])
+            with self._key_lock(key):
+                if (self.entry_dir(key) / RESULT_FILE).is_file():
+                    return False
+                _publish(work, self.entry_dir(key), tmp_root)
+            return True
+        finally:
+            shutil.rmtree(work, ignore_errors=True)  # no-op once published
+
     def disassemble(self, result: BuildResult) -> BuildResult:
         """``result`` with instruction histograms in its machine code, made by nvdisasm from
         the entry's cubin the first time and kept in the entry's result.json."""

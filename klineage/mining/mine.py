@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from klineage.executors import Executor, LocalExecutor
 from klineage.gate.log import GateLike, GateLog
 from klineage.kernel import KernelSource
 from klineage.lineage import (
@@ -94,9 +95,12 @@ def mine(
     devices: Sequence[int] | None = None,
     skip_no_ops: bool = True,
     reuse_unaudited: bool = False,
+    executor: Executor | None = None,
 ) -> MineReport:
     """Mine one expert problem folder into `out`. Without `gate`, one gate is opened per GPU
-    in `devices` (default: every visible GPU). With several `gates`, each state's attempts are
+    by `executor` (default: a :class:`~klineage.executors.LocalExecutor` on `devices`, every
+    visible GPU unless given; a Dask executor gates on the cluster's GPU workers, the gate log
+    staying here). With several `gates`, each state's attempts are
     gated in parallel, one per GPU. With `llm`, each state also gets an LLM-proposed removal
     (same gate, same budget). With `skip_no_ops` (the default), a removal that changes no
     machine code is refused before the gate; a verdict on the same machine code as an earlier
@@ -104,11 +108,10 @@ def mine(
     With `reuse_unaudited`, verdicts logged before the timing audits are served too (to
     re-derive old results without a GPU; a run that measures leaves it off)."""
     if gate is None:
-        from klineage.gate.pool import open_gates
-
+        chosen = executor if executor is not None else LocalExecutor(devices)
         # mining pairs every timed verdict with its parent state: the reference is timed only
         # for the expert's own verdict
-        with open_gates(devices, time_reference="unpaired") as opened:
+        with chosen.gates(time_reference="unpaired") as opened:
             return mine(
                 problem_dir,
                 out,

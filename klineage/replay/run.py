@@ -21,8 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from klineage.executors import Executor, LocalExecutor
 from klineage.gate.log import GateLike, GateLog
-from klineage.gate.pool import open_gates, spread
+from klineage.gate.pool import spread
 from klineage.gate.result import geomean
 from klineage.llm.base import Provider
 from klineage.problem import Problem, load_problem
@@ -155,19 +156,23 @@ def replay(
     on_run: Callable[[str, str, GateRunRecord], None] | None = None,
     llm: Provider | None = None,
     skip_no_ops: bool = True,
+    executor: Executor | None = None,
 ) -> ReplayReport:
     """Run every method on every problem; write the report, lineages and chart to `out`.
     With `llm`, the skills method asks it to apply skills no rule can apply.
 
     Problems are spread over `gates` (one per GPU), one problem per gate at a time: a
     problem's methods share one gate, so their verdicts are timed on the same device.
-    Without `gate` or `gates`, one gate is opened per GPU in `devices` (default: every
-    visible GPU). With `skip_no_ops` (the default), a move that changes no machine code is
-    not gated, and a verdict on machine code already judged is shared."""
+    Without `gate` or `gates`, one gate is opened per GPU by `executor` (default: a
+    :class:`~klineage.executors.LocalExecutor` on `devices`, every visible GPU unless given;
+    a Dask executor gates on the cluster's GPU workers, the gate logs staying here). With
+    `skip_no_ops` (the default), a move that changes no machine code is not gated, and a
+    verdict on machine code already judged is shared."""
     if gate is not None:
         gates = [gate]
     if not gates:
-        with open_gates(devices) as opened:
+        chosen = executor if executor is not None else LocalExecutor(devices)
+        with chosen.gates() as opened:
             return replay(
                 problems,
                 skills,

@@ -151,6 +151,7 @@ class CooperativeGroups:
 
     def in_function(self, function: Function) -> tuple[list[CgReduce], list[CgBarrier]]:
         """The reductions and the barriers written in ``function``."""
+
         def inside(node: Node) -> bool:
             return function.node.start_byte <= node.start_byte < function.node.end_byte
 
