@@ -14,6 +14,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
+from klineage.cli.gate_options import ProfileOption, optional_stages
 from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.cli.tables import Column, print_rows
 from klineage.lineage import AttemptStatus, LineageGraph, is_llm_origin
@@ -117,11 +118,14 @@ def mine_command(
     llm: LlmOption = None,
     llm_cache: LlmCacheOption = None,
     llm_replay_only: LlmReplayOnlyOption = False,
+    profile: ProfileOption = False,
 ) -> None:
     """Walk each expert kernel backward through the gate and write verified skills.
 
     With --llm, each state also gets one removal proposed by the LLM, gated like the
-    catalog's and recorded in the lineage with its origin.
+    catalog's and recorded in the lineage with its origin. With --profile, every state is
+    profiled (Nsight Compute) and each skill's card shows its counter deltas and the
+    bottleneck it relieved.
 
     \b
     PROVIDER:MODEL for --llm, keys from the environment:
@@ -139,7 +143,8 @@ def mine_command(
     limits = MiningBudget(gate_runs=budget, wall_seconds=wall)
     reports: list[MineReport] = []
     try:
-        with open_gates(chosen_devices, time_reference="unpaired") as gates:
+        stages = optional_stages(profile, energy=False)
+        with open_gates(chosen_devices, time_reference="unpaired", **stages) as gates:
             for folder in problems:
                 view = WalkView(folder.name)
                 with Live(view.render(), console=console, refresh_per_second=4) as live:

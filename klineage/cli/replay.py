@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from klineage.cli.gate_options import EnergyOption, ProfileOption, optional_stages
 from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.cli.tables import Column, print_rows
 from klineage.gate.pool import parse_devices
@@ -45,11 +46,15 @@ def replay_command(
     llm: LlmOption = None,
     llm_cache: LlmCacheOption = None,
     llm_replay_only: LlmReplayOnlyOption = False,
+    profile: ProfileOption = False,
+    energy: EnergyOption = False,
 ) -> None:
     """Replay mined skills on each problem's naive kernel, beside the baselines.
 
     With --llm, the skills method asks the LLM to apply a retrieved skill when no rule can
     (the rule refused, or the catalog lacks the skill's mechanism); the baselines never do.
+    With --profile, the skills method ranks first the skills that relieved the current
+    kernel's bottleneck on their expert.
 
     \b
     PROVIDER:MODEL for --llm, keys from the environment:
@@ -92,6 +97,7 @@ def replay_command(
             resume=resume,
             on_run=on_run,
             llm=provider,
+            gate_options=optional_stages(profile, energy),
         )
     except GateSetupError as err:
         errors.print(Text(f"gate error: {err}", "red"))

@@ -215,12 +215,13 @@ class GateLog:
         """The verdict from the log, or made now by `gate` (default: this log's gate)."""
         chosen = list(problem.workloads if workloads is None else workloads)
         key = verdict_key(kernel, chosen, time_it, against)
+        judge = gate if gate is not None else self.gate
         if key in self._verdicts:
             if key in self._made_ahead:  # made by run_many for this very call: not a hit
                 self._made_ahead.discard(key)
             else:
                 self.hits += 1
-            return self._verdicts[key]
+            return self._with_profile(key, problem, kernel, self._verdicts[key], judge)
         mkey = self._machine_key(kernel, chosen, time_it, against) if self.share else None
         if mkey is not None:
             with self._lock:
@@ -228,7 +229,6 @@ class GateLog:
                 earlier = self._by_machine.get(mkey)
             if earlier is not None:
                 return self._shared(key, mkey, earlier, kernel, against)
-        judge = gate if gate is not None else self.gate
         if judge is None:
             raise RuntimeError(f"{self.path}: no verdict logged for {kernel.name} and no gate")
         verdict = judge.run(problem, kernel, workloads=chosen, time_it=time_it, against=against)
@@ -244,6 +244,27 @@ class GateLog:
                 self._by_machine.setdefault(mkey, key)
             self._append(record)
         return verdict
+
+    def _with_profile(
+        self,
+        key: str,
+        problem: Problem,
+        kernel: KernelSource,
+        verdict: GateVerdict,
+        judge: GateLike | None,
+    ) -> GateVerdict:
+        """A logged verdict made without the profile stage, served to a gate that profiles,
+        gets its profile now (logged again under its key); the rest of it stands."""
+        add_profile = getattr(judge, "add_profile", None)
+        if add_profile is None or verdict.profile is not None or not verdict.passed:
+            return verdict
+        profiled: GateVerdict = add_profile(problem, kernel, verdict)
+        if profiled.profile is None:
+            return verdict
+        with self._lock:
+            self._verdicts[key] = profiled
+            self._append({"key": key, "verdict": json.loads(profiled.model_dump_json())})
+        return profiled
 
     def _shared(
         self,

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from klineage.gate.bottleneck import Bottleneck
 from klineage.gate.log import GateLog
 from klineage.gate.noop import same_machine_code
 from klineage.gate.result import GateVerdict
@@ -415,6 +416,7 @@ class SkillsMethod(ForwardSearch):
             arch=self.materializer.arch,
             keep_unknown=self.asks_llm,
             machine_code=self._machine_code(current),
+            bottleneck=self._bottleneck(),
         )
         mechanisms = [r.mechanism for r in ranking.ranked]
         closed = closes(mechanisms, current, apply_everywhere)
@@ -429,6 +431,12 @@ class SkillsMethod(ForwardSearch):
                 yield Move(
                     None, Carrier(), origin, skill=skill.id, action=skill.mechanism, ask_llm=True
                 )
+
+    def _bottleneck(self) -> Bottleneck | None:
+        """The current state's bottleneck class, when its verdict was profiled."""
+        profile = self.best.profile if self.best is not None else None
+        call = profile.bottleneck if profile is not None else None
+        return call.kind if call is not None else None
 
     def siblings(self, later: Sequence[Move], kept: Move) -> Iterator[Move]:
         """The kept skill's other carriers, from the same state: the fastest is kept."""

@@ -15,7 +15,7 @@ apply (see :mod:`klineage.replay.methods`); the baselines never ask it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,7 @@ def replay(
     on_run: Callable[[str, str, GateRunRecord], None] | None = None,
     llm: Provider | None = None,
     skip_no_ops: bool = True,
+    gate_options: Mapping[str, Any] | None = None,
 ) -> ReplayReport:
     """Run every method on every problem; write the report, lineages and chart to `out`.
     With `llm`, the skills method asks it to apply skills no rule can apply.
@@ -163,11 +164,13 @@ def replay(
     problem's methods share one gate, so their verdicts are timed on the same device.
     Without `gate` or `gates`, one gate is opened per GPU in `devices` (default: every
     visible GPU). With `skip_no_ops` (the default), a move that changes no machine code is
-    not gated, and a verdict on machine code already judged is shared."""
+    not gated, and a verdict on machine code already judged is shared. `gate_options` go to
+    the gates opened here (`profile=ProfileConfig()`: the skills method ranks by the current
+    kernel's bottleneck; `energy=EnergyConfig()`: energy per call in the report)."""
     if gate is not None:
         gates = [gate]
     if not gates:
-        with open_gates(devices) as opened:
+        with open_gates(devices, **(gate_options or {})) as opened:
             return replay(
                 problems,
                 skills,
