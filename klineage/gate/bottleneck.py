@@ -158,6 +158,7 @@ def _call_flops(profile: Profile, peaks: MachinePeaks | None, operand_class: str
         counted += sum(
             (launch.tensor_pct or 0.0) / 100 * tensor_peak * launch.duration_ns * 1e-9
             for launch in profile.launches
+            if (launch.tensor_pct or 0.0) > TENSOR_ACTIVE_PCT  # below: counter noise
         )
     return max(counted, profile.minimum_flops)
 

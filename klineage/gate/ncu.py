@@ -28,6 +28,7 @@ STALL_REASONS = (
     "branch_resolving",
     "dispatch_stall",
     "drain",
+    "gmma",
     "imc_miss",
     "lg_throttle",
     "long_scoreboard",
@@ -53,7 +54,7 @@ def stall_metric(reason: str) -> str:
 
 # the metrics, by what they tell the profile stage
 DURATION = "gpu__time_duration.sum"
-DRAM_PCT = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+DRAM_PCT = "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"
 L2_PCT = "lts__throughput.avg.pct_of_peak_sustained_elapsed"
 L1_PCT = "l1tex__throughput.avg.pct_of_peak_sustained_active"
 MEMORY_PCT = "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"
@@ -81,8 +82,8 @@ DRAM_BYTES = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 GLOBAL_LOAD_SECTORS = "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"
 GLOBAL_LOAD_REQUESTS = "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"
 SHARED_INSTRUCTIONS = (
-    "smsp__inst_executed_op_shared_ld.sum",
-    "smsp__inst_executed_op_shared_st.sum",
+    "smsp__sass_inst_executed_op_shared_ld.sum",
+    "smsp__sass_inst_executed_op_shared_st.sum",
 )
 """Warp-level shared-memory load and store instructions."""
 FP32_OPS = {
@@ -181,6 +182,22 @@ def ncu_command(
     ]
 
 
+_SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_TIME_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}
+_TIME_NS |= {"s": 1e9, "second": 1e9}
+
+
+def to_base(value: float, unit: str) -> tuple[float, str]:
+    """A value in ncu's printed unit as bytes or nanoseconds (its SI prefixes undone: 1 Kbyte
+    is 1000 bytes), so reports printed with `--print-units auto` read like `base` ones."""
+    if unit in _TIME_NS:
+        return value * _TIME_NS[unit], "nsecond"
+    match = re.fullmatch(r"([KMGT]?)byte", unit)
+    if match:
+        return value * _SCALE[match.group(1)], "byte"
+    return value, unit
+
+
 _NUMBER = re.compile(r"^[+-]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?([eE][+-]?\d+)?$")
 
 
@@ -196,6 +213,11 @@ def _table_lines(text: str) -> list[str]:
     """The CSV lines of ncu's output: its own messages (==PROF==, ==WARNING==, ...) and the
     application's output are left out."""
     return [line for line in text.splitlines() if line.startswith('"')]
+
+
+def has_table(text: str) -> bool:
+    """Whether `text` holds a metrics table (a header row naming the kernel column)."""
+    return any('"Kernel Name"' in line for line in _table_lines(text))
 
 
 def parse_raw_csv(text: str) -> list[RawLaunch]:
@@ -217,8 +239,7 @@ def parse_raw_csv(text: str) -> list[RawLaunch]:
         for column, unit, cell in zip(header, units, row, strict=True):
             value = _number(cell)
             if value is not None and "__" in column:  # metric names have a double underscore
-                launch.metrics[column] = value
-                launch.units[column] = unit
+                launch.metrics[column], launch.units[column] = to_base(value, unit)
         launches.append(launch)
     return launches
 

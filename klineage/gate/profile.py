@@ -56,8 +56,9 @@ class LaunchProfile(BaseModel):
     theoretical_occupancy_pct: float | None = None
     """The most warps the launch's resources allow, % of the SM's maximum."""
     occupancy_limiter: str | None = None
-    """The resource that allows the fewest blocks per SM: registers, shared memory, block
-    size or blocks per SM."""
+    """The resource that allows the fewest blocks per SM (registers, shared memory, block
+    size or blocks per SM), when the theoretical occupancy is below the SM's maximum; None
+    when nothing holds it below."""
     blocks_per_sm_limits: dict[str, float] = Field(default_factory=dict)
     """Blocks per SM each resource allows."""
     grid_size: int | None = None
@@ -103,6 +104,16 @@ def _int(value: float | None) -> int | None:
     return int(value) if value is not None else None
 
 
+FULL_OCCUPANCY_PCT = 99.9
+"""A theoretical occupancy this high is the SM's maximum: no resource limits it."""
+
+
+def _limiter(limits: dict[str, float], theoretical_pct: float | None) -> str | None:
+    if not limits or (theoretical_pct is not None and theoretical_pct >= FULL_OCCUPANCY_PCT):
+        return None
+    return min(limits, key=lambda resource: limits[resource])
+
+
 def launch_profile(launch: ncu.RawLaunch, top: int = TOP_STALLS) -> LaunchProfile:
     """The counters of one raw launch, named."""
     limits = {
@@ -128,7 +139,7 @@ def launch_profile(launch: ncu.RawLaunch, top: int = TOP_STALLS) -> LaunchProfil
         tensor_pct=launch.get(ncu.TENSOR_PCT),
         achieved_occupancy_pct=launch.get(ncu.ACHIEVED_OCCUPANCY),
         theoretical_occupancy_pct=launch.get(ncu.THEORETICAL_OCCUPANCY),
-        occupancy_limiter=min(limits, key=lambda r: limits[r]) if limits else None,
+        occupancy_limiter=_limiter(limits, launch.get(ncu.THEORETICAL_OCCUPANCY)),
         blocks_per_sm_limits=limits,
         grid_size=_int(launch.get(ncu.GRID_SIZE)),
         block_size=_int(launch.get(ncu.BLOCK_SIZE)),

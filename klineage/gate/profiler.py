@@ -207,8 +207,10 @@ class Profiler:
         if done.returncode == 3 or "the profiled call failed" in done.stderr:
             failed = [line for line in done.stderr.splitlines() if "profiled call failed" in line]
             return failed[-1] if failed else "the profiled call failed"
+        # the table goes to --log-file; an ncu that printed it to stdout instead is read there
+        table = output if ncu.has_table(output) else done.stdout
         try:
-            raw = ncu.parse_raw_csv(output)
+            raw = ncu.parse_raw_csv(table)
         except ncu.NcuOutputError:
             return ncu.failure_reason(messages)
         if not raw:

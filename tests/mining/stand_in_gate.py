@@ -10,7 +10,9 @@ mining logic (walk, graph, conditions, skills, persistence, resume) runs on a CP
 - `needed_text`: source texts whose absence makes the kernel wrong (one site of a mechanism
   that cannot go while its others can);
 - `probe_failures`: mechanism -> predicate over axis values; while the mechanism is present,
-  workloads where the predicate holds fail with RUNTIME_ERROR (misaligned address).
+  workloads where the predicate holds fail with RUNTIME_ERROR (misaligned address);
+- `profiles`: the profile stage, as a function of the mechanisms present (it returns a
+  profile made of counters recorded on the H200), attached to every passing verdict.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from klineage.gate.build import Builder, BuildResult
+from klineage.gate.profile import Profile
 from klineage.gate.result import (
     GATE_PROTOCOL,
     Comparison,
@@ -49,6 +52,7 @@ class StandInGate:
         probe_failures: dict[str, Callable[[dict[str, int]], bool]] | None = None,
         expert_mechanisms: Sequence[str] = (),
         needed_text: Sequence[str] = (),
+        profiles: Callable[[set[str]], Profile] | None = None,
     ) -> None:
         self.builder = builder
         self.cost = cost or {}
@@ -56,6 +60,7 @@ class StandInGate:
         self.probe_failures = probe_failures or {}
         self.expert_mechanisms = set(expert_mechanisms)
         self.needed_text = tuple(needed_text)
+        self.profiles = profiles
         self.runs = 0
 
     def build(self, kernel: KernelSource) -> BuildResult:
@@ -98,6 +103,8 @@ class StandInGate:
         missing = [text for text in self.needed_text if text not in kernel.text]
         for workload in problem.workloads if workloads is None else workloads:
             verdict.workloads.append(self._one(workload, present, base, time_it, against, missing))
+        if self.profiles is not None and verdict.passed:
+            verdict.profile = self.profiles(present)
         return verdict
 
     def _one(

@@ -1,0 +1,146 @@
+"""The profile stage on the CPU: the command it gives ncu, reading back a recorded report,
+the cache by build, the skip path (no ncu, counters not readable), and the verdict and its
+traces. ncu itself is the stand-in of tests/gate/ncu_stand_in.py (it answers with reports
+recorded on the H200); the GPU worker is the CPU stand-in runner."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from klineage.gate.bottleneck import Bottleneck
+from klineage.gate.build import BuildResult, BuildStatus
+from klineage.gate.gate import Gate
+from klineage.gate.ncu import NCU_ENV, PROFILE_METRICS
+from klineage.gate.profiler import ProfileConfig, Profiler, minimum_traffic, profiled_workload
+from klineage.gate.result import GateVerdict
+from klineage.gate.trace import verdict_to_traces
+from klineage.kernel import KernelSource
+from klineage.problem import load_problem
+from tests.conftest import FIXTURES
+
+STAND_IN = Path(__file__).with_name("ncu_stand_in.py")
+SCALE_ROWS = FIXTURES / "problems" / "scale_rows"
+
+
+@pytest.fixture
+def stand_in_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """ncu is the stand-in, answering with the naive gelu's recorded report; returns the file
+    that counts its profiling runs."""
+    report = tmp_path / "gelu_naive.raw.csv"
+    with gzip.open(FIXTURES / "ncu" / "gelu_naive.raw.csv.gz", "rt") as handle:
+        report.write_text(handle.read())
+    calls = tmp_path / "ncu_calls.txt"
+    monkeypatch.setenv(NCU_ENV, str(STAND_IN))
+    monkeypatch.setenv("NCU_STAND_IN_REPORT", str(report))
+    monkeypatch.setenv("NCU_STAND_IN_CALLS", str(calls))
+    return calls
+
+
+def _built(key: str) -> BuildResult:
+    """A build result as the build stage reports one (the stand-in never loads the library)."""
+    return BuildResult(status=BuildStatus.OK, key=key, library=Path("kernel.so"))
+
+
+def test_the_workload_profiled_is_the_one_that_moves_the_most() -> None:
+    problem = load_problem(SCALE_ROWS)
+    chosen = profiled_workload(problem.definition, problem.workloads)
+    assert chosen.label == "rows=4096,cols=512"
+    # x in, y out, float32: 2 x 4096 x 512 x 4 bytes, no FLOPs declared
+    assert minimum_traffic(problem.definition, chosen) == (2 * 4096 * 512 * 4, 0.0)
+    with pytest.raises(ValueError, match="no workload"):
+        profiled_workload(problem.definition, [])
+
+
+def test_a_profile_is_read_back_and_then_served_from_the_cache(
+    stand_in_ncu: Path, tmp_path: Path
+) -> None:
+    problem = load_problem(SCALE_ROWS)
+    profiler = Profiler(ProfileConfig(cache_dir=tmp_path / "profiles"))
+    first = profiler.profile(
+        _built("k1"), problem.definition, problem.workloads, hardware="NVIDIA H200"
+    )
+    assert first.profiled and not first.cached and first.seconds > 0
+    assert first.tool == "Version stand-in"
+    (launch,) = first.launches
+    assert launch.kernel.startswith("gelu_tanh") and launch.dram_bytes == pytest.approx(47104)
+    assert first.minimum_bytes == 2 * 4096 * 512 * 4
+    assert first.bottleneck is not None and first.bottleneck.kind is Bottleneck.LAUNCH
+    # the explicit metric list went to ncu, not a section set
+    assert stand_in_ncu.read_text().splitlines() == [",".join(PROFILE_METRICS)]
+    again = profiler.profile(_built("k1"), problem.definition, problem.workloads)
+    assert again.cached and again.seconds == 0 and again.launches == first.launches
+    assert len(stand_in_ncu.read_text().splitlines()) == 1  # no second ncu run
+    profiler.profile(_built("k2"), problem.definition, problem.workloads)  # another build
+    assert len(stand_in_ncu.read_text().splitlines()) == 2
+
+
+def test_without_ncu_the_stage_is_skipped_saying_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(NCU_ENV, str(tmp_path / "no-such-ncu"))
+    problem = load_problem(SCALE_ROWS)
+    profile = Profiler(ProfileConfig(cache_dir=tmp_path)).profile(
+        _built("k"), problem.definition, problem.workloads
+    )
+    assert not profile.profiled and profile.bottleneck is None
+    assert profile.skipped is not None and "ncu was not found" in profile.skipped
+    assert profile.label == "rows=4096,cols=512"
+
+
+def test_counters_ncu_may_not_read_skip_the_stage(
+    stand_in_ncu: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    message = tmp_path / "denied.txt"
+    message.write_text(  # as ncu prints it where counters are restricted to admins
+        "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
+        "Performance Counters on the target device 0.\n"
+    )
+    monkeypatch.setenv("NCU_STAND_IN_MESSAGE", str(message))
+    problem = load_problem(SCALE_ROWS)
+    profiler = Profiler(ProfileConfig(cache_dir=tmp_path / "profiles"))
+    profile = profiler.profile(_built("k"), problem.definition, problem.workloads)
+    assert profile.skipped is not None and "ERR_NVGPUCTRPERM" in profile.skipped
+    assert not (tmp_path / "profiles").exists()  # a skip is not cached: it is the machine's
+
+
+@pytest.mark.nvcc
+def test_a_profiled_verdict_carries_the_profile_into_its_traces(
+    stand_in_ncu: Path, shared_builder, tmp_path: Path
+) -> None:
+    problem = load_problem(SCALE_ROWS)
+    kernel = KernelSource.from_file(FIXTURES / "kernels" / "scale_rows" / "correct.cu")
+    runner = "tests.gate.cpu_stand_in:TimingStandInRunner"
+    config = ProfileConfig(cache_dir=tmp_path / "profiles")
+    with Gate(shared_builder, worker_runner=runner, profile=config) as gate:
+        verdict = gate.run(problem, kernel)
+    profile = verdict.profile
+    assert profile is not None and profile.profiled
+    # the stand-in timed every call at 1 ms: 2.4 us of kernel in it is a launch-bound call
+    assert profile.bottleneck is not None and profile.bottleneck.kind is Bottleneck.LAUNCH
+    assert "against 1e+03 us timed" in profile.bottleneck.evidence[0]
+    assert GateVerdict.model_validate_json(verdict.model_dump_json()).profile == profile
+    traces = verdict_to_traces(verdict, problem)
+    with_profile = [t for t in traces if "extra" in t["evaluation"]]
+    assert [t["workload"]["uuid"] for t in with_profile] == [profile.workload_uuid]
+    extra = json.loads(json.dumps(with_profile[0]["evaluation"]["extra"]))
+    assert extra["profile"]["bottleneck"]["kind"] == "launch-bound"
+    assert extra["profile"]["launches"][0]["top_stalls"][0]["reason"] == "long_scoreboard"
+
+
+@pytest.mark.nvcc
+def test_a_kernel_that_fails_is_not_profiled(
+    stand_in_ncu: Path, shared_builder, tmp_path: Path
+) -> None:
+    problem = load_problem(SCALE_ROWS)
+    kernel = KernelSource.from_file(FIXTURES / "kernels" / "scale_rows" / "correct.cu")
+    runner = "tests.gate.cpu_stand_in:CheatingTimerStandInRunner"
+    config = ProfileConfig(cache_dir=tmp_path / "profiles")
+    with Gate(shared_builder, worker_runner=runner, profile=config) as gate:
+        verdict = gate.run(problem, kernel)
+    assert not verdict.passed and verdict.profile is not None
+    assert verdict.profile.skipped == "not profiled: the kernel did not pass every workload"
+    assert not stand_in_ncu.exists()  # ncu never ran
