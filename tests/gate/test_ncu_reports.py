@@ -4,41 +4,12 @@ and classified."""
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
-
 import pytest
 
 from klineage.gate import ncu
 from klineage.gate.bottleneck import Bottleneck, classify, peaks_for
-from klineage.gate.profile import LaunchProfile, Profile, launch_profile
-from tests.conftest import FIXTURES
-
-REPORTS = FIXTURES / "ncu"
-
-
-def recorded(name: str) -> str:
-    """A recorded export (gzipped as kept in the fixtures)."""
-    with gzip.open(REPORTS / f"{name}.gz", "rt", encoding="utf-8") as handle:
-        return handle.read()
-
-
-def details(name: str) -> dict[tuple[str, str], str]:
-    """ncu's details page of a report: (section, metric) -> the value ncu printed."""
-    rows = csv.DictReader(io.StringIO(recorded(f"{name}.details.csv")))
-    return {(r["Section Name"], r["Metric Name"]): r["Metric Value"] for r in rows}
-
-
-def sol_rule(name: str) -> str:
-    """ncu's own speed-of-light verdict on the report (its SOLBottleneck rule)."""
-    rows = csv.DictReader(io.StringIO(recorded(f"{name}.details.csv")))
-    return next(r["Rule Description"] for r in rows if r["Rule Name"] == "SOLBottleneck")
-
-
-def gelu() -> LaunchProfile:
-    (launch,) = ncu.parse_raw_csv(recorded("gelu_naive.raw.csv"))
-    return launch_profile(launch)
+from klineage.gate.profile import Profile
+from tests.recorded_profiles import REPORTS, details, gelu_launch, gemm_launch, recorded, sol_rule
 
 
 def test_the_raw_page_reads_as_one_launch_in_base_units() -> None:
@@ -56,7 +27,7 @@ def test_the_raw_page_reads_as_one_launch_in_base_units() -> None:
 
 
 def test_the_counters_agree_with_ncus_own_details_page() -> None:
-    launch, page = gelu(), details("gelu_naive")
+    launch, page = gelu_launch(), details("gelu_naive")
     sol = "GPU Speed Of Light Throughput"
     assert launch.duration_ns / 1e3 == pytest.approx(float(page[(sol, "Duration")]), abs=0.01)
     for field, metric in [
@@ -85,7 +56,7 @@ def test_the_counters_agree_with_ncus_own_details_page() -> None:
 
 
 def test_a_launch_names_its_stalls_and_what_limits_occupancy() -> None:
-    launch = gelu()
+    launch = gelu_launch()
     # ncu's own stall rule on this report: "14.2 cycles ... waiting for a scoreboard
     # dependency on a L1TEX ... operation"
     assert [s.reason for s in launch.top_stalls] == [
@@ -126,7 +97,9 @@ def test_output_without_a_table_says_why() -> None:
 
 
 def test_the_small_naive_gelu_is_launch_bound_as_ncu_says() -> None:
-    profile = Profile(workload_uuid="w0", label="n=11000", launches=[gelu()], minimum_bytes=88000)
+    profile = Profile(
+        workload_uuid="w0", label="n=11000", launches=[gelu_launch()], minimum_bytes=88000
+    )
     call = classify(profile, peaks=peaks_for("NVIDIA H200"))
     assert call is not None and call.kind is Bottleneck.LAUNCH
     assert "too small to fill" in sol_rule("gelu_naive")  # ncu's own verdict
@@ -140,7 +113,7 @@ def test_the_small_naive_gelu_is_launch_bound_as_ncu_says() -> None:
 def test_the_same_launch_timed_longer_is_latency_bound() -> None:
     # the gelu launch's counters, stretched to a 40 us call: no longer launch-sized, and no
     # unit busy, so warps wait (on the long scoreboard) and the grid leaves SMs idle
-    launch = gelu().model_copy(update={"duration_ns": 40_000.0})
+    launch = gelu_launch().model_copy(update={"duration_ns": 40_000.0})
     profile = Profile(launches=[launch], minimum_bytes=88000)
     call = classify(profile, latency_ms=0.045)
     assert call is not None and call.kind is Bottleneck.LATENCY
@@ -152,18 +125,7 @@ def test_the_same_launch_timed_longer_is_latency_bound() -> None:
 
 def test_the_bf16_gemm_expert_is_compute_bound_on_ncus_details() -> None:
     # its details page's figures, read into a launch (the raw page was not kept)
-    page = details("gemm_bf16")
-    sol = "GPU Speed Of Light Throughput"
-    launch = LaunchProfile(
-        kernel="gemm_tiled<0>",
-        duration_ns=float(page[(sol, "Duration")]) * 1e3,
-        dram_pct=float(page[(sol, "DRAM Throughput")]),
-        memory_pct=float(page[(sol, "Memory Throughput")]),
-        l1_pct=float(page[(sol, "L1/TEX Cache Throughput")]),
-        l2_pct=float(page[(sol, "L2 Cache Throughput")]),
-        sm_pct=float(page[(sol, "Compute (SM) Throughput")]),
-        tensor_pct=72.1,  # ncu's HighPipeUtilization rule: "Tensor ... (72.1%)"
-    )
+    launch = gemm_launch()
     call = classify(Profile(launches=[launch]), peaks=peaks_for("NVIDIA H200"))
     assert call is not None and call.kind is Bottleneck.COMPUTE
     assert "Compute is more heavily utilized than Memory" in sol_rule("gemm_bf16")
