@@ -758,11 +758,22 @@ def profile_lines(evidence: ProfileEvidence | None) -> list[str]:
         f"simpler kernel was {before}, the optimized one is {after}. {relieved}",
         "",
     ]
-    lines += [f"- {line}" for line in evidence.evidence]
+    if evidence.evidence:
+        lines += [f"Why the simpler kernel was {before}:", ""]
+        lines += [f"- {line}" for line in evidence.evidence]
     lines += ["", "| counter | simplified | optimized | change |", "|---|---|---|---|"]
     for change in evidence.changes:
         lines.append(
             f"| {change.figure} | {change.simplified:.4g} | {change.optimized:.4g} | "
-            f"{change.relative * 100:+.0f}% |"
+            f"{_change_cell(change)} |"
         )
     return lines
+
+
+def _change_cell(change: CounterChange) -> str:
+    """'same' within NOTABLE_CHANGE, else optimized / simplified as a factor."""
+    if not change.notable:
+        return "same"
+    if change.simplified == 0:
+        return "from 0"
+    return f"{change.optimized / change.simplified:.3g}x"
