@@ -71,6 +71,7 @@ class NvmlEnergyCounter:
         self.handle = handle
 
     def millijoules(self) -> int:
+        """The counter now (NVML: millijoules since the driver loaded)."""
         return int(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
 
 

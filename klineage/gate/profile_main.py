@@ -58,6 +58,7 @@ def profiled_call(request: ProfileRequest) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Read the request named on the command line, make the profiled call; the exit code."""
     if len(argv) != 2:
         print("usage: python -m klineage.gate.profile_main REQUEST.pkl", file=sys.stderr)
         return 2

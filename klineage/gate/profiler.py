@@ -78,9 +78,16 @@ def operand_class(definition: Definition) -> str:
 
 
 class _CachedLaunches(BaseModel):
+    """What the profile cache keeps of one ncu run (the class is drawn again from it)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     launches: list[LaunchProfile]
+    """The profiled launches."""
     tool: str
+    """ncu's version line."""
     seconds: float
+    """Wall time of the ncu run."""
 
 
 class Profiler:
