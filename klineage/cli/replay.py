@@ -116,6 +116,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
     """Print a replay report as a table: per problem and method, latencies, speedups and skills
     used."""
     show = out or console
+    measured = any(r.best_joules for r in report.results)
     columns = [
         Column("problem", key=True),
         Column("method", key=True),
@@ -125,6 +126,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
         Column.figure("vs PyTorch"),
         Column.figure("runs to 90%"),
         Column.figure("wasted"),
+        *([Column.figure("best mJ/call", optional=True)] if measured else []),
         Column("skills used (from)", optional=True, min_width=24),
     ]
     rows = []
@@ -145,6 +147,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
                 f"{r.speedup_vs_reference:.2f}x",
                 str(r.runs_to_90),
                 str(r.wasted),
+                *([f"{sum(r.best_joules.values()) * 1e3:.4g}"] if measured else []),
                 used,
             ]
         )

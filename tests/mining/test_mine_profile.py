@@ -12,8 +12,10 @@ from klineage.gate.bottleneck import classify, peaks_for
 from klineage.gate.build import Builder
 from klineage.gate.profile import LaunchProfile, Profile
 from klineage.lineage import LineageGraph
+from klineage.replay.run import ReplayBudget
 from klineage.skills import SkillLibrary
-from tests.mining.stand_in_gate import mine_gated
+from tests.conftest import FIXTURES
+from tests.mining.stand_in_gate import mine_gated, replay_gated
 from tests.mining.test_mine import PROBLEM, _gate
 from tests.recorded_profiles import gelu_launch, gemm_launch
 
@@ -67,3 +69,15 @@ def test_mined_skills_record_their_counter_deltas_and_what_they_relieved(
     # a step whose two states show the same counters changed none of them
     unroll = by_mechanism["pragma_unroll"].profile
     assert unroll is not None and not any(c.notable for c in unroll.changes)
+
+    # replayed with profiles on: each method reports its start's and its best state's class
+    target = FIXTURES / "mining" / "exp_target"
+    replayed = replay_gated(
+        [target], tmp_path, tmp_path / "replay", gate=gate, budget=ReplayBudget(gate_runs=4)
+    )
+    for result in replayed.results:
+        assert result.start_bottleneck == "launch-bound"  # no fast math in the naive kernel
+        assert result.start_joules == {} and result.best_joules == {}  # energy was not asked
+    skills = next(r for r in replayed.results if r.method == "skills")
+    assert [u.skill.split("--")[0] for u in skills.skills_used][:1] == ["fast_math"]
+    assert skills.best_bottleneck == "compute-bound"
