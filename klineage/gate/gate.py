@@ -107,7 +107,11 @@ class Gate:
         self.time_timeout_s = time_timeout_s
         self.seed = seed
         self.time_reference = time_reference
-        self.profiler = Profiler(profile, device=device) if profile is not None else None
+        self.profiler = (
+            Profiler(profile, device=device, build_cache=self.builder.cache_dir)
+            if profile is not None
+            else None
+        )
         self.energy = energy
         worker_args: dict[str, Any] = {"device": device}
         if worker_runner is not None:

@@ -205,7 +205,9 @@ class Profile(BaseModel):
 
     @property
     def bytes_over_minimum(self) -> float | None:
-        """DRAM bytes moved / the least the workload needs (1.0 moves each byte once)."""
+        """DRAM bytes moved / the least the workload needs (1.0 moves each byte once). Below
+        1 when outputs are still in the L2 as the launch ends (a small workload's writes
+        never reach DRAM while ncu watches)."""
         moved = self.dram_bytes
         if moved is None or self.minimum_bytes <= 0:
             return None

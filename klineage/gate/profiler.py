@@ -93,10 +93,19 @@ class _CachedLaunches(BaseModel):
 class Profiler:
     """Runs the profile stage; one per gate."""
 
-    def __init__(self, config: ProfileConfig | None = None, *, device: int = 0) -> None:
+    def __init__(
+        self,
+        config: ProfileConfig | None = None,
+        *,
+        device: int = 0,
+        build_cache: Path | None = None,
+    ) -> None:
+        """`build_cache`: the build cache's folder; profiles are kept beside it (`profile/`)
+        unless the config names a folder."""
         self.config = config or ProfileConfig()
         self.device = device
-        self.cache_dir = self.config.cache_dir or default_cache_dir().parent / "profile"
+        beside = (build_cache or default_cache_dir()).parent / "profile"
+        self.cache_dir = self.config.cache_dir or beside
         self._tool: str | None = None
 
     def tool_version(self, executable: str) -> str:
