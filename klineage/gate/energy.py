@@ -85,18 +85,25 @@ def open_nvml_counter(uuid: str | None, pci_bus_id: str | None) -> NvmlEnergyCou
         return "NVML is not installed (pip install nvidia-ml-py)"
     try:
         pynvml.nvmlInit()
-        if uuid:
-            name = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-            handle = pynvml.nvmlDeviceGetHandleByUUID(name)
-        elif pci_bus_id:
-            handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
-        else:
-            return "the GPU's UUID and PCI bus id are unknown, so NVML cannot find it"
-        counter = NvmlEnergyCounter(pynvml, handle)
-        counter.millijoules()  # a device without the counter raises NVMLError_NotSupported
-        return counter
     except pynvml.NVMLError as err:
-        return f"NVML's energy counter is not readable: {err}"
+        return f"NVML did not start: {err}"
+    lookups = []
+    if uuid:
+        name = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        lookups.append((pynvml.nvmlDeviceGetHandleByUUID, name))
+    if pci_bus_id:
+        lookups.append((pynvml.nvmlDeviceGetHandleByPciBusId, pci_bus_id))
+    if not lookups:
+        return "the GPU's UUID and PCI bus id are unknown, so NVML cannot find it"
+    failures = []
+    for lookup, key in lookups:
+        try:
+            counter = NvmlEnergyCounter(pynvml, lookup(key))
+            counter.millijoules()  # a device without the counter raises NVMLError_NotSupported
+            return counter
+        except pynvml.NVMLError as err:
+            failures.append(f"{key}: {err}")
+    return f"NVML's energy counter is not readable ({'; '.join(failures)})"
 
 
 def calls_for(latency_ms: float | None, config: EnergyConfig) -> int:

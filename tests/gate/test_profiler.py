@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from klineage.gate.bottleneck import Bottleneck
-from klineage.gate.build import BuildResult, BuildStatus
+from klineage.gate.build import Builder, BuildResult, BuildStatus
 from klineage.gate.gate import Gate
+from klineage.gate.log import GateLog
 from klineage.gate.ncu import NCU_ENV, PROFILE_METRICS
 from klineage.gate.profiler import ProfileConfig, Profiler, minimum_traffic, profiled_workload
 from klineage.gate.result import GateVerdict
@@ -107,16 +108,27 @@ def test_counters_ncu_may_not_read_skip_the_stage(
     assert not (tmp_path / "profiles").exists()  # a skip is not cached: it is the machine's
 
 
+def _stand_in_gate(
+    builder: Builder, tmp_path: Path, *, runner: str = "TimingStandInRunner"
+) -> Gate:
+    """A profiling gate whose GPU worker is the CPU stand-in `runner`."""
+    return Gate(
+        builder,
+        worker_runner=f"tests.gate.cpu_stand_in:{runner}",
+        profile=ProfileConfig(cache_dir=tmp_path / "profiles"),
+    )
+
+
+CORRECT = FIXTURES / "kernels" / "scale_rows" / "correct.cu"
+
+
 @pytest.mark.nvcc
 def test_a_profiled_verdict_carries_the_profile_into_its_traces(
-    stand_in_ncu: Path, shared_builder, tmp_path: Path
+    stand_in_ncu: Path, shared_builder: Builder, tmp_path: Path
 ) -> None:
     problem = load_problem(SCALE_ROWS)
-    kernel = KernelSource.from_file(FIXTURES / "kernels" / "scale_rows" / "correct.cu")
-    runner = "tests.gate.cpu_stand_in:TimingStandInRunner"
-    config = ProfileConfig(cache_dir=tmp_path / "profiles")
-    with Gate(shared_builder, worker_runner=runner, profile=config) as gate:
-        verdict = gate.run(problem, kernel)
+    with _stand_in_gate(shared_builder, tmp_path) as gate:
+        verdict = gate.run(problem, KernelSource.from_file(CORRECT))
     profile = verdict.profile
     assert profile is not None and profile.profiled
     # the stand-in timed every call at 1 ms: 2.4 us of kernel in it is a launch-bound call
@@ -133,14 +145,34 @@ def test_a_profiled_verdict_carries_the_profile_into_its_traces(
 
 @pytest.mark.nvcc
 def test_a_kernel_that_fails_is_not_profiled(
-    stand_in_ncu: Path, shared_builder, tmp_path: Path
+    stand_in_ncu: Path, shared_builder: Builder, tmp_path: Path
 ) -> None:
     problem = load_problem(SCALE_ROWS)
-    kernel = KernelSource.from_file(FIXTURES / "kernels" / "scale_rows" / "correct.cu")
-    runner = "tests.gate.cpu_stand_in:CheatingTimerStandInRunner"
-    config = ProfileConfig(cache_dir=tmp_path / "profiles")
-    with Gate(shared_builder, worker_runner=runner, profile=config) as gate:
-        verdict = gate.run(problem, kernel)
+    with _stand_in_gate(shared_builder, tmp_path, runner="CheatingTimerStandInRunner") as gate:
+        verdict = gate.run(problem, KernelSource.from_file(CORRECT))
     assert not verdict.passed and verdict.profile is not None
     assert verdict.profile.skipped == "not profiled: the kernel did not pass every workload"
     assert not stand_in_ncu.exists()  # ncu never ran
+
+
+@pytest.mark.nvcc
+def test_a_logged_verdict_made_without_profiling_gets_its_profile_when_served(
+    stand_in_ncu: Path, shared_builder: Builder, tmp_path: Path
+) -> None:
+    problem = load_problem(SCALE_ROWS)
+    kernel = KernelSource.from_file(CORRECT)
+    runner = "tests.gate.cpu_stand_in:TimingStandInRunner"
+    path = tmp_path / "gatelog.jsonl"
+    with Gate(shared_builder, worker_runner=runner) as plain:
+        made = GateLog(path, plain).run(problem, kernel)
+    assert made.profile is None and not stand_in_ncu.exists()
+    with _stand_in_gate(shared_builder, tmp_path) as gate:
+        log = GateLog(path, gate)
+        served = log.run(problem, kernel)
+        assert log.runs == 0 and log.hits == 1  # the verdict stands: no check, no timing
+    assert served.profile is not None and served.profile.profiled
+    assert served.workloads == made.workloads
+    assert len(stand_in_ncu.read_text().splitlines()) == 1
+    # logged again with its profile: read back without a gate, it has it
+    again = GateLog(path, None).run(problem, kernel)
+    assert again.profile == served.profile
