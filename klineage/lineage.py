@@ -288,6 +288,10 @@ class LineageGraph:
         if root:
             self.meta.root = info.fingerprint
 
+    def set_profile(self, fingerprint: str, profile: Profile) -> None:
+        """Keep a state's profile (made after it was added) in the lineage."""
+        self.graph.nodes[fingerprint]["profile"] = profile.model_dump(mode="json")
+
     def add_attempt(self, attempt: Attempt) -> None:
         """Add an attempt as an edge from its parent state to its child state."""
         self.graph.add_edge(attempt.parent, attempt.child, **attempt.model_dump(mode="json"))

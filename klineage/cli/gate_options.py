@@ -14,9 +14,10 @@ ProfileOption = Annotated[
     bool,
     typer.Option(
         "--profile",
-        help="Profile each passing kernel's largest workload under Nsight Compute (ncu) "
-        "after timing: counters per launch and the kernel's bottleneck class. Skipped, "
-        "saying why, where ncu is missing or cannot read the counters.",
+        help="Profile the largest workload under Nsight Compute (ncu): counters per launch "
+        "and the kernel's bottleneck class (gate: each passing kernel; mine: the states its "
+        "skills compare; replay: the states it goes on from). Skipped, saying why, where ncu "
+        "is missing or cannot read the counters.",
     ),
 ]
 EnergyOption = Annotated[
@@ -29,9 +30,10 @@ EnergyOption = Annotated[
 ]
 
 
-def optional_stages(profile: bool, energy: bool) -> dict[str, Any]:
-    """Gate keyword arguments for the chosen optional stages."""
+def optional_stages(profile: bool, energy: bool, *, every_verdict: bool = True) -> dict[str, Any]:
+    """Gate keyword arguments for the chosen optional stages; `every_verdict=False` profiles
+    only the kernels mining and replay ask for."""
     return {
-        "profile": ProfileConfig() if profile else None,
+        "profile": ProfileConfig(every_verdict=every_verdict) if profile else None,
         "energy": EnergyConfig() if energy else None,
     }

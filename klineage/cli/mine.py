@@ -143,7 +143,7 @@ def mine_command(
     limits = MiningBudget(gate_runs=budget, wall_seconds=wall)
     reports: list[MineReport] = []
     try:
-        stages = optional_stages(profile, energy=False)
+        stages = optional_stages(profile, energy=False, every_verdict=False)
         with open_gates(chosen_devices, time_reference="unpaired", **stages) as gates:
             for folder in problems:
                 view = WalkView(folder.name)

@@ -97,7 +97,7 @@ def replay_command(
             resume=resume,
             on_run=on_run,
             llm=provider,
-            gate_options=optional_stages(profile, energy),
+            gate_options=optional_stages(profile, energy, every_verdict=False),
         )
     except GateSetupError as err:
         errors.print(Text(f"gate error: {err}", "red"))

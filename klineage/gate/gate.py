@@ -194,11 +194,40 @@ class Gate:
                 )
                 verdict.workloads.append(result)
                 notify(GateEvent("done", kernel.name, workload.label, index, len(chosen), result))
-            if self.profiler is not None:
+            if self.profiles_every_verdict:
                 notify(GateEvent("profile", kernel.name, total=len(chosen)))
                 verdict.profile = self._profile(problem, build, verdict, chosen, hello)
         verdict.timestamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         return verdict
+
+    @property
+    def profiles_every_verdict(self) -> bool:
+        """Whether `run` profiles each passing kernel (else only `profile_kernel` does)."""
+        return self.profiler is not None and self.profiler.config.every_verdict
+
+    def profile_kernel(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        latency_ms: dict[str, float] | None = None,
+    ) -> Profile | None:
+        """The profile stage alone, on a kernel a verdict already passed (its latencies by
+        workload label, for the launch-bound test); None when this gate does not profile."""
+        if self.profiler is None:
+            return None
+        build = self.build(kernel, problem)
+        if not build.ok:
+            return Profile.skip(f"the kernel does not build: {build.message[:200]}")
+        hello = self._start_worker()
+        return self.profiler.profile(
+            build,
+            problem.definition,
+            problem.workloads,
+            seed=self.seed,
+            latency_ms=latency_ms,
+            hardware=hello.hardware,
+            copy_bytes_per_s=hello.copy_bytes_per_s,
+        )
 
     def add_profile(
         self, problem: Problem, kernel: KernelSource, verdict: GateVerdict

@@ -253,10 +253,12 @@ class GateLog:
         verdict: GateVerdict,
         judge: GateLike | None,
     ) -> GateVerdict:
-        """A logged verdict made without the profile stage, served to a gate that profiles,
-        gets its profile now (logged again under its key); the rest of it stands."""
+        """A logged verdict made without the profile stage, served to a gate that profiles
+        every verdict, gets its profile now (logged again under its key); the rest of it
+        stands."""
         add_profile = getattr(judge, "add_profile", None)
-        if add_profile is None or verdict.profile is not None or not verdict.passed:
+        every = getattr(judge, "profiles_every_verdict", False)
+        if add_profile is None or not every or verdict.profile is not None or not verdict.passed:
             return verdict
         profiled: GateVerdict = add_profile(problem, kernel, verdict)
         if profiled.profile is None:

@@ -45,6 +45,11 @@ class ProfileConfig(BaseModel):
     peaks_file: Path | None = None
     """Measured device peaks (JSON, klineage.gate.bottleneck.MachinePeaks); default: the
     datasheet's, with DRAM bandwidth measured by the worker."""
+    every_verdict: bool = True
+    """Profile every passing verdict (`klineage gate --profile`); False: only the kernels a
+    caller asks for (`Gate.profile_kernel`), as mining (the states its skills compare) and
+    replay (the states it goes on from) do, so rejected and passed-over kernels cost no ncu
+    run."""
 
 
 def minimum_traffic(definition: Definition, workload: Workload) -> tuple[int, float]:

@@ -35,6 +35,7 @@ from klineage.lineage import (
 )
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site
 from klineage.mining.inference import infer_condition, why_no_condition
+from klineage.mining.profiles import state_profile
 from klineage.mining.removal import Removal, apply_everywhere, reapply
 from klineage.problem import Problem
 from klineage.skills import (
@@ -222,7 +223,11 @@ def skill_of(
         conflicts=list(mechanism.conflicts) if mechanism is not None else [],
         diff=unified_diff(child.source, parent.source, f"{problem.name}/kernel.cu"),
         machine_code=machine_code_evidence(attempt.mechanism, parent, child),
-        profile=profile_evidence(child.profile, parent.profile, effect.measured),
+        profile=profile_evidence(
+            state_profile(problem, lineage, attempt.child, log.gate),
+            state_profile(problem, lineage, attempt.parent, log.gate),
+            effect.measured,
+        ),
     )
 
 

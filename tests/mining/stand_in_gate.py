@@ -11,8 +11,9 @@ mining logic (walk, graph, conditions, skills, persistence, resume) runs on a CP
   that cannot go while its others can);
 - `probe_failures`: mechanism -> predicate over axis values; while the mechanism is present,
   workloads where the predicate holds fail with RUNTIME_ERROR (misaligned address);
-- `profiles`: the profile stage, as a function of the mechanisms present (it returns a
-  profile made of counters recorded on the H200), attached to every passing verdict.
+- `profiles`: the profile stage when asked (`profile_kernel`, as mining and replay ask it), as
+  a function of the mechanisms present (it returns a profile made of counters recorded on
+  the H200); `profiled` counts the kernels it profiled.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class StandInGate:
         self.expert_mechanisms = set(expert_mechanisms)
         self.needed_text = tuple(needed_text)
         self.profiles = profiles
+        self.profiled: list[str] = []
         self.runs = 0
 
     def build(self, kernel: KernelSource) -> BuildResult:
@@ -103,9 +105,17 @@ class StandInGate:
         missing = [text for text in self.needed_text if text not in kernel.text]
         for workload in problem.workloads if workloads is None else workloads:
             verdict.workloads.append(self._one(workload, present, base, time_it, against, missing))
-        if self.profiles is not None and verdict.passed:
-            verdict.profile = self.profiles(present)
         return verdict
+
+    def profile_kernel(
+        self, problem: Problem, kernel: KernelSource, latency_ms: dict[str, float] | None = None
+    ) -> Profile | None:
+        """The stand-in profile of `kernel`; None without `profiles` (a gate that does not
+        profile)."""
+        if self.profiles is None:
+            return None
+        self.profiled.append(kernel.fingerprint)
+        return self.profiles(self.present(kernel))
 
     def _one(
         self,

@@ -1,6 +1,7 @@
-"""Mining with the profile stage on: each state's profile is kept in the lineage, and the
-skill of each accepted step records its counter deltas and the bottleneck it relieved. The
-GPU stages are the stand-in gate's; the profiles are made of counters recorded on the H200."""
+"""Mining with the profile stage on: the states each skill compares are profiled (and kept in
+the lineage), and the skill records its counter deltas and the bottleneck it relieved; replay
+profiles the states it goes on from. The GPU stages are the stand-in gate's; the profiles are
+made of counters recorded on the H200."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ def test_mined_skills_record_their_counter_deltas_and_what_they_relieved(
     gate.profiles = profile_of
     report = mine_gated(PROBLEM, tmp_path, gate=gate)
     assert report.skills == 5
+    # only the states the skills compare were profiled: the main path's six, once each
+    assert len(gate.profiled) == len(set(gate.profiled)) == 6 < gate.runs
     lineage = LineageGraph.load(tmp_path / "lineages" / "exp_scale_f32.json")
     root = lineage.state(lineage.root)
     assert root.profile is not None and root.profile.bottleneck is not None
@@ -75,9 +78,13 @@ def test_mined_skills_record_their_counter_deltas_and_what_they_relieved(
     replayed = replay_gated(
         [target], tmp_path, tmp_path / "replay", gate=gate, budget=ReplayBudget(gate_runs=4)
     )
+    profiled_before = len(gate.profiled)
     for result in replayed.results:
         assert result.start_bottleneck == "launch-bound"  # no fast math in the naive kernel
         assert result.start_joules == {} and result.best_joules == {}  # energy was not asked
     skills = next(r for r in replayed.results if r.method == "skills")
     assert [u.skill.split("--")[0] for u in skills.skills_used][:1] == ["fast_math"]
     assert skills.best_bottleneck == "compute-bound"
+    # the start and the states a method went on from, not every kernel it gated
+    runs = sum(len(r.runs) for r in replayed.results)
+    assert len(gate.profiled) - profiled_before < runs
