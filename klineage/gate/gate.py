@@ -196,7 +196,7 @@ class Gate:
                 notify(GateEvent("done", kernel.name, workload.label, index, len(chosen), result))
             if self.profiles_every_verdict:
                 notify(GateEvent("profile", kernel.name, total=len(chosen)))
-                verdict.profile = self._profile(problem, build, verdict, chosen, hello)
+                verdict.profile = self._profile(problem, kernel, verdict, chosen)
         verdict.timestamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         return verdict
 
@@ -210,9 +210,12 @@ class Gate:
         problem: Problem,
         kernel: KernelSource,
         latency_ms: dict[str, float] | None = None,
+        *,
+        workloads: Sequence[Workload] | None = None,
     ) -> Profile | None:
         """The profile stage alone, on a kernel a verdict already passed (its latencies by
-        workload label, for the launch-bound test); None when this gate does not profile."""
+        workload label, for the launch-bound test), on the largest of `workloads` (default:
+        the problem's); None when this gate does not profile."""
         if self.profiler is None:
             return None
         build = self.build(kernel, problem)
@@ -222,7 +225,7 @@ class Gate:
         return self.profiler.profile(
             build,
             problem.definition,
-            problem.workloads,
+            problem.workloads if workloads is None else workloads,
             seed=self.seed,
             latency_ms=latency_ms,
             hardware=hello.hardware,
@@ -234,40 +237,26 @@ class Gate:
     ) -> GateVerdict:
         """`verdict` (made without the profile stage) with its profile; unchanged when this
         gate does not profile."""
-        if self.profiler is None:
-            return verdict
-        build = self.build(kernel, problem)
-        if not build.ok:
-            return verdict
         gated = {w.workload_uuid for w in verdict.workloads}
         chosen = [w for w in problem.all_workloads() if w.uuid in gated]
-        if not chosen:
+        if self.profiler is None or not chosen:
             return verdict
-        hello = self._start_worker()
-        profile = self._profile(problem, build, verdict, chosen, hello)
-        return verdict.model_copy(update={"profile": profile})
+        return verdict.model_copy(
+            update={"profile": self._profile(problem, kernel, verdict, chosen)}
+        )
 
     def _profile(
         self,
         problem: Problem,
-        build: BuildResult,
+        kernel: KernelSource,
         verdict: GateVerdict,
         chosen: Sequence[Workload],
-        hello: HelloReply,
-    ) -> Profile:
+    ) -> Profile | None:
         """The profile stage, for a kernel that passed every workload."""
-        assert self.profiler is not None
         if not verdict.passed:
             return Profile.skip("not profiled: the kernel did not pass every workload")
-        return self.profiler.profile(
-            build,
-            problem.definition,
-            chosen,
-            seed=self.seed,
-            latency_ms={w.label: w.latency_ms for w in verdict.workloads if w.latency_ms},
-            hardware=hello.hardware,
-            copy_bytes_per_s=hello.copy_bytes_per_s,
-        )
+        latency = {w.label: w.latency_ms for w in verdict.workloads if w.latency_ms}
+        return self.profile_kernel(problem, kernel, latency, workloads=chosen)
 
     def _start_worker(self) -> Any:
         try:

@@ -9,13 +9,16 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from klineage.cli import app
 from klineage.gate.bottleneck import Bottleneck
 from klineage.gate.build import Builder
 from klineage.gate.energy import EnergyConfig
 from klineage.gate.gate import Gate
 from klineage.gate.ncu import find_ncu
 from klineage.gate.profiler import ProfileConfig
+from klineage.gate.result import GateVerdict
 from klineage.gate.trace import verdict_to_traces
 from klineage.kernel import KernelSource
 from klineage.problem import load_problem
@@ -91,3 +94,39 @@ def test_energy_per_call_sits_next_to_latency(gate: Gate) -> None:
             f"{energy.joules_per_call * 1e3:.4g} mJ/call ({energy.mean_watts:.0f} W); "
             f"reference {reference.joules_per_call * 1e3:.4g} mJ/call"
         )
+
+
+def test_a_gate_that_profiles_on_request_profiles_the_kernel_it_is_given(gate: Gate) -> None:
+    problem = load_problem(NAIVE_GELU)
+    kernel = KernelSource.from_file(NAIVE_GELU / "kernel.cu")
+    profile = gate.profile_kernel(problem, kernel)
+    assert profile is not None and profile.profiled and profile.bottleneck is not None
+    print(f"naive gelu: {profile.bottleneck.kind.value}: {profile.bottleneck.evidence}")
+
+
+def test_the_gate_command_prints_the_profile_and_the_energy(tmp_path: Path) -> None:
+    if find_ncu() is None:
+        pytest.skip("needs Nsight Compute (ncu) on PATH")
+    out = tmp_path / "verdict.json"
+    traces = tmp_path / "traces.jsonl"
+    result = CliRunner().invoke(
+        app,
+        [
+            "gate",
+            str(SOFTMAX),
+            "--profile",
+            "--energy",
+            "--json",
+            str(out),
+            "--traces",
+            str(traces),
+        ],
+    )
+    print(result.output)
+    assert result.exit_code == 0, result.output
+    assert "bottleneck: memory-bound" in result.output
+    verdict = GateVerdict.model_validate_json(out.read_text())
+    assert verdict.profile is not None and verdict.profile.profiled
+    assert any("profile" in line for line in traces.read_text().splitlines())
+    if importlib.util.find_spec("pynvml") is not None:
+        assert "energy (mJ)" in result.output

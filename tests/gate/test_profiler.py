@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -21,7 +23,8 @@ from klineage.gate.result import GateVerdict
 from klineage.gate.trace import verdict_to_traces
 from klineage.kernel import KernelSource
 from klineage.problem import load_problem
-from tests.conftest import FIXTURES
+from tests.bench_scripts import load_bench_script
+from tests.conftest import FIXTURES, REPO
 
 STAND_IN = Path(__file__).with_name("ncu_stand_in.py")
 SCALE_ROWS = FIXTURES / "problems" / "scale_rows"
@@ -141,6 +144,21 @@ def test_a_profiled_verdict_carries_the_profile_into_its_traces(
     extra = json.loads(json.dumps(with_profile[0]["evaluation"]["extra"]))
     assert extra["profile"]["bottleneck"]["kind"] == "launch-bound"
     assert extra["profile"]["launches"][0]["top_stalls"][0]["reason"] == "long_scoreboard"
+    # what bench/profile_kernels.py keeps of it
+    record = profile_kernels_script().summary(verdict, 1.5)
+    assert record["bottleneck"] == "launch-bound" and record["profile_seconds"] > 0
+    assert record["evidence"] == profile.bottleneck.evidence
+    assert [w["label"] for w in record["workloads"]] == [w.label for w in verdict.workloads]
+    assert json.loads(json.dumps(record)) == record
+
+
+def profile_kernels_script() -> ModuleType:
+    """bench/profile_kernels.py, loaded with its folder importable (as it runs)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        return load_bench_script("profile_kernels")
+    finally:
+        sys.path.remove(str(REPO / "bench"))
 
 
 @pytest.mark.nvcc
@@ -176,3 +194,23 @@ def test_a_logged_verdict_made_without_profiling_gets_its_profile_when_served(
     # logged again with its profile: read back without a gate, it has it
     again = GateLog(path, None).run(problem, kernel)
     assert again.profile == served.profile
+
+
+@pytest.mark.nvcc
+def test_a_gate_that_profiles_on_request_profiles_only_what_it_is_asked(
+    stand_in_ncu: Path, shared_builder: Builder, tmp_path: Path
+) -> None:
+    problem = load_problem(SCALE_ROWS)
+    kernel = KernelSource.from_file(CORRECT)
+    config = ProfileConfig(cache_dir=tmp_path / "profiles", every_verdict=False)
+    runner = "tests.gate.cpu_stand_in:TimingStandInRunner"
+    with Gate(shared_builder, worker_runner=runner, profile=config) as gate:
+        assert not gate.profiles_every_verdict
+        verdict = gate.run(problem, kernel)
+        assert verdict.passed and verdict.profile is None and not stand_in_ncu.exists()
+        latency = {w.label: w.latency_ms for w in verdict.workloads if w.latency_ms}
+        profile = gate.profile_kernel(problem, kernel, latency)
+    assert profile is not None and profile.profiled and profile.bottleneck is not None
+    assert len(stand_in_ncu.read_text().splitlines()) == 1
+    with Gate(shared_builder, worker_runner=runner) as plain:
+        assert plain.profile_kernel(problem, kernel) is None  # a gate that does not profile
