@@ -112,14 +112,20 @@ def test_counters_ncu_may_not_read_skip_the_stage(
 
 
 def _stand_in_gate(
-    builder: Builder, tmp_path: Path, *, runner: str = "TimingStandInRunner"
+    builder: Builder,
+    tmp_path: Path | None,
+    *,
+    runner: str = "TimingStandInRunner",
+    every_verdict: bool = True,
 ) -> Gate:
-    """A profiling gate whose GPU worker is the CPU stand-in `runner`."""
-    return Gate(
-        builder,
-        worker_runner=f"tests.gate.cpu_stand_in:{runner}",
-        profile=ProfileConfig(cache_dir=tmp_path / "profiles"),
+    """A gate whose GPU worker is the CPU stand-in `runner`; it profiles (with its cache in
+    `tmp_path`) unless `tmp_path` is None."""
+    profile = (
+        ProfileConfig(cache_dir=tmp_path / "profiles", every_verdict=every_verdict)
+        if tmp_path is not None
+        else None
     )
+    return Gate(builder, worker_runner=f"tests.gate.cpu_stand_in:{runner}", profile=profile)
 
 
 CORRECT = FIXTURES / "kernels" / "scale_rows" / "correct.cu"
@@ -179,9 +185,8 @@ def test_a_logged_verdict_made_without_profiling_gets_its_profile_when_served(
 ) -> None:
     problem = load_problem(SCALE_ROWS)
     kernel = KernelSource.from_file(CORRECT)
-    runner = "tests.gate.cpu_stand_in:TimingStandInRunner"
     path = tmp_path / "gatelog.jsonl"
-    with Gate(shared_builder, worker_runner=runner) as plain:
+    with _stand_in_gate(shared_builder, None) as plain:
         made = GateLog(path, plain).run(problem, kernel)
     assert made.profile is None and not stand_in_ncu.exists()
     with _stand_in_gate(shared_builder, tmp_path) as gate:
@@ -202,9 +207,7 @@ def test_a_gate_that_profiles_on_request_profiles_only_what_it_is_asked(
 ) -> None:
     problem = load_problem(SCALE_ROWS)
     kernel = KernelSource.from_file(CORRECT)
-    config = ProfileConfig(cache_dir=tmp_path / "profiles", every_verdict=False)
-    runner = "tests.gate.cpu_stand_in:TimingStandInRunner"
-    with Gate(shared_builder, worker_runner=runner, profile=config) as gate:
+    with _stand_in_gate(shared_builder, tmp_path, every_verdict=False) as gate:
         assert not gate.profiles_every_verdict
         verdict = gate.run(problem, kernel)
         assert verdict.passed and verdict.profile is None and not stand_in_ncu.exists()
@@ -212,5 +215,5 @@ def test_a_gate_that_profiles_on_request_profiles_only_what_it_is_asked(
         profile = gate.profile_kernel(problem, kernel, latency)
     assert profile is not None and profile.profiled and profile.bottleneck is not None
     assert len(stand_in_ncu.read_text().splitlines()) == 1
-    with Gate(shared_builder, worker_runner=runner) as plain:
+    with _stand_in_gate(shared_builder, None) as plain:
         assert plain.profile_kernel(problem, kernel) is None  # a gate that does not profile
