@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 NCU_ENV = "KLINEAGE_NCU"
 """Environment variable naming the ncu executable to use (default: `ncu` on PATH)."""
 
-PROFILE_RANGE = "klineage_profile"
-"""NVTX push/pop range around the profiled call; ncu profiles only the launches inside it."""
 
 STALL_REASONS = (
     "barrier",
@@ -158,17 +156,17 @@ def find_ncu() -> str | None:
 def ncu_command(
     ncu: str, target: Sequence[str], log_file: str, metrics: Sequence[str] = PROFILE_METRICS
 ) -> list[str]:
-    """The command that profiles the launches inside the NVTX range PROFILE_RANGE of `target`
-    and writes the raw page as CSV (base units) to `log_file`. Clocks are left as they are
-    (`--clock-control none`): the gate times at the clocks the GPU runs at, and some machines
-    refuse to lock them."""
+    """The command that profiles the launches `target` makes between cudaProfilerStart and
+    cudaProfilerStop (`--profile-from-start off`: the inputs' set-up and an untimed first
+    call are left out) and writes the raw page as CSV (base units) to `log_file`. Clocks are
+    left as they are (`--clock-control none`): the gate times at the clocks the GPU runs at,
+    and some machines refuse to lock them."""
     return [
         ncu,
         "--clock-control",
         "none",
-        "--nvtx",
-        "--nvtx-include",
-        f"{PROFILE_RANGE}/",
+        "--profile-from-start",
+        "off",
         "--metrics",
         ",".join(metrics),
         "--csv",

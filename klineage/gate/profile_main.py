@@ -3,7 +3,8 @@
     python -m klineage.gate.profile_main REQUEST.pkl
 
 It makes the workload's inputs, calls run(...) once untimed (module load, lazy setup), then
-once inside the NVTX range ncu is told to profile, and exits. Exit code 0: profiled call
+once between cudaProfilerStart and cudaProfilerStop (ncu runs it with `--profile-from-start
+off`, so only that call's launches are profiled), and exits. Exit code 0: profiled call
 made; 3: the kernel failed (the message on stderr); 2: bad request.
 """
 
@@ -30,11 +31,10 @@ class ProfileRequest:
 
 
 def profiled_call(request: ProfileRequest) -> None:
-    """Call the kernel once untimed, then once inside the profiled NVTX range."""
+    """Call the kernel once untimed, then once with the profiler started."""
     import torch
 
     from klineage.gate.inputs import allocate_outputs, make_inputs
-    from klineage.gate.ncu import PROFILE_RANGE
     from klineage.problem.abi import KernelAbi
 
     definition, workload = request.definition, request.workload
@@ -52,9 +52,10 @@ def profiled_call(request: ProfileRequest) -> None:
             raise RuntimeError(f"run() returned cudaError {code}")
 
     call()
-    torch.cuda.nvtx.range_push(PROFILE_RANGE)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
     call()
-    torch.cuda.nvtx.range_pop()
+    torch.cuda.profiler.stop()
 
 
 def main(argv: list[str]) -> int:
@@ -62,9 +63,13 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m klineage.gate.profile_main REQUEST.pkl", file=sys.stderr)
         return 2
+    # run as `python -m`, this module is __main__: the request was pickled as the class of
+    # klineage.gate.profile_main, so that is the class to check against
+    from klineage.gate.profile_main import ProfileRequest as Pickled
+
     with open(argv[1], "rb") as handle:
         request = pickle.load(handle)
-    if not isinstance(request, ProfileRequest):
+    if not isinstance(request, Pickled):
         print(f"{argv[1]}: not a ProfileRequest", file=sys.stderr)
         return 2
     try:

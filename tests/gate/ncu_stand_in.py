@@ -2,9 +2,9 @@
 """CPU STAND-IN for Nsight Compute's `ncu` (a test double at the GPU boundary).
 
 It checks the command line the profile stage built (clocks left alone, the explicit metric
-list, the NVTX range, the raw page as CSV into --log-file), never runs the target, and
-answers with a report recorded on the H200 (tests/fixtures/ncu/), as ncu would have written
-it. What it answers is chosen by the environment:
+list, profiling only from cudaProfilerStart, the raw page as CSV into --log-file), never runs
+the target, and answers with a report recorded on the H200 (tests/fixtures/ncu/), as ncu
+would have written it. What it answers is chosen by the environment:
 
     NCU_STAND_IN_REPORT   the recorded raw CSV to write into the log file
     NCU_STAND_IN_MESSAGE  a recorded ncu message to print instead (e.g. ERR_NVGPUCTRPERM)
@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-REQUIRED = ("--clock-control", "none", "--metrics", "--nvtx-include", "--csv", "raw")
+REQUIRED = ("--clock-control", "none", "--metrics", "--profile-from-start", "--csv", "raw")
 
 
 def main(argv: list[str]) -> int:

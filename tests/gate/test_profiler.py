@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import pickle
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +21,8 @@ from klineage.gate.build import Builder, BuildResult, BuildStatus
 from klineage.gate.gate import Gate
 from klineage.gate.log import GateLog
 from klineage.gate.ncu import NCU_ENV, PROFILE_METRICS
+from klineage.gate.profile_main import ProfileRequest
+from klineage.gate.profile_main import main as profile_main
 from klineage.gate.profiler import ProfileConfig, Profiler, minimum_traffic, profiled_workload
 from klineage.gate.result import GateVerdict
 from klineage.gate.trace import verdict_to_traces
@@ -217,3 +222,28 @@ def test_a_gate_that_profiles_on_request_profiles_only_what_it_is_asked(
     assert len(stand_in_ncu.read_text().splitlines()) == 1
     with _stand_in_gate(shared_builder, None) as plain:
         assert plain.profile_kernel(problem, kernel) is None  # a gate that does not profile
+
+
+def test_the_profiled_process_reports_a_failed_call_and_a_bad_request(tmp_path: Path) -> None:
+    problem = load_problem(SCALE_ROWS)
+    request = tmp_path / "request.pkl"
+    with request.open("wb") as handle:  # no GPU here, no library there: the call fails
+        pickle.dump(
+            ProfileRequest(
+                str(tmp_path / "missing.so"), problem.definition, problem.workloads[0], 0
+            ),
+            handle,
+        )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "klineage.gate.profile_main", str(request)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 3 and "the profiled call failed" in done.stderr
+    wrong = tmp_path / "wrong.pkl"
+    wrong.write_bytes(pickle.dumps({"not": "a request"}))
+    assert profile_main(["profile_main", str(wrong)]) == 2
+    assert profile_main(["profile_main"]) == 2
