@@ -9,11 +9,13 @@ would have written it. What it answers is chosen by the environment:
     NCU_STAND_IN_REPORT   the recorded raw CSV to write into the log file
     NCU_STAND_IN_MESSAGE  a recorded ncu message to print instead (e.g. ERR_NVGPUCTRPERM)
     NCU_STAND_IN_CALLS    a file that gets one line per profiling run (to count them)
+    NCU_STAND_IN_RUN      set: run the target first, as ncu does, and pass on its failure
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,7 +38,12 @@ def main(argv: list[str]) -> int:
     if message:
         print(Path(message).read_text(encoding="utf-8"))
         return 1
-    log_file = Path(argv[argv.index("--log-file") + 1])
+    at = argv.index("--log-file") + 1
+    log_file, target = Path(argv[at]), argv[at + 1 :]
+    if os.environ.get("NCU_STAND_IN_RUN"):
+        done = subprocess.run(target, check=False)
+        if done.returncode != 0:
+            return done.returncode
     report = Path(os.environ["NCU_STAND_IN_REPORT"])
     log_file.write_text(report.read_text(encoding="utf-8"), encoding="utf-8")
     return 0

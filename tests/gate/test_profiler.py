@@ -247,3 +247,17 @@ def test_the_profiled_process_reports_a_failed_call_and_a_bad_request(tmp_path: 
     wrong.write_bytes(pickle.dumps({"not": "a request"}))
     assert profile_main(["profile_main", str(wrong)]) == 2
     assert profile_main(["profile_main"]) == 2
+
+
+def test_a_profiled_call_that_fails_skips_the_stage_with_its_message(
+    stand_in_ncu: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # the stand-in runs the profiled process as ncu would; without a GPU its call fails
+    monkeypatch.setenv("NCU_STAND_IN_RUN", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    problem = load_problem(SCALE_ROWS)
+    profiler = Profiler(ProfileConfig(cache_dir=tmp_path / "profiles"))
+    profile = profiler.profile(_built("k"), problem.definition, problem.workloads)
+    assert profile.skipped is not None
+    assert profile.skipped.startswith("the profiled call failed: "), profile.skipped
+    assert not (tmp_path / "profiles").exists()
