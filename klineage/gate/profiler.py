@@ -30,6 +30,9 @@ from klineage.gate.profile_main import ProfileRequest
 from klineage.gate.worker import worker_env
 from klineage.problem import Definition, Workload
 
+SKIP_REASON_KEPT = 400
+"""Characters of a failed call's message kept as the reason the stage was skipped."""
+
 
 class ProfileConfig(BaseModel):
     """How the profile stage runs."""
@@ -227,7 +230,7 @@ class Profiler:
         messages = f"{output}\n{done.stdout}\n{done.stderr}"
         if done.returncode == 3 or "the profiled call failed" in done.stderr:
             failed = [line for line in done.stderr.splitlines() if "profiled call failed" in line]
-            return failed[-1] if failed else "the profiled call failed"
+            return failed[-1][:SKIP_REASON_KEPT] if failed else "the profiled call failed"
         # the table goes to --log-file; an ncu that printed it to stdout instead is read there
         table = output if ncu.has_table(output) else done.stdout
         try:
