@@ -19,6 +19,7 @@ from typing import Any
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from klineage.gate.profile import Profile
 from klineage.gate.result import GateVerdict
 from klineage.gate.sass import MachineCode
 from klineage.kernel import KernelSource
@@ -157,6 +158,12 @@ class StateInfo(BaseModel):
         "(klineage.gate.sass.MachineCode); None when not known",
     )
 
+    profile: Profile | None = Field(
+        default=None,
+        description="the profile stage's counters and bottleneck class, when the gate "
+        "profiled this state",
+    )
+
     @property
     def code(self) -> MachineCode | None:
         """`machine_code` as the model."""
@@ -187,6 +194,7 @@ def state_info(
         },
         resources=resources,
         machine_code=code.model_dump(mode="json") if code is not None else None,
+        profile=verdict.profile if verdict.profile and verdict.profile.profiled else None,
     )
 
 
@@ -279,6 +287,10 @@ class LineageGraph:
             self.graph.add_node(info.fingerprint, **info.model_dump(mode="json"))
         if root:
             self.meta.root = info.fingerprint
+
+    def set_profile(self, fingerprint: str, profile: Profile) -> None:
+        """Keep a state's profile (made after it was added) in the lineage."""
+        self.graph.nodes[fingerprint]["profile"] = profile.model_dump(mode="json")
 
     def add_attempt(self, attempt: Attempt) -> None:
         """Add an attempt as an edge from its parent state to its child state."""

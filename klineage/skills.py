@@ -25,6 +25,8 @@ from typing import Any
 from pydantic import BaseModel, Field, computed_field
 
 from klineage.cuda.edit import changed_region
+from klineage.gate.counters import CounterChange, counter_changes
+from klineage.gate.profile import Profile
 from klineage.gate.result import geomean
 from klineage.limits import CARD_PROBE_SHOWN, CARD_RISK_SHOWN, CARD_SNIPPET_SHOWN, DEFAULT_ARCH
 
@@ -203,6 +205,51 @@ class MachineCodeEvidence(BaseModel):
     )
 
 
+class ProfileEvidence(BaseModel):
+    """What the step did to the hardware counters: the profile stage on both states."""
+
+    workload: str = Field(description="the workload profiled (axis values)")
+    changes: list[CounterChange] = Field(
+        default_factory=list, description="each figure, simplified -> optimized"
+    )
+    simplified_bottleneck: str | None = Field(
+        default=None, description="the simpler kernel's bottleneck class"
+    )
+    optimized_bottleneck: str | None = Field(
+        default=None, description="the optimized kernel's bottleneck class"
+    )
+    evidence: list[str] = Field(
+        default_factory=list, description="why the simpler kernel got its class"
+    )
+    relieves: str | None = Field(
+        default=None,
+        description="the bottleneck the step relieved: the simpler kernel's class, when the "
+        "step measured a gain (None otherwise); retrieval favours it on targets with the "
+        "same bottleneck",
+    )
+
+
+def profile_evidence(
+    simplified: Profile | None, optimized: Profile | None, measured: Measured
+) -> ProfileEvidence | None:
+    """The counters of a step, when both states were profiled on the same workload."""
+    if simplified is None or optimized is None:
+        return None
+    if not (simplified.profiled and optimized.profiled):
+        return None
+    if simplified.workload_uuid != optimized.workload_uuid:
+        return None
+    before, after = simplified.bottleneck, optimized.bottleneck
+    return ProfileEvidence(
+        workload=simplified.label,
+        changes=counter_changes(simplified, optimized),
+        simplified_bottleneck=before.kind.value if before else None,
+        optimized_bottleneck=after.kind.value if after else None,
+        evidence=list(before.evidence) if before else [],
+        relieves=before.kind.value if before and measured is Measured.GAIN else None,
+    )
+
+
 class Skill(BaseModel):
     """One verified optimization skill."""
 
@@ -257,6 +304,11 @@ class Skill(BaseModel):
     diff: str = Field(default="", description="unified diff, simplified -> optimized")
     machine_code: MachineCodeEvidence | None = Field(
         default=None, description="the step's SASS delta, registers and spills (None: unknown)"
+    )
+    profile: ProfileEvidence | None = Field(
+        default=None,
+        description="the step's hardware-counter changes and the bottleneck it relieved "
+        "(None: the states were not profiled)",
     )
 
     def settle_verified(self) -> None:
@@ -618,6 +670,8 @@ def render_skill_md(skill: Skill) -> str:
         "scope": skill.scope.model_dump(),
         "verified": skill.verified,
     }
+    if skill.profile is not None:
+        front["relieves"] = skill.profile.relieves
     lines = ["---"] + [f"{k}: {_yaml_value(v)}" for k, v in front.items()] + ["---", ""]
     lines += [f"# {skill.id}", "", "## Overview", "", skill.intent, ""]
     proposed = f", proposed by {skill.origin}" if skill.origin != "rule" else ""
@@ -656,6 +710,7 @@ def render_skill_md(skill: Skill) -> str:
     elif skill.round_trip_note:
         lines += ["", f"Round trip: not tried ({skill.round_trip_note})"]
     lines += machine_code_lines(skill.machine_code)
+    lines += profile_lines(skill.profile)
     lines += ["", "## Risks", "", *_risk_lines(skill)]
     lines += ["", "## Before", "", "```cuda", card_code(skill.anchor.before), "```", ""]
     lines += ["## After", "", "```cuda", card_code(skill.anchor.after), "```", ""]
@@ -681,3 +736,44 @@ def machine_code_lines(evidence: MachineCodeEvidence | None) -> list[str]:
             f"spills {r.spill_bytes_optimized} -> {r.spill_bytes_simplified} bytes"
         )
     return lines
+
+
+def profile_lines(evidence: ProfileEvidence | None) -> list[str]:
+    """The card's "Counters" section: the step's hardware-counter changes (Nsight Compute)
+    and the bottleneck it relieved."""
+    if evidence is None:
+        return []
+    before = evidence.simplified_bottleneck or "unclassified"
+    after = evidence.optimized_bottleneck or "unclassified"
+    relieved = (
+        f"It relieves: **{evidence.relieves}**."
+        if evidence.relieves
+        else "It relieves no bottleneck on record (the step measured no gain)."
+    )
+    lines = [
+        "",
+        "## Counters",
+        "",
+        f"Profiled on `{evidence.workload}` (Nsight Compute), simplified -> optimized: the "
+        f"simpler kernel was {before}, the optimized one is {after}. {relieved}",
+        "",
+    ]
+    if evidence.evidence:
+        lines += [f"Why the simpler kernel was {before}:", ""]
+        lines += [f"- {line}" for line in evidence.evidence]
+    lines += ["", "| counter | simplified | optimized | change |", "|---|---|---|---|"]
+    for change in evidence.changes:
+        lines.append(
+            f"| {change.figure} | {change.simplified:.4g} | {change.optimized:.4g} | "
+            f"{_change_cell(change)} |"
+        )
+    return lines
+
+
+def _change_cell(change: CounterChange) -> str:
+    """'same' within NOTABLE_CHANGE, else optimized / simplified as a factor."""
+    if not change.notable:
+        return "same"
+    if change.simplified == 0:
+        return "from 0"
+    return f"{change.optimized / change.simplified:.3g}x"

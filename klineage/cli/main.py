@@ -12,9 +12,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from klineage import __version__
+from klineage.cli.gate_options import EnergyOption, ProfileOption, optional_stages
 from klineage.cli.import_export import export_command, import_command, new_command
 from klineage.cli.mechanisms import mechanisms_app
 from klineage.cli.mine import lineage_app, mine_command, skills_app
+from klineage.cli.profile_view import print_profile
 from klineage.cli.replay import replay_command
 from klineage.cli.tables import Column, print_rows, short_kernel_names
 from klineage.gate.build import Builder, BuildResult, check_abi
@@ -95,6 +97,8 @@ def gate(
     ] = None,
     arch: Annotated[str, typer.Option(help="GPU architecture to build for.")] = "sm_90",
     device: Annotated[int, typer.Option(help="Index of the GPU to run on.")] = 0,
+    profile: ProfileOption = False,
+    energy: EnergyOption = False,
 ) -> None:
     """Build a kernel, check it on every workload against the reference, and time it."""
     problem = _load(problem_dir)
@@ -116,7 +120,10 @@ def gate(
     if not chosen:
         _fail(f"{problem.root}: no {workloads.value} workloads to gate")
     try:
-        with Gate(builder, device=device) as judge, _progress() as progress:
+        with (
+            Gate(builder, device=device, **optional_stages(profile, energy)) as judge,
+            _progress() as progress,
+        ):
             task = progress.add_task(f"gating {source.name}", total=len(chosen))
 
             def on_event(event: GateEvent) -> None:
@@ -137,6 +144,10 @@ def gate(
     _print_build(source, verdict.build)
     if verdict.workloads:
         _print_verdict(verdict)
+    if verdict.energy_unavailable:
+        console.print(Text(f"no energy: {verdict.energy_unavailable}", style="yellow"))
+    if verdict.profile is not None:
+        print_profile(console, verdict.profile)
     if json_out:
         json_out.write_text(verdict.model_dump_json(indent=2))
     if traces:
@@ -248,6 +259,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def _print_verdict(verdict: GateVerdict) -> None:
     compared = any(w.comparison for w in verdict.workloads)
+    measured = any(w.energy for w in verdict.workloads)
     columns = [
         Column("workload", key=True),
         Column("status", key=True),
@@ -257,6 +269,7 @@ def _print_verdict(verdict: GateVerdict) -> None:
         Column("reference (ms)", short=True),
         Column("speedup", short=True),
         *([Column("vs baseline", short=True)] if compared else []),
+        *([Column("energy (mJ)", short=True)] if measured else []),
     ]
     rows = []
     for w in verdict.workloads:
@@ -273,6 +286,8 @@ def _print_verdict(verdict: GateVerdict) -> None:
         ]
         if compared:
             row.append(_fmt(w.comparison.ratio if w.comparison else None, ".3f"))
+        if measured:
+            row.append(_fmt(w.joules_per_call * 1e3 if w.joules_per_call else None, ".4g"))
         rows.append(row)
     print_rows(console, columns, rows, title=f"{verdict.problem} on {verdict.hardware}")
     for w in verdict.workloads:

@@ -20,6 +20,7 @@ from klineage.cli.executor import (
     WorkerProgress,
     open_cli_executor,
 )
+from klineage.cli.gate_options import ProfileOption, optional_stages
 from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.cli.tables import Column, print_rows
 from klineage.executors import ExecutorError, ExecutorKind
@@ -126,11 +127,14 @@ def mine_command(
     llm: LlmOption = None,
     llm_cache: LlmCacheOption = None,
     llm_replay_only: LlmReplayOnlyOption = False,
+    profile: ProfileOption = False,
 ) -> None:
     """Walk each expert kernel backward through the gate and write verified skills.
 
     With --llm, each state also gets one removal proposed by the LLM, gated like the
-    catalog's and recorded in the lineage with its origin.
+    catalog's and recorded in the lineage with its origin. With --profile, every state is
+    profiled (Nsight Compute) and each skill's card shows its counter deltas and the
+    bottleneck it relieved.
 
     With --executor dask, each state's attempts are gated side by side on a Dask cluster's
     GPU workers (one gate run per GPU at a time), builds run on any worker, and the gate
@@ -158,7 +162,8 @@ def mine_command(
     reports: list[MineReport] = []
     workers = WorkerProgress(running.tally, f"tasks per worker ({running.describe()})")
     try:
-        with running, running.gates(time_reference="unpaired") as gates:
+        stages = optional_stages(profile, energy=False, every_verdict=False)
+        with running, running.gates(time_reference="unpaired", **stages) as gates:
             for folder in problems:
                 view = WalkView(folder.name)
                 shown = Group(view.render(), workers)

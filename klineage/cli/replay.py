@@ -16,6 +16,7 @@ from klineage.cli.executor import (
     WorkerProgress,
     open_cli_executor,
 )
+from klineage.cli.gate_options import EnergyOption, ProfileOption, optional_stages
 from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
 from klineage.cli.tables import Column, print_rows
 from klineage.executors import ExecutorError, ExecutorKind
@@ -54,11 +55,15 @@ def replay_command(
     llm: LlmOption = None,
     llm_cache: LlmCacheOption = None,
     llm_replay_only: LlmReplayOnlyOption = False,
+    profile: ProfileOption = False,
+    energy: EnergyOption = False,
 ) -> None:
     """Replay mined skills on each problem's naive kernel, beside the baselines.
 
     With --llm, the skills method asks the LLM to apply a retrieved skill when no rule can
     (the rule refused, or the catalog lacks the skill's mechanism); the baselines never do.
+    With --profile, the skills method ranks first the skills that relieved the current
+    kernel's bottleneck on their expert.
 
     With --executor dask, the problems' gate runs are tasks on a Dask cluster's GPU workers
     (as many problems under way as GPU workers), builds run on any worker, and the gate logs
@@ -109,6 +114,7 @@ def replay_command(
                 resume=resume,
                 on_run=on_run,
                 llm=provider,
+                gate_options=optional_stages(profile, energy, every_verdict=False),
             )
     except GateSetupError as err:
         errors.print(Text(f"gate error: {err}", "red"))
@@ -130,6 +136,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
     """Print a replay report as a table: per problem and method, latencies, speedups and skills
     used."""
     show = out or console
+    measured = any(r.best_joules for r in report.results)
     columns = [
         Column("problem", key=True),
         Column("method", key=True),
@@ -139,6 +146,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
         Column.figure("vs PyTorch"),
         Column.figure("runs to 90%"),
         Column.figure("wasted"),
+        *([Column.figure("best mJ/call", optional=True)] if measured else []),
         Column("skills used (from)", optional=True, min_width=24),
     ]
     rows = []
@@ -159,6 +167,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
                 f"{r.speedup_vs_reference:.2f}x",
                 str(r.runs_to_90),
                 str(r.wasted),
+                *([f"{sum(r.best_joules.values()) * 1e3:.4g}"] if measured else []),
                 used,
             ]
         )

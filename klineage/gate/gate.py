@@ -17,6 +17,9 @@ from typing import Any, Literal
 
 from klineage.gate.audit import Floor, floor_audit, latency_floor
 from klineage.gate.build import Builder, BuildResult, check_abi
+from klineage.gate.energy import EnergyConfig
+from klineage.gate.profile import Profile
+from klineage.gate.profiler import ProfileConfig, Profiler
 from klineage.gate.result import (
     GATE_PROTOCOL,
     AuditReport,
@@ -52,7 +55,8 @@ class GateSetupError(RuntimeError):
 
 @dataclass(frozen=True)
 class GateEvent:
-    """Progress report: `stage` is build, check, time or done; `index` counts workloads."""
+    """Progress report: `stage` is build, check, time, done or profile; `index` counts
+    workloads."""
 
     stage: str
     kernel: str
@@ -86,6 +90,8 @@ class Gate:
         seed: int = 0,
         worker_runner: str | None = None,
         time_reference: TimeReference = "always",
+        profile: ProfileConfig | None = None,
+        energy: EnergyConfig | None = None,
     ) -> None:
         if check_trials < CHECK_TRIALS:
             raise ValueError(f"check_trials must be at least {CHECK_TRIALS} (the gate's contract)")
@@ -101,6 +107,12 @@ class Gate:
         self.time_timeout_s = time_timeout_s
         self.seed = seed
         self.time_reference = time_reference
+        self.profiler = (
+            Profiler(profile, device=device, build_cache=self.builder.cache_dir)
+            if profile is not None
+            else None
+        )
+        self.energy = energy
         worker_args: dict[str, Any] = {"device": device}
         if worker_runner is not None:
             worker_args["runner"] = worker_runner
@@ -167,6 +179,8 @@ class Gate:
             hello = self._start_worker()
             verdict.hardware = hello.hardware
             verdict.libs = {**hello.libs, "nvcc": build.nvcc_version}
+            if self.energy is not None and time_it:
+                verdict.energy_unavailable = hello.energy_unavailable
             for index, workload in enumerate(chosen):
                 notify(GateEvent("check", kernel.name, workload.label, index, len(chosen)))
                 result = self._gate_workload(
@@ -183,8 +197,69 @@ class Gate:
                 )
                 verdict.workloads.append(result)
                 notify(GateEvent("done", kernel.name, workload.label, index, len(chosen), result))
+            if self.profiles_every_verdict:
+                notify(GateEvent("profile", kernel.name, total=len(chosen)))
+                verdict.profile = self._profile(problem, kernel, verdict, chosen)
         verdict.timestamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         return verdict
+
+    @property
+    def profiles_every_verdict(self) -> bool:
+        """Whether `run` profiles each passing kernel (else only `profile_kernel` does)."""
+        return self.profiler is not None and self.profiler.config.every_verdict
+
+    def profile_kernel(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        latency_ms: dict[str, float] | None = None,
+        *,
+        workloads: Sequence[Workload] | None = None,
+    ) -> Profile | None:
+        """The profile stage alone, on a kernel a verdict already passed (its latencies by
+        workload label, for the launch-bound test), on the largest of `workloads` (default:
+        the problem's); None when this gate does not profile."""
+        if self.profiler is None:
+            return None
+        build = self.build(kernel, problem)
+        if not build.ok:
+            return Profile.skip(f"the kernel does not build: {build.message[:200]}")
+        hello = self._start_worker()
+        return self.profiler.profile(
+            build,
+            problem.definition,
+            problem.workloads if workloads is None else workloads,
+            seed=self.seed,
+            latency_ms=latency_ms,
+            hardware=hello.hardware,
+            copy_bytes_per_s=hello.copy_bytes_per_s,
+        )
+
+    def add_profile(
+        self, problem: Problem, kernel: KernelSource, verdict: GateVerdict
+    ) -> GateVerdict:
+        """`verdict` (made without the profile stage) with its profile; unchanged when this
+        gate does not profile."""
+        gated = {w.workload_uuid for w in verdict.workloads}
+        chosen = [w for w in problem.all_workloads() if w.uuid in gated]
+        if self.profiler is None or not chosen:
+            return verdict
+        return verdict.model_copy(
+            update={"profile": self._profile(problem, kernel, verdict, chosen)}
+        )
+
+    def _profile(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        verdict: GateVerdict,
+        chosen: Sequence[Workload],
+    ) -> Profile | None:
+        """The profile stage, for a kernel that passed every workload."""
+        if not verdict.passed:
+            return Profile.skip("not profiled: the kernel did not pass every workload")
+        latency = {w.label: w.latency_ms for w in verdict.workloads if w.latency_ms}
+        return self.profile_kernel(problem, kernel, latency, workloads=chosen)
 
     def _start_worker(self) -> Any:
         try:
@@ -241,6 +316,7 @@ class Gate:
                 self.seed,
                 self.timing,
                 checked_launches=verdict.audit.checked_launches,
+                energy=self.energy,
             )
             reply = self._ask(timing, self.time_timeout_s, verdict, "time")
             if isinstance(reply, TimeReply):
@@ -265,6 +341,9 @@ class Gate:
         verdict.timing = reply.timings[0]
         if with_reference:
             verdict.reference_timing = reply.timings[-1]
+        if reply.energy:
+            verdict.energy = reply.energy[0]
+            verdict.reference_energy = reply.energy[-1] if with_reference else None
         if paired:
             verdict.comparison = Comparison.of(reply.timings[0], reply.timings[1])
 

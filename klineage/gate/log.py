@@ -219,12 +219,13 @@ class GateLog:
         """The verdict from the log, or made now by `gate` (default: this log's gate)."""
         chosen = list(problem.workloads if workloads is None else workloads)
         key = verdict_key(kernel, chosen, time_it, against)
+        judge = gate if gate is not None else self.gate
         if key in self._verdicts:
             if key in self._made_ahead:  # made by run_many for this very call: not a hit
                 self._made_ahead.discard(key)
             else:
                 self.hits += 1
-            return self._verdicts[key]
+            return self._with_profile(key, problem, kernel, self._verdicts[key], judge)
         options = problem.compile_options
         mkey = self._machine_key(kernel, chosen, time_it, against, options) if self.share else None
         if mkey is not None:
@@ -249,6 +250,29 @@ class GateLog:
                 self._by_machine.setdefault(mkey, key)
             self._append(record)
         return verdict
+
+    def _with_profile(
+        self,
+        key: str,
+        problem: Problem,
+        kernel: KernelSource,
+        verdict: GateVerdict,
+        judge: GateLike | None,
+    ) -> GateVerdict:
+        """A logged verdict made without the profile stage, served to a gate that profiles
+        every verdict, gets its profile now (logged again under its key); the rest of it
+        stands."""
+        add_profile = getattr(judge, "add_profile", None)
+        every = getattr(judge, "profiles_every_verdict", False)
+        if add_profile is None or not every or verdict.profile is not None or not verdict.passed:
+            return verdict
+        profiled: GateVerdict = add_profile(problem, kernel, verdict)
+        if profiled.profile is None:
+            return verdict
+        with self._lock:
+            self._verdicts[key] = profiled
+            self._append({"key": key, "verdict": json.loads(profiled.model_dump_json())})
+        return profiled
 
     def _shared(
         self,

@@ -13,6 +13,8 @@ from enum import Enum
 from pydantic import BaseModel, ConfigDict, Field
 
 from klineage.gate.build import BuildResult
+from klineage.gate.energy import Energy
+from klineage.gate.profile import Profile
 
 NOT_SLOWER_RATIO = 0.99
 """A candidate is "not slower" when baseline/candidate is at least this, overall and per trial."""
@@ -159,6 +161,11 @@ class WorkloadVerdict(BaseModel):
     """Against a baseline kernel, when one was given."""
     audit: AuditReport | None = None
     """What the timing audits did, or which one failed."""
+    energy: Energy | None = None
+    """The kernel's energy per call (NVML), measured after its samples, when asked and
+    readable."""
+    reference_energy: Energy | None = None
+    """The PyTorch reference's energy per call, measured the same way."""
     seconds: float = 0.0
     """Wall time spent on this workload (check + time)."""
 
@@ -176,6 +183,11 @@ class WorkloadVerdict(BaseModel):
     def reference_latency_ms(self) -> float | None:
         """The PyTorch reference's latency (ms) in the same run, None when not timed."""
         return self.reference_timing.latency_ms if self.reference_timing else None
+
+    @property
+    def joules_per_call(self) -> float | None:
+        """The kernel's energy per call (J), None when it was not measured."""
+        return self.energy.joules_per_call if self.energy else None
 
     @property
     def speedup_factor(self) -> float | None:
@@ -210,6 +222,11 @@ class GateVerdict(BaseModel):
     """ISO-8601 time the verdict was finished."""
     protocol: str = ""
     """GATE_PROTOCOL of the gate that made it ('' for verdicts made before the audits)."""
+    profile: Profile | None = None
+    """The profile stage's counters and bottleneck class, when the gate profiled (its
+    `skipped` says why when it could not)."""
+    energy_unavailable: str = ""
+    """Why no energy was measured although it was asked for (no NVML, no counter)."""
 
     @property
     def status(self) -> Status:

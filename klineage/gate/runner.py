@@ -23,6 +23,13 @@ from klineage.gate.check import (
     compare_by_spec,
     compare_output,
 )
+from klineage.gate.energy import (
+    Energy,
+    EnergyConfig,
+    calls_for,
+    measure_energy,
+    open_nvml_counter,
+)
 from klineage.gate.inputs import (
     ReferenceFailure,
     allocate_outputs,
@@ -35,7 +42,7 @@ from klineage.gate.inputs import (
 )
 from klineage.gate.result import Correctness, Status, Timing
 from klineage.gate.targets import KernelTarget, ReferenceTarget, set_bytes
-from klineage.gate.timing import TimedTarget, copy_bandwidth, flush_buffer, sample_interleaved
+from klineage.gate.timing import copy_bandwidth, flush_buffer, sample_interleaved
 from klineage.gate.watch import LaunchWatcher, PersistingL2Guard
 from klineage.gate.worker import (
     REFERENCE,
@@ -83,6 +90,7 @@ class DeviceRunner:
         self.l2 = PersistingL2Guard()
         self.l2.clear(self.stream.cuda_stream)
         self.copy_bytes_per_s = copy_bandwidth(COPY_PROBE_BYTES)
+        self.energy_counter = open_nvml_counter(_device_uuid(self.props), _pci_bus_id(self.props))
 
     def hello(self) -> HelloReply:
         unavailable = {
@@ -96,6 +104,9 @@ class DeviceRunner:
             l2_bytes=self.l2_bytes,
             copy_bytes_per_s=self.copy_bytes_per_s,
             audits_unavailable=unavailable,
+            energy_unavailable=(
+                self.energy_counter if isinstance(self.energy_counter, str) else ""
+            ),
         )
 
     def handle(self, request: CheckRequest | TimeRequest) -> Any:
@@ -131,18 +142,9 @@ class DeviceRunner:
             self._libraries[library] = ctypes.CDLL(library, mode=ctypes.RTLD_LOCAL)
         abi = KernelAbi.from_definition(definition)
         fn = abi.bind(self._libraries[library])
-        axis_values = definition.axis_values(workload)
-        args: list[Any] = []
-        for param in abi.params:
-            if param.role == "input":
-                value = inputs[param.name]
-                args.append(value.data_ptr() if param.is_pointer else value)
-            elif param.role == "output":
-                args.append(outputs[param.name].data_ptr())
-            elif param.role == "axis":
-                args.append(axis_values[param.name])
-            else:
-                args.append(self.stream.cuda_stream)
+        args = abi.arguments(
+            inputs, outputs, definition.axis_values(workload), self.stream.cuda_stream
+        )
 
         def call() -> None:
             code = fn(*args)
@@ -251,7 +253,7 @@ class DeviceRunner:
         generator = torch.Generator(device="cuda").manual_seed(rng.getrandbits(63))
         config = request.config
         sets = input_set_count(set_bytes(definition, workload), len(request.targets), config.audit)
-        targets: list[TimedTarget] = []
+        targets: list[KernelTarget | ReferenceTarget] = []
         for position, target in enumerate(request.targets):
             if target == REFERENCE:
                 targets.append(ReferenceTarget(definition, workload, sets, rng, generator))
@@ -287,17 +289,57 @@ class DeviceRunner:
         torch.cuda.synchronize()
         kernel = targets[0]
         assert isinstance(kernel, KernelTarget)  # the candidate comes first (TimeRequest)
+        timings = [Timing(samples_ms=s) for s in samples]
         return TimeReply(
-            [Timing(samples_ms=s) for s in samples],
+            timings,
             input_sets=sets,
             verified_calls=kernel.verified_calls,
             timed_launches=kernel.timed_launches,
+            energy=self._energy(request.energy, targets, timings),
         )
+
+    def _energy(
+        self,
+        config: EnergyConfig | None,
+        targets: list[KernelTarget | ReferenceTarget],
+        timings: list[Timing],
+    ) -> list[Energy | None]:
+        """Each target's energy per call, measured after every sample was taken (the timed
+        region never holds a counter read): back to back on its first input set."""
+        counter = self.energy_counter
+        if config is None or isinstance(counter, str):
+            return []
+        with torch.cuda.stream(self.stream):
+            return [
+                measure_energy(
+                    target.steady_call(),
+                    self.stream.synchronize,
+                    counter,
+                    calls_for(timing.latency_ms, config),
+                    config,
+                )
+                for target, timing in zip(targets, timings, strict=True)
+            ]
 
     def _l2_audit(self, where: str) -> None:
         failure = self.l2.audit(where, self.stream.cuda_stream)
         if failure is not None:
             raise failure
+
+
+def _device_uuid(props: Any) -> str | None:
+    uuid = getattr(props, "uuid", None)
+    return str(uuid) if uuid else None
+
+
+def _pci_bus_id(props: Any) -> str | None:
+    """NVML's form of the device's PCI address (domain:bus:device.function), when torch
+    exposes it."""
+    parts = [getattr(props, f"pci_{name}_id", None) for name in ("domain", "bus", "device")]
+    if any(part is None for part in parts):
+        return None
+    domain, bus, device = parts
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
 
 
 def _accumulate(totals: Correctness, comparisons: list[OutputComparison]) -> None:

@@ -122,6 +122,11 @@ class _Target:
                 poison(out)
         return chosen.call
 
+    def steady_call(self) -> Callable[[], None]:
+        """The call on the first input set as it stands, with nothing refreshed or poisoned
+        around it: what the energy measurement repeats back to back, after the samples."""
+        return self.sets[0].call
+
     def _refresh_middle(self, inputs: dict[str, Any]) -> None:
         values = self.definition.axis_values(self.workload)
         for name, spec in self.definition.inputs.items():

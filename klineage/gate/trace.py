@@ -5,6 +5,9 @@ INCORRECT_NUMERICAL carries correctness only, every other status carries neither
 deviation: a verdict that was checked but not timed (`--no-time`) writes PASSED with
 correctness and no performance, since inventing a latency would be worse. Our IMPOSSIBLE (a
 latency below the physical floor) is written as RUNTIME_ERROR, the log saying IMPOSSIBLE.
+Our additions sit in `extra` objects, as the schema's correctness does: energy per call in
+`performance.extra`, the profile stage's counters and bottleneck in `evaluation.extra.profile`
+(on the profiled workload's trace; a skipped profile, with its reason, on every trace).
 """
 
 from __future__ import annotations
@@ -53,6 +56,20 @@ def _evaluation(verdict: GateVerdict, result: WorkloadVerdict | None) -> dict[st
             "reference_latency_ms": result.reference_latency_ms,
             "speedup_factor": result.speedup_factor,
         }
+        energy = {
+            key: value.joules_per_call
+            for key, value in (
+                ("joules_per_call", result.energy),
+                ("reference_joules_per_call", result.reference_energy),
+            )
+            if value is not None
+        }
+        if energy:
+            evaluation["performance"]["extra"] = energy
+    profile = verdict.profile
+    if profile is not None and profile.workload_uuid in ("", result.workload_uuid):
+        # the profile stage profiles one workload; a skip (no workload) goes with every trace
+        evaluation["extra"] = {"profile": profile.model_dump(mode="json")}
     return evaluation
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from klineage.gate.audit import AuditFailure, AuditName
+from klineage.gate.energy import Energy, EnergyConfig
 from klineage.gate.result import Correctness, Status, Timing
 from klineage.gate.timing import TimingConfig
 from klineage.problem import Definition, Workload
@@ -54,6 +55,8 @@ class HelloReply:
     """Measured device-to-device copy rate (read plus write), for the latency floor."""
     audits_unavailable: dict[str, str] = field(default_factory=dict)
     """Audits this worker cannot make (no CUPTI, no runtime library), and why."""
+    energy_unavailable: str = ""
+    """Why this worker cannot read the GPU's energy counter; empty when it can."""
 
 
 @dataclass
@@ -96,6 +99,8 @@ class TimeRequest:
     config: TimingConfig
     checked_launches: list[str] | None = None
     """What a checked call of the candidate launched; profiled timed calls must match it."""
+    energy: EnergyConfig | None = None
+    """Measure each target's energy per call after the samples (None: do not)."""
 
 
 @dataclass
@@ -110,6 +115,8 @@ class TimeReply:
     """Timed and profiled calls of the candidate whose outputs were verified."""
     timed_launches: list[str] | None = None
     """GPU work of a profiled timed call of the candidate."""
+    energy: list[Energy | None] = field(default_factory=list)
+    """Energy per call of each target, in request order, when asked and readable."""
 
 
 @dataclass
@@ -194,7 +201,7 @@ class GpuWorker:
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=_worker_env(self.device),
+            env=worker_env(self.device),
             start_new_session=True,  # so a kill takes any children the kernel spawned too
         )
         child_sock.close()
@@ -290,7 +297,9 @@ class GpuWorker:
         self._discard()
 
 
-def _worker_env(device: int) -> dict[str, str]:
+def worker_env(device: int) -> dict[str, str]:
+    """The environment of a process that runs kernels on GPU `device`: only that GPU visible,
+    this package importable, output unbuffered."""
     env = dict(os.environ)
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible:

@@ -35,6 +35,7 @@ from klineage.lineage import (
 )
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site
 from klineage.mining.inference import infer_condition, why_no_condition
+from klineage.mining.profiles import state_profile
 from klineage.mining.removal import Removal, apply_everywhere, reapply
 from klineage.problem import Problem
 from klineage.skills import (
@@ -47,6 +48,7 @@ from klineage.skills import (
     Skill,
     anchor_of,
     effect_of,
+    profile_evidence,
     unified_diff,
 )
 
@@ -183,6 +185,9 @@ def skill_of(
             )
     first: Site | None = removal.sites[0] if removal is not None and removal.sites else None
     before, after = anchor_of(child.source, parent.source, None)
+    effect = effect_of(
+        [w.model_dump() for w in attempt.workloads], child.resources, parent.resources
+    )
     intent = attempt.intent if is_llm_origin(attempt.origin) and attempt.intent else ""
     return Skill(
         id=skill_id(attempt, problem),
@@ -202,9 +207,7 @@ def skill_of(
         conditions=conditions_to_json(conditions),
         condition_prose=[c.prose for c in conditions],
         probe_evidence=probe_evidence,
-        effect=effect_of(
-            [w.model_dump() for w in attempt.workloads], child.resources, parent.resources
-        ),
+        effect=effect,
         risks=risks,
         evidence=Evidence(
             problem=problem.name,
@@ -220,6 +223,11 @@ def skill_of(
         conflicts=list(mechanism.conflicts) if mechanism is not None else [],
         diff=unified_diff(child.source, parent.source, f"{problem.name}/kernel.cu"),
         machine_code=machine_code_evidence(attempt.mechanism, parent, child),
+        profile=profile_evidence(
+            state_profile(problem, lineage, attempt.child, log.gate),
+            state_profile(problem, lineage, attempt.parent, log.gate),
+            effect.measured,
+        ),
     )
 
 

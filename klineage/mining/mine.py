@@ -13,8 +13,9 @@ With `llm=provider`, the walk also gates one LLM-proposed removal per state (see
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -96,6 +97,7 @@ def mine(
     skip_no_ops: bool = True,
     reuse_unaudited: bool = False,
     executor: Executor | None = None,
+    gate_options: Mapping[str, Any] | None = None,
 ) -> MineReport:
     """Mine one expert problem folder into `out`. Without `gate`, one gate is opened per GPU
     by `executor` (default: a :class:`~klineage.executors.LocalExecutor` on `devices`, every
@@ -106,12 +108,15 @@ def mine(
     machine code is refused before the gate; a verdict on the same machine code as an earlier
     one (this run's, or one logged before whose source the previous lineage holds) is shared.
     With `reuse_unaudited`, verdicts logged before the timing audits are served too (to
-    re-derive old results without a GPU; a run that measures leaves it off)."""
+    re-derive old results without a GPU; a run that measures leaves it off). `gate_options` go
+    to the gates opened here (`profile=ProfileConfig()`: every state is profiled and each
+    skill records its counter deltas and the bottleneck it relieved)."""
     if gate is None:
         chosen = executor if executor is not None else LocalExecutor(devices)
         # mining pairs every timed verdict with its parent state: the reference is timed only
         # for the expert's own verdict
-        with chosen.gates(time_reference="unpaired") as opened:
+        options = {"time_reference": "unpaired", **(gate_options or {})}
+        with chosen.gates(**options) as opened:
             return mine(
                 problem_dir,
                 out,

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from klineage.problem.models import Definition, TensorSpec
 
@@ -163,6 +163,28 @@ class KernelAbi:
         fn.argtypes = self.argtypes
         fn.restype = ctypes.c_int
         return fn
+
+    def arguments(
+        self,
+        inputs: Mapping[str, Any],
+        outputs: Mapping[str, Any],
+        axis_values: Mapping[str, int],
+        stream: int,
+    ) -> list[Any]:
+        """The values to call `run` with: device addresses of the tensors (anything with a
+        `data_ptr()`), scalars by value, the var axes, then the stream handle."""
+        values: list[Any] = []
+        for param in self.params:
+            if param.role == "input":
+                value = inputs[param.name]
+                values.append(value.data_ptr() if param.is_pointer else value)
+            elif param.role == "output":
+                values.append(outputs[param.name].data_ptr())
+            elif param.role == "axis":
+                values.append(axis_values[param.name])
+            else:
+                values.append(stream)
+        return values
 
     def mismatch(self, source: str, name: str = "kernel.cu") -> str | None:
         """Why the `run` that `source` defines cannot be called with this signature, or None

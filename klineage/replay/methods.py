@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from klineage.gate.bottleneck import Bottleneck
 from klineage.gate.log import GateLog
 from klineage.gate.noop import same_machine_code
 from klineage.gate.result import GateVerdict
@@ -216,10 +217,13 @@ class ForwardSearch(ABC):
         start = self.materializer.log.run(self.problem, naive)
         if not start.passed:
             raise ValueError(f"{self.problem.name}: the starting kernel fails its gate")
+        start = self.profiled(naive, start)
         self.best = start
         self.lineage.add_state(state_info(naive, start, 0), root=True)
         end = search(self.problem, naive, self, self.materializer.log, self.budget)
         self.lineage.meta.final = end.state.fingerprint
+        if self.best is not None:
+            self.best = self.profiled(end.state, self.best)
         result = method_result(
             self.name,
             self.problem,
@@ -233,6 +237,16 @@ class ForwardSearch(ABC):
         )
         result.llm_rejections = self.rejections
         return result
+
+    def profiled(self, kernel: KernelSource, verdict: GateVerdict) -> GateVerdict:
+        """`verdict` with `kernel`'s profile, when the gate profiles on request and the
+        verdict has none (the profile cache serves a kernel met before)."""
+        profile_kernel = getattr(self.materializer.log.gate, "profile_kernel", None)
+        if verdict.profile is not None or profile_kernel is None or not verdict.passed:
+            return verdict
+        latency = {w.label: w.latency_ms for w in verdict.workloads if w.latency_ms}
+        profile = profile_kernel(self.problem, kernel, latency)
+        return verdict.model_copy(update={"profile": profile}) if profile else verdict
 
     # ---- the move source the search loop asks (klineage.search.MoveSource) ------------------
 
@@ -422,6 +436,7 @@ class SkillsMethod(ForwardSearch):
             arch=self.materializer.arch,
             keep_unknown=self.asks_llm,
             machine_code=self._machine_code(current),
+            bottleneck=self._bottleneck(current),
         )
         mechanisms = [r.mechanism for r in ranking.ranked]
         closed = closes(mechanisms, current, apply_everywhere)
@@ -436,6 +451,16 @@ class SkillsMethod(ForwardSearch):
                 yield Move(
                     None, Carrier(), origin, skill=skill.id, action=skill.mechanism, ask_llm=True
                 )
+
+    def _bottleneck(self, current: KernelSource) -> Bottleneck | None:
+        """The current state's bottleneck class, profiling it when the gate does so on
+        request (None when it does not profile)."""
+        if self.best is None:
+            return None
+        self.best = self.profiled(current, self.best)
+        profile = self.best.profile
+        call = profile.bottleneck if profile is not None else None
+        return call.kind if call is not None else None
 
     def siblings(self, later: Sequence[Move], kept: Move) -> Iterator[Move]:
         """The kept skill's other carriers, from the same state: the fastest is kept."""

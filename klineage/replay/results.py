@@ -73,6 +73,22 @@ class MethodResult(BaseModel):
     start_ms: dict[str, float] = Field(description="naive kernel latency per workload")
     best_ms: dict[str, float] = Field(description="best state's latency per workload")
     reference_ms: dict[str, float] = Field(description="PyTorch reference per workload")
+    start_joules: dict[str, float] = Field(
+        default_factory=dict,
+        description="naive kernel's energy per call (J) per workload, when the gate measured it",
+    )
+    best_joules: dict[str, float] = Field(
+        default_factory=dict, description="best state's energy per call (J) per workload"
+    )
+    reference_joules: dict[str, float] = Field(
+        default_factory=dict, description="PyTorch reference's energy per call (J) per workload"
+    )
+    start_bottleneck: str | None = Field(
+        default=None, description="the naive kernel's bottleneck class, when profiled"
+    )
+    best_bottleneck: str | None = Field(
+        default=None, description="the best state's bottleneck class, when profiled"
+    )
     speedup: float = Field(description="geometric-mean speedup over the naive kernel")
     speedup_vs_reference: float = Field(description="geometric mean of reference / best")
     runs_to_90: int = Field(description="gate runs to reach 90% of the final speedup")
@@ -85,6 +101,18 @@ class MethodResult(BaseModel):
     gate_seconds: float = Field(
         default=0.0, description="what the method's verdicts cost to make, the start's included"
     )
+
+
+def joules_per_call(verdict: GateVerdict) -> dict[str, float]:
+    """The kernel's energy per call by workload label, where it was measured."""
+    return {w.label: w.joules_per_call for w in verdict.workloads if w.joules_per_call}
+
+
+def bottleneck_of(verdict: GateVerdict) -> str | None:
+    """The verdict's bottleneck class, when its kernel was profiled."""
+    profile = verdict.profile
+    call = profile.bottleneck if profile is not None else None
+    return call.kind.value if call is not None else None
 
 
 def method_result(
@@ -108,6 +136,9 @@ def method_result(
     speedup = records[-1].speedup if records else 1.0
     if records:
         speedup = max(r.speedup for r in records)
+    reference_joules = {
+        w.label: w.reference_energy.joules_per_call for w in best.workloads if w.reference_energy
+    }
     vs_reference = geomean([reference_ms[k] / best_ms[k] for k in best_ms if k in reference_ms])
     target = 1.0 + 0.9 * (speedup - 1.0)
     runs_to_90 = next((r.index for r in records if r.speedup >= target), 0)
@@ -119,6 +150,11 @@ def method_result(
         start_ms=start_ms,
         best_ms=best_ms,
         reference_ms=reference_ms,
+        start_joules=joules_per_call(start),
+        best_joules=joules_per_call(best),
+        reference_joules=reference_joules,
+        start_bottleneck=bottleneck_of(start),
+        best_bottleneck=bottleneck_of(best),
         speedup=speedup,
         speedup_vs_reference=vs_reference,
         runs_to_90=runs_to_90 if speedup > 1.0 else 0,

@@ -7,7 +7,9 @@ A skill is ranked by four signals:
 - text: BM25 (bm25s) between the target (its definition and code identifiers) and the skill
   (intent, conditions, before/after code);
 - gain: the speedup it measured on its source kernel (none for a step within the timing
-  noise; a step that measured slower counts against it).
+  noise; a step that measured slower counts against it);
+- bottleneck: given the target's bottleneck class (the profile stage's), a skill that relieved
+  the same bottleneck on its expert (its card's `relieves`) ranks higher.
 Before any gate run, a skill is dropped when a condition fails on one of the target's
 workloads: the mechanism's static conditions computed on the target itself (its axes, its
 launch), plus the skill's learned conditions over axes the target shares. The reason names
@@ -32,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from klineage.conditions import Condition, EvalContext, parse_condition
 from klineage.cuda.facts import eval_context
+from klineage.gate.bottleneck import Bottleneck
 from klineage.gate.sass import MachineCode, signature_present
 from klineage.kernel import KernelSource
 from klineage.limits import DEFAULT_ARCH
@@ -41,7 +44,9 @@ from klineage.skills import Measured, Skill
 
 # Measured gain leads (a 10% faster source kernel is worth ~1 point); scope and text relevance
 # order skills of similar gain.
-WEIGHTS = {"scope": 1.0, "text": 0.5, "gain": 10.0}
+# A skill that relieved the target's bottleneck gains a point: as much as a 10% faster
+# source kernel.
+WEIGHTS = {"scope": 1.0, "text": 0.5, "gain": 10.0, "bottleneck": 1.0}
 _WORDS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
 
 
@@ -69,6 +74,13 @@ class Ranked(BaseModel):
         "no gain beyond the timing noise (negative when it measured slower)"
     )
     measured: str = Field(description="what the skill measured: gain, no measurable gain, slower")
+    bottleneck: float = Field(
+        default=0.0,
+        description="1 when the skill relieved the target's bottleneck on its expert, else 0",
+    )
+    relieves: str | None = Field(
+        default=None, description="the bottleneck the skill relieved on its expert, if known"
+    )
     sites: int = Field(description="candidate sites of its mechanism in the target")
 
 
@@ -181,6 +193,7 @@ def retrieve(
     use_conditions: bool = True,
     keep_unknown: bool = False,
     machine_code: MachineCode | None = None,
+    bottleneck: Bottleneck | None = None,
 ) -> Retrieval:
     """Rank `skills` (a list, or a :class:`SkillLibrary`) for the target `problem`; drop those
     that cannot apply or whose conditions fail, each with its reason.
@@ -191,7 +204,8 @@ def retrieve(
             print(ranked.skill, ranked.score)
 
     `kernel` is the target kernel (default: the problem's kernel.cu; source text works too).
-    With `keep_unknown`, skills whose mechanism is not in the catalog are kept (for an LLM)."""
+    With `keep_unknown`, skills whose mechanism is not in the catalog are kept (for an LLM).
+    `bottleneck` is the target's bottleneck class (from a profiled verdict), if known."""
     if kernel is None:
         kernel = problem.kernel_source()
     elif isinstance(kernel, str):
@@ -235,7 +249,14 @@ def retrieve(
         geo = skill.effect.geomean_speedup or 1.0
         # a step within the timing noise gained nothing: it must not rank as a gain
         gain = 0.0 if measured is Measured.NO_GAIN else math.log(max(geo, 1e-6))
-        score = WEIGHTS["scope"] * scope + WEIGHTS["text"] * text + WEIGHTS["gain"] * gain
+        relieves = skill.profile.relieves if skill.profile else None
+        same = 1.0 if bottleneck is not None and relieves == bottleneck.value else 0.0
+        score = (
+            WEIGHTS["scope"] * scope
+            + WEIGHTS["text"] * text
+            + WEIGHTS["gain"] * gain
+            + WEIGHTS["bottleneck"] * same
+        )
         result.ranked.append(
             Ranked(
                 skill=skill.id,
@@ -246,6 +267,8 @@ def retrieve(
                 text=text,
                 gain=gain,
                 measured=measured.value,
+                bottleneck=same,
+                relieves=relieves,
                 sites=len(sites),
             )
         )

@@ -15,7 +15,7 @@ apply (see :mod:`klineage.replay.methods`); the baselines never ask it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,7 @@ def replay(
     llm: Provider | None = None,
     skip_no_ops: bool = True,
     executor: Executor | None = None,
+    gate_options: Mapping[str, Any] | None = None,
 ) -> ReplayReport:
     """Run every method on every problem; write the report, lineages and chart to `out`.
     With `llm`, the skills method asks it to apply skills no rule can apply.
@@ -167,12 +168,14 @@ def replay(
     :class:`~klineage.executors.LocalExecutor` on `devices`, every visible GPU unless given;
     a Dask executor gates on the cluster's GPU workers, the gate logs staying here). With
     `skip_no_ops` (the default), a move that changes no machine code is not gated, and a
-    verdict on machine code already judged is shared."""
+    verdict on machine code already judged is shared. `gate_options` go to the gates opened
+    here (`profile=ProfileConfig()`: the skills method ranks by the current kernel's
+    bottleneck; `energy=EnergyConfig()`: energy per call in the report)."""
     if gate is not None:
         gates = [gate]
     if not gates:
         chosen = executor if executor is not None else LocalExecutor(devices)
-        with chosen.gates() as opened:
+        with chosen.gates(**(gate_options or {})) as opened:
             return replay(
                 problems,
                 skills,

@@ -10,7 +10,10 @@ mining logic (walk, graph, conditions, skills, persistence, resume) runs on a CP
 - `needed_text`: source texts whose absence makes the kernel wrong (one site of a mechanism
   that cannot go while its others can);
 - `probe_failures`: mechanism -> predicate over axis values; while the mechanism is present,
-  workloads where the predicate holds fail with RUNTIME_ERROR (misaligned address).
+  workloads where the predicate holds fail with RUNTIME_ERROR (misaligned address);
+- `profiles`: the profile stage when asked (`profile_kernel`, as mining and replay ask it), as
+  a function of the mechanisms present (it returns a profile made of counters recorded on
+  the H200); `profiled` counts the kernels it profiled.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from klineage.gate.build import Builder, BuildResult
+from klineage.gate.profile import Profile
 from klineage.gate.result import (
     GATE_PROTOCOL,
     Comparison,
@@ -49,6 +53,7 @@ class StandInGate:
         probe_failures: dict[str, Callable[[dict[str, int]], bool]] | None = None,
         expert_mechanisms: Sequence[str] = (),
         needed_text: Sequence[str] = (),
+        profiles: Callable[[set[str]], Profile] | None = None,
     ) -> None:
         self.builder = builder
         self.cost = cost or {}
@@ -56,6 +61,8 @@ class StandInGate:
         self.probe_failures = probe_failures or {}
         self.expert_mechanisms = set(expert_mechanisms)
         self.needed_text = tuple(needed_text)
+        self.profiles = profiles
+        self.profiled: list[str] = []
         self.runs = 0
 
     def build(self, kernel: KernelSource) -> BuildResult:
@@ -99,6 +106,16 @@ class StandInGate:
         for workload in problem.workloads if workloads is None else workloads:
             verdict.workloads.append(self._one(workload, present, base, time_it, against, missing))
         return verdict
+
+    def profile_kernel(
+        self, problem: Problem, kernel: KernelSource, latency_ms: dict[str, float] | None = None
+    ) -> Profile | None:
+        """The stand-in profile of `kernel`; None without `profiles` (a gate that does not
+        profile)."""
+        if self.profiles is None:
+            return None
+        self.profiled.append(kernel.fingerprint)
+        return self.profiles(self.present(kernel))
 
     def _one(
         self,
