@@ -88,7 +88,13 @@ def _import_graph() -> nx.DiGraph:
             for target in targets:
                 # a module reaching its own package's namespace (the mechanism registry walks
                 # its package to find its plugins) is the same unit, not a dependency
-                if target.startswith("klineage") and not module.startswith(target + "."):
+                # nor is a module run as `python -m` importing itself under its package name
+                # (a class it unpickles must be the package module's, not __main__'s)
+                if (
+                    target.startswith("klineage")
+                    and not module.startswith(target + ".")
+                    and target != module
+                ):
                     graph.add_edge(module, target)
     return graph
 
