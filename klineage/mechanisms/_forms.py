@@ -30,6 +30,9 @@ class FoundForm:
     """What the site is, in words: "a grid-stride `while` loop over gridDim.x ..."."""
     needed: str
     """The form the mechanism's rewrite takes."""
+    kind: str = ""
+    """Which of the mechanism's own forms the site is in, where a removal may take it
+    (``once``: a tile staged once); empty when none does."""
 
     @property
     def refusal(self) -> str:

@@ -146,5 +146,7 @@ def staging_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
             if not place.in_loop and place.asynchronous and loops:
                 continue  # a pipeline's prologue: part of the tile loop's staging
             skip.add(place.node.start_byte)
-            found.append(FoundForm(place.node, function, place.describe(), _CANONICAL))
+            once = not place.in_loop and not place.helpers and not place.asynchronous
+            kind = "once" if once else ""
+            found.append(FoundForm(place.node, function, place.describe(), _CANONICAL, kind))
     return found

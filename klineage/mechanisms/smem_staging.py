@@ -46,8 +46,9 @@ from klineage.cuda.cexpr import PRIMARY, SIZEOF, UNARY, fold_int, precedence, wr
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
-from klineage.mechanisms._forms import form_site
+from klineage.mechanisms._forms import FoundForm, form_site
 from klineage.mechanisms._staging import (
     NotStaged,
     StagedLoop,
@@ -59,6 +60,7 @@ from klineage.mechanisms._staging import (
     zero_of,
 )
 from klineage.mechanisms._staging_forms import staging_forms
+from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._tiles_util import (
     STATIC_SHARED_LIMIT,
     Locals,
@@ -655,7 +657,21 @@ class SmemStaging(Mechanism):
             yield self.site(source, loop, snippet=_header(source, loop), refusal=refusal)
         yield from self._async_sites(source, seen)
         for form in staging_forms(source, seen):
-            yield form_site(self, source, form)
+            yield self._form_site(source, form)
+
+    def _form_site(self, source: ParsedSource, form: FoundForm) -> Site:
+        """A site found by the analysis: removable when it is a tile staged once in the form
+        :mod:`klineage.mechanisms._staging_once` reads, refused with its form otherwise."""
+        site = form_site(self, source, form)
+        if form.kind != "once":
+            return site
+        try:
+            once_removal(source, form.function, form.node)
+        except NotInForm as why:
+            refusal = f"{site.refusal} (as a tile staged once, it is {why.form})"
+            return site.model_copy(update={"refusal": refusal})
+        detail = {**site.detail, "form": "once"}
+        return site.model_copy(update={"refusal": None, "detail": detail})
 
     def _async_sites(self, source: ParsedSource, seen: set[int]) -> Iterator[Site]:
         """Tile loops fed by cp.async copies (directly or through helpers)."""
@@ -739,6 +755,11 @@ class SmemStaging(Mechanism):
             raise self.refuse(str(why), site) from None
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") == "once":
+            loop = self.node_at(source, site, "for_statement")
+            function = source.enclosing_function(loop)
+            assert function is not None
+            return once_removal(source, function, loop)
         staged = self._staged(source, site)
         types = source.local_types(staged.function)
         edits: list[Edit] = []
@@ -758,6 +779,8 @@ class SmemStaging(Mechanism):
         return edits
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        if site.detail.get("form") == "once":
+            return Carrier()  # no forward rule stages a tile once: nothing to carry
         staged = self._staged(kernel.parsed, site)
         ordered = sorted(staged.arrays, key=lambda a: a.reads[0].start_byte)
         values: dict[str, int | str] = {"tiles": ",".join(a.name for a in ordered)}
