@@ -21,8 +21,8 @@ memory wasted.
   change consistently);
 - apply: a layout helper that has no XOR yet gets ``chunk ^ (row & mask)`` (carrier
   ``mask``, default 7; ``row`` and ``chunk`` name the parameters, default the one scaled by
-  the pitch and the one scaled into chunks), provided the row pitch it multiplies ``row`` by holds a whole multiple of
-  ``mask + 1`` chunks, so the permuted chunk stays inside its row;
+  the pitch and the one scaled into chunks), provided the row pitch it multiplies ``row`` by
+  holds a whole multiple of ``mask + 1`` chunks, so the permuted chunk stays inside its row;
 - wgmma (Hopper): when the tensor cores read the tiles through shared-memory descriptors in
   128-byte swizzle mode, the helper is usually called by the writers alone, and the layout
   moves with the descriptors instead: the helper becomes interleaved core matrices, the
