@@ -61,7 +61,8 @@ def _index_loops(source: ParsedSource, function: Function) -> list[FoundForm]:
             f"a grid-stride `{keyword}` loop over gridDim.{dimension} (step {variable.step}, "
             f"from {variable.init}){barrier}"
         )
-        found.append(FoundForm(variable.loop, function, form, _CANONICAL))
+        kind = "index_for" if keyword == "for" else ""
+        found.append(FoundForm(variable.loop, function, form, _CANONICAL, kind))
     return found
 
 

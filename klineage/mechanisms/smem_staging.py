@@ -46,9 +46,8 @@ from klineage.cuda.cexpr import PRIMARY, SIZEOF, UNARY, fold_int, precedence, wr
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
-from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
-from klineage.mechanisms._forms import FoundForm, form_site
+from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._staging import (
     NotStaged,
     StagedLoop,
@@ -657,21 +656,13 @@ class SmemStaging(Mechanism):
             yield self.site(source, loop, snippet=_header(source, loop), refusal=refusal)
         yield from self._async_sites(source, seen)
         for form in staging_forms(source, seen):
-            yield self._form_site(source, form)
-
-    def _form_site(self, source: ParsedSource, form: FoundForm) -> Site:
-        """A site found by the analysis: removable when it is a tile staged once in the form
-        :mod:`klineage.mechanisms._staging_once` reads, refused with its form otherwise."""
-        site = form_site(self, source, form)
-        if form.kind != "once":
-            return site
-        try:
-            once_removal(source, form.function, form.node)
-        except NotInForm as why:
-            refusal = f"{site.refusal} (as a tile staged once, it is {why.form})"
-            return site.model_copy(update={"refusal": refusal})
-        detail = {**site.detail, "form": "once"}
-        return site.model_copy(update={"refusal": None, "detail": detail})
+            # a tile staged once: the once removal may take it
+            if form.kind == "once":
+                yield removable_form_site(
+                    self, source, form, once_removal, "once", "as a tile staged once"
+                )
+            else:
+                yield form_site(self, source, form)
 
     def _async_sites(self, source: ParsedSource, seen: set[int]) -> Iterator[Site]:
         """Tile loops fed by cp.async copies (directly or through helpers)."""
