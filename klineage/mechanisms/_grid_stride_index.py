@@ -109,8 +109,8 @@ def _grid_edit(source: ParsedSource, launch: Launch, axis: str, blocks: str) -> 
             "size"
         )
     function = source.enclosing_function(launch.node)
-    dim3 = stripped.type == "identifier" and function is not None
-    if dim3 and "dim3" in local_types(source, function).get(source.text_of(stripped), ""):  # type: ignore[arg-type]
+    declared = local_types(source, function) if function is not None else {}
+    if stripped.type == "identifier" and "dim3" in declared.get(source.text_of(stripped), ""):
         raise _refuse(
             f"a grid-stride loop launched with the dim3 variable {source.text_of(stripped)} as grid"
         )

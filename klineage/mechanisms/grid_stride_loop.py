@@ -24,8 +24,11 @@ SMs) so blocks are not launched only to exit, and each thread keeps going.
 
 Grid-stride loops in other spellings (a ``while`` with the stride in a variable, the y or z
 dimension, a stride scaled by another block dimension, a persistent loop fed by a scheduler)
-are found by the index analysis (:mod:`klineage.mechanisms._grid_stride_forms`) and refused
-with the form they are in.
+are found by the index analysis (:mod:`klineage.mechanisms._grid_stride_forms`). A ``for``
+loop from ``blockIdx.d * blockDim.e + threadIdx.e`` by ``gridDim.d * blockDim.e`` is removed
+by :mod:`klineage.mechanisms._grid_stride_index` (barriers inside allowed, the launch's grid
+along ``d`` resized); the others are refused with the form they are in. That removal has no
+forward rule: its skills are not transferable.
 """
 
 from __future__ import annotations

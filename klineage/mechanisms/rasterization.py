@@ -10,7 +10,9 @@ of each operand is served from L2.
   above 1 that bounds the last group in a ``min(...)``, e.g. ``kGroupM``) or a value declared
   earlier in the run, and one reads ``blockIdx``; the site spans the run. Other orders (a
   serpentine, a diagonal, a table handed out by a scheduler) are found by the index analysis
-  (:mod:`klineage.mechanisms._raster_forms`) and refused with their form;
+  (:mod:`klineage.mechanisms._raster_forms`); a serpentine whose branches are one walked
+  backwards is removed to row-major (:mod:`klineage.mechanisms._raster_serpentine`, no
+  forward rule), the others are refused with their form;
 - remove: when the run reads the group-size constant, every read of it in the run becomes
   ``1 /* klineage:rasterization kGroupM */``. Groups of one tile-row are the plain row-major
   order, so the mapping stays a bijection and the output is the same; only the order in which

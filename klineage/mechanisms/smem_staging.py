@@ -7,8 +7,10 @@ of once per thread that needs it.
 
 - detect: loops in kernels that store into a ``__shared__`` array and hold a
   ``__syncthreads()``; the canonical staged tile loop (see :mod:`klineage.mechanisms._staging`)
-  is removable, any other staging (tiles fed by ``cp.async``, read through ``ldmatrix``,
-  stored under a condition...) is reported with the reason it is not;
+  is removable, and so is a tile staged once by a loop of ``S[i / V] = load(g + i)`` stores
+  (through casts of the dynamic buffer too: :mod:`klineage.mechanisms._staging_once`, no
+  forward rule); any other staging (tiles fed by ``cp.async``, read through ``ldmatrix``,
+  stored by helpers, under a condition...) is reported with the reason it is not;
 - remove (canonical form): every read ``As[ty][k]`` becomes the stored expression evaluated
   for the thread that stored that element (``tx`` replaced by ``k``); the stores, both
   barriers and the tile declarations go. The loop structure stays: a blocked loop over

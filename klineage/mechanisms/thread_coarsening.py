@@ -27,7 +27,9 @@ and every launch's grid becomes ``(n + 4 * block - 1) / (4 * block)`` blocks.
   comparing. Coarsening written any other way (a loop ``for (k < K)`` over ``base + k *
   stride`` in a helper, register arrays indexed by it, as expert kernels write it) is
   reported with the reason it is refused: removing it needs the launch, the helpers and the
-  arrays to change together, which a rule cannot do safely.
+  arrays to change together, which a rule cannot do safely. Loads a block apart in one turn
+  of a grid-stride loop are the exception (:mod:`klineage.mechanisms._coarsening_pairs`, no
+  forward rule): the loop absorbs the change and the launch stays.
 - apply: on a one-thread-per-element kernel whose element code reads no ``blockIdx``,
   ``threadIdx`` or ``gridDim`` and holds no barrier or warp collective; refused when a
   launch of the kernel is not in the file or its bound cannot be written at the launch.
