@@ -295,6 +295,13 @@ class Skill(BaseModel):
     )
     round_trip_trial_ratios: list[float] = Field(default_factory=list, description="per trial")
     round_trip_note: str = Field(default="", description="why it was not verified, if not")
+    transferable: bool | None = Field(
+        default=None,
+        description="a forward rule applies it to new code: the mechanism's `apply` re-created "
+        "the optimized state from the simplified one. False: no forward rule takes the form "
+        "the expert wrote (the round trip restored the source from the lineage edge instead); "
+        "replay does not use it. None: not known (no round trip was tried)",
+    )
     round_trip_exact: bool | None = Field(
         default=None,
         description="the re-applied source is the optimized one (same fingerprint: equal up to "
@@ -631,6 +638,11 @@ def _round_trip_lines(skill: Skill) -> list[str]:
             "is one kernel timed twice, so the 0.99 bar (overall and in every trial) fell "
             "inside its timing noise; the rewrite itself is reproduced exactly."
         )
+    if skill.transferable is False:
+        lines.append(
+            "Not transferable: no forward rule writes the form the expert used, so replay does "
+            "not apply this skill; it records what the step gained."
+        )
     return lines
 
 
@@ -672,6 +684,8 @@ def render_skill_md(skill: Skill) -> str:
     }
     if skill.profile is not None:
         front["relieves"] = skill.profile.relieves
+    if skill.transferable is not None:  # cards mined before the split do not say
+        front["transferable"] = skill.transferable
     lines = ["---"] + [f"{k}: {_yaml_value(v)}" for k, v in front.items()] + ["---", ""]
     lines += [f"# {skill.id}", "", "## Overview", "", skill.intent, ""]
     proposed = f", proposed by {skill.origin}" if skill.origin != "rule" else ""

@@ -111,7 +111,7 @@ def _expanded(indices: FunctionIndices, offset: IndexForm) -> IndexForm:
     return offset.substitute(values) if values else offset
 
 
-def _unrolled_pairs(indices: FunctionIndices, accesses: list[Access]) -> list[tuple[Access, int]]:
+def unrolled_pairs(indices: FunctionIndices, accesses: list[Access]) -> list[tuple[Access, int]]:
     """Loads ``x[o]``, ``x[o + d]``... in one loop whose start advances by ``n * d`` per block:
     the first with ``n``."""
     found = []
@@ -135,7 +135,7 @@ def _unrolled_pairs(indices: FunctionIndices, accesses: list[Access]) -> list[tu
     return found
 
 
-def _enclosing(node: Node, function: Function, kinds: tuple[str, ...]) -> Node | None:
+def enclosing(node: Node, function: Function, kinds: tuple[str, ...]) -> Node | None:
     current = node.parent
     while current is not None and current != function.body:
         if current.type in kinds:
@@ -150,11 +150,11 @@ def coarsening_forms(source: ParsedSource, skip: list[tuple[int, int]]) -> list[
     found: list[FoundForm] = []
     seen: set[int] = set()
 
-    def add(node: Node, function: Function, form: str) -> None:
+    def add(node: Node, function: Function, form: str, kind: str = "") -> None:
         if node.start_byte in seen or any(s <= node.start_byte < e for s, e in skip):
             return
         seen.add(node.start_byte)
-        found.append(FoundForm(node, function, form, _CANONICAL))
+        found.append(FoundForm(node, function, form, _CANONICAL, kind))
 
     for function in source.kernels:
         indices = analysis(source).indices(function)
@@ -177,11 +177,11 @@ def coarsening_forms(source: ParsedSource, skip: list[tuple[int, int]]) -> list[
                 )
                 node = variable.loop if access.helper is None else access.node
                 add(node, function, form)
-        for access, count in _unrolled_pairs(indices, accesses):
-            loop = _enclosing(access.node, function, ("for_statement", "while_statement"))
+        for access, count in unrolled_pairs(indices, accesses):
+            loop = enclosing(access.node, function, ("for_statement", "while_statement"))
             form = (
                 f"each thread reading {count} elements of {access.buffer.name} per iteration, "
                 "written out one by one"
             )
-            add(loop if loop is not None else access.node, function, form)
+            add(loop if loop is not None else access.node, function, form, "pairs")
     return found

@@ -8,6 +8,7 @@ form the rewrite would need, which together are its refusal.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,7 @@ from klineage.cuda.tree import NotInForm
 if TYPE_CHECKING:
     from klineage.mechanisms.base import Mechanism, Site
 
-__all__ = ["FoundForm", "form_site"]
+__all__ = ["FoundForm", "form_site", "removable_form_site"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class FoundForm:
     """What the site is, in words: "a grid-stride `while` loop over gridDim.x ..."."""
     needed: str
     """The form the mechanism's rewrite takes."""
+    kind: str = ""
+    """Which of the mechanism's own forms the site is in, where a removal may take it
+    (``once``: a tile staged once); empty when none does."""
 
     @property
     def refusal(self) -> str:
@@ -48,3 +52,22 @@ def form_site(mechanism: Mechanism, source: ParsedSource, form: FoundForm) -> Si
         detail={"kernel": form.function.name, "form": "analysis"},
         refusal=form.refusal,
     )
+
+
+def removable_form_site(
+    mechanism: Mechanism,
+    source: ParsedSource,
+    form: FoundForm,
+    removal: Callable[[ParsedSource, Function, Node], object],
+    name: str,
+    reading: str,
+) -> Site:
+    """The site of ``form`` when a removal of the mechanism's own may take it: supported, with
+    ``form=name`` in the detail, when ``removal`` takes it (raises nothing); else refused
+    with its form and, after ``reading`` ("as a tile staged once"), why ``removal`` did not."""
+    site = form_site(mechanism, source, form)
+    try:
+        removal(source, form.function, form.node)
+    except NotInForm as why:
+        return site.model_copy(update={"refusal": f"{site.refusal} ({reading}, it is {why.form})"})
+    return site.model_copy(update={"refusal": None, "detail": {**site.detail, "form": name}})

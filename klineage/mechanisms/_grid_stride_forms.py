@@ -12,8 +12,9 @@ A persistent kernel may instead take its work items from a scheduler object,
 object that hands out coordinates through reference parameters. That is the same mechanism
 (a fixed grid walking any number of tiles), in a form no rule rewrites.
 
-Only the canonical ``for`` form is rewritten (see :mod:`klineage.mechanisms.grid_stride_loop`);
-these forms are detected and refused with the form they are in.
+The canonical ``for`` form is rewritten by :mod:`klineage.mechanisms.grid_stride_loop`; a
+``for`` loop among these forms is marked (``kind="index_for"``) for the removal of
+:mod:`klineage.mechanisms._grid_stride_index`; the rest are refused with the form they are in.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def _index_loops(source: ParsedSource, function: Function) -> list[FoundForm]:
             f"a grid-stride `{keyword}` loop over gridDim.{dimension} (step {variable.step}, "
             f"from {variable.init}){barrier}"
         )
-        found.append(FoundForm(variable.loop, function, form, _CANONICAL))
+        kind = "index_for" if keyword == "for" else ""
+        found.append(FoundForm(variable.loop, function, form, _CANONICAL, kind))
     return found
 
 

@@ -21,6 +21,7 @@ from klineage.mechanisms._grid_stride_forms import scheduler_loops
 
 __all__ = ["raster_forms"]
 
+_SERPENTINE = "a serpentine block order (a condition on the block index)"
 _NEEDED = "a grouped order whose group size is a file constant read in a `min(...)` (set to 1)"
 
 
@@ -62,7 +63,7 @@ def _remaps(indices: FunctionIndices, function: Function) -> list[tuple[Node, st
             if blocks and atoms is None:
                 atoms = _address_atoms(indices)
             if blocks and _used_in_addresses(indices, node, atoms or set()):
-                found.append((node, "a serpentine block order (a condition on the block index)"))
+                found.append((node, _SERPENTINE))
             continue
         sides = binary_operands(node, "%")
         if sides is None or operator_of(node) != "%":
@@ -98,5 +99,6 @@ def raster_forms(source: ParsedSource, skip: set[str]) -> list[FoundForm]:
                 function.body,
             ):
                 statement = statement.parent
-            found.append(FoundForm(statement, function, form, _NEEDED))
+            kind = "serpentine" if form == _SERPENTINE else ""
+            found.append(FoundForm(statement, function, form, _NEEDED, kind))
     return found

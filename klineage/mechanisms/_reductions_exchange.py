@@ -220,8 +220,8 @@ def _canonical(
     else:
         statement = owner
         offsets = None
-        if owner.parent is None or owner.parent.type != "compound_statement":
-            raise _Refused("the shuffle statement is not directly inside a block")
+        if owner.parent is None or owner.parent.type not in _STATEMENT_HOLDERS:
+            raise _Refused("the shuffle statement is not directly inside a block or an if")
     if statement is None or not all(within(c, statement) for c in calls):
         raise _Refused("the shuffles are not all in the first statement of the loop body")
     _check_assignments(source, statement)
@@ -230,6 +230,11 @@ def _canonical(
     shuffles = tuple(_shuffle(source, c, loop, offsets) for c in calls)
     types = {s.value: _value_type(source, function, s.value) for s in shuffles}
     return statement, shuffles, types
+
+
+_STATEMENT_HOLDERS = ("compound_statement", "if_statement", "else_clause")
+"""Where a shuffle statement outside a loop may sit: a block, or the branch of an ``if``
+without braces (``if (kSize >= 32) v += __shfl_down_sync(...);``), which gets them."""
 
 
 def _first_statement(loop: Node) -> Node | None:
@@ -535,6 +540,16 @@ def shuffle_to_exchange(source: ParsedSource, step: ShuffleStep) -> list[Edit]:
         lines = [*writes, "__syncwarp();", statement_text, "__syncwarp();"]
         text = " {\n" + "\n".join(inner + line for line in lines) + f"\n{indent}}}"
         edits.append(Edit(start, body.end_byte, text))
+        return edits
+    holder = step.statement.parent
+    if holder is not None and holder.type != "compound_statement":  # an if's branch
+        indent = source.indent_of(holder.start_byte)
+        inner = indent + "  "
+        lines = [*writes, "__syncwarp();", statement_text, "__syncwarp();"]
+        text = "{\n" + "\n".join(inner + line for line in lines) + f"\n{indent}}}"
+        if source.data[step.statement.start_byte - 1 : step.statement.start_byte] not in b" \t\n":
+            text = " " + text
+        edits.append(Edit(step.statement.start_byte, step.statement.end_byte, text))
         return edits
     indent = source.indent_of(step.statement.start_byte)
     lead = "".join(f"{w}\n{indent}" for w in writes) + f"__syncwarp();\n{indent}"

@@ -13,7 +13,8 @@ A staging site is the loop around the barrier that the copies happen in (a tile 
 for a tile staged once, the statement that makes the copies (the kernel then waits at a
 barrier and reads the tile). Each is reported with the form it is in and refused: removing it
 means replacing every read of the tile by the global expression that filled it, which the
-canonical rule does only for its own form.
+canonical rule does only for its own form, and :mod:`klineage.mechanisms._staging_once` for a
+tile staged once by a loop of its own stores (marked ``kind="once"``).
 """
 
 from __future__ import annotations
@@ -146,5 +147,7 @@ def staging_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
             if not place.in_loop and place.asynchronous and loops:
                 continue  # a pipeline's prologue: part of the tile loop's staging
             skip.add(place.node.start_byte)
-            found.append(FoundForm(place.node, function, place.describe(), _CANONICAL))
+            once = not place.in_loop and not place.helpers and not place.asynchronous
+            kind = "once" if once else ""
+            found.append(FoundForm(place.node, function, place.describe(), _CANONICAL, kind))
     return found

@@ -24,8 +24,11 @@ SMs) so blocks are not launched only to exit, and each thread keeps going.
 
 Grid-stride loops in other spellings (a ``while`` with the stride in a variable, the y or z
 dimension, a stride scaled by another block dimension, a persistent loop fed by a scheduler)
-are found by the index analysis (:mod:`klineage.mechanisms._grid_stride_forms`) and refused
-with the form they are in.
+are found by the index analysis (:mod:`klineage.mechanisms._grid_stride_forms`). A ``for``
+loop from ``blockIdx.d * blockDim.e + threadIdx.e`` by ``gridDim.d * blockDim.e`` is removed
+by :mod:`klineage.mechanisms._grid_stride_index` (barriers inside allowed, the launch's grid
+along ``d`` resized); the others are refused with the form they are in. That removal has no
+forward rule: its skills are not transferable.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
-from klineage.mechanisms._forms import form_site
+from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._grid_stride_forms import grid_stride_forms
+from klineage.mechanisms._grid_stride_index import index_loop_removal
 from klineage.mechanisms._local_util import (
     ElementKernel,
     GlobalIndex,
@@ -310,7 +314,13 @@ class GridStrideLoop(Mechanism):
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         loops = grid_loops(source)
         for form in grid_stride_forms(source, {loop.node.start_byte for loop in loops}):
-            yield form_site(self, source, form)
+            # a for loop by the index analysis: the general removal may take it
+            if form.kind == "index_for":
+                yield removable_form_site(
+                    self, source, form, index_loop_removal, "index", "read by its index"
+                )
+            else:
+                yield form_site(self, source, form)
         for loop in loops:
             refusal = _removal_refusal(source, loop, loops)
             if refusal is None:
@@ -348,6 +358,11 @@ class GridStrideLoop(Mechanism):
             )
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") == "index":
+            node = self.node_at(source, site, "for_statement")
+            function = source.enclosing_function(node)
+            assert function is not None
+            return index_loop_removal(source, function, node)
         loop = next(g for g in grid_loops(source) if g.node.start_byte == site.start_byte)
         try:
             grids = grid_edits(source, loop.function, loop.bound, 1)

@@ -10,7 +10,9 @@ of each operand is served from L2.
   above 1 that bounds the last group in a ``min(...)``, e.g. ``kGroupM``) or a value declared
   earlier in the run, and one reads ``blockIdx``; the site spans the run. Other orders (a
   serpentine, a diagonal, a table handed out by a scheduler) are found by the index analysis
-  (:mod:`klineage.mechanisms._raster_forms`) and refused with their form;
+  (:mod:`klineage.mechanisms._raster_forms`); a serpentine whose branches are one walked
+  backwards is removed to row-major (:mod:`klineage.mechanisms._raster_serpentine`, no
+  forward rule), the others are refused with their form;
 - remove: when the run reads the group-size constant, every read of it in the run becomes
   ``1 /* klineage:rasterization kGroupM */``. Groups of one tile-row are the plain row-major
   order, so the mapping stays a bijection and the output is the same; only the order in which
@@ -29,8 +31,9 @@ from klineage.conditions import Condition, Prose
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
-from klineage.mechanisms._forms import form_site
+from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._raster_forms import raster_forms
+from klineage.mechanisms._raster_serpentine import serpentine_removal
 from klineage.mechanisms._tiles_util import BLOCK_INDEX, names_in, statements
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -168,7 +171,12 @@ class Rasterization(Mechanism):
             elif not marked_reads(source, run):  # marked: already groups of one, row-major
                 yield self._site(source, function, run, refusal=REFUSAL)
         for form in raster_forms(source, seen):
-            yield form_site(self, source, form)
+            if form.kind == "serpentine":  # the serpentine removal may take it
+                yield removable_form_site(
+                    self, source, form, serpentine_removal, "serpentine", "as a serpentine"
+                )
+            else:
+                yield form_site(self, source, form)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for function, run in self._runs(source):
@@ -182,6 +190,11 @@ class Rasterization(Mechanism):
         return []
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") == "serpentine":
+            node = self.node_at(source, site)
+            function = source.enclosing_function(node)
+            assert function is not None
+            return serpentine_removal(source, function, node)
         reads = group_size_reads(source, self._run_at(source, site))
         if reads is None:
             raise self.refuse(REFUSAL, site)

@@ -7,8 +7,10 @@ of once per thread that needs it.
 
 - detect: loops in kernels that store into a ``__shared__`` array and hold a
   ``__syncthreads()``; the canonical staged tile loop (see :mod:`klineage.mechanisms._staging`)
-  is removable, any other staging (tiles fed by ``cp.async``, read through ``ldmatrix``,
-  stored under a condition...) is reported with the reason it is not;
+  is removable, and so is a tile staged once by a loop of ``S[i / V] = load(g + i)`` stores
+  (through casts of the dynamic buffer too: :mod:`klineage.mechanisms._staging_once`, no
+  forward rule); any other staging (tiles fed by ``cp.async``, read through ``ldmatrix``,
+  stored by helpers, under a condition...) is reported with the reason it is not;
 - remove (canonical form): every read ``As[ty][k]`` becomes the stored expression evaluated
   for the thread that stored that element (``tx`` replaced by ``k``); the stores, both
   barriers and the tile declarations go. The loop structure stays: a blocked loop over
@@ -47,7 +49,7 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
-from klineage.mechanisms._forms import form_site
+from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._staging import (
     NotStaged,
     StagedLoop,
@@ -59,6 +61,7 @@ from klineage.mechanisms._staging import (
     zero_of,
 )
 from klineage.mechanisms._staging_forms import staging_forms
+from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._tiles_util import (
     STATIC_SHARED_LIMIT,
     Locals,
@@ -655,7 +658,13 @@ class SmemStaging(Mechanism):
             yield self.site(source, loop, snippet=_header(source, loop), refusal=refusal)
         yield from self._async_sites(source, seen)
         for form in staging_forms(source, seen):
-            yield form_site(self, source, form)
+            # a tile staged once: the once removal may take it
+            if form.kind == "once":
+                yield removable_form_site(
+                    self, source, form, once_removal, "once", "as a tile staged once"
+                )
+            else:
+                yield form_site(self, source, form)
 
     def _async_sites(self, source: ParsedSource, seen: set[int]) -> Iterator[Site]:
         """Tile loops fed by cp.async copies (directly or through helpers)."""
@@ -739,6 +748,11 @@ class SmemStaging(Mechanism):
             raise self.refuse(str(why), site) from None
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") == "once":
+            loop = self.node_at(source, site, "for_statement")
+            function = source.enclosing_function(loop)
+            assert function is not None
+            return once_removal(source, function, loop)
         staged = self._staged(source, site)
         types = source.local_types(staged.function)
         edits: list[Edit] = []
@@ -758,6 +772,8 @@ class SmemStaging(Mechanism):
         return edits
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        if site.detail.get("form") == "once":
+            return Carrier()  # no forward rule stages a tile once: nothing to carry
         staged = self._staged(kernel.parsed, site)
         ordered = sorted(staged.arrays, key=lambda a: a.reads[0].start_byte)
         values: dict[str, int | str] = {"tiles": ",".join(a.name for a in ordered)}

@@ -9,18 +9,20 @@ memory wasted.
   a row-dependent amount in a shared-memory address, or a swizzle mode given to TMA
   (:mod:`klineage.mechanisms._swizzle_forms`), refused with their form;
 - detect: ``^`` expressions with a masked operand (``c ^ (r & 7)``; a butterfly exchange
-  ``lane ^ offset`` is not a swizzle) in a device function whose name says swizzle, or
-  inside the subscript of a ``__shared__`` array;
+  ``lane ^ offset`` is not a swizzle) in a *layout helper*, a device function computing a
+  2-D offset ``row * pitch + chunk << 4`` over two of its parameters (what it computes
+  decides, never its name: :func:`layout_params`), or inside the subscript of a
+  ``__shared__`` array;
 - remove: where the swizzle lives in one helper, ``swizzle(row, chunk)`` returning an offset
   with ``chunk ^ (row & mask)`` in it, and every access goes through that helper (writes and
   reads alike), the XOR is dropped: the helper becomes the identity layout. Since all
   accesses move together the program computes the same values; only the banks change. An
   XOR written inline at an access is refused (every access of that buffer would have to
   change consistently);
-- apply: a helper with "swizzl" in its name that has no XOR yet gets ``chunk ^ (row & mask)``
-  (carrier ``mask``, default 7; ``row`` and ``chunk`` name the parameters, default the
-  first two), provided the row pitch it multiplies ``row`` by holds a whole multiple of
-  ``mask + 1`` chunks, so the permuted chunk stays inside its row;
+- apply: a layout helper that has no XOR yet gets ``chunk ^ (row & mask)`` (carrier
+  ``mask``, default 7; ``row`` and ``chunk`` name the parameters, default the one scaled by
+  the pitch and the one scaled into chunks), provided the row pitch it multiplies ``row`` by
+  holds a whole multiple of ``mask + 1`` chunks, so the permuted chunk stays inside its row;
 - wgmma (Hopper): when the tensor cores read the tiles through shared-memory descriptors in
   128-byte swizzle mode, the helper is usually called by the writers alone, and the layout
   moves with the descriptors instead: the helper becomes interleaved core matrices, the
@@ -66,8 +68,41 @@ def _inner(node: Node) -> Node:
     return node
 
 
-def _is_helper(function: Function | None) -> bool:
-    return function is not None and function.runs_on_device and "swizzl" in function.name.lower()
+def layout_params(source: ParsedSource, function: Function) -> tuple[str, str] | None:
+    """``(row, chunk)`` when a device helper returns a 2-D layout offset over two of its
+    parameters: ``row`` scaled by a row pitch (``row * P``) and ``chunk`` scaled into bytes or
+    elements (``chunk << 4``, ``chunk * 16``, permuted or not: ``(chunk ^ (row & 7)) << 4``).
+    What the helper computes decides, not what it is called."""
+    if function.body is None or not function.runs_on_device:
+        return None
+    params = [p.name for p in function.params if p.name]
+    scales: dict[str, int | None] = {}  # parameter -> what it is scaled by (None: unknown)
+    returned = [r for r in source.iter_nodes("return_statement", within=function.body)]
+    products = [node for r in returned for node in source.iter_nodes("binary_expression", within=r)]
+    for node in products:
+        op = _operator(node)
+        left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+        if left is None or right is None or op not in ("*", "<<"):
+            continue
+        pairs = [(left, right), (right, left)] if op == "*" else [(left, right)]
+        for mine, other in pairs:
+            factor = fold_int(source, other)
+            scale = factor if op == "*" or factor is None else 1 << factor
+            for name in names_in(source, mine) & set(params):
+                if name not in names_in(source, other):
+                    known = scales.get(name, 0)
+                    scales[name] = None if known is None or scale is None else max(known, scale)
+    if len(scales) != 2:
+        return None
+    (a, scale_a), (b, scale_b) = scales.items()
+    if scale_a is None or (scale_b is not None and scale_a > scale_b):
+        return (a, b) if scale_b is not None else None
+    return (b, a) if scale_a is not None and scale_b != scale_a else None
+
+
+def _is_helper(source: ParsedSource, function: Function | None) -> bool:
+    """A device function computing a layout offset (:func:`layout_params`)."""
+    return function is not None and layout_params(source, function) is not None
 
 
 def _in_shared_subscript(source: ParsedSource, node: Node, shared: set[str]) -> bool:
@@ -140,7 +175,7 @@ def _xor_sites(source: ParsedSource) -> Iterator[tuple[Node, Function | None]]:
         function = source.enclosing_function(node)
         if function is None or not function.runs_on_device:
             continue
-        if _is_helper(function) or _in_shared_subscript(source, node, shared):
+        if _is_helper(source, function) or _in_shared_subscript(source, node, shared):
             yield node, function
 
 
@@ -192,8 +227,8 @@ class SmemSwizzle(Mechanism):
     )
     carrier_keys: ClassVar[dict[str, str]] = {
         "mask": "row bits XORed into the chunk index (7: eight chunks, 128-byte rows)",
-        "row": "the helper's row parameter (default: its first)",
-        "chunk": "the helper's chunk parameter (default: its second)",
+        "row": "the helper's row parameter (default: the one multiplied by the row pitch)",
+        "chunk": "the helper's chunk parameter (default: the one scaled into chunks)",
         "pitch": "row pitch as written, for a layout wgmma descriptors read (default: 128)",
     }
 
@@ -201,7 +236,7 @@ class SmemSwizzle(Mechanism):
         for node, function in _xor_sites(source):
             detail: dict[str, str | int] = {}
             refusal: str | None
-            if _is_helper(function):
+            if _is_helper(source, function):
                 assert function is not None
                 found = _helper_xor(source, function, node)
                 if isinstance(found, str):
@@ -235,7 +270,7 @@ class SmemSwizzle(Mechanism):
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for function in source.functions:
-            if not _is_helper(function) or function.body is None:
+            if not _is_helper(source, function) or function.body is None:
                 continue
             if any(
                 _operator(n) == "^"
@@ -278,8 +313,9 @@ class SmemSwizzle(Mechanism):
         if function is None or function.body is None:
             raise self.refuse("no helper here", site, "apply")
         params = [p.name for p in function.params if p.name]
-        row = carrier.get_str("row") or (params[0] if params else None)
-        chunk = carrier.get_str("chunk") or (params[1] if len(params) > 1 else None)
+        found = layout_params(source, function)
+        row = carrier.get_str("row") or (found[0] if found else None)
+        chunk = carrier.get_str("chunk") or (found[1] if found else None)
         mask = carrier.get_int("mask", DEFAULT_MASK) or DEFAULT_MASK
         if row not in params or chunk not in params or row == chunk:
             raise self.refuse(f"{function.name} has no row and chunk parameters", site, "apply")

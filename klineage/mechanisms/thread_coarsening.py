@@ -27,7 +27,9 @@ and every launch's grid becomes ``(n + 4 * block - 1) / (4 * block)`` blocks.
   comparing. Coarsening written any other way (a loop ``for (k < K)`` over ``base + k *
   stride`` in a helper, register arrays indexed by it, as expert kernels write it) is
   reported with the reason it is refused: removing it needs the launch, the helpers and the
-  arrays to change together, which a rule cannot do safely.
+  arrays to change together, which a rule cannot do safely. Loads a block apart in one turn
+  of a grid-stride loop are the exception (:mod:`klineage.mechanisms._coarsening_pairs`, no
+  forward rule): the loop absorbs the change and the launch stays.
 - apply: on a one-thread-per-element kernel whose element code reads no ``blockIdx``,
   ``threadIdx`` or ``gridDim`` and holds no barrier or warp collective; refused when a
   launch of the kernel is not in the file or its bound cannot be written at the launch.
@@ -45,7 +47,8 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._coarsening_forms import coarsening_forms
-from klineage.mechanisms._forms import form_site
+from klineage.mechanisms._coarsening_pairs import pair_loads_at
+from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._local_util import (
     ElementKernel,
     Refused,
@@ -404,7 +407,12 @@ class ThreadCoarsening(Mechanism):
         handwritten_loops = list(handwritten(source, spans))
         covered = spans + [(h.loop.start_byte, h.loop.end_byte) for h in handwritten_loops]
         for form in coarsening_forms(source, covered):
-            yield form_site(self, source, form)
+            if form.kind == "pairs":  # loads a block apart in a grid-stride loop's turn
+                yield removable_form_site(
+                    self, source, form, pair_loads_at, "pairs", "as loads per turn"
+                )
+            else:
+                yield form_site(self, source, form)
         for loop in handwritten_loops:
             header = loop.loop.child_by_field_name("body")
             end = header.start_byte if header is not None else loop.loop.end_byte
@@ -436,6 +444,11 @@ class ThreadCoarsening(Mechanism):
             )
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") == "pairs":
+            loop = self.node_at(source, site, "for_statement", "while_statement")
+            function = source.enclosing_function(loop)
+            assert function is not None
+            return pair_loads_at(source, function, loop)
         found = next(
             c
             for c in self._canonical(source)

@@ -36,7 +36,7 @@ from klineage.lineage import (
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Site
 from klineage.mining.inference import infer_condition, why_no_condition
 from klineage.mining.profiles import state_profile
-from klineage.mining.removal import Removal, apply_everywhere, reapply
+from klineage.mining.removal import Removal, apply_everywhere, reapply, restore
 from klineage.problem import Problem
 from klineage.skills import (
     Anchor,
@@ -311,8 +311,11 @@ def round_trip(
 ) -> None:
     """Re-apply the mechanism to the simplified state; it must recover the optimized speed.
 
-    An LLM-origin removal is re-applied by the catalog's rule when its mechanism has one
-    (the note says so); without a rule it is not tried (`verified` stays None)."""
+    The forward rule (`apply`, what transfers to new code) is tried first; when it refuses the
+    form the expert wrote, the removal is undone from the lineage edge instead (`restore`), and
+    the skill is kept as evidence but not `transferable`. An LLM-origin removal is re-applied
+    by the catalog's rule when its mechanism has one (the note says so); without a rule it is
+    not tried (`verified` stays None)."""
     optimized = KernelSource(lineage.state(skill.evidence.optimized).source)
     mechanism = removal.mechanism if removal is not None else catalog_mechanism(skill.mechanism)
     if mechanism is None:
@@ -326,10 +329,20 @@ def round_trip(
         else:
             simplified = KernelSource(lineage.state(skill.evidence.simplified).source)
             reapplied = _reapply_by_rule(mechanism, optimized, simplified)
+        skill.transferable = True
     except MechanismRefused as err:
-        skill.round_trip_reproduced = skill.verified = False
-        skill.round_trip_note = f"{how}re-applying was refused: {err.reason}"
-        return
+        skill.transferable = False
+        if removal is None:
+            skill.round_trip_reproduced = skill.verified = False
+            skill.round_trip_note = f"{how}re-applying was refused: {err.reason}"
+            return
+        # no forward rule writes this form: undo the removal from the edge instead, which
+        # checks the code and the gain, not the transfer (replay does not use the skill)
+        reapplied = restore(removal)
+        how = (
+            f"no forward rule re-applies this form ({err.reason}); the round trip restored "
+            "the source the lineage edge removed: "
+        )
     skill.round_trip_exact = reapplied.fingerprint == optimized.fingerprint
     verdict = log.run(problem, reapplied, against=optimized)
     comparison = verdict.comparison

@@ -149,6 +149,13 @@ def matching_candidate(
     return min(candidates, key=lambda c: min(abs(c.start_byte - start), abs(c.end_byte - end)))
 
 
+def restore(removal: Removal) -> KernelSource:
+    """Undo the removal, driven by what the lineage edge removed: the state the walk started
+    from, as it was. The round trip's undo for a form no forward rule writes; it says nothing
+    about transfer to new code (that is :func:`reapply`'s question)."""
+    return removal.original
+
+
 def reapply(removal: Removal) -> KernelSource:
     """Walk the removal forward again from its simplified state: apply the mechanism at the
     candidate each removal created, with the carrier read from the removed site. Raises

@@ -19,6 +19,10 @@ the skill adds in SASS (its mechanism's signature: the wide loads, the shuffles,
 copies it brought are there, and what it took away is not), e.g. a vector-width skill on a
 kernel that already moves 16 bytes per load and no fewer.
 
+A skill mined in a form no forward rule writes (`transferable` False: its round trip restored
+the expert's source from the lineage edge) is dropped: it is evidence of a gain, not a
+rewrite replay can make.
+
 A skill whose mechanism the catalog does not know (one an LLM proposed while mining) has no
 rule to apply it: it is dropped, unless `keep_unknown` (replay with an LLM, which applies it
 from its card); then only its learned conditions are checked and it counts no sites.
@@ -216,6 +220,9 @@ def retrieve(
     for skill in skills:
         if skill.evidence.problem == problem.name:
             result.dropped.append(_drop(skill, "mined from this same problem (leakage guard)"))
+            continue
+        if skill.transferable is False:
+            result.dropped.append(_drop(skill, "no forward rule applies the form it was mined in"))
             continue
         try:
             mechanism = get(skill.mechanism)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from klineage.kernel import KernelSource
-from klineage.mechanisms import get
+from klineage.mechanisms import MechanismRefused, get
+from tests.mechanisms.roundtrip import PUBLIC_FORMS
 
 coarsening = get("thread_coarsening")
 
@@ -108,11 +111,29 @@ def test_a_register_tile_written_by_a_helper() -> None:
     assert "in write_tile" in str(site.refusal)
 
 
-def test_two_loads_per_iteration_of_a_grid_stride_loop() -> None:
-    site = _site(PAIRS)
-    assert site.snippet == "while (i < n)"
-    assert "each thread reading 2 elements of in per iteration" in str(site.refusal)
+def test_two_loads_per_iteration_of_a_grid_stride_loop_are_removed() -> None:
+    (site,) = coarsening.detect(KernelSource(PAIRS))
+    assert site.snippet == "while (i < n)" and site.supported and site.detail["form"] == "pairs"
+    removed = coarsening.remove(KernelSource(PAIRS), site).text
+    assert "unsigned i = blockIdx.x * blockDim.x + threadIdx.x;" in removed
+    assert "i += blockDim.x * gridDim.x;" in removed and "in[i + blockDim.x]" not in removed
 
 
 def test_a_row_per_thread_and_filter_taps_are_not_coarsening() -> None:
     assert coarsening.detect(KernelSource(NOT_COARSENED)) == []
+
+
+def test_loads_per_turn_written_in_one_statement_are_refused_with_their_form() -> None:
+    path = PUBLIC_FORMS / "thread_coarsening" / "loads_per_turn.before.cu"
+    joined = KernelSource(
+        path.read_text(encoding="utf-8").replace(
+            "    acc += in[i];\n    if (i + kBlock < n) acc += in[i + kBlock];\n",
+            "    acc += in[i] + (i + kBlock < n ? in[i + kBlock] : 0.f);\n",
+        )
+    )
+    (site,) = coarsening.detect(joined)
+    assert "as loads per turn, it is a loop reading 2 elements of in in one statement" in str(
+        site.refusal
+    )
+    with pytest.raises(MechanismRefused):
+        coarsening.remove(joined, site)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from klineage.kernel import KernelSource
-from klineage.mechanisms import get
+from klineage.mechanisms import MechanismRefused, get
+from tests.mechanisms.roundtrip import PUBLIC_FORMS
 
 rasterization = get("rasterization")
 
@@ -48,10 +51,11 @@ __global__ void plain(float* c, int n, int tiles_n) {
 """
 
 
-def test_a_serpentine_order_is_found_and_refused() -> None:
+def test_a_serpentine_order_is_found_and_removed_to_row_major() -> None:
     (site,) = rasterization.detect(KernelSource(SERPENTINE))
-    assert site.start_line == 3
-    assert "a serpentine block order (a condition on the block index)" in str(site.refusal)
+    assert site.start_line == 3 and site.supported and site.detail["form"] == "serpentine"
+    removed = rasterization.remove(KernelSource(SERPENTINE), site).text
+    assert "const int tile_row = blockIdx.y;" in removed
 
 
 def test_an_order_read_from_a_table_by_a_scheduler_is_found() -> None:
@@ -64,3 +68,17 @@ def test_an_order_read_from_a_table_by_a_scheduler_is_found() -> None:
 
 def test_a_row_major_decomposition_is_not_rasterization() -> None:
     assert rasterization.detect(KernelSource(ROW_MAJOR)) == []
+
+
+def test_a_serpentine_whose_branches_are_not_a_reversal_is_refused() -> None:
+    path = PUBLIC_FORMS / "rasterization" / "serpentine.before.cu"
+    shifted = KernelSource(
+        path.read_text(encoding="utf-8").replace(
+            "gridDim.y - blockIdx.y - 1", "gridDim.y - blockIdx.y"
+        )
+    )
+    (site,) = get("rasterization").detect(shifted)
+    assert "as a serpentine, it is a block order" in str(site.refusal)
+    assert "whose branches are not one walked backwards" in str(site.refusal)
+    with pytest.raises(MechanismRefused):
+        get("rasterization").remove(shifted, site)

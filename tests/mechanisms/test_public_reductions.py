@@ -7,7 +7,7 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismRefused, get
-from tests.mechanisms.roundtrip import compile_ok
+from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
 
 warp_reduction = get("warp_shuffle_reduction")
 grid_stride = get("grid_stride_loop")
@@ -113,3 +113,39 @@ def test_grid_stride_loops_are_found_by_what_their_index_does() -> None:
     assert "in a kernel with block barriers" in str(sites["partial_sums"].refusal)
     assert "over gridDim.y (step blockDim.y·gridDim.y" in str(sites["column_sums"].refusal)
     assert "this rule needs the canonical" in str(sites["column_sums"].refusal)
+
+
+def _rows_by_z() -> str:
+    path = PUBLIC_FORMS / "grid_stride_loop" / "rows_by_z.before.cu"
+    return path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        (
+            "const int first = threadIdx.x",
+            "if (blockIdx.x == 0) out[0] = 0.f;\n  const int first = threadIdx.x",
+            "in a kernel that also reads blockIdx.x",
+        ),
+        (
+            "center_rows<<<blocks,",
+            "dim3 grid(blocks);\n  center_rows<<<grid,",
+            "launched with the dim3 variable grid as grid",
+        ),
+        (
+            "int row = blockIdx.x * blockDim.z + threadIdx.z;",
+            "int row = blockIdx.x * blockDim.z + threadIdx.z + 1;",
+            "not by a block dimension",
+        ),
+    ],
+)
+def test_a_grid_stride_loop_over_z_rows_is_refused_outside_its_form(
+    old: str, new: str, reason: str
+) -> None:
+    kernel = KernelSource(_rows_by_z().replace(old, new))
+    (site,) = grid_stride.detect(kernel)
+    assert reason in str(site.refusal)
+    assert "read by its index, it is a grid-stride loop" in str(site.refusal)
+    with pytest.raises(MechanismRefused):
+        grid_stride.remove(kernel, site)

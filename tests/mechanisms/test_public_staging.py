@@ -102,10 +102,45 @@ def test_a_tile_loop_whose_stores_are_in_a_helper_is_staging() -> None:
     assert "stored by the helper fetch, which gets the shared arrays" in str(site.refusal)
 
 
-def test_stores_through_a_cast_of_the_dynamic_buffer_are_staging() -> None:
+def test_stores_through_a_cast_of_the_dynamic_buffer_are_staging_removed_once() -> None:
     site = _only_site(CAST_ONCE)
-    assert site.start_line == 5
-    assert "through a pointer cast from a dynamic shared buffer" in str(site.refusal)
+    assert site.start_line == 5 and site.supported and site.detail["form"] == "once"
+    removed = staging.remove(KernelSource(CAST_ONCE), site).text
+    # c is not a multiple of 4 here, so the slot's iteration is written out
+    assert "* (*reinterpret_cast<const Vec*>(w + (c / 4) * 4)).v[c % 4];" in removed
+    assert "__shared__" not in removed and "__syncthreads" not in removed
+
+
+def _once_refusal(text: str) -> str:
+    (site,) = staging.detect(KernelSource(text))
+    assert site.refusal is not None and site.refusal.startswith("the site is tiles staged once")
+    with pytest.raises(MechanismRefused):
+        staging.remove(KernelSource(text), site)
+    return site.refusal
+
+
+def test_a_staging_loop_whose_index_is_not_a_multiple_of_the_pack_is_refused() -> None:
+    shifted = CAST_ONCE.replace("int c = threadIdx.x * 4;", "int c = threadIdx.x;")
+    assert "whose index c (from threadIdx.x, step 4·blockDim.x) is not always a multiple of 4" in (
+        _once_refusal(shifted)
+    )
+
+
+def test_a_staged_value_that_differs_between_threads_is_refused() -> None:
+    local = CAST_ONCE.replace(
+        "  for (int c = threadIdx.x * 4;",
+        "  int lane = threadIdx.x % 32;\n  for (int c = threadIdx.x * 4;",
+    ).replace(
+        "sw[c / 4] = *reinterpret_cast<const Vec*>(w + c);", "sw[c / 4] = Vec{{w[c + lane]}};"
+    )
+    assert "a staged value `Vec{{w[c + lane]}}` that uses lane" in _once_refusal(local)
+
+
+def test_a_staged_buffer_written_again_is_refused() -> None:
+    again = CAST_ONCE.replace(
+        "      y[r * cols + c] =", "      if (c == 0) sw[0].v[0] = 0.f;\n      y[r * cols + c] ="
+    )
+    assert "sw written again at line 10" in _once_refusal(again)
 
 
 def test_partial_sums_in_shared_memory_are_not_staging() -> None:

@@ -163,3 +163,22 @@ def test_the_card_shows_each_place_the_layout_moved() -> None:
     assert "(uint64_t)0 << 62" in before and "(uint64_t)1 << 62" in after
     assert "chunk * 128" in before and "(chunk ^ (row & 7)) << 4" in after
     assert "ks * 256" in before and "ks * 32" in after
+
+
+def test_the_layout_helper_is_recognized_by_what_it_computes_not_its_name() -> None:
+    pair = fixture_pairs("smem_swizzle")[0]
+    renamed = KernelSource(pair.before.text.replace("swizzle(", "tile_offset("))
+    (site,) = mechanism.detect(renamed)
+    assert site.supported and site.function == "tile_offset"
+    expected = pair.after.text.replace("swizzle(", "tile_offset(")
+    assert mechanism.remove(renamed, site).text == expected
+    (candidate,) = mechanism.candidates(KernelSource(expected))
+    assert candidate.function == "tile_offset"
+
+
+def test_a_helper_named_swizzle_that_computes_no_layout_is_not_one() -> None:
+    hashed = KernelSource(
+        "__device__ int swizzle(int key, int salt) { return key ^ (salt & 7); }\n"
+        "__global__ void k(int* y) { y[threadIdx.x] = swizzle(threadIdx.x, 3) + swizzle(1, 2); }\n"
+    )
+    assert mechanism.detect(hashed) == [] and mechanism.candidates(hashed) == []

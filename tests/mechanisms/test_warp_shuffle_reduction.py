@@ -81,6 +81,11 @@ def test_an_unrolled_step_is_rewritten_in_place() -> None:
             "__device__",
             "writes a variable inside an expression",
         ),
+        (
+            "  switch (v > 0.f) { case 1: v += __shfl_xor_sync(~0u, v, 1); }",
+            "__device__",
+            "not directly inside a block or an if",
+        ),
     ],
 )
 def test_non_canonical_steps_are_detected_but_refused(

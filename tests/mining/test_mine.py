@@ -428,3 +428,31 @@ def test_a_verdict_is_shared_by_states_with_the_same_machine_code(
     resumed.learn_sources({expert.fingerprint: expert.text})
     resumed.run(problem, same_code)
     assert gate.runs == 2 and resumed.shared == 1
+
+
+def test_a_form_without_a_forward_rule_is_restored_verified_and_not_transferable(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """The expert stages its row parameters once through casts of the dynamic buffer: the
+    removal exists, no forward rule writes that form, so the round trip restores the source
+    the lineage edge removed; the skill records the gain and is kept out of replay."""
+    problem = tmp_path / "scale_shift_rows"  # the problem files, with the public-form expert
+    shutil.copytree(FIXTURES / "mining" / "scale_shift_rows", problem)
+    expert = FIXTURES / "public_forms" / "smem_staging" / "cast_once.before.cu"
+    shutil.copy(expert, problem / "kernel.cu")
+    tmp_path = tmp_path / "out"
+    gate = StandInGate(builder, cost={"smem_staging": 1.3}, expert_mechanisms=["smem_staging"])
+    report = mine_gated(problem, tmp_path, gate=gate)
+    assert report.steps == 1 and report.skills == 1 and report.verified == 1
+    (skill,) = SkillLibrary.load(tmp_path)
+    assert skill.mechanism == "smem_staging" and skill.effect.measured is Measured.GAIN
+    assert skill.transferable is False and skill.verified is True
+    assert skill.round_trip_exact is True
+    assert skill.round_trip_note.startswith("no forward rule re-applies this form (")
+    assert "the round trip restored the source the lineage edge removed" in skill.round_trip_note
+    card = (tmp_path / skill.id / "SKILL.md").read_text()
+    assert "transferable: false" in card and "Not transferable: no forward rule" in card
+
+
+def test_skills_with_a_forward_rule_are_transferable(mined: Mined) -> None:
+    assert all(skill.transferable is True for skill in SkillLibrary.load(mined.out))

@@ -80,3 +80,15 @@ def test_scope_prefers_the_same_op_and_dtypes(library: list[Skill], layernorm: P
     others = [k for k, s in zip(scores, library, strict=True) if "bfloat16" not in s.scope.dtypes]
     assert bf16 and others
     assert max(scores[k] for k in bf16) > max(scores[k] for k in others)
+
+
+def test_a_skill_no_forward_rule_applies_is_dropped(
+    library: list[Skill], layernorm: Problem
+) -> None:
+    ranked = retrieve(library, layernorm).ranked
+    chosen = next(s for s in library if s.id == ranked[0].skill)
+    evidence_only = chosen.model_copy(update={"transferable": False})
+    found = retrieve([evidence_only], layernorm)
+    assert found.ranked == []
+    (dropped,) = found.dropped
+    assert dropped.reason == "no forward rule applies the form it was mined in"

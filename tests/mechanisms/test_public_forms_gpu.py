@@ -1,0 +1,66 @@
+"""The public-form removals keep the kernel correct: each before/after pair of
+``tests/fixtures/public_forms`` passes the gate's check on its problem's workloads (GPU), and
+declares the ``run(...)`` its problem implies (CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.problem import Problem, load_problem
+from klineage.problem.abi import KernelAbi
+from tests.conftest import FIXTURES
+from tests.mechanisms.roundtrip import PUBLIC_FORMS
+from tests.mechanisms.test_public_removals import PAIRS, Pair
+
+PROBLEMS = PUBLIC_FORMS / "problems"
+PROBLEM_OF_CASE: dict[str, Path] = {
+    "cast_once": FIXTURES / "mining" / "scale_shift_rows",
+    "persistent_rows": PROBLEMS / "centered_affine",
+    "rows_by_z": PROBLEMS / "center_rows",
+    "serpentine": PROBLEMS / "scale_tiles",
+    "guarded_tree": PROBLEMS / "block_totals",
+    "loads_per_turn": PROBLEMS / "vector_total",
+}
+
+
+def _problem(pair: Pair) -> Problem:
+    return load_problem(PROBLEM_OF_CASE[pair.case])
+
+
+def _id(pair: Pair) -> str:
+    return f"{pair.mechanism}-{pair.case}"
+
+
+def test_every_pair_has_a_problem() -> None:
+    assert {pair.case for pair in PAIRS} == set(PROBLEM_OF_CASE)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=_id)
+def test_both_states_declare_the_run_their_problem_implies(pair: Pair) -> None:
+    abi = KernelAbi.from_definition(_problem(pair).definition)
+    for kernel in (pair.before, pair.after):
+        assert abi.mismatch(kernel.text) is None, abi.mismatch(kernel.text)
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory):
+    from klineage.gate.gate import Gate
+
+    with Gate(Builder(cache_dir=tmp_path_factory.mktemp("cache"))) as judge:
+        yield judge
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("pair", PAIRS, ids=_id)
+def test_the_removal_keeps_the_kernel_correct(gate, pair: Pair) -> None:
+    problem = _problem(pair)
+    for state, kernel in (("before", pair.before), ("after", pair.after)):
+        source = KernelSource(kernel.text, name=f"{pair.case}.{state}.cu")
+        verdict = gate.run(problem, source, time_it=False)
+        failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+        assert verdict.passed, (state, verdict.build.message, failing)

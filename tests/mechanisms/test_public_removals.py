@@ -1,0 +1,48 @@
+"""Removals of the forms public experts write, checked on before/after fixtures in their
+idioms (``tests/fixtures/public_forms/<mechanism>/``): removing every removable site gives
+``after`` exactly, leaves no removable site, and both states compile.
+
+These forms have no forward rule: their skills are mined (removal, gate) but are not
+transferable, so the round-trip suite (which re-applies) does not cover them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.mechanisms import get
+from tests.mechanisms.roundtrip import (
+    PUBLIC_FORMS,
+    Pair,
+    compile_ok,
+    diff,
+    fixture_pairs,
+    removal_chain,
+)
+
+PAIRS = [
+    pair
+    for folder in sorted(PUBLIC_FORMS.iterdir())
+    if any(folder.glob("*before.cu"))  # problems/ holds the pairs' problem files
+    for pair in fixture_pairs(folder.name, PUBLIC_FORMS)
+]
+
+
+def _id(pair: Pair) -> str:
+    return f"{pair.mechanism}-{pair.case}"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=_id)
+def test_removing_every_site_gives_the_after_fixture(pair: Pair) -> None:
+    mechanism = get(pair.mechanism)
+    chain = removal_chain(mechanism, pair.before)
+    assert chain.sites, f"{pair.mechanism}: no removable site in {pair.case}"
+    got = chain.states[-1].text
+    assert got == pair.after.text, diff(got, pair.after.text)
+    assert not [s for s in mechanism.detect(pair.after) if s.supported]
+
+
+@pytest.mark.nvcc
+def test_both_states_of_every_pair_compile(mechanism_builder: Builder) -> None:
+    compile_ok(mechanism_builder, [k for pair in PAIRS for k in (pair.before, pair.after)])
