@@ -78,19 +78,19 @@ l2_pool_warp_rows(const __half* __restrict__ x, __half* __restrict__ y, int64_t 
 extern "C" int run(const __half* x, __half* y, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows <= 0) return 0;
   const unsigned blocks = (unsigned)((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  const dim3 block(kWarpsPerBlock * 32);
+  const int threads = kWarpsPerBlock * 32;
   const bool vectors = cols % kPerAccess == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   if (vectors && cols <= 1 * kPerWarpLoad)
-    l2_pool_warp_rows<1><<<blocks, block, 0, stream>>>(x, y, rows, cols);
+    l2_pool_warp_rows<1><<<blocks, threads, 0, stream>>>(x, y, rows, cols);
   else if (vectors && cols <= 2 * kPerWarpLoad)
-    l2_pool_warp_rows<2><<<blocks, block, 0, stream>>>(x, y, rows, cols);
+    l2_pool_warp_rows<2><<<blocks, threads, 0, stream>>>(x, y, rows, cols);
   else if (vectors && cols <= 4 * kPerWarpLoad)
-    l2_pool_warp_rows<4><<<blocks, block, 0, stream>>>(x, y, rows, cols);
+    l2_pool_warp_rows<4><<<blocks, threads, 0, stream>>>(x, y, rows, cols);
   else if (vectors && cols <= 8 * kPerWarpLoad)
-    l2_pool_warp_rows<8><<<blocks, block, 0, stream>>>(x, y, rows, cols);
+    l2_pool_warp_rows<8><<<blocks, threads, 0, stream>>>(x, y, rows, cols);
   else if (vectors && cols <= 16 * kPerWarpLoad)
-    l2_pool_warp_rows<16><<<blocks, block, 0, stream>>>(x, y, rows, cols);
+    l2_pool_warp_rows<16><<<blocks, threads, 0, stream>>>(x, y, rows, cols);
   else
-    l2_pool_warp_rows<0><<<blocks, block, 0, stream>>>(x, y, rows, cols);
+    l2_pool_warp_rows<0><<<blocks, threads, 0, stream>>>(x, y, rows, cols);
   return (int)cudaGetLastError();
 }
