@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from klineage.gate.log import GateLike, GateLog
 from klineage.gate.pool import open_gates, spread
@@ -29,7 +29,7 @@ from klineage.problem import Problem, load_problem
 from klineage.replay.methods import Materializer
 from klineage.replay.misses import Miss, explain_misses
 from klineage.replay.results import GateRunRecord, MethodResult, ReplayBudget
-from klineage.skills import SkillLibrary
+from klineage.replay.sources import SkillSources
 
 FAST_P = (1.0, 1.5)
 
@@ -91,7 +91,9 @@ class ReplayReport(BaseModel):
     """The whole experiment."""
 
     budget: ReplayBudget = Field(description="per problem and method")
-    skills: str = Field(description="the skills folder used")
+    skills: list[str] = Field(
+        description="the skills folders used, in the order given (older reports name one)"
+    )
     results: list[MethodResult] = Field(description="one per problem and method")
     summary: list[MethodSummary] = Field(description="one per method")
     llm: str | None = Field(
@@ -107,6 +109,11 @@ class ReplayReport(BaseModel):
         default_factory=list,
         description="why the skills method fell short where a baseline ended faster",
     )
+
+    @field_validator("skills", mode="before")
+    @classmethod
+    def _one_folder_as_list(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
 
     @classmethod
     def load(cls, path: str | Path) -> ReplayReport:
@@ -143,7 +150,7 @@ def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
 
 def replay(
     problems: Sequence[str | Path],
-    skills: str | Path = "skills_out",
+    skills: str | Path | Sequence[str | Path] | SkillSources = "skills_out",
     out: str | Path = "replay_out",
     *,
     gate: GateLike | None = None,
@@ -157,20 +164,27 @@ def replay(
     skip_no_ops: bool = True,
 ) -> ReplayReport:
     """Run every method on every problem; write the report, lineages and chart to `out`.
-    With `llm`, the skills method asks it to apply skills no rule can apply.
+    `skills` is one mined folder or several (:class:`SkillSources`); the report names the
+    folder each used skill came from. With `llm`, the skills method asks it to apply skills
+    no rule can apply.
 
     Problems are spread over `gates` (one per GPU), one problem per gate at a time: a
     problem's methods share one gate, so their verdicts are timed on the same device.
     Without `gate` or `gates`, one gate is opened per GPU in `devices` (default: every
     visible GPU). With `skip_no_ops` (the default), a move that changes no machine code is
     not gated, and a verdict on machine code already judged is shared."""
+    sources = skills if isinstance(skills, SkillSources) else SkillSources.load(skills)
+    if not len(sources):
+        raise FileNotFoundError(
+            f"{', '.join(sources.folders)}: no skills in skills.jsonl; run `klineage mine` first"
+        )
     if gate is not None:
         gates = [gate]
     if not gates:
         with open_gates(devices) as opened:
             return replay(
                 problems,
-                skills,
+                sources,
                 out,
                 gates=opened,
                 methods=methods,
@@ -180,9 +194,6 @@ def replay(
                 llm=llm,
                 skip_no_ops=skip_no_ops,
             )
-    library = SkillLibrary.load(skills)
-    if not len(library):
-        raise FileNotFoundError(f"{skills}: no skills.jsonl; run `klineage mine` first")
     limits = budget or ReplayBudget()
     root = Path(out)
     loaded = []
@@ -206,11 +217,12 @@ def replay(
 
             materializer = Materializer(
                 log,
-                list(library),
+                sources.skills,
                 limits,
                 on_run=report_run,
                 llm=llm if method == "skills" else None,
                 skip_no_ops=skip_no_ops,
+                skill_folders=sources.folder_of,
             )
             result, lineage = materializer.run(problem, naive, method)
             lineage.save(root / "lineages" / f"{problem.name}.{method}.json")
@@ -221,13 +233,13 @@ def replay(
     results = [r for rows in per_problem for r in rows]
     report = ReplayReport(
         budget=limits,
-        skills=str(skills),
+        skills=sources.folders,
         results=results,
         summary=summarize(results),
         llm=f"llm:{llm.kind}:{llm.model}" if llm is not None else None,
         llm_usage=llm.accounting.summary() if llm is not None else None,
         versus_blind=matched_runs(results),
-        misses=explain_misses(results, loaded, list(library), root / "lineages"),
+        misses=explain_misses(results, loaded, sources.skills, root / "lineages"),
     )
     root.mkdir(parents=True, exist_ok=True)
     (root / "replay.json").write_text(report.model_dump_json(indent=1) + "\n")
