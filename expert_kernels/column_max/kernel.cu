@@ -21,7 +21,7 @@ namespace {
 constexpr int kLanes = 32;     // threadIdx.x: one vector of columns each
 constexpr int kRowLanes = 8;   // threadIdx.y: rows interleaved
 constexpr int kInFlight = 4;   // loads issued before their maxima are taken
-constexpr int kBlocksPerSm = 4;
+constexpr int kBlocksPerSm = 8;  // one full wave of 256-thread blocks
 constexpr int kMinRowsPerSplit = 128;
 
 template <int kVec>
