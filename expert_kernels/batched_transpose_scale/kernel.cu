@@ -3,9 +3,10 @@
 // k-major attention product, or a per-head weight re-layout.
 //
 // Tiled through shared memory so both the reads and the writes are coalesced:
-//   - a block of 32 x 8 threads moves one 32 x 32 tile; each thread 4 elements, 8 rows apart,
-//     so 4 independent loads are in flight per thread before the barrier;
-//   - the tile's rows are padded to 33 floats: a warp reading a tile column touches 32
+//   - a block of 32 x 8 threads moves one 64 x 64 tile; each thread 16 elements (2 columns
+//     32 apart, 8 rows 8 apart), so 16 independent loads are in flight per thread before the
+//     barrier: enough bytes in flight to keep HBM3e busy at 8 blocks per SM;
+//   - the tile's rows are padded to 65 floats: a warp reading a tile column touches 32
 //     different banks instead of one;
 //   - the scale is applied on the way into shared memory; blockIdx.z is the batch.
 #include <cuda_runtime.h>
@@ -13,10 +14,11 @@
 
 namespace {
 
-constexpr int kTile = 32;
-constexpr int kBlockRows = 8;  // threads along the tile's rows; each does kTile / kBlockRows
+constexpr int kTile = 64;
+constexpr int kWarpWidth = 32;  // threads across the tile; each does kTile / kWarpWidth columns
+constexpr int kBlockRows = 8;   // threads along the tile's rows; each does kTile / kBlockRows
 
-__global__ void __launch_bounds__(kTile * kBlockRows)
+__global__ void __launch_bounds__(kWarpWidth * kBlockRows)
 transpose_scale_tiles(const float* __restrict__ x, float* __restrict__ y, float scale,
                       int64_t rows, int64_t cols) {
   __shared__ float tile[kTile][kTile + 1];
@@ -28,21 +30,37 @@ transpose_scale_tiles(const float* __restrict__ x, float* __restrict__ y, float 
   const int tx = threadIdx.x;
   const int ty = threadIdx.y;
 
-  // Read: a warp reads 32 consecutive columns of one row.
+  // Read: a warp reads 32 consecutive columns of one row. Every load is issued before the
+  // first store to shared memory, so all 16 are in flight together.
+  constexpr int kRowSteps = kTile / kBlockRows;
+  constexpr int kColSteps = kTile / kWarpWidth;
+  float v[kRowSteps][kColSteps];
 #pragma unroll
-  for (int j = 0; j < kTile; j += kBlockRows) {
-    const int64_t r = r0 + ty + j;
-    const int64_t c = c0 + tx;
-    if (r < rows && c < cols) tile[ty + j][tx] = __ldg(src + r * cols + c) * scale;
+  for (int j = 0; j < kRowSteps; ++j) {
+#pragma unroll
+    for (int i = 0; i < kColSteps; ++i) {
+      const int64_t r = r0 + ty + j * kBlockRows;
+      const int64_t c = c0 + tx + i * kWarpWidth;
+      v[j][i] = r < rows && c < cols ? __ldg(src + r * cols + c) : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRowSteps; ++j) {
+#pragma unroll
+    for (int i = 0; i < kColSteps; ++i)
+      tile[ty + j * kBlockRows][tx + i * kWarpWidth] = v[j][i] * scale;
   }
   __syncthreads();
 
   // Write: a warp writes 32 consecutive rows of one column of x, a row of y.
 #pragma unroll
   for (int j = 0; j < kTile; j += kBlockRows) {
-    const int64_t c = c0 + ty + j;
-    const int64_t r = r0 + tx;
-    if (c < cols && r < rows) dst[c * rows + r] = tile[tx][ty + j];
+#pragma unroll
+    for (int i = 0; i < kTile; i += kWarpWidth) {
+      const int64_t c = c0 + ty + j;
+      const int64_t r = r0 + tx + i;
+      if (c < cols && r < rows) dst[c * rows + r] = tile[tx + i][ty + j];
+    }
   }
 }
 
@@ -56,6 +74,6 @@ extern "C" int run(const float* x, float scale, float* y, int64_t batch, int64_t
   if (batch > 65535 || row_tiles > 65535 || col_tiles > 0x7fffffff)
     return (int)cudaErrorInvalidConfiguration;
   const dim3 grid((unsigned)col_tiles, (unsigned)row_tiles, (unsigned)batch);
-  transpose_scale_tiles<<<grid, dim3(kTile, kBlockRows), 0, stream>>>(x, y, scale, rows, cols);
+  transpose_scale_tiles<<<grid, dim3(kWarpWidth, kBlockRows), 0, stream>>>(x, y, scale, rows, cols);
   return (int)cudaGetLastError();
 }
