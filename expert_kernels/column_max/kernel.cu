@@ -143,7 +143,8 @@ int launch(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t st
 extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (cols <= 0) return 0;
   if (rows <= 0) return (int)cudaErrorInvalidValue;  // the max of no rows is undefined
-  const bool aligned = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0;
   if (cols % 4 == 0 && aligned) return launch<4>(x, y, rows, cols, stream);
   return launch<1>(x, y, rows, cols, stream);
 }

@@ -25,11 +25,14 @@ constexpr int kMaxThreads = 256;
 
 constexpr unsigned kNanPair = 0x7fc07fc0u;  // two bfloat16 quiet NaNs
 
-// 8 columns of one table row, or NaNs for an id outside the table.
+// 8 columns of one table row, or NaNs for an id outside the table. A bad id reads row 0 and
+// discards it, so the load is unconditional and several stay in flight (vocab > 0).
 __device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* __restrict__ table, int64_t id,
                                             int64_t vocab, int64_t hidden, int64_t chunk) {
-  if (id < 0 || id >= vocab) return make_uint4(kNanPair, kNanPair, kNanPair, kNanPair);
-  return __ldg(reinterpret_cast<const uint4*>(table + id * hidden) + chunk);
+  const bool valid = id >= 0 && id < vocab;
+  const uint4* row = reinterpret_cast<const uint4*>(table + (valid ? id : 0) * hidden);
+  const uint4 raw = __ldg(row + chunk);
+  return valid ? raw : make_uint4(kNanPair, kNanPair, kNanPair, kNanPair);
 }
 
 __device__ __forceinline__ void accumulate(float (&acc)[kPerAccess], uint4 raw) {
@@ -42,7 +45,9 @@ __device__ __forceinline__ void accumulate(float (&acc)[kPerAccess], uint4 raw) 
   }
 }
 
-__global__ void __launch_bounds__(kMaxThreads)
+// At least 4 blocks per SM, not the 8 a full SM would hold: ptxas then keeps the 4 rows' ids
+// and loads in flight together instead of squeezing into 32 registers one row at a time.
+__global__ void __launch_bounds__(kMaxThreads, 4)
 embedding_bag_rows(const __nv_bfloat16* __restrict__ table, const int64_t* __restrict__ ids,
                    __nv_bfloat16* __restrict__ out, int64_t vocab, int64_t hidden, int64_t bags,
                    int64_t bag) {
@@ -57,14 +62,18 @@ embedding_bag_rows(const __nv_bfloat16* __restrict__ table, const int64_t* __res
 
   int64_t j = 0;
   for (; j + kInFlight <= bag; j += kInFlight) {
+    int64_t row_ids[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) row_ids[u] = __ldg(bag_ids + j + u);
     uint4 rows[kInFlight];
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u)
-      rows[u] = load_chunk(table, __ldg(bag_ids + j + u), vocab, hidden, chunk);
+      rows[u] = load_chunk(table, row_ids[u], vocab, hidden, chunk);
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) accumulate(acc, rows[u]);
   }
-  for (; j < bag; ++j) accumulate(acc, load_chunk(table, __ldg(bag_ids + j), vocab, hidden, chunk));
+  for (; j < bag; ++j)
+    accumulate(acc, load_chunk(table, __ldg(bag_ids + j), vocab, hidden, chunk));
 
   uint4 result;
   __nv_bfloat162* pair = reinterpret_cast<__nv_bfloat162*>(&result);
@@ -98,13 +107,14 @@ extern "C" int run(const __nv_bfloat16* table, const int64_t* ids, __nv_bfloat16
   if (bags <= 0 || hidden <= 0) return 0;
   const bool aligned =
       ((reinterpret_cast<uintptr_t>(table) | reinterpret_cast<uintptr_t>(out)) & 15) == 0;
-  if (hidden % kPerAccess == 0 && aligned) {
+  if (vocab > 0 && hidden % kPerAccess == 0 && aligned) {
     const int64_t chunks = hidden / kPerAccess;
     // Threads across the row, and as many bags as fill 256 threads along y.
     const int across = (int)(chunks < kMaxThreads ? chunks : kMaxThreads);
     const int down = kMaxThreads / across;
     const dim3 block(across, down);
-    const dim3 grid((unsigned)((bags + down - 1) / down), (unsigned)((chunks + across - 1) / across));
+    const dim3 grid((unsigned)((bags + down - 1) / down),
+                    (unsigned)((chunks + across - 1) / across));
     embedding_bag_rows<<<grid, block, 0, stream>>>(table, ids, out, vocab, hidden, bags, bag);
   } else {
     const int64_t blocks = (bags * hidden + kMaxThreads - 1) / kMaxThreads;

@@ -60,14 +60,18 @@ l2_pool_warp_rows(const __half* __restrict__ x, __half* __restrict__ y, int64_t 
   } else {
     const uint4* __restrict__ row = reinterpret_cast<const uint4*>(x + r * cols);
     const int64_t vectors = cols / kPerAccess;
+    // Slots past the row end re-read its last vector and are left out of the sum: with no
+    // condition on the loads, all of them issue before the first is used.
     uint4 v[kLoads];
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int64_t c = lane + (int64_t)i * 32;
-      v[i] = c < vectors ? __ldg(row + c) : make_uint4(0u, 0u, 0u, 0u);
+      v[i] = __ldg(row + (c < vectors ? c : vectors - 1));
     }
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i) s += sum_squares(v[i]);
+    for (int i = 0; i < kLoads; ++i) {
+      if (lane + i * 32 < vectors) s += sum_squares(v[i]);
+    }
   }
   s = warp_sum(s);
   if (lane == 0) y[r] = __float2half(sqrtf(s));
@@ -79,7 +83,8 @@ extern "C" int run(const __half* x, __half* y, int64_t rows, int64_t cols, cudaS
   if (rows <= 0) return 0;
   const unsigned blocks = (unsigned)((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const int threads = kWarpsPerBlock * 32;
-  const bool vectors = cols % kPerAccess == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const bool vectors =
+      cols > 0 && cols % kPerAccess == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   if (vectors && cols <= 1 * kPerWarpLoad)
     l2_pool_warp_rows<1><<<blocks, threads, 0, stream>>>(x, y, rows, cols);
   else if (vectors && cols <= 2 * kPerWarpLoad)
