@@ -29,6 +29,7 @@ def replay_command(
     skills: Annotated[
         list[Path] | None,
         typer.Option(
+            metavar="DIR",
             help="A mined skills folder; repeat it to replay skills from several (the report "
             "names the folder each used skill came from). Default: skills_out."
         ),
