@@ -18,7 +18,7 @@ from pathlib import Path
 from klineage.problem import load_problem
 from klineage.replay.misses import explain_misses
 from klineage.replay.run import draw_chart, load_replay, matched_runs
-from klineage.skills import SkillLibrary
+from klineage.replay.sources import SkillSources
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -39,9 +39,9 @@ def main() -> None:
         for folder in sorted(args.heldout.iterdir())
         if (folder / "definition.json").is_file()
     ]
-    library = SkillLibrary.load(ROOT / report.skills)
+    sources = SkillSources.load([ROOT / folder for folder in report.skills])
     report.misses = explain_misses(
-        report.results, problems, list(library), args.replay_out / "lineages"
+        report.results, problems, sources.skills, args.replay_out / "lineages"
     )
     report.versus_blind = matched_runs(report.results)
     libs = _libs(args.replay_out / "gatelog")
@@ -53,7 +53,7 @@ def main() -> None:
             **libs,
         },
         "skills_library": sorted(
-            {f"{s.id} (from {s.evidence.problem})" for s in library}, key=str.lower
+            {f"{s.id} (from {s.evidence.problem})" for s in sources.skills}, key=str.lower
         ),
         **json.loads(report.model_dump_json()),
     }

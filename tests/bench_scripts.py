@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from types import ModuleType
 
 from tests.conftest import REPO
@@ -13,5 +14,6 @@ def load_bench_script(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pydantic models resolve their annotations through it
     spec.loader.exec_module(module)
     return module

@@ -33,6 +33,41 @@ def test_the_three_memory_bound_experts_exist() -> None:
     assert {"softmax", "fused_add_rmsnorm", "topk"} <= names
 
 
+# Experts for the idioms the held-out set needs (issue 18), each on an op no held-out problem
+# has: a SIMT GEMM, a padded tiled transpose, a column reduction, a vectorized gather, a
+# warp-per-row pooling.
+IDIOM_EXPERTS = [
+    "linear_relu",
+    "batched_transpose_scale",
+    "column_max",
+    "embedding_bag_sum",
+    "l2_pool",
+]
+MAX_TENSOR_BYTES = 512 * 2**20
+
+
+def test_the_idiom_experts_exist_on_ops_no_heldout_problem_has() -> None:
+    heldout = [load_problem(p) for p in sorted((REPO / "heldout").iterdir()) if p.is_dir()]
+    names = {p.name for p in heldout}
+    references = {p.definition.reference.strip() for p in heldout}
+    for folder in IDIOM_EXPERTS:
+        problem = load_problem(REPO / "expert_kernels" / folder)
+        assert problem.name not in names, folder
+        assert problem.definition.reference.strip() not in references, folder
+        assert (problem.root / "mechanisms.json").is_file(), folder
+
+
+@pytest.mark.parametrize("folder", IDIOM_EXPERTS)
+def test_the_idiom_experts_tensors_fit_the_gate(folder: str) -> None:
+    problem = load_problem(REPO / "expert_kernels" / folder)
+    d = problem.definition
+    for workload in problem.all_workloads():
+        values = d.axis_values(workload)
+        for name, spec in {**d.inputs, **d.outputs}.items():
+            if not spec.is_scalar:
+                assert d.nbytes(spec, values) <= MAX_TENSOR_BYTES, (workload.uuid, name)
+
+
 @pytest.mark.parametrize("folder", EXPERTS, ids=lambda p: p.name)
 def test_expert_validates_and_reference_runs_on_cpu(folder: Path) -> None:
     problem = load_problem(folder)

@@ -34,7 +34,14 @@ def replay_command(
         list[Path],
         typer.Argument(metavar="PROBLEM_DIR", help="Problem folders with a naive kernel."),
     ],
-    skills: Annotated[Path, typer.Option(help="The mined skills folder.")] = Path("skills_out"),
+    skills: Annotated[
+        list[Path] | None,
+        typer.Option(
+            metavar="DIR",
+            help="A mined skills folder; repeat it to replay skills from several (the report "
+            "names the folder each used skill came from). Default: skills_out."
+        ),
+    ] = None,
     budget: Annotated[int, typer.Option(help="Gate runs per problem and method.")] = 30,
     baselines: Annotated[
         str, typer.Option(help="Comma-separated baselines to run beside skills: blind,memory.")
@@ -106,7 +113,7 @@ def replay_command(
         with running, Live(workers, console=console, refresh_per_second=2):
             report = replay(
                 problems,
-                skills,
+                skills or [Path("skills_out")],
                 out,
                 methods=chosen,
                 executor=running,
@@ -149,10 +156,12 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
         *([Column.figure("best mJ/call", optional=True)] if measured else []),
         Column("skills used (from)", optional=True, min_width=24),
     ]
+    several = len(report.skills) > 1  # then each skill also names its folder
     rows = []
     for r in report.results:
         used = ", ".join(
             f"{u.skill.split('--')[0]} ({u.source}"
+            + (f" in {u.folder}" if several and u.folder else "")
             + (", by the LLM" if is_llm_origin(u.origin) else "")
             + ")"
             for u in r.skills_used

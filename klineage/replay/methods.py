@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -329,7 +329,12 @@ class ForwardSearch(ABC):
         if chosen.move.skill is not None:
             skill = self.skills[chosen.move.skill]
             self.used.append(
-                SkillUse(skill=skill.id, source=skill.evidence.problem, origin=chosen.move.origin)
+                SkillUse(
+                    skill=skill.id,
+                    source=skill.evidence.problem,
+                    folder=self.materializer.skill_folders.get(skill.id, ""),
+                    origin=chosen.move.origin,
+                )
             )
         self._kept = []
 
@@ -585,8 +590,11 @@ class Materializer:
         on_run: Callable[[str, GateRunRecord], None] | None = None,
         llm: Provider | None = None,
         skip_no_ops: bool = True,
+        skill_folders: Mapping[str, str] | None = None,
     ) -> None:
         self.log = log
+        self.skill_folders: Mapping[str, str] = skill_folders or {}
+        """Skill id -> the folder it was read from, for the report ('' where not given)."""
         self.skip_no_ops = skip_no_ops
         """Never gate a move whose kernel runs the current state's machine code, and pass
         the current state's machine code to retrieval (which drops a skill whose signature

@@ -50,10 +50,14 @@ def verdict_seconds(verdict: GateVerdict) -> float:
 
 
 class SkillUse(BaseModel):
-    """A skill a method kept, and the expert it was mined from."""
+    """A skill a method kept, the expert it was mined from and the folder it was read from."""
 
     skill: str = Field(description="the skill's id")
     source: str = Field(description="the problem it was mined from")
+    folder: str = Field(
+        default="",
+        description="the skills folder it was read from, as given to replay (older reports: '')",
+    )
     origin: str = Field(
         default="", description="'skill:<id>', or the LLM that applied it (older reports: '')"
     )

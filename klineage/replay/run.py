@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from klineage.executors import Executor, LocalExecutor
 from klineage.gate.log import GateLike, GateLog
@@ -30,7 +30,7 @@ from klineage.problem import Problem, load_problem
 from klineage.replay.methods import Materializer
 from klineage.replay.misses import Miss, explain_misses
 from klineage.replay.results import GateRunRecord, MethodResult, ReplayBudget
-from klineage.skills import SkillLibrary
+from klineage.replay.sources import SkillSources
 
 FAST_P = (1.0, 1.5)
 
@@ -92,7 +92,9 @@ class ReplayReport(BaseModel):
     """The whole experiment."""
 
     budget: ReplayBudget = Field(description="per problem and method")
-    skills: str = Field(description="the skills folder used")
+    skills: list[str] = Field(
+        description="the skills folders used, in the order given (older reports name one)"
+    )
     results: list[MethodResult] = Field(description="one per problem and method")
     summary: list[MethodSummary] = Field(description="one per method")
     llm: str | None = Field(
@@ -108,6 +110,11 @@ class ReplayReport(BaseModel):
         default_factory=list,
         description="why the skills method fell short where a baseline ended faster",
     )
+
+    @field_validator("skills", mode="before")
+    @classmethod
+    def _one_folder_as_list(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
 
     @classmethod
     def load(cls, path: str | Path) -> ReplayReport:
@@ -144,7 +151,7 @@ def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
 
 def replay(
     problems: Sequence[str | Path],
-    skills: str | Path = "skills_out",
+    skills: str | Path | Sequence[str | Path] | SkillSources = "skills_out",
     out: str | Path = "replay_out",
     *,
     gate: GateLike | None = None,
@@ -160,7 +167,9 @@ def replay(
     gate_options: Mapping[str, Any] | None = None,
 ) -> ReplayReport:
     """Run every method on every problem; write the report, lineages and chart to `out`.
-    With `llm`, the skills method asks it to apply skills no rule can apply.
+    `skills` is one mined folder or several (:class:`SkillSources`); the report names the
+    folder each used skill came from. With `llm`, the skills method asks it to apply skills
+    no rule can apply.
 
     Problems are spread over `gates` (one per GPU), one problem per gate at a time: a
     problem's methods share one gate, so their verdicts are timed on the same device.
@@ -171,6 +180,11 @@ def replay(
     verdict on machine code already judged is shared. `gate_options` go to the gates opened
     here (`profile=ProfileConfig()`: the skills method ranks by the current kernel's
     bottleneck; `energy=EnergyConfig()`: energy per call in the report)."""
+    sources = skills if isinstance(skills, SkillSources) else SkillSources.load(skills)
+    if not len(sources):
+        raise FileNotFoundError(
+            f"{', '.join(sources.folders)}: no skills in skills.jsonl; run `klineage mine` first"
+        )
     if gate is not None:
         gates = [gate]
     if not gates:
@@ -178,7 +192,7 @@ def replay(
         with chosen.gates(**(gate_options or {})) as opened:
             return replay(
                 problems,
-                skills,
+                sources,
                 out,
                 gates=opened,
                 methods=methods,
@@ -188,9 +202,6 @@ def replay(
                 llm=llm,
                 skip_no_ops=skip_no_ops,
             )
-    library = SkillLibrary.load(skills)
-    if not len(library):
-        raise FileNotFoundError(f"{skills}: no skills.jsonl; run `klineage mine` first")
     limits = budget or ReplayBudget()
     root = Path(out)
     loaded = []
@@ -214,11 +225,12 @@ def replay(
 
             materializer = Materializer(
                 log,
-                list(library),
+                sources.skills,
                 limits,
                 on_run=report_run,
                 llm=llm if method == "skills" else None,
                 skip_no_ops=skip_no_ops,
+                skill_folders=sources.folder_of,
             )
             result, lineage = materializer.run(problem, naive, method)
             lineage.save(root / "lineages" / f"{problem.name}.{method}.json")
@@ -229,13 +241,13 @@ def replay(
     results = [r for rows in per_problem for r in rows]
     report = ReplayReport(
         budget=limits,
-        skills=str(skills),
+        skills=sources.folders,
         results=results,
         summary=summarize(results),
         llm=f"llm:{llm.kind}:{llm.model}" if llm is not None else None,
         llm_usage=llm.accounting.summary() if llm is not None else None,
         versus_blind=matched_runs(results),
-        misses=explain_misses(results, loaded, list(library), root / "lineages"),
+        misses=explain_misses(results, loaded, sources.skills, root / "lineages"),
     )
     root.mkdir(parents=True, exist_ok=True)
     (root / "replay.json").write_text(report.model_dump_json(indent=1) + "\n")

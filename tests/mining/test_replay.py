@@ -296,3 +296,33 @@ def test_the_rules_default_carrier_competes_with_learned_ones(
     assert kept.ratio == pytest.approx(1.02 * 1.3, rel=0.01)
     [passed_over] = [r for r in bounds_runs if r.outcome == "outranked"]
     assert passed_over.carrier.get("block_size") == 512
+
+
+def test_each_used_skill_names_the_folder_it_came_from(
+    builder: Builder, skills: Path, tmp_path: Path
+) -> None:
+    # the mined skills split over two folders, fast_math's alone in the second
+    lines = [line for line in (skills / "skills.jsonl").read_text().splitlines() if line.strip()]
+    fast = [line for line in lines if json.loads(line)["mechanism"] == "fast_math"]
+    rest = [line for line in lines if line not in fast]
+    assert fast and rest
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for folder, chosen in ((ours, rest), (theirs, fast)):
+        folder.mkdir()
+        (folder / "skills.jsonl").write_text("\n".join(chosen) + "\n")
+    gate = StandInGate(
+        builder, cost={"fast_math": 1.5, "readonly_ldg": 1.1}, expert_mechanisms=EXPERT
+    )
+    report = replay_gated(
+        [TARGET],
+        [ours, theirs],
+        tmp_path / "out",
+        gate=gate,
+        methods=["skills"],
+        budget=ReplayBudget(gate_runs=4),
+    )
+    [result] = report.results
+    folders = {u.skill.split("--")[0]: u.folder for u in result.skills_used}
+    assert folders["fast_math"] == str(theirs)
+    assert folders["readonly_ldg"] == str(ours)
+    assert load_replay(tmp_path / "out" / "replay.json").skills == [str(ours), str(theirs)]

@@ -1,0 +1,207 @@
+"""Forward reach of the catalog: for every mechanism, on which held-out naive kernels its forward
+`apply` offers candidate sites (and writes a kernel there), and why not on the others.
+
+    python bench/forward_reach.py [--out bench/results/forward_reach.json] [--markdown FILE]
+
+CPU only: candidates and rewrites are parsing and splicing, nothing is built or run. Per
+mechanism and kernel, one of:
+- `applies`: candidate sites whose `apply` (default carrier) wrote a kernel;
+- `refused`: candidate sites, every one refused: the refusal (a site's or `apply`'s);
+- `no site`: no candidate at all: the form the forward rule looks for, which the kernel lacks
+  (or, for a mechanism with no forward rule, why it has none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from klineage.kernel import KernelSource  # noqa: E402
+from klineage.mechanisms import Mechanism, MechanismRefused, all_mechanisms  # noqa: E402
+from klineage.mechanisms.base import DetectOnly  # noqa: E402
+
+HELDOUT = REPO / "heldout"
+DEFAULT_OUT = REPO / "bench" / "results" / "forward_reach.json"
+
+# What each forward rule looks for, in a line: the reason a kernel without it offers no site.
+# Read from each mechanism module's description of `apply`.
+FORWARD_FORMS: dict[str, str] = {
+    "block_per_row": "a thread-per-row kernel whose loops reduce a float (sum, max, min)",
+    "block_tiling": "a Hopper wgmma tile covering the whole N extent (other re-tilings are "
+    "refused)",
+    "candidate_filtering": "a general-path call ending a device function, with the fast path "
+    "in the carrier",
+    "cp_async_pipeline": "a canonical shared-memory staged tile loop (or a cp.async this "
+    "mechanism made synchronous)",
+    "fast_math": "a call of expf, logf, sinf, cosf, powf, a float division or 1/sqrtf in "
+    "device code",
+    "grid_stride_loop": "a one-thread-per-element kernel",
+    "launch_bounds": "a kernel without __launch_bounds__",
+    "launch_size_dispatch": "a dispatch removed earlier whose specialized kernels are still "
+    "in the file (a new dispatch needs kernels only a person writes)",
+    "ldmatrix": "an ldmatrix this mechanism emulated earlier",
+    "online_softmax": "a max pass followed by a sum-of-exponentials pass over the same row",
+    "packed_half2_math": "two adjacent statements doing one scalar half/bf16 operation on the "
+    "halves of a pair",
+    "pragma_unroll": "a for loop directly in a block of device code, without a pragma",
+    "rasterization": "reads a rasterization removal marked (a grouped order is not written "
+    "from scratch)",
+    "readonly_ldg": "a read through a const pointer in device-only code",
+    "register_fragment_streaming": "none: no forward rule",
+    "restrict_pointers": "a __global__ pointer parameter without __restrict__",
+    "row_in_registers": "a row load repeated word for word before a later pass",
+    "smem_histogram": "a kernel whose only use of a global pointer is as an atomicAdd target",
+    "smem_padding": "a multi-dimensional static __shared__ array (or a pitch constant) "
+    "without padding",
+    "smem_staging": "a blocked dot-product loop without staging, or a naive one-thread-per-"
+    "output GEMM",
+    "smem_swizzle": "a swizzle helper without its XOR, or a wgmma descriptor tile",
+    "split_k": "a split count's '= 1' declaration whose choice a removal deleted (a new split "
+    "needs a workspace only a person writes)",
+    "tensor_core_mma": "an mma this mechanism emulated earlier (a scalar dot product needs a "
+    "re-tiling)",
+    "thread_coarsening": "a one-thread-per-element kernel with its launch in the file",
+    "vectorized_access": "an elementwise loop or a split (scalar) access in the canonical form",
+    "warp_ballot_compaction": "'P ? atomicAdd(C, 1) : R' reached by every lane of a warp",
+    "warp_per_row": "a thread-per-row kernel whose loops reduce a float (sum, max, min)",
+    "warp_shuffle_reduction": "a shared-memory tree-reduction step in the exchange form",
+    "warp_shuffle_scan": "a shared-memory scan step in the exchange form",
+    "warp_tiling": "none: no forward rule",
+}
+
+Outcome = Literal["applies", "refused", "no site"]
+
+
+class Reach(BaseModel):
+    """What one mechanism's forward rule makes of one held-out naive kernel."""
+
+    problem: str = Field(description="the held-out folder's name")
+    outcome: Outcome = Field(description="applies, refused or no site")
+    sites: int = Field(description="candidate sites offered without a refusal")
+    applied: int = Field(description="of those, the sites where apply wrote a kernel")
+    why_not: str = Field(default="", description="the refusal, or the form the kernel lacks")
+
+
+class MechanismReach(BaseModel):
+    """One mechanism over every held-out kernel."""
+
+    mechanism: str = Field(description="the catalog name")
+    forward_rule: bool = Field(description="False for a detect-only mechanism")
+    reaches: list[str] = Field(description="held-out problems where apply wrote a kernel")
+    kernels: list[Reach] = Field(description="one per held-out problem, in folder order")
+
+
+def reach_of(mechanism: Mechanism, problem: str, kernel: KernelSource) -> Reach:
+    """Candidates of `mechanism` on `kernel`, each tried with `apply` and its default carrier."""
+    candidates = mechanism.candidates(kernel)
+    offered = [s for s in candidates if s.refusal is None]
+    refusals = [s.refusal for s in candidates if s.refusal is not None]
+    applied = 0
+    for site in offered:
+        try:
+            mechanism.apply(kernel, site)
+        except MechanismRefused as refused:
+            refusals.append(refused.reason)
+        else:
+            applied += 1
+    if applied:
+        return Reach(problem=problem, outcome="applies", sites=len(offered), applied=applied)
+    if refusals:
+        reason, count = Counter(refusals).most_common(1)[0]
+        more = f" ({len(refusals)} sites)" if len(refusals) > 1 else ""
+        return Reach(
+            problem=problem,
+            outcome="refused",
+            sites=len(offered),
+            applied=0,
+            why_not=f"refused{more}: {reason}" + ("" if count == len(refusals) else "; ..."),
+        )
+    if isinstance(mechanism, DetectOnly):
+        why = f"no forward rule: {mechanism.refusal}"
+    else:
+        why = f"no site of the form {FORWARD_FORMS.get(mechanism.name, 'its rule matches')}"
+    return Reach(problem=problem, outcome="no site", sites=0, applied=0, why_not=why)
+
+
+def forward_reach(heldout: Path = HELDOUT) -> list[MechanismReach]:
+    """Every catalog mechanism against every held-out naive kernel."""
+    kernels = {
+        folder.name: KernelSource.from_file(folder / "kernel.cu")
+        for folder in sorted(heldout.iterdir())
+        if (folder / "kernel.cu").is_file()
+    }
+    table = []
+    for mechanism in all_mechanisms():
+        rows = [reach_of(mechanism, name, kernel) for name, kernel in kernels.items()]
+        table.append(
+            MechanismReach(
+                mechanism=mechanism.name,
+                forward_rule=not isinstance(mechanism, DetectOnly),
+                reaches=[r.problem for r in rows if r.outcome == "applies"],
+                kernels=rows,
+            )
+        )
+    return table
+
+
+def _short(text: str, limit: int = 150) -> str:
+    flat = " ".join(text.split()).replace("|", "/")
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def markdown(table: list[MechanismReach], total: int) -> str:
+    """A README table: per mechanism, the kernels it reaches and the commonest reason elsewhere."""
+    lines = [
+        "| mechanism | reaches | held-out kernels it applies on | why not on the others "
+        "(commonest reason) |",
+        "|---|---|---|---|",
+    ]
+    for row in sorted(table, key=lambda r: (-len(r.reaches), r.mechanism)):
+        others = [k.why_not for k in row.kernels if k.outcome != "applies"]
+        reason = ""
+        if others:
+            common, count = Counter(others).most_common(1)[0]
+            reason = f"{_short(common)} ({count} of {len(others)})"
+        reached = ", ".join(row.reaches) if len(row.reaches) < total else "all"
+        lines.append(
+            f"| `{row.mechanism}` | {len(row.reaches)}/{total} | {reached or '-'} | "
+            f"{reason or '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--markdown", type=Path, help="also write the README table here")
+    args = parser.parse_args()
+    table = forward_reach()
+    total = len(table[0].kernels) if table else 0
+    reached = sum(bool(r.reaches) for r in table)
+    payload = {
+        "command": "python bench/forward_reach.py",
+        "heldout_kernels": total,
+        "mechanisms": len(table),
+        "mechanisms_reaching_a_kernel": reached,
+        "table": [json.loads(r.model_dump_json()) for r in table],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    text = markdown(table, total)
+    if args.markdown:
+        args.markdown.write_text(text)
+    print(text)
+    print(f"{reached} of {len(table)} mechanisms apply on at least one of {total} kernels")
+
+
+if __name__ == "__main__":
+    main()

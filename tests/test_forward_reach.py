@@ -1,0 +1,54 @@
+"""bench/forward_reach.py on the real held-out kernels and catalog: what it says reaches, and
+why not elsewhere. No nvcc, no GPU: candidates and rewrites are parsing."""
+
+from __future__ import annotations
+
+import json
+
+from klineage.kernel import KernelSource
+from klineage.mechanisms import get, mechanism_names
+from tests.bench_scripts import load_bench_script
+from tests.conftest import REPO
+
+reach = load_bench_script("forward_reach")
+HELDOUT = REPO / "heldout"
+
+
+def _kernel(problem: str) -> KernelSource:
+    return KernelSource.from_file(HELDOUT / problem / "kernel.cu")
+
+
+def test_every_mechanism_has_a_forward_form_to_name() -> None:
+    assert set(reach.FORWARD_FORMS) == set(mechanism_names())
+
+
+def test_a_mechanism_that_applies_counts_the_sites_it_wrote() -> None:
+    row = reach.reach_of(get("launch_bounds"), "gelu", _kernel("gelu"))
+    assert row.outcome == "applies" and row.applied == row.sites >= 1 and not row.why_not
+
+
+def test_a_kernel_without_the_form_is_named_with_the_form_it_lacks() -> None:
+    row = reach.reach_of(get("online_softmax"), "gelu", _kernel("gelu"))
+    assert row.outcome == "no site" and row.sites == 0
+    assert row.why_not == "no site of the form " + reach.FORWARD_FORMS["online_softmax"]
+
+
+def test_a_refused_candidate_gives_the_refusal() -> None:
+    row = reach.reach_of(get("split_k"), "sgemm", _kernel("sgemm"))
+    assert row.outcome == "refused" and "workspace" in row.why_not
+
+
+def test_a_detect_only_mechanism_says_it_has_no_forward_rule() -> None:
+    row = reach.reach_of(get("warp_tiling"), "sgemm", _kernel("sgemm"))
+    assert row.outcome == "no site" and row.why_not.startswith("no forward rule: ")
+
+
+def test_the_kept_table_lists_every_mechanism_and_kernel() -> None:
+    kept = json.loads((REPO / "bench" / "results" / "forward_reach.json").read_text())
+    assert kept["heldout_kernels"] == 22
+    assert {row["mechanism"] for row in kept["table"]} == set(mechanism_names())
+    for row in kept["table"]:
+        assert len(row["kernels"]) == 22
+        applied = [k["problem"] for k in row["kernels"] if k["outcome"] == "applies"]
+        assert applied == row["reaches"]
+        assert all(k["why_not"] for k in row["kernels"] if k["outcome"] != "applies")
