@@ -294,6 +294,9 @@ class RemoteGate:
         self.tally = tally
         self.worker = worker
         """The GPU worker this gate's runs go to while it lives."""
+        self._delivered: set[str] = set()
+        """Cache keys that worker already holds (sent with an earlier gate run there): a
+        state's every attempt is timed against it, and it is carried once."""
 
     def build(self, kernel: KernelSource) -> BuildResult:
         """The kernel built (this process's cache, else nvcc here) and disassembled."""
@@ -305,6 +308,8 @@ class RemoteGate:
             if kernel is None:
                 continue
             key = self.builder.entry_key(kernel.text)
+            if key in self._delivered:
+                continue
             files = self.builder.export_entry(key)
             if files is not None:
                 entries[key] = files
@@ -347,6 +352,8 @@ class RemoteGate:
                 "the same command again to resume"
             ) from err
         round_trip = time.perf_counter() - started
+        if outcome.worker == self.worker:
+            self._delivered.update(request.entries)
         self.tally.record(outcome.worker, "gate", outcome.seconds, round_trip - outcome.seconds)
         assert outcome.verdict is not None
         return outcome.verdict

@@ -3,6 +3,7 @@ worker with each gate run: real nvcc, real caches in separate folders, a real CP
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,12 @@ def test_a_gate_run_carries_its_kernels_builds_to_the_gpu_workers_cache(
         ex.gates() as gates,
     ):
         verdict = gates[0].run(problem, kernel)
-    assert verdict.build.ok and verdict.build.cached  # the GPU worker compiled nothing
-    assert _entries(tmp_path / "gpu") == _entries(tmp_path / "client")
+        assert verdict.build.ok and verdict.build.cached  # the GPU worker compiled nothing
+        assert _entries(tmp_path / "gpu") == _entries(tmp_path / "client")
+        # carried once to a worker: with its copy gone, the next run there builds anew
+        shutil.rmtree(tmp_path / "gpu")
+        again = gates[0].run(problem, kernel)
+    assert again.build.ok and not again.build.cached
     assert all(w.busy_seconds >= 0 and w.overhead_seconds > 0 for w in ex.tally.workers())
 
 
