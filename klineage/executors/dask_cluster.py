@@ -8,9 +8,10 @@
 A gate run is a task that needs the worker resource `GPU=1`, so a GPU worker runs one at a
 time, on a gate it keeps warm between tasks (:mod:`klineage.executors.on_worker`). A build is
 a task any worker may take; its cache entry comes back to this process's build cache, and
-travels with each gate run to the GPU worker's host, so no host compiles a kernel twice.
+travels once to each GPU worker that gates the kernel, so no host compiles it twice.
 Verdicts come back here and only here are they written to the gate log: one writer, so a
-run killed at any point resumes with no gate run repeated.
+run killed at any point resumes with every finished gate run served from the log (only those
+in flight at the kill are made again).
 """
 
 from __future__ import annotations
@@ -76,14 +77,8 @@ def _lost_cluster_errors() -> tuple[type[BaseException], ...]:
     from distributed.client import ClosedClientError
     from distributed.comm.core import CommClosedError
 
-    return (
-        distributed.KilledWorker,
-        CancelledError,
-        ClosedClientError,
-        CommClosedError,
-        OSError,
-        TimeoutError,
-    )
+    # not OSError at large: a worker's own OSError (a full disk) comes back as itself
+    return (distributed.KilledWorker, CancelledError, ClosedClientError, CommClosedError)
 
 
 class DaskExecutor(Executor):
