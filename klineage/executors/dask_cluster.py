@@ -17,6 +17,7 @@ in flight at the kill are made again).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 import uuid
@@ -198,20 +199,37 @@ def _local_gpu_cluster(devices: Sequence[int] | None) -> Any:
     is installed, else the same shape from distributed alone."""
     if visible_gpus() == 0:
         raise GateSetupError(NO_GPU)
-    chosen = list(devices) if devices is not None else list(range(visible_gpus()))
+    indexes = list(devices) if devices is not None else list(range(visible_gpus()))
+    chosen = visible_device_ids(indexes, os.environ.get("CUDA_VISIBLE_DEVICES"))
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
         return _per_gpu_cluster(chosen)
     return LocalCUDACluster(
-        CUDA_VISIBLE_DEVICES=",".join(map(str, chosen)),
+        CUDA_VISIBLE_DEVICES=",".join(chosen),
         threads_per_worker=2,
         resources={GPU_RESOURCE: 1},
         dashboard_address=":0",
     )
 
 
-def _per_gpu_cluster(devices: Sequence[int]) -> Any:
+def visible_device_ids(indexes: Sequence[int], visible: str | None) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries of GPU `indexes` as this process numbers them: where
+    this process itself sees only some GPUs (`visible`, its CUDA_VISIBLE_DEVICES), index 0
+    is the first of those, not the machine's GPU 0."""
+    if not visible:
+        return [str(index) for index in indexes]
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    missing = [index for index in indexes if not 0 <= index < len(entries)]
+    if missing:
+        raise ExecutorError(
+            f"--devices {missing[0]}: this process sees {len(entries)} GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={visible}), numbered from 0"
+        )
+    return [entries[index] for index in indexes]
+
+
+def _per_gpu_cluster(devices: Sequence[str]) -> Any:
     """A SpecCluster of one Nanny per GPU, its worker started with CUDA_VISIBLE_DEVICES set to
     that GPU (without dask-cuda's memory management, which gate runs do not use)."""
     from distributed import Nanny, Scheduler, SpecCluster
@@ -222,7 +240,7 @@ def _per_gpu_cluster(devices: Sequence[int]) -> Any:
             "options": {
                 "nthreads": 2,
                 "resources": {GPU_RESOURCE: 1},
-                "env": {"CUDA_VISIBLE_DEVICES": str(device)},
+                "env": {"CUDA_VISIBLE_DEVICES": device},
             },
         }
         for device in devices

@@ -96,10 +96,22 @@ def test_without_dask_cuda_each_gpu_gets_a_worker_process_that_sees_only_it() ->
 
     # what `--executor dask` starts on this host without dask-cuda; nothing here touches a
     # GPU, so it starts on a CPU machine too
-    with _per_gpu_cluster([0, 3]) as cluster, Client(cluster, set_as_default=False) as client:
+    with _per_gpu_cluster(["0", "3"]) as cluster, Client(cluster, set_as_default=False) as client:
         seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
         workers = client.scheduler_info()["workers"]
     assert sorted(seen.values()) == ["0", "3"]
     assert sorted(info["name"] for info in workers.values()) == ["gpu0", "gpu3"]
     assert all(info["resources"] == {"GPU": 1} for info in workers.values())
     assert all(info["nthreads"] == 2 for info in workers.values())
+
+
+def test_devices_are_numbered_as_this_process_sees_them() -> None:
+    from klineage.executors import ExecutorError
+    from klineage.executors.dask_cluster import visible_device_ids
+
+    assert visible_device_ids([0, 1], None) == ["0", "1"]
+    # a process limited to GPUs 5 and 7 calls them 0 and 1; its workers must be told 5 and 7
+    assert visible_device_ids([1, 0], "5,7") == ["7", "5"]
+    assert visible_device_ids([0], "GPU-8f1c, GPU-aa02") == ["GPU-8f1c"]
+    with pytest.raises(ExecutorError, match=r"--devices 2: this process sees 2 GPU\(s\)"):
+        visible_device_ids([2], "5,7")
