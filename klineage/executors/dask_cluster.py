@@ -8,14 +8,16 @@
 A gate run is a task that needs the worker resource `GPU=1`, so a GPU worker runs one at a
 time, on a gate it keeps warm between tasks (:mod:`klineage.executors.on_worker`). A build is
 a task any worker may take; its cache entry comes back to this process's build cache, and
-travels with each gate run to the GPU worker's host, so no host compiles a kernel twice.
+travels once to each GPU worker that gates the kernel, so no host compiles it twice.
 Verdicts come back here and only here are they written to the gate log: one writer, so a
-run killed at any point resumes with no gate run repeated.
+run killed at any point resumes with every finished gate run served from the log (only those
+in flight at the kill are made again).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 import uuid
@@ -76,14 +78,8 @@ def _lost_cluster_errors() -> tuple[type[BaseException], ...]:
     from distributed.client import ClosedClientError
     from distributed.comm.core import CommClosedError
 
-    return (
-        distributed.KilledWorker,
-        CancelledError,
-        ClosedClientError,
-        CommClosedError,
-        OSError,
-        TimeoutError,
-    )
+    # not OSError at large: a worker's own OSError (a full disk) comes back as itself
+    return (distributed.KilledWorker, CancelledError, ClosedClientError, CommClosedError)
 
 
 class DaskExecutor(Executor):
@@ -203,20 +199,37 @@ def _local_gpu_cluster(devices: Sequence[int] | None) -> Any:
     is installed, else the same shape from distributed alone."""
     if visible_gpus() == 0:
         raise GateSetupError(NO_GPU)
-    chosen = list(devices) if devices is not None else list(range(visible_gpus()))
+    indexes = list(devices) if devices is not None else list(range(visible_gpus()))
+    chosen = visible_device_ids(indexes, os.environ.get("CUDA_VISIBLE_DEVICES"))
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
         return _per_gpu_cluster(chosen)
     return LocalCUDACluster(
-        CUDA_VISIBLE_DEVICES=",".join(map(str, chosen)),
+        CUDA_VISIBLE_DEVICES=",".join(chosen),
         threads_per_worker=2,
         resources={GPU_RESOURCE: 1},
         dashboard_address=":0",
     )
 
 
-def _per_gpu_cluster(devices: Sequence[int]) -> Any:
+def visible_device_ids(indexes: Sequence[int], visible: str | None) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries of GPU `indexes` as this process numbers them: where
+    this process itself sees only some GPUs (`visible`, its CUDA_VISIBLE_DEVICES), index 0
+    is the first of those, not the machine's GPU 0."""
+    if not visible:
+        return [str(index) for index in indexes]
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    missing = [index for index in indexes if not 0 <= index < len(entries)]
+    if missing:
+        raise ExecutorError(
+            f"--devices {missing[0]}: this process sees {len(entries)} GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={visible}), numbered from 0"
+        )
+    return [entries[index] for index in indexes]
+
+
+def _per_gpu_cluster(devices: Sequence[str]) -> Any:
     """A SpecCluster of one Nanny per GPU, its worker started with CUDA_VISIBLE_DEVICES set to
     that GPU (without dask-cuda's memory management, which gate runs do not use)."""
     from distributed import Nanny, Scheduler, SpecCluster
@@ -227,7 +240,7 @@ def _per_gpu_cluster(devices: Sequence[int]) -> Any:
             "options": {
                 "nthreads": 2,
                 "resources": {GPU_RESOURCE: 1},
-                "env": {"CUDA_VISIBLE_DEVICES": str(device)},
+                "env": {"CUDA_VISIBLE_DEVICES": device},
             },
         }
         for device in devices
@@ -294,6 +307,9 @@ class RemoteGate:
         self.tally = tally
         self.worker = worker
         """The GPU worker this gate's runs go to while it lives."""
+        self._delivered: set[str] = set()
+        """Cache keys that worker already holds (sent with an earlier gate run there): a
+        state's every attempt is timed against it, and it is carried once."""
 
     def build(self, kernel: KernelSource) -> BuildResult:
         """The kernel built (this process's cache, else nvcc here) and disassembled."""
@@ -305,6 +321,8 @@ class RemoteGate:
             if kernel is None:
                 continue
             key = self.builder.entry_key(kernel.text)
+            if key in self._delivered:
+                continue
             files = self.builder.export_entry(key)
             if files is not None:
                 entries[key] = files
@@ -347,6 +365,8 @@ class RemoteGate:
                 "the same command again to resume"
             ) from err
         round_trip = time.perf_counter() - started
+        if outcome.worker == self.worker:
+            self._delivered.update(request.entries)
         self.tally.record(outcome.worker, "gate", outcome.seconds, round_trip - outcome.seconds)
         assert outcome.verdict is not None
         return outcome.verdict

@@ -24,14 +24,16 @@ class Cluster:
     """The `distributed.LocalCluster` (to close it mid-run, or kill a worker)."""
 
 
-def local_cluster(workers: int = 2, *, processes: bool = False) -> Any:
-    """A LocalCluster of `workers` GPU=1 workers, two threads each (a build beside a gate)."""
+def local_cluster(workers: int = 2, *, processes: bool = False, tcp: bool = False) -> Any:
+    """A LocalCluster of `workers` GPU=1 workers, two threads each (a build beside a gate);
+    with `tcp`, reachable by its address (`--scheduler`) even when its workers are threads."""
     from distributed import LocalCluster
 
     return LocalCluster(
         n_workers=workers,
         threads_per_worker=2,
         processes=processes,
+        protocol="tcp" if tcp or processes else None,
         resources={"GPU": 1},
         dashboard_address=":0",  # any free port: runs side by side never collide
         scheduler_port=0,
@@ -77,3 +79,18 @@ def builder(shared_builder: Builder) -> Builder:
 
 mined = mining_fixtures.mined
 """exp_scale mined once per session with the stand-in gate (the mining tests' fixture)."""
+
+
+def stand_in_executor_for_commands(stand_in: StandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `--executor dask` of `klineage mine` and `replay` gates with the labelled stand-in
+    (GPU boundary); the rest is the command's own: the address, the connection, the table."""
+    import functools
+
+    import klineage.executors.dask_cluster
+    from klineage.executors.dask_cluster import DaskExecutor
+    from tests.executors.stand_in import STAND_IN_GATE
+
+    executor = functools.partial(
+        DaskExecutor, gate_factory=STAND_IN_GATE, gate_options=stand_in.options()
+    )
+    monkeypatch.setattr(klineage.executors.dask_cluster, "DaskExecutor", executor)

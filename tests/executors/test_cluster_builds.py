@@ -3,6 +3,7 @@ worker with each gate run: real nvcc, real caches in separate folders, a real CP
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,12 @@ def test_a_gate_run_carries_its_kernels_builds_to_the_gpu_workers_cache(
         ex.gates() as gates,
     ):
         verdict = gates[0].run(problem, kernel)
-    assert verdict.build.ok and verdict.build.cached  # the GPU worker compiled nothing
-    assert _entries(tmp_path / "gpu") == _entries(tmp_path / "client")
+        assert verdict.build.ok and verdict.build.cached  # the GPU worker compiled nothing
+        assert _entries(tmp_path / "gpu") == _entries(tmp_path / "client")
+        # carried once to a worker: with its copy gone, the next run there builds anew
+        shutil.rmtree(tmp_path / "gpu")
+        again = gates[0].run(problem, kernel)
+    assert again.build.ok and not again.build.cached
     assert all(w.busy_seconds >= 0 and w.overhead_seconds > 0 for w in ex.tally.workers())
 
 
@@ -91,10 +96,22 @@ def test_without_dask_cuda_each_gpu_gets_a_worker_process_that_sees_only_it() ->
 
     # what `--executor dask` starts on this host without dask-cuda; nothing here touches a
     # GPU, so it starts on a CPU machine too
-    with _per_gpu_cluster([0, 3]) as cluster, Client(cluster, set_as_default=False) as client:
+    with _per_gpu_cluster(["0", "3"]) as cluster, Client(cluster, set_as_default=False) as client:
         seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
         workers = client.scheduler_info()["workers"]
     assert sorted(seen.values()) == ["0", "3"]
     assert sorted(info["name"] for info in workers.values()) == ["gpu0", "gpu3"]
     assert all(info["resources"] == {"GPU": 1} for info in workers.values())
     assert all(info["nthreads"] == 2 for info in workers.values())
+
+
+def test_devices_are_numbered_as_this_process_sees_them() -> None:
+    from klineage.executors import ExecutorError
+    from klineage.executors.dask_cluster import visible_device_ids
+
+    assert visible_device_ids([0, 1], None) == ["0", "1"]
+    # a process limited to GPUs 5 and 7 calls them 0 and 1; its workers must be told 5 and 7
+    assert visible_device_ids([1, 0], "5,7") == ["7", "5"]
+    assert visible_device_ids([0], "GPU-8f1c, GPU-aa02") == ["GPU-8f1c"]
+    with pytest.raises(ExecutorError, match=r"--devices 2: this process sees 2 GPU\(s\)"):
+        visible_device_ids([2], "5,7")

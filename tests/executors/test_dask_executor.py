@@ -20,7 +20,12 @@ from klineage.lineage import LineageGraph
 from klineage.mining.mine import MineReport, mine
 from klineage.mining.walk import WalkEvent
 from tests.conftest import FIXTURES
-from tests.executors.conftest import Cluster, StandIn, local_cluster
+from tests.executors.conftest import (
+    Cluster,
+    StandIn,
+    local_cluster,
+    stand_in_executor_for_commands,
+)
 from tests.executors.stand_in import STAND_IN_GATE, gate_runs, stand_in_gate
 
 pytestmark = pytest.mark.nvcc
@@ -140,28 +145,12 @@ def test_a_cluster_lost_mid_run_resumes_with_no_gate_run_repeated(
 def test_mine_command_on_a_cluster_by_its_address_shows_tasks_per_worker(
     stand_in: StandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import functools
-
-    from distributed import LocalCluster
     from typer.testing import CliRunner
 
-    import klineage.executors.dask_cluster
     from klineage.cli import app
 
-    # the command's executor gates with the labelled stand-in (GPU boundary); the rest is
-    # the command's own: the address, the connection, the table
-    stand_in_executor = functools.partial(
-        DaskExecutor, gate_factory=STAND_IN_GATE, gate_options=stand_in.options()
-    )
-    monkeypatch.setattr(klineage.executors.dask_cluster, "DaskExecutor", stand_in_executor)
-    with LocalCluster(
-        n_workers=2,
-        processes=False,
-        protocol="tcp",
-        resources={"GPU": 1},
-        dashboard_address=":0",  # any free port: runs side by side never collide
-        scheduler_port=0,
-    ) as cluster:
+    stand_in_executor_for_commands(stand_in, monkeypatch)
+    with local_cluster(tcp=True) as cluster:
         address = cluster.scheduler_address
         workers = list(cluster.scheduler_info["workers"])
         args = ["mine", str(PROBLEM), "--out", str(tmp_path / "out"), "--budget", "4"]
