@@ -65,8 +65,12 @@ class StandInGate:
         self.profiled: list[str] = []
         self.runs = 0
 
-    def build(self, kernel: KernelSource) -> BuildResult:
-        return self.builder.build(kernel.text, name=kernel.name)
+    def build(self, kernel: KernelSource, problem: Problem | None = None) -> BuildResult:
+        """The real build stage, under the problem's compile options as the real gate's."""
+        builder = (
+            self.builder if problem is None else self.builder.with_options(problem.compile_options)
+        )
+        return builder.build(kernel.text, name=kernel.name)
 
     def present(self, kernel: KernelSource) -> set[str]:
         return {m.name for m in all_mechanisms() if any(s.supported for s in m.detect(kernel))}
@@ -88,7 +92,7 @@ class StandInGate:
         against: KernelSource | None = None,
     ) -> GateVerdict:
         self.runs += 1
-        build = self.build(kernel)
+        build = self.build(kernel, problem)
         verdict = GateVerdict(
             problem=problem.name,
             kernel=kernel.name,

@@ -323,6 +323,27 @@ def test_a_walk_ending_with_refused_sites_in_running_code_is_stuck(
     assert mined.report.termination == "complete" and mined.report.remaining == []
 
 
+def test_the_walk_builds_every_state_with_the_problems_compile_options(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """A kernel that compiles only with the -D its compile_options.json gives: every state the
+    walk builds (for the gate and for its machine code) gets the flag, or nothing would build."""
+    problem = tmp_path / "exp_scale"
+    shutil.copytree(PROBLEM, problem)
+    guarded = ONE_STEP_FROM_WMMA.replace(WMMA_TILE, "").replace(
+        "  if (rows < 0) wmma_tile((const half*)x, (const half*)x, y);  // never taken\n", ""
+    )
+    guard = '#ifndef KL_FROM_OPTIONS\n#error "built without compile_options.json"\n#endif\n'
+    (problem / "kernel.cu").write_text(guard + guarded)
+    (problem / "compile_options.json").write_text('{"cuda_cflags": ["-DKL_FROM_OPTIONS"]}\n')
+    report = mine_gated(problem, tmp_path / "out", gate=_gate(builder))
+    assert report.steps == 1 and report.termination == "complete"
+    lineage = LineageGraph.load(tmp_path / "out" / "lineages" / "exp_scale_f32.json")
+    [step] = lineage.main_path()
+    assert step.mechanism == "fast_math" and step.status is AttemptStatus.ACCEPTED
+    assert lineage.state(step.child).machine_code is not None  # built with the flag too
+
+
 def test_a_card_names_carried_code_by_its_size() -> None:
     """A dispatch skill carries its removed if chain (for the round trip); the card says how
     many lines it is and points to the After code, while skills.jsonl keeps it whole."""
