@@ -31,9 +31,11 @@ EnergyOption = Annotated[
 
 
 def optional_stages(profile: bool, energy: bool, *, every_verdict: bool = True) -> dict[str, Any]:
-    """Gate keyword arguments for the chosen optional stages; `every_verdict=False` profiles
-    only the kernels mining and replay ask for."""
-    return {
-        "profile": ProfileConfig(every_verdict=every_verdict) if profile else None,
-        "energy": EnergyConfig() if energy else None,
-    }
+    """Gate keyword arguments for the chosen optional stages (none for a stage left off);
+    `every_verdict=False` profiles only the kernels mining and replay ask for."""
+    stages: dict[str, Any] = {}
+    if profile:
+        stages["profile"] = ProfileConfig(every_verdict=every_verdict)
+    if energy:
+        stages["energy"] = EnergyConfig()
+    return stages

@@ -71,7 +71,6 @@ GRID_SIZE = "launch__grid_size"
 BLOCK_SIZE = "launch__block_size"
 REGISTERS = "launch__registers_per_thread"
 WAVES = "launch__waves_per_multiprocessor"
-SM_COUNT = "device__attribute_multiprocessor_count"
 BANK_CONFLICTS = (
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
@@ -112,7 +111,6 @@ PROFILE_METRICS: tuple[str, ...] = (
     BLOCK_SIZE,
     REGISTERS,
     WAVES,
-    SM_COUNT,
     *BANK_CONFLICTS,
     *DRAM_BYTES,
     GLOBAL_LOAD_SECTORS,

@@ -9,14 +9,30 @@ into models, so it runs and is tested without a GPU on recorded reports.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from klineage.gate import ncu
 from klineage.gate.bottleneck import BottleneckCall
+from klineage.problem import Definition, Workload
 
 TOP_STALLS = 3
 """Warp-stall reasons kept per launch, largest first."""
+
+
+@dataclass
+class ProfileRequest:
+    """What the profiled process (klineage.gate.profile_main) is asked to run: a built kernel
+    library on one workload. Defined here, not in that module: run as `python -m` it is
+    __main__, whose classes are not the ones a request was pickled as."""
+
+    library: str
+    """Path of the kernel's shared library."""
+    definition: Definition
+    workload: Workload
+    seed: int
+    """Seed of the inputs (any valid inputs do; the gate's seed keeps runs reproducible)."""
 
 
 class StallReason(BaseModel):

@@ -13,21 +13,8 @@ from __future__ import annotations
 import ctypes
 import pickle
 import sys
-from dataclasses import dataclass
 
-from klineage.problem import Definition, Workload
-
-
-@dataclass
-class ProfileRequest:
-    """What to profile: a built kernel library on one workload."""
-
-    library: str
-    """Path of the kernel's shared library."""
-    definition: Definition
-    workload: Workload
-    seed: int
-    """Seed of the inputs (any valid inputs do; the gate's seed keeps runs reproducible)."""
+from klineage.gate.profile import ProfileRequest
 
 
 def profiled_call(request: ProfileRequest) -> None:
@@ -63,13 +50,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m klineage.gate.profile_main REQUEST.pkl", file=sys.stderr)
         return 2
-    # run as `python -m`, this module is __main__: the request was pickled as the class of
-    # klineage.gate.profile_main, so that is the class to check against
-    from klineage.gate.profile_main import ProfileRequest as Pickled
-
     with open(argv[1], "rb") as handle:
         request = pickle.load(handle)
-    if not isinstance(request, Pickled):
+    if not isinstance(request, ProfileRequest):
         print(f"{argv[1]}: not a ProfileRequest", file=sys.stderr)
         return 2
     try:

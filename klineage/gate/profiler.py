@@ -25,8 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from klineage.gate import ncu
 from klineage.gate.bottleneck import MachinePeaks, classify, peaks_for
 from klineage.gate.build import BuildResult, default_cache_dir
-from klineage.gate.profile import LaunchProfile, Profile, launch_profile
-from klineage.gate.profile_main import ProfileRequest
+from klineage.gate.profile import LaunchProfile, Profile, ProfileRequest, launch_profile
 from klineage.gate.worker import worker_env
 from klineage.problem import Definition, Workload
 

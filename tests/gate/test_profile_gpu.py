@@ -53,7 +53,8 @@ def test_the_softmax_expert_is_profiled_memory_bound(gate: Gate) -> None:
     assert profile.label == "rows=4096,cols=32768"  # the largest: 512 MB each way
     launch = profile.launches[0]
     assert launch.duration_ns > 0 and launch.dram_pct is not None and launch.sm_pct is not None
-    assert launch.achieved_occupancy_pct and launch.occupancy_limiter
+    assert launch.achieved_occupancy_pct and launch.theoretical_occupancy_pct
+    assert launch.blocks_per_sm_limits and launch.registers_per_thread
     assert launch.top_stalls and launch.shared_bank_conflicts is not None
     # one pass over 1 GB: read once, written once
     ratio = profile.bytes_over_minimum

@@ -21,7 +21,7 @@ from klineage.gate.build import Builder, BuildResult, BuildStatus
 from klineage.gate.gate import Gate
 from klineage.gate.log import GateLog
 from klineage.gate.ncu import NCU_ENV, PROFILE_METRICS
-from klineage.gate.profile_main import ProfileRequest
+from klineage.gate.profile import ProfileRequest
 from klineage.gate.profile_main import main as profile_main
 from klineage.gate.profiler import ProfileConfig, Profiler, minimum_traffic, profiled_workload
 from klineage.gate.result import GateVerdict
