@@ -39,7 +39,7 @@ def replay_command(
         typer.Option(
             metavar="DIR",
             help="A mined skills folder; repeat it to replay skills from several (the report "
-            "names the folder each used skill came from). Default: skills_out."
+            "names the folder each used skill came from). Default: skills_out.",
         ),
     ] = None,
     budget: Annotated[int, typer.Option(help="Gate runs per problem and method.")] = 30,

@@ -230,8 +230,8 @@ def template_values(
     source: ParsedSource, function: str, depth: int = 0
 ) -> list[dict[str, int]] | None:
     """Every binding of `function`'s template parameters the file instantiates, followed out
-    through enclosing templates: `swizzle<kD>` called in `fmha_fwd<kD>`, launched from
-    `launch<kD>`, which `run` calls as `launch<64>` and `launch<128>`, gives kD = 64 and 128.
+    through enclosing templates: a helper `f<D>` called in a kernel `k<D>`, launched from a
+    host `launch<D>`, which `run` calls as `launch<64>` and `launch<128>`, gives D = 64 and 128.
     `[{}]` for a function that is not a template; None when an instantiation cannot be
     folded to integers (a type argument, a runtime value) or there is none."""
     found = source.function(function)

@@ -2,9 +2,8 @@
 
 Removing a launch-size dispatch leaves the specialized kernel it chose defined but never
 launched. A mechanism inside dead code can be "removed" at no cost, and mining would record a
-skill with a ~1.00x effect: measured on code that never ran (gemm_bf16's first walk did exactly
-this with the mma.sync path of its skinny kernel). Mining asks this module which functions are
-live and leaves the rest alone.
+skill with a ~1.00x effect, measured on code that never ran. Mining asks this module which
+functions are live and leaves the rest alone.
 
 Reachability is by name, conservatively: the roots are the `extern "C"` host functions (the
 ABI's `run`), and a function is live when its name appears as an identifier in a live
@@ -12,13 +11,13 @@ function's body (a call, a `<<<...>>>` launch, `cudaFuncSetAttribute(kernel, ...
 pointer). A name that appears at file scope (a table of kernels, say) makes the function live.
 
 :func:`run_by_workloads` goes one step further: it follows the entry's branches with each
-workload's axis values and keeps only the functions some workload runs. softmax's fallback
-kernel `softmax_online_rows` (rows longer than 32768) is live code that none of its workloads
-runs; the first walk "removed" `block_per_row` from it at 1.00x, a skill measured on a path no
-timing covered. Branch conditions are evaluated where they fold to integers (entry parameters
-named after an axis take the workload's value; file constants and earlier `const` locals
-count; a pointer parameter is a nonzero 256-byte-aligned address, as the harness allocates);
-a condition that does not fold keeps both branches, so the answer errs toward running.
+workload's axis values and keeps only the functions some workload runs. A fallback kernel
+for rows longer than any workload's is live code that no workload runs; a removal there would
+be a skill measured on a path no timing covered. Branch conditions are evaluated where they
+fold to integers (entry parameters named after an axis take the workload's value; file
+constants and earlier `const` locals count; a pointer parameter is a nonzero 256-byte-aligned
+address, as the harness allocates); a condition that does not fold keeps both branches, so the
+answer errs toward running.
 """
 
 from __future__ import annotations

@@ -120,21 +120,20 @@ def measure_energy(
     counter: EnergyCounter,
     calls: int,
     config: EnergyConfig,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Energy:
-    """Call `call` back to back until at least `calls` calls and `min_seconds` have passed,
-    synchronizing before the first counter read and before the last."""
+    """Call `call` back to back until at least `calls` calls and `min_seconds` (by `clock`,
+    in seconds) have passed, synchronizing before the first counter read and before the last."""
     synchronize()
     start_mj = counter.millijoules()
-    started = time.perf_counter()
+    started = clock()
     made = 0
-    while made < calls or (
-        time.perf_counter() - started < config.min_seconds and made < config.max_calls
-    ):
+    while made < calls or (clock() - started < config.min_seconds and made < config.max_calls):
         call()
         made += 1
         if made % calls == 0:
             synchronize()  # keep the host's notion of time close to the device's
     synchronize()
-    seconds = time.perf_counter() - started
+    seconds = clock() - started
     joules = (counter.millijoules() - start_mj) / 1e3
     return Energy(joules_per_call=joules / made, calls=made, seconds=seconds)

@@ -10,11 +10,11 @@ register-resident rows up to a limit, a streaming fallback beyond it.
   condition compares a size derived from ``run``'s arguments (``grid_size_y == 1``, computed
   from the channel count and the SM count);
 - remove: keep only the most general path. With a final ``else``, the chain becomes that
-  branch (the fallback that handles every shape, as ``softmax_online_rows<512, false>``
-  does); a chain without ``else`` whose branches all end in ``return`` is deleted, so the
-  code after it, the general path, runs for every size. Both are semantics-preserving as
-  long as the fallback is valid for all sizes, which is what a fallback is for (stated as a
-  condition); a chain that falls through into shared code, or has no fallback, is refused;
+  branch (the fallback that handles every shape); a chain without ``else`` whose branches
+  all end in ``return`` is deleted, so the code after it, the general path, runs for every
+  size. Both are semantics-preserving as long as the fallback is valid for all sizes, which
+  is what a fallback is for (stated as a condition); a chain that falls through into shared
+  code, or has no fallback, is refused;
 - apply: a dispatch needs the specialized kernels it chooses between, which only a person or
   an LLM writes, so a new dispatch is refused. What a rule can do is put back a removed one
   whose kernels are still in the file (a round trip): the carrier ``dispatch`` holds the

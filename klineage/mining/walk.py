@@ -13,8 +13,8 @@ The walk's policy, at each state:
    followed with each workload's axes) are refused: a removal there changes no measurement,
    and would make a ~1.00x skill out of code no timing covered. When removing a mechanism everywhere
    is rejected and it had several sites, each site is then tried alone (its attempt id ends
-   `-site-<site id>`): the gate may need one site and not the others (gemm_bf16 needs its
-   K split at K = 28672 for accuracy, and not on the M <= 16 path);
+   `-site-<site id>`): the gate may need one site and not the others (a GEMM may need its
+   K split at its largest K for accuracy, and not on its small-M path);
 2. among the accepted removals, first those that leave no kernel holding other mechanisms
    unlaunched (a dispatch goes after the removals inside the path it drops, which can only be
    measured while that path runs); then mechanisms that no other mechanism still present

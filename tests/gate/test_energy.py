@@ -4,7 +4,6 @@ boundary), and the clean absence of NVML."""
 from __future__ import annotations
 
 import importlib.util
-import time
 
 import pytest
 
@@ -17,16 +16,31 @@ from klineage.gate.energy import (
 )
 
 
+class StepClock:
+    """A clock that moves only when told to: each stand-in kernel call takes `step` seconds,
+    so the window's arithmetic is checked without reading the host's clock."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self) -> None:
+        self.now += self.step
+
+
 class WattMeterStandIn:
     """STAND-IN for NVML's energy counter (a test double at the GPU boundary): a board drawing
-    a constant `watts`, read off the host's clock, in millijoules as NVML reports."""
+    a constant `watts` over the time `clock` says has passed, in millijoules as NVML reports."""
 
-    def __init__(self, watts: float) -> None:
+    def __init__(self, watts: float, clock: StepClock) -> None:
         self.watts = watts
-        self.started = time.perf_counter()
+        self.clock = clock
 
     def millijoules(self) -> int:
-        return int((time.perf_counter() - self.started) * self.watts * 1e3)
+        return int(self.clock() * self.watts * 1e3)
 
 
 def test_calls_fill_the_window_at_the_timed_latency() -> None:
@@ -41,13 +55,15 @@ def test_energy_per_call_is_the_window_energy_over_the_calls() -> None:
     config = EnergyConfig(min_seconds=0.05, min_calls=10)
     made: list[int] = []
     synchronized: list[int] = []
+    clock = StepClock(0.001)  # a 1 ms kernel
 
     def call() -> None:
         made.append(1)
-        time.sleep(0.001)
+        clock.advance()
 
+    meter = WattMeterStandIn(300.0, clock)
     energy = measure_energy(
-        call, lambda: synchronized.append(len(made)), WattMeterStandIn(300.0), 10, config
+        call, lambda: synchronized.append(len(made)), meter, 10, config, clock=clock
     )
     assert energy.calls == len(made) >= 10
     assert energy.seconds >= 0.05  # the window is at least min_seconds, however few calls
