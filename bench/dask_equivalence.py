@@ -47,12 +47,22 @@ def attempts_of(lineage: LineageGraph) -> list[tuple[str, str, str, str]]:
 
 
 def compare_lineages(local: LineageGraph, dask: LineageGraph) -> dict[str, Any]:
-    """Attempts both made with the same status, those only one made, and the main paths."""
+    """Attempts both made with the same status, those only one made, the kernels both gated
+    whose verdicts differ, and the main paths."""
     ours, theirs = set(attempts_of(local)), set(attempts_of(dask))
+    status_ours = {attempt[:3]: attempt[3] for attempt in ours}
+    status_theirs = {attempt[:3]: attempt[3] for attempt in theirs}
+    both = status_ours.keys() & status_theirs.keys()
     return {
         "attempts_local": len(ours),
         "attempts_dask": len(theirs),
         "same_verdict": len(ours & theirs),
+        "both_made": len(both),
+        "verdicts_differ": sorted(
+            [*key, status_ours[key], status_theirs[key]]
+            for key in both
+            if status_ours[key] != status_theirs[key]
+        ),
         "only_local": sorted(ours - theirs),
         "only_dask": sorted(theirs - ours),
         "main_path_local": [a.mechanism for a in local.main_path()],
@@ -69,11 +79,17 @@ def compare_replays(local: ReplayReport, dask: ReplayReport) -> dict[str, Any]:
         other = theirs[(ours.problem, ours.method)]
         runs_ours = [(r.action, r.outcome) for r in ours.runs]
         runs_theirs = [(r.action, r.outcome) for r in other.runs]
+        # the gate's status is the verdict; kept or slower is also a timing against the state
+        statuses_ours = [(r.action, r.gate_status) for r in ours.runs]
+        statuses_theirs = [(r.action, r.gate_status) for r in other.runs]
         rows.append(
             {
                 "problem": ours.problem,
                 "method": ours.method,
+                "same_verdicts": statuses_ours == statuses_theirs,
                 "same_runs": runs_ours == runs_theirs,
+                "outcomes_local": [r.outcome for r in ours.runs],
+                "outcomes_dask": [r.outcome for r in other.runs],
                 "same_final": ours.final == other.final,
                 "speedup_local": round(ours.speedup, 4),
                 "speedup_dask": round(other.speedup, 4),
@@ -113,13 +129,42 @@ def executor_on_gpu0(name: str, part: dict[str, Any]) -> Iterator[Executor]:
         }
 
 
-def run_mine(problem: str, work: Path) -> dict[str, Any]:
+@contextlib.contextmanager
+def following(lineage: LineageGraph | None) -> Iterator[None]:
+    """While open, the walk takes, among the removals the gate accepted from a state, the one
+    `lineage` took from that state. Which accepted removal goes first is ranked by measured
+    cost, and two runs on one executor already split on removals whose costs lie within the
+    timing noise; the executors' comparison is about verdicts, so the second run is held to
+    the first one's choices (a removal the first run did not take is ranked as usual)."""
+    from klineage.mining.walk import Simplifier
+
+    if lineage is None:
+        yield
+        return
+    taken = {(attempt.parent, attempt.child) for attempt in lineage.main_path()}
+    original = Simplifier._choose
+
+    def choose(self: Simplifier, accepted: list[tuple[Any, Any]], current: Any) -> tuple[Any, Any]:
+        for pair in accepted:
+            if (pair[0].parent, pair[0].child) in taken:
+                return pair
+        return original(self, accepted, current)
+
+    Simplifier._choose = choose  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Simplifier._choose = original  # type: ignore[method-assign]
+
+
+def run_mine(problem: str, work: Path, *, follow: bool = True) -> dict[str, Any]:
     from klineage.mining.mine import mine
 
-    part: dict[str, Any] = {"problem": problem}
-    lineages = {}
+    part: dict[str, Any] = {"problem": problem, "dask_follows_local_choices": follow}
+    lineages: dict[str, LineageGraph] = {}
     for name in ("local", "dask"):
-        with executor_on_gpu0(name, part) as executor:
+        held = lineages.get("local") if follow else None
+        with executor_on_gpu0(name, part) as executor, following(held):
             report = mine(problem, work / name, executor=executor, resume=False)
         part[name]["report"] = report.model_dump(mode="json", exclude={"folder"})
         lineages[name] = LineageGraph.load(work / name / "lineages" / f"{report.problem}.json")
@@ -154,18 +199,24 @@ def main() -> None:
     parser.add_argument("--problem", default="expert_kernels/softmax", help="mine's problem")
     parser.add_argument("--skills", default="skills_out")
     parser.add_argument("--budget", type=int, default=10, help="replay's gate runs per method")
+    parser.add_argument(
+        "--free",
+        action="store_true",
+        help="mine: let the Dask run choose among accepted removals by its own timings "
+        "(by default it takes the local run's choices, see `following`)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/dask_equivalence.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dask-equivalence-") as tmp:
         if args.part == "mine":
-            part = run_mine(args.problem, Path(tmp))
+            part = run_mine(args.problem, Path(tmp), follow=not args.free)
         else:
             chosen = args.problems or [f"heldout/{name}" for name in HELDOUT]
             part = run_replay(chosen, args.skills, args.budget, Path(tmp))
     part["command"] = " ".join(["python", *sys.argv])
     part["gpu"] = nvidia_smi()
     kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    kept[args.part] = part
+    kept[args.part if args.part == "replay" or not args.free else "mine_free"] = part
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(kept, indent=1) + "\n")
     print(json.dumps(part["comparison"], indent=1)[:2000])
