@@ -172,13 +172,66 @@ def run_mine(problem: str, work: Path, *, follow: bool = True) -> dict[str, Any]
     return part
 
 
-def run_replay(problems: list[str], skills: str, budget: int, work: Path) -> dict[str, Any]:
+Decision = tuple[bool, float | None]
+"""What the keep rule made of a verdict: kept, and the ratio the choice among carriers used."""
+
+
+@contextlib.contextmanager
+def keep_decisions(decisions: dict[tuple[str, ...], Decision], *, hold: bool) -> Iterator[None]:
+    """While open, replay's keep rule and its choice among kept carriers are recorded into
+    `decisions` per (problem, method, state, kernel), or, with `hold`, taken from them for a
+    kernel the gate passed. Both rest on timings (faster by the keep ratio in every trial, the
+    fastest carrier), and a kernel within the noise of the ratio is kept in one run and not in
+    the next on the same executor; the executors' comparison is about verdicts, so the second
+    run takes the first one's decisions on the kernels both gated."""
+    from klineage.replay.methods import ForwardSearch
+
+    def key(search: ForwardSearch, verdict: Any) -> tuple[str, ...]:
+        state = verdict.baseline_fingerprint or ""
+        return (search.problem.name, search.name, state, verdict.fingerprint)
+
+    accepts, choose = ForwardSearch.accepts, ForwardSearch.choose
+
+    def held_accepts(self: ForwardSearch, verdict: Any) -> bool:
+        kept = accepts(self, verdict)
+        if hold and verdict.passed and key(self, verdict) in decisions:
+            return decisions[key(self, verdict)][0]
+        ratio = verdict.comparison.ratio if verdict.comparison is not None else None
+        decisions.setdefault(key(self, verdict), (kept, ratio))
+        return kept
+
+    def held_choose(self: ForwardSearch, state: Any, accepted: Any) -> Any:
+        def ratio(one: Any) -> float:
+            held = decisions.get(key(self, one.verdict), (True, None))[1] if hold else None
+            return held if held is not None else one.verdict.comparison.ratio
+
+        return max(accepted, key=ratio) if hold else choose(self, state, accepted)
+
+    ForwardSearch.accepts = held_accepts  # type: ignore[method-assign]
+    ForwardSearch.choose = held_choose  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ForwardSearch.accepts = accepts  # type: ignore[method-assign]
+        ForwardSearch.choose = choose  # type: ignore[method-assign]
+
+
+def run_replay(
+    problems: list[str], skills: str, budget: int, work: Path, *, follow: bool = True
+) -> dict[str, Any]:
     from klineage.replay.run import replay
 
-    part: dict[str, Any] = {"problems": problems, "skills": skills, "budget": budget}
+    part: dict[str, Any] = {
+        "problems": problems,
+        "skills": skills,
+        "budget": budget,
+        "dask_follows_local_keep_decisions": follow,
+    }
     reports = {}
+    decisions: dict[tuple[str, ...], Decision] = {}
     for name in ("local", "dask"):
-        with executor_on_gpu0(name, part) as executor:
+        hold = follow and name == "dask"
+        with executor_on_gpu0(name, part) as executor, keep_decisions(decisions, hold=hold):
             reports[name] = replay(
                 problems,
                 skills,
@@ -202,8 +255,10 @@ def main() -> None:
     parser.add_argument(
         "--free",
         action="store_true",
-        help="mine: let the Dask run choose among accepted removals by its own timings "
-        "(by default it takes the local run's choices, see `following`)",
+        help="let the Dask run decide by its own timings what the local run decided by its "
+        "timings (mining: which accepted removal goes first; replay: keep or not, which "
+        "carrier); by default it takes the local run's decisions, see `following` and "
+        "`keep_decisions`",
     )
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/dask_equivalence.json")
     args = parser.parse_args()
@@ -212,11 +267,11 @@ def main() -> None:
             part = run_mine(args.problem, Path(tmp), follow=not args.free)
         else:
             chosen = args.problems or [f"heldout/{name}" for name in HELDOUT]
-            part = run_replay(chosen, args.skills, args.budget, Path(tmp))
+            part = run_replay(chosen, args.skills, args.budget, Path(tmp), follow=not args.free)
     part["command"] = " ".join(["python", *sys.argv])
     part["gpu"] = nvidia_smi()
     kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    kept[args.part if args.part == "replay" or not args.free else "mine_free"] = part
+    kept[f"{args.part}_free" if args.free else args.part] = part
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(kept, indent=1) + "\n")
     print(json.dumps(part["comparison"], indent=1)[:2000])

@@ -401,7 +401,9 @@ class ForwardSearch(ABC):
 
     def _record_run(self, current: KernelSource, tried: Step, *, chosen: bool) -> GateRunRecord:
         """The run's record and lineage edge, appended; a kept run not chosen is `outranked`."""
-        record = run_record(len(self.records) + 1, tried.move, tried.verdict, self._speedup)
+        record = run_record(
+            len(self.records) + 1, tried.move, tried.verdict, self._speedup, kept=tried.accepted
+        )
         if tried.accepted and not chosen:
             record.outcome, record.speedup = "outranked", self._speedup
         add_edge(
@@ -631,10 +633,13 @@ def _ratio(verdict: GateVerdict) -> float:
     return verdict.comparison.ratio
 
 
-def run_record(index: int, move: Move, verdict: GateVerdict, speedup: float) -> GateRunRecord:
-    """The record of gate run `index` of a move, made at a state `speedup` over the start."""
+def run_record(
+    index: int, move: Move, verdict: GateVerdict, speedup: float, *, kept: bool
+) -> GateRunRecord:
+    """The record of gate run `index` of a move, made at a state `speedup` over the start;
+    `kept` is what the method's keep rule made of the verdict (the record says what the search
+    did, so it does not judge the verdict again)."""
     comparison = verdict.comparison
-    kept = keeps(verdict)
     failing = [w for w in verdict.workloads if not w.passed]
     message = failing[0].message if failing else ("" if verdict.build.ok else verdict.build.message)
     outcome = "kept" if kept else ("slower" if verdict.passed else "rejected")
