@@ -42,6 +42,7 @@ from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, wrap_at
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, template_bindings, template_values
 from klineage.cuda.source import Function, Launch, Node, ParsedSource, plain_assignment
+from klineage.cuda.tree import WARP_SIZE
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -63,6 +64,14 @@ from klineage.mechanisms._reductions_util import (
     within,
 )
 from klineage.mechanisms._tiles_util import orphaned_declarations
+from klineage.mechanisms._warp_rows_2d import (
+    THREAD_ROW_2D,
+    block_threads_2d,
+    block_width_asserts,
+    is_row_of_2d_warps,
+    lane_is_thread_x,
+)
+from klineage.mechanisms._warp_rows_cg import is_warp_query, tile_calls_left, warp_reduces
 
 __all__ = [
     "HELPERS",
@@ -1322,6 +1331,8 @@ class _GroupWalker:
         self.inline = _InlineReductions(source, kernel.body)
         self.warp_reducers = self.inline.warp_reducers
         self.block_reducers = block_reduce_functions(source)
+        self.lane_is_thread_x = False  # a warp per row of a 32 x y block
+        self.blocks_2d: dict[int, int] = {}  # launch start -> threads of its 32 x y block
         if not self.launches:
             raise NotCanonical(f"no launch of {kernel.name} in this file to rewrite")
         for launch in self.launches:
@@ -1335,6 +1346,11 @@ class _GroupWalker:
         if launch.grid is None or launch.block is None:
             raise NotCanonical(f"the launch at line {line} has no block size")
         for part in (launch.grid, launch.block):
+            threads = block_threads_2d(self.source, launch) if self.group == "warp" else None
+            if part is launch.block and threads is not None and threads != WARP_SIZE:
+                # a 32 x y block: checked against the row index's form by the layout
+                self.blocks_2d[launch.node.start_byte] = threads
+                continue
             text = self.source.text_of(part)
             if "dim3" in text or "," in text:
                 raise NotCanonical(f"the launch at line {line} is not one-dimensional ({text})")
@@ -1342,6 +1358,16 @@ class _GroupWalker:
             types = self.source.local_types(host) if host is not None else {}
             if part.type == "identifier" and "dim3" in types.get(text, ""):
                 raise NotCanonical(f"the launch at line {line} uses a dim3 {text}")
+
+    def require_1d(self) -> None:
+        """Refuse 32 x y blocks where the row index is not that of their warps."""
+        for launch in self.launches:
+            if launch.node.start_byte in self.blocks_2d:
+                assert launch.block is not None
+                text = self.source.text_of(launch.block)
+                raise NotCanonical(
+                    f"the launch at line {self.line(launch.node)} is not one-dimensional ({text})"
+                )
 
     # -- the group size --------------------------------------------------------------------
 
@@ -1395,28 +1421,34 @@ class _GroupWalker:
             if call_name(self.source, node) not in reducers:
                 continue
             args = arguments_of(node)
-            if not args:
-                continue
-            statement = node.parent.parent if node.parent is not None else None
-            assignment = node.parent
-            if (
-                assignment is not None
-                and assignment.type == "assignment_expression"
-                and _op(assignment) == "="
-                and statement is not None
-                and statement.type == "expression_statement"
-                and self.source.text_of(assignment.child_by_field_name("left") or node)
-                == self.source.text_of(args[0])
-            ):
-                self.delete(statement)
-                self.reduced.append((statement.end_byte, self.source.text_of(args[0])))
-                continue
-            value = args[0]
-            self.edits.append(
-                Edit.replace(node, wrap_at(node, self.source.text_of(value), precedence(value)))
-            )
-            self.handled.append(node)
-            self.removed.append((node.start_byte, node.end_byte))
+            if args:
+                self.identity(node, args[0])
+
+    def tile_reductions(self) -> None:
+        """``cg::reduce(warp, v, op)`` over a 32-thread tile becomes the identity."""
+        for reduce in warp_reduces(self.source, self.kernel):
+            self.identity(reduce.node, reduce.value)
+
+    def identity(self, node: Node, value: Node) -> None:
+        """A reduction call of ``value`` becomes ``value``: one thread's partial is the row's
+        (``v = reduce(v)`` goes)."""
+        statement = node.parent.parent if node.parent is not None else None
+        assignment = node.parent
+        name = self.source.text_of(value)
+        if (
+            assignment is not None
+            and assignment.type == "assignment_expression"
+            and _op(assignment) == "="
+            and statement is not None
+            and statement.type == "expression_statement"
+            and self.source.text_of(assignment.child_by_field_name("left") or node) == name
+        ):
+            self.delete(statement)
+            self.reduced.append((statement.end_byte, name))
+            return
+        self.edits.append(Edit.replace(node, wrap_at(node, name, precedence(value))))
+        self.handled.append(node)
+        self.removed.append((node.start_byte, node.end_byte))
 
     def delete(self, statement: Node) -> None:
         edit = line_deletion(self.source, statement)
@@ -1453,15 +1485,60 @@ class _GroupWalker:
             if loop.initializer is None or loop.update is None:
                 continue
             declared = _single_init(self.source, loop.initializer)
-            if declared is None or not self.is_rank(declared[1], lane_name):
+            if declared is None or not _below(self.source, loop.condition, loop.variable):
                 continue
-            step = self.stride(loop.update, loop.variable)
-            if step is None or not _below(self.source, loop.condition, loop.variable):
-                continue
+            if self.is_rank(declared[1], lane_name):
+                if self.stride(loop.update, loop.variable) is None:
+                    continue
+                update = f"++{loop.variable}"
+            else:
+                # packed: ``c = rank * u`` by ``size * u`` walks the row u elements at a time
+                unit = self.packed_rank(declared[1], lane_name)
+                if unit is None or not self.packed_stride(loop.update, loop.variable, unit):
+                    continue
+                update = f"{loop.variable} += {unit}"
             self.edits.append(Edit.replace(declared[1], "0"))
-            self.edits.append(Edit.replace(loop.update, f"++{loop.variable}"))
+            self.edits.append(Edit.replace(loop.update, update))
             self.handled += [declared[1], loop.update]
             self.strided.append(loop.node)
+
+    def packed_rank(self, node: Node, lane_name: str | None) -> str | None:
+        """``u`` of ``rank * u`` (or ``u * rank``), ``u`` a positive integer constant."""
+        node = strip_parens(strip_casts(node))
+        if node.type != "binary_expression" or _op(node) != "*":
+            return None
+        left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+        for rank, unit in ((left, right), (right, left)):
+            if rank is None or unit is None or not self.is_rank(rank, lane_name):
+                continue
+            value = fold(self.source, unit)
+            if value is not None and value > 0:
+                return self.source.text_of(unit)
+        return None
+
+    def packed_stride(self, update: Node, variable: str, unit: str) -> bool:
+        """``c += size * u`` (either order), ``size`` the group's stride."""
+        update = strip_parens(update)
+        if update.type != "assignment_expression" or _op(update) != "+=":
+            return False
+        left, right = update.child_by_field_name("left"), update.child_by_field_name("right")
+        if left is None or right is None or self.source.text_of(left) != variable:
+            return False
+        right = strip_parens(right)
+        if right.type != "binary_expression" or _op(right) != "*":
+            return False
+        a, b = right.child_by_field_name("left"), right.child_by_field_name("right")
+        for size, factor in ((a, b), (b, a)):
+            if size is None or factor is None or self.source.text_of(factor) != unit:
+                continue
+            if self.group == "block" and self.is_block_size(size):
+                return True
+            text = "".join(self.source.text_of(strip_parens(size)).split())
+            if self.group == "warp" and (
+                text in ("32", "warpSize") or (self.lane_is_thread_x and text == "blockDim.x")
+            ):
+                return True
+        return False
 
     def stride(self, update: Node, variable: str) -> Node | None:
         update = strip_parens(update)
@@ -1473,12 +1550,20 @@ class _GroupWalker:
         if self.group == "block":
             return right if self.is_block_size(right) else None
         text = self.source.text_of(strip_parens(right))
-        return right if text in ("32", "warpSize") else None
+        if self.lane_is_thread_x and is_builtin(self.source, right, "blockDim"):
+            text = "".join(text.split())
+        if is_warp_query(self.source, right, "group_size"):
+            return right
+        return right if text in ("32", "warpSize", "blockDim.x") else None
 
     def is_rank(self, node: Node, lane_name: str | None) -> bool:
         if self.group == "block":
             return is_builtin(self.source, node, "threadIdx")
         node = strip_casts(node)
+        if self.lane_is_thread_x and self._is_thread_x(node):
+            return True
+        if is_warp_query(self.source, node, "lane"):
+            return True
         return _is_lane(self.source, node) or (
             lane_name is not None and self.source.text_of(node) == lane_name
         )
@@ -1491,12 +1576,21 @@ class _GroupWalker:
             condition = node.child_by_field_name("condition")
             consequence = node.child_by_field_name("consequence")
             value = condition.child_by_field_name("value") if condition is not None else None
-            if value is None or consequence is None or not self.is_first(value, lane_name):
+            if value is None or consequence is None or any(within(node, h) for h in self.handled):
                 continue
-            if any(within(node, h) for h in self.handled):
+            if self.is_first(value, lane_name):
+                self.edits.append(Edit(node.start_byte, consequence.start_byte, ""))
+                self.handled.append(value)
                 continue
-            self.edits.append(Edit(node.start_byte, consequence.start_byte, ""))
-            self.handled.append(value)
+            # `if (first && other) S` -> `if (other) S`
+            both = strip_parens(value)
+            if both.type != "binary_expression" or _op(both) != "&&":
+                continue
+            first, other = both.child_by_field_name("left"), both.child_by_field_name("right")
+            if first is None or other is None or not self.is_first(first, lane_name):
+                continue
+            self.edits.append(Edit(first.start_byte, other.start_byte, ""))
+            self.handled.append(first)
 
     def is_first(self, node: Node, lane_name: str | None) -> bool:
         node = strip_parens(node)
@@ -1508,9 +1602,16 @@ class _GroupWalker:
         if self.group == "block":
             return is_builtin(self.source, left, "threadIdx")
         left = strip_parens(left)
+        if self.lane_is_thread_x and self._is_thread_x(strip_casts(left)):
+            return True
+        if is_warp_query(self.source, left, "lane"):
+            return True
         return _is_lane(self.source, left) or (
             lane_name is not None and self.source.text_of(left) == lane_name
         )
+
+    def _is_thread_x(self, node: Node) -> bool:
+        return "".join(self.source.text_of(node).split()) == "threadIdx.x"
 
     def unused_shared(self) -> None:
         """``__shared__`` arrays only the deleted reductions used are deleted too."""
@@ -1575,6 +1676,10 @@ class _GroupWalker:
             if any(within(use, h) for h in self.handled):
                 continue
             raise NotCanonical(_spread(self.source.text_of(use), self.line(use)))
+        for call in tile_calls_left(self.source, self.kernel):
+            if any(within(call, h) for h in self.handled):
+                continue
+            raise NotCanonical(_spread(self.source.text_of(call), self.line(call)))
         for node in inside(self.source, self.body, "call_expression"):
             if any(within(node, h) for h in self.handled):
                 continue
@@ -1683,7 +1788,8 @@ def warp_row_index(
     source: ParsedSource, kernel: Function, walker: _GroupWalker | None = None
 ) -> tuple[Node, Node, str] | None:
     """(declaration, value, thread-per-row value) of a warp-per-row index: ``(tid) >> 5``,
-    ``(tid) / 32`` or ``blockIdx.x * warps + (threadIdx.x >> 5)``."""
+    ``(tid) / 32``, ``blockIdx.x * warps + (threadIdx.x >> 5)``, or ``blockIdx.x * blockDim.y
+    + threadIdx.y`` in a 32 x y block."""
     if kernel.body is None:
         return None
     for statement in named_statements(kernel.body):
@@ -1692,6 +1798,8 @@ def warp_row_index(
             continue
         value = strip_casts(declared[1])
         replacement = _warp_index_replacement(source, value, walker)
+        if replacement is None and is_row_of_2d_warps(source, value):
+            replacement = THREAD_ROW_2D if lane_is_thread_x(source, kernel) else None
         if replacement is not None:
             return statement, declared[1], replacement
     return None
@@ -1715,20 +1823,24 @@ def _warp_index_replacement(
         return None
     for product, warp in ((left, right), (right, left)):
         warp = strip_casts(warp)
-        if warp.type != "binary_expression" or not is_builtin(
-            source, warp.child_by_field_name("left"), "threadIdx"
-        ):
-            continue
-        shift = source.text_of(strip_parens(warp.child_by_field_name("right") or warp))
-        if (_op(warp), shift) not in ((">>", "5"), ("/", "32")):
-            continue
+        # the warp's index in the block: `threadIdx.x >> 5`, or the group API's
+        tile = is_warp_query(source, warp, "warp_in_block")
+        if not tile:
+            if warp.type != "binary_expression" or not is_builtin(
+                source, warp.child_by_field_name("left"), "threadIdx"
+            ):
+                continue
+            shift = source.text_of(strip_parens(warp.child_by_field_name("right") or warp))
+            if (_op(warp), shift) not in ((">>", "5"), ("/", "32")):
+                continue
         product = strip_parens(product)
         if product.type != "binary_expression" or _op(product) != "*":
             continue
         a, b = product.child_by_field_name("left"), product.child_by_field_name("right")
         for block, count in ((a, b), (b, a)):
             if is_builtin(source, block, "blockIdx") and count is not None:
-                if walker is not None and not walker.is_warp_count(count):
+                counted = tile and is_warp_query(source, count, "warps_per_block")
+                if walker is not None and not counted and not walker.is_warp_count(count):
                     return None
                 return "(int64_t)blockIdx.x * blockDim.x + threadIdx.x"
     return None
@@ -1737,7 +1849,7 @@ def _warp_index_replacement(
 def _warp_reduction_calls(source: ParsedSource, kernel: Function) -> bool:
     reducers = warp_reduce_functions(source)
     assert kernel.body is not None
-    return any(
+    return bool(warp_reduces(source, kernel)) or any(
         call_name(source, n) in reducers for n in inside(source, kernel.body, "call_expression")
     )
 
@@ -1784,6 +1896,7 @@ def group_rows(source: ParsedSource, kernel: Function, group: Group) -> GroupRow
 def _block_layout(walker: _GroupWalker) -> _RowIndex:
     """Block reductions, the block row index, block-strided loops, thread-0 guards and the
     reductions' scratch arrays."""
+    walker.require_1d()
     walker.reductions(walker.block_reducers)
     walker.inline_reductions()
     index = _block_index(walker.source, walker)
@@ -1801,6 +1914,17 @@ def _warp_layout(walker: _GroupWalker) -> _RowIndex:
     if found is None:
         raise NotCanonical(f"{kernel.name} has no warp row index the rewrite knows")
     statement, value, replacement = found
+    if replacement == THREAD_ROW_2D:
+        if len(walker.blocks_2d) != len(walker.launches):
+            raise NotCanonical(
+                f"the rows of {kernel.name} are warps of a 32 x y block, but not every launch "
+                "has a constant 32 x y block"
+            )
+        walker.lane_is_thread_x = True
+        # the block keeps its 32 x y shape, so an assert on its width still holds
+        walker.handled += block_width_asserts(source, walker.body)
+    else:
+        walker.require_1d()
     declared = _single_init(source, statement)
     bound = _bound_after(source, kernel, statement)
     if declared is None or bound is None:
@@ -1810,6 +1934,7 @@ def _warp_layout(walker: _GroupWalker) -> _RowIndex:
     walker.edits.append(Edit.replace(value, replacement))
     walker.handled.append(value)
     walker.reductions(walker.warp_reducers)
+    walker.tile_reductions()
     lane_name, lane_statement = _lane_variable(source, kernel)
     walker.strided_loops(lane_name)
     walker.guards(lane_name)
@@ -1928,8 +2053,11 @@ def _thread_launches(source: ParsedSource, walker: _GroupWalker, index: _RowInde
             )
     for launch, count in zip(walker.launches, counts, strict=True):
         assert launch.grid is not None and launch.block is not None
+        threads = walker.blocks_2d.get(launch.node.start_byte)
         edits.append(
-            Edit.replace(launch.grid, f"(unsigned){_ceil_div(source, count, launch.block)}")
+            Edit.replace(
+                launch.grid, f"(unsigned){_ceil_div(source, count, launch.block, threads)}"
+            )
         )
     return edits
 
@@ -1944,10 +2072,13 @@ def _drop_unsigned(node: Node) -> Node:
     return node
 
 
-def _ceil_div(source: ParsedSource, count: str, block: Node) -> str:
-    """``((count + 255) / 256)``, or ``((count + kThreads - 1) / kThreads)``."""
-    value = fold(source, block)
+def _ceil_div(source: ParsedSource, count: str, block: Node, threads: int | None = None) -> str:
+    """``((count + 255) / 256)``, or ``((count + kThreads - 1) / kThreads)``; ``threads``: the
+    block's thread count where the block is not one number (a 32 x y block)."""
     numerator = _numerator(count)
+    if threads is not None:
+        return f"(({numerator} + {threads - 1}) / {threads})"
+    value = fold(source, block)
     if value is not None and source.text_of(block).strip().isdigit():
         return f"(({numerator} + {value - 1}) / {value})"
     size = source.text_of(block)

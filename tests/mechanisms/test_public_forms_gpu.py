@@ -21,6 +21,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "cast_once": FIXTURES / "mining" / "scale_shift_rows",
     "persistent_rows": PROBLEMS / "centered_affine",
     "rows_by_z": PROBLEMS / "center_rows",
+    "rows_2d": PROBLEMS / "center_rows",
+    "rows_cg": PROBLEMS / "center_rows",
     "serpentine": PROBLEMS / "scale_tiles",
     "guarded_tree": PROBLEMS / "block_totals",
     "loads_per_turn": PROBLEMS / "vector_total",

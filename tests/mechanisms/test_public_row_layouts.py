@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
+from tests.mechanisms.roundtrip import PUBLIC_FORMS, removal_chain
 
 warp_per_row = get("warp_per_row")
 block_per_row = get("block_per_row")
@@ -65,13 +66,44 @@ __global__ void row_sums(const float* x, float* y, int rows, int cols) {
 """
 
 
-def test_a_warp_per_row_in_a_2d_block_is_found_and_refused_with_its_form() -> None:
+def _launched(block: str) -> str:
+    return WARP_2D + (
+        'extern "C" int run(const float* x, float* mean, long long rows, long long cols,\n'
+        "                   cudaStream_t s) {\n"
+        f"  row_means<<<(unsigned)((rows + 3) / 4), {block}, 0, s>>>(x, mean, (int)rows,\n"
+        "                                                       (int)cols);\n"
+        "  return 0;\n}\n"
+    )
+
+
+def test_a_warp_per_row_in_a_2d_block_is_found_and_needs_its_launch() -> None:
     (site,) = warp_per_row.detect(KernelSource(WARP_2D))
-    assert site.function == "row_means" and site.refusal is not None
-    assert site.refusal.startswith("the site is a warp-per-row kernel in another spelling")
-    assert "strides by the warp: 128 from 4·threadIdx.x" in site.refusal
-    assert "this rule needs the canonical warp-per-row kernel" in site.refusal
+    assert site.function == "row_means"
+    assert site.refusal == "no launch of row_means in this file to rewrite"
     assert block_per_row.detect(KernelSource(WARP_2D)) == []
+
+
+def test_a_warp_per_row_in_a_2d_block_with_packed_loads_becomes_a_thread_per_row() -> None:
+    kernel = KernelSource(_launched("dim3(32, 4)"))
+    (site,) = warp_per_row.detect(kernel)
+    assert site.supported
+    (after,) = removal_chain(warp_per_row, kernel).states[1:]
+    text = after.text
+    # every thread of the 32 x 4 block takes its own row, four packed elements at a time
+    row = "((int64_t)blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x"
+    assert f"int row = {row};" in text
+    assert "for (int c = 0; c < cols; c += 4) {" in text
+    assert "warp_sum(s)" not in text and "mean[row] = s / cols;" in text
+    assert "if (threadIdx.x == 0)" not in text
+    assert "row_means<<<(unsigned)(((((int)rows)) + 127) / 128), dim3(32, 4), 0, s>>>" in text
+    assert "assert(blockDim.x == 32);" in text  # the block keeps its shape
+    assert not [s for s in warp_per_row.detect(after) if s.supported]
+
+
+def test_a_2d_warp_row_launched_with_another_block_width_is_refused() -> None:
+    (site,) = warp_per_row.detect(KernelSource(_launched("dim3(16, 8)")))
+    assert site.refusal is not None
+    assert "is not one-dimensional (dim3(16, 8))" in site.refusal
 
 
 def test_a_block_per_row_with_cooperative_groups_is_found() -> None:
@@ -84,3 +116,14 @@ def test_a_block_per_row_with_cooperative_groups_is_found() -> None:
 def test_a_thread_per_row_is_neither() -> None:
     kernel = KernelSource(THREAD_ROWS)
     assert warp_per_row.detect(kernel) == [] and block_per_row.detect(kernel) == []
+
+
+def test_a_tile_shuffle_left_in_a_cooperative_groups_warp_row_is_refused_by_line() -> None:
+    before = (PUBLIC_FORMS / "warp_per_row" / "rows_cg.before.cu").read_text()
+    assert warp_per_row.detect(KernelSource(before))[0].supported
+    broadcast = before.replace(
+        "const float mean = sum / cols;", "const float mean = warp.shfl(sum, 0) / cols;"
+    )
+    (site,) = warp_per_row.detect(KernelSource(broadcast))
+    assert site.refusal is not None
+    assert site.refusal.startswith("warp.shfl(sum, 0) at line 19 is not a group-strided loop")

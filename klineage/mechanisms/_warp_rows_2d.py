@@ -1,0 +1,89 @@
+"""A warp per row in a 32 x y block: the row ``blockIdx.x * blockDim.y + threadIdx.y``, the
+lane ``threadIdx.x``.
+
+Public kernels often give each row a warp this way (a ``dim3(32, rows_per_block)`` block,
+often with ``assert(blockDim.x == 32)``) instead of splitting a 1-D block into warps. Spread
+back to a thread per row, the block keeps its shape and every thread takes its own row: the
+row becomes the thread's linear index in the grid, ``(blockIdx.x * blockDim.y + threadIdx.y)
+* blockDim.x + threadIdx.x``, and the grid shrinks by the 32 lanes each row had.
+"""
+
+from __future__ import annotations
+
+from klineage.cuda.analysis import analysis
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.tree import WARP_SIZE
+from klineage.mechanisms._reductions_util import call_name, inside, strip_casts, strip_parens
+from klineage.mechanisms._tiles_util import launch_block_dims
+
+__all__ = [
+    "THREAD_ROW_2D",
+    "block_threads_2d",
+    "block_width_asserts",
+    "is_row_of_2d_warps",
+    "lane_is_thread_x",
+]
+
+THREAD_ROW_2D = "((int64_t)blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x"
+"""The thread-per-row index that replaces the row of a 32 x y block's warp."""
+
+
+def _is(source: ParsedSource, node: Node | None, builtin: str) -> bool:
+    return node is not None and "".join(source.text_of(strip_casts(node)).split()) == builtin
+
+
+def _operands(node: Node, operator: str) -> tuple[Node, Node] | None:
+    node = strip_parens(node)
+    if node.type != "binary_expression":
+        return None
+    op = node.child_by_field_name("operator")
+    left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+    if op is None or op.type != operator or left is None or right is None:
+        return None
+    return left, right
+
+
+def is_row_of_2d_warps(source: ParsedSource, value: Node) -> bool:
+    """``blockIdx.x * blockDim.y + threadIdx.y``, in either order of the terms and factors."""
+    terms = _operands(strip_casts(value), "+")
+    if terms is None:
+        return False
+    for product, rank in (terms, terms[::-1]):
+        factors = _operands(strip_casts(product), "*")
+        if factors is None or not _is(source, rank, "threadIdx.y"):
+            continue
+        if any(
+            _is(source, block, "blockIdx.x") and _is(source, count, "blockDim.y")
+            for block, count in (factors, factors[::-1])
+        ):
+            return True
+    return False
+
+
+def block_threads_2d(source: ParsedSource, launch: Launch) -> int | None:
+    """The threads of a launch's block when it is a constant 32 x y block."""
+    dims = launch_block_dims(source, launch)
+    if dims is None or dims[0] != WARP_SIZE or dims[2] != 1:
+        return None
+    return dims[0] * dims[1]
+
+
+def lane_is_thread_x(source: ParsedSource, kernel: Function) -> bool:
+    """Whether ``threadIdx.x`` is the lane: the kernel asserts ``blockDim.x == 32``, or every
+    launch of it in the file has a constant 32 x y block."""
+    if analysis(source).indices(kernel).lane_is_thread_x():
+        return True
+    launches = source.launches_of(kernel.name)
+    return bool(launches) and all(block_threads_2d(source, la) is not None for la in launches)
+
+
+def block_width_asserts(source: ParsedSource, body: Node) -> list[Node]:
+    """``assert(blockDim.x == 32)`` calls (``warpSize`` too, either side)."""
+    widths = {"blockDim.x==32", "32==blockDim.x", "blockDim.x==warpSize", "warpSize==blockDim.x"}
+    return [
+        call
+        for call in inside(source, body, "call_expression")
+        if call_name(source, call) == "assert"
+        and "".join(source.text_of(call.child_by_field_name("arguments") or call).split())[1:-1]
+        in widths
+    ]
