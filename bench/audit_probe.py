@@ -55,8 +55,14 @@ def main() -> None:
     events = []
     for e in prof.profiler.kineto_results.events():
         row = {"name": e.name(), "device_type": str(e.device_type())}
-        for attr in ("device_index", "device_resource_id", "start_ns", "duration_ns",
-                     "correlation_id", "activity_type"):
+        for attr in (
+            "device_index",
+            "device_resource_id",
+            "start_ns",
+            "duration_ns",
+            "correlation_id",
+            "activity_type",
+        ):
             try:
                 row[attr] = getattr(e, attr)()
             except Exception as err:
@@ -64,8 +70,9 @@ def main() -> None:
         events.append(row)
     out["events"] = events
     out["our_stream"] = s.cuda_stream
-    out["event_methods"] = [m for m in dir(prof.profiler.kineto_results.events()[0])
-                            if not m.startswith("_")]
+    out["event_methods"] = [
+        m for m in dir(prof.profiler.kineto_results.events()[0]) if not m.startswith("_")
+    ]
 
     import cupy
 
@@ -85,8 +92,12 @@ def main() -> None:
     import glob
     import os
 
-    libs = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "**",
-                                         "libcudart.so*"), recursive=True))
+    libs = sorted(
+        glob.glob(
+            os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "**", "libcudart.so*"),
+            recursive=True,
+        )
+    )
     out["libcudart"] = [os.path.relpath(p, os.path.dirname(torch.__file__)) for p in libs]
     if libs:
         cudart = ctypes.CDLL(libs[0])
@@ -97,8 +108,9 @@ def main() -> None:
     big = torch.empty(4096, 4096, device="cuda")
     out["refill_small_us"] = _ms(lambda: small.normal_(generator=g), 50) * 1e3
     out["refill_big_us"] = _ms(lambda: big.normal_(generator=g), 50) * 1e3
-    out["randn_new_small_us"] = _ms(
-        lambda: torch.randn(4096, 128, device="cuda", generator=g), 50) * 1e3
+    out["randn_new_small_us"] = (
+        _ms(lambda: torch.randn(4096, 128, device="cuda", generator=g), 50) * 1e3
+    )
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
     out["flush_us"] = _ms(lambda: flush.zero_(), 50) * 1e3
     print(json.dumps(out, indent=1, default=str))

@@ -35,10 +35,7 @@ def is_warp_query(source: ParsedSource, node: Node | None, kind: RankKind) -> bo
         return False
     query = analysis(source).cooperative_groups.rank_of(node)
     return (
-        query is not None
-        and query.kind == kind
-        and query.group is not None
-        and query.group.is_warp
+        query is not None and query.kind == kind and query.group is not None and query.group.is_warp
     )
 
 
