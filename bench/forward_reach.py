@@ -14,6 +14,9 @@ Chained reach (depth 2): a skill may need another's carrier first (a shuffle red
 the shared-memory tree a block-per-row rewrite writes). For every mechanism that applies at
 depth 1, its child (first site it wrote, default carrier) is tried with every mechanism that
 did not reach that kernel at depth 1; the first parent whose child it applies on is recorded.
+Where it reaches neither way, the first parent whose child holds more of its detected sites
+than the naive kernel is recorded too: the parent wrote the optimization itself (block_per_row
+writes its reduction with shuffles), so there is nothing left for the rule to apply.
 """
 
 from __future__ import annotations
@@ -113,6 +116,11 @@ class MechanismReach(BaseModel):
         default_factory=list,
         description="held-out problems reached only on a depth-1 child, with its parent",
     )
+    written_by: list[ChainedReach] = Field(
+        default_factory=list,
+        description="held-out problems reached neither way whose depth-1 child holds new "
+        "sites of it, with the parent that wrote them",
+    )
     kernels: list[Reach] = Field(description="one per held-out problem, in folder order")
 
 
@@ -168,6 +176,17 @@ def chained_parent(mechanism: Mechanism, children: dict[str, KernelSource]) -> s
     return None
 
 
+def writing_parent(
+    mechanism: Mechanism, kernel: KernelSource, children: dict[str, KernelSource]
+) -> str | None:
+    """The first parent whose child holds more detected sites of `mechanism` than `kernel`."""
+    present = len(mechanism.detect(kernel))
+    for parent, child in children.items():
+        if parent != mechanism.name and len(mechanism.detect(child)) > present:
+            return parent
+    return None
+
+
 def forward_reach(heldout: Path = HELDOUT, chained: bool = True) -> list[MechanismReach]:
     """Every catalog mechanism against every held-out naive kernel (and, with `chained`,
     against the children of the mechanisms that apply there)."""
@@ -207,11 +226,16 @@ def _add_chained_reach(
                 if child is not None:
                     children[row.mechanism] = child
         for row in table:
-            if problem in row.reaches or not row.forward_rule:
+            if problem in row.reaches:
                 continue
-            parent = chained_parent(by_name[row.mechanism], children)
+            mechanism = by_name[row.mechanism]
+            parent = chained_parent(mechanism, children)
             if parent is not None:
                 row.reaches_after.append(ChainedReach(problem=problem, parent=parent))
+                continue
+            writer = writing_parent(mechanism, kernel, children)
+            if writer is not None:
+                row.written_by.append(ChainedReach(problem=problem, parent=writer))
 
 
 def _short(text: str, limit: int = 150) -> str:
@@ -222,8 +246,8 @@ def _short(text: str, limit: int = 150) -> str:
 def markdown(table: list[MechanismReach], total: int) -> str:
     """A README table: per mechanism, the kernels it reaches and the commonest reason elsewhere."""
     lines = [
-        "| mechanism | reaches | held-out kernels it applies on | only after another "
-        "(depth 2) | why not on the others at depth 1 (commonest reason) |",
+        "| mechanism | reaches | held-out kernels it applies on | depth 2: applies after "
+        "another, or another writes it | why not on the others at depth 1 (commonest reason) |",
         "|---|---|---|---|---|",
     ]
     order = sorted(table, key=lambda r: (-len(r.reaches), -len(r.reaches_after), r.mechanism))
@@ -234,7 +258,10 @@ def markdown(table: list[MechanismReach], total: int) -> str:
             common, count = Counter(others).most_common(1)[0]
             reason = f"{_short(common)} ({count} of {len(others)})"
         reached = ", ".join(row.reaches) if len(row.reaches) < total else "all"
-        after = ", ".join(f"{c.problem} (after {c.parent})" for c in row.reaches_after)
+        after = ", ".join(
+            [f"{c.problem} (after {c.parent})" for c in row.reaches_after]
+            + [f"{c.problem} (written by {c.parent})" for c in row.written_by]
+        )
         lines.append(
             f"| `{row.mechanism}` | {len(row.reaches)}/{total} | {reached or '-'} | "
             f"{after or '-'} | {reason or '-'} |"
@@ -251,12 +278,14 @@ def main() -> None:
     total = len(table[0].kernels) if table else 0
     reached = sum(bool(r.reaches) for r in table)
     chained = sum(bool(r.reaches or r.reaches_after) for r in table)
+    written = sum(bool(r.written_by and not (r.reaches or r.reaches_after)) for r in table)
     payload = {
         "command": "python bench/forward_reach.py",
         "heldout_kernels": total,
         "mechanisms": len(table),
         "mechanisms_reaching_a_kernel": reached,
         "mechanisms_reaching_a_kernel_by_depth_2": chained,
+        "mechanisms_written_by_another_only": written,
         "table": [json.loads(r.model_dump_json()) for r in table],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +296,7 @@ def main() -> None:
     print(text)
     print(f"{reached} of {len(table)} mechanisms apply on at least one of {total} kernels")
     print(f"{chained} of {len(table)} do so at depth 1 or on a depth-1 child (depth 2)")
+    print(f"{written} more reach no kernel but are written by another mechanism's rewrite")
 
 
 if __name__ == "__main__":
