@@ -81,7 +81,8 @@ FORWARD_FORMS: dict[str, str] = {
     "vectorized_access": "an elementwise loop or a split (scalar) access in the canonical form",
     "warp_ballot_compaction": "'P ? atomicAdd(C, 1) : R' reached by every lane of a warp",
     "warp_per_row": "a thread-per-row kernel whose loops reduce a float (sum, max, min)",
-    "warp_shuffle_reduction": "a shared-memory tree-reduction step in the exchange form",
+    "warp_shuffle_reduction": "a shared-memory tree-reduction step in the exchange form, or a "
+    "block halving loop over a shared buffer",
     "warp_shuffle_scan": "a shared-memory scan step in the exchange form",
     "warp_tiling": "none: no forward rule",
 }
