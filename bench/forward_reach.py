@@ -10,8 +10,8 @@ mechanism and kernel, one of:
 - `no site`: no candidate at all: the form the forward rule looks for, which the kernel lacks
   (or, for a mechanism with no forward rule, why it has none).
 
-Chained reach (depth 2): a skill may need another's carrier first (a shuffle reduction needs
-the shared-memory tree a block-per-row rewrite writes). For every mechanism that applies at
+Chained reach (depth 2): a skill may need another's carrier first (padding needs the shared
+tiles a staging rewrite writes). For every mechanism that applies at
 depth 1, its child (first site it wrote, default carrier) is tried with every mechanism that
 did not reach that kernel at depth 1; the first parent whose child it applies on is recorded.
 Where it reaches neither way, the first parent whose child holds more of its detected sites
