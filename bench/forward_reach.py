@@ -9,6 +9,14 @@ mechanism and kernel, one of:
 - `refused`: candidate sites, every one refused: the refusal (a site's or `apply`'s);
 - `no site`: no candidate at all: the form the forward rule looks for, which the kernel lacks
   (or, for a mechanism with no forward rule, why it has none).
+
+Chained reach (depth 2): a skill may need another's carrier first (padding needs the shared
+tiles a staging rewrite writes). For every mechanism that applies at
+depth 1, its child (first site it wrote, default carrier) is tried with every mechanism that
+did not reach that kernel at depth 1; the first parent whose child it applies on is recorded.
+Where it reaches neither way, the first parent whose child holds more of its detected sites
+than the naive kernel is recorded too: the parent wrote the optimization itself (block_per_row
+writes its reduction with shuffles), so there is nothing left for the rule to apply.
 """
 
 from __future__ import annotations
@@ -73,7 +81,8 @@ FORWARD_FORMS: dict[str, str] = {
     "vectorized_access": "an elementwise loop or a split (scalar) access in the canonical form",
     "warp_ballot_compaction": "'P ? atomicAdd(C, 1) : R' reached by every lane of a warp",
     "warp_per_row": "a thread-per-row kernel whose loops reduce a float (sum, max, min)",
-    "warp_shuffle_reduction": "a shared-memory tree-reduction step in the exchange form",
+    "warp_shuffle_reduction": "a shared-memory tree-reduction step in the exchange form, or a "
+    "block halving loop over a shared buffer",
     "warp_shuffle_scan": "a shared-memory scan step in the exchange form",
     "warp_tiling": "none: no forward rule",
 }
@@ -91,12 +100,28 @@ class Reach(BaseModel):
     why_not: str = Field(default="", description="the refusal, or the form the kernel lacks")
 
 
+class ChainedReach(BaseModel):
+    """A kernel a mechanism reaches only on another mechanism's child."""
+
+    problem: str = Field(description="the held-out folder's name")
+    parent: str = Field(description="the mechanism whose child it applies on (first in order)")
+
+
 class MechanismReach(BaseModel):
     """One mechanism over every held-out kernel."""
 
     mechanism: str = Field(description="the catalog name")
     forward_rule: bool = Field(description="False for a detect-only mechanism")
     reaches: list[str] = Field(description="held-out problems where apply wrote a kernel")
+    reaches_after: list[ChainedReach] = Field(
+        default_factory=list,
+        description="held-out problems reached only on a depth-1 child, with its parent",
+    )
+    written_by: list[ChainedReach] = Field(
+        default_factory=list,
+        description="held-out problems reached neither way whose depth-1 child holds new "
+        "sites of it, with the parent that wrote them",
+    )
     kernels: list[Reach] = Field(description="one per held-out problem, in folder order")
 
 
@@ -132,15 +157,48 @@ def reach_of(mechanism: Mechanism, problem: str, kernel: KernelSource) -> Reach:
     return Reach(problem=problem, outcome="no site", sites=0, applied=0, why_not=why)
 
 
-def forward_reach(heldout: Path = HELDOUT) -> list[MechanismReach]:
-    """Every catalog mechanism against every held-out naive kernel."""
+def first_child(mechanism: Mechanism, kernel: KernelSource) -> KernelSource | None:
+    """The kernel `apply` writes at the first candidate it does not refuse, or None."""
+    for site in mechanism.candidates(kernel):
+        if site.refusal is not None:
+            continue
+        try:
+            return mechanism.apply(kernel, site)
+        except MechanismRefused:
+            continue
+    return None
+
+
+def chained_parent(mechanism: Mechanism, children: dict[str, KernelSource]) -> str | None:
+    """The first parent (catalog order) on whose child `mechanism` writes a kernel."""
+    for parent, child in children.items():
+        if parent != mechanism.name and first_child(mechanism, child) is not None:
+            return parent
+    return None
+
+
+def writing_parent(
+    mechanism: Mechanism, kernel: KernelSource, children: dict[str, KernelSource]
+) -> str | None:
+    """The first parent whose child holds more detected sites of `mechanism` than `kernel`."""
+    present = len(mechanism.detect(kernel))
+    for parent, child in children.items():
+        if parent != mechanism.name and len(mechanism.detect(child)) > present:
+            return parent
+    return None
+
+
+def forward_reach(heldout: Path = HELDOUT, chained: bool = True) -> list[MechanismReach]:
+    """Every catalog mechanism against every held-out naive kernel (and, with `chained`,
+    against the children of the mechanisms that apply there)."""
     kernels = {
         folder.name: KernelSource.from_file(folder / "kernel.cu")
         for folder in sorted(heldout.iterdir())
         if (folder / "kernel.cu").is_file()
     }
+    mechanisms = all_mechanisms()
     table = []
-    for mechanism in all_mechanisms():
+    for mechanism in mechanisms:
         rows = [reach_of(mechanism, name, kernel) for name, kernel in kernels.items()]
         table.append(
             MechanismReach(
@@ -150,7 +208,35 @@ def forward_reach(heldout: Path = HELDOUT) -> list[MechanismReach]:
                 kernels=rows,
             )
         )
+    if chained:
+        _add_chained_reach(table, mechanisms, kernels)
     return table
+
+
+def _add_chained_reach(
+    table: list[MechanismReach], mechanisms: list[Mechanism], kernels: dict[str, KernelSource]
+) -> None:
+    """Fill `reaches_after`: per kernel, the depth-1 children, tried by the mechanisms that
+    did not reach the naive kernel itself."""
+    by_name = {m.name: m for m in mechanisms}
+    for problem, kernel in kernels.items():
+        children = {}
+        for row in table:
+            if problem in row.reaches:
+                child = first_child(by_name[row.mechanism], kernel)
+                if child is not None:
+                    children[row.mechanism] = child
+        for row in table:
+            if problem in row.reaches:
+                continue
+            mechanism = by_name[row.mechanism]
+            parent = chained_parent(mechanism, children)
+            if parent is not None:
+                row.reaches_after.append(ChainedReach(problem=problem, parent=parent))
+                continue
+            writer = writing_parent(mechanism, kernel, children)
+            if writer is not None:
+                row.written_by.append(ChainedReach(problem=problem, parent=writer))
 
 
 def _short(text: str, limit: int = 150) -> str:
@@ -161,20 +247,25 @@ def _short(text: str, limit: int = 150) -> str:
 def markdown(table: list[MechanismReach], total: int) -> str:
     """A README table: per mechanism, the kernels it reaches and the commonest reason elsewhere."""
     lines = [
-        "| mechanism | reaches | held-out kernels it applies on | why not on the others "
-        "(commonest reason) |",
-        "|---|---|---|---|",
+        "| mechanism | reaches | held-out kernels it applies on | depth 2: applies after "
+        "another, or another writes it | why not on the others at depth 1 (commonest reason) |",
+        "|---|---|---|---|---|",
     ]
-    for row in sorted(table, key=lambda r: (-len(r.reaches), r.mechanism)):
+    order = sorted(table, key=lambda r: (-len(r.reaches), -len(r.reaches_after), r.mechanism))
+    for row in order:
         others = [k.why_not for k in row.kernels if k.outcome != "applies"]
         reason = ""
         if others:
             common, count = Counter(others).most_common(1)[0]
             reason = f"{_short(common)} ({count} of {len(others)})"
         reached = ", ".join(row.reaches) if len(row.reaches) < total else "all"
+        after = ", ".join(
+            [f"{c.problem} (after {c.parent})" for c in row.reaches_after]
+            + [f"{c.problem} (written by {c.parent})" for c in row.written_by]
+        )
         lines.append(
             f"| `{row.mechanism}` | {len(row.reaches)}/{total} | {reached or '-'} | "
-            f"{reason or '-'} |"
+            f"{after or '-'} | {reason or '-'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -187,11 +278,15 @@ def main() -> None:
     table = forward_reach()
     total = len(table[0].kernels) if table else 0
     reached = sum(bool(r.reaches) for r in table)
+    chained = sum(bool(r.reaches or r.reaches_after) for r in table)
+    written = sum(bool(r.written_by and not (r.reaches or r.reaches_after)) for r in table)
     payload = {
         "command": "python bench/forward_reach.py",
         "heldout_kernels": total,
         "mechanisms": len(table),
         "mechanisms_reaching_a_kernel": reached,
+        "mechanisms_reaching_a_kernel_by_depth_2": chained,
+        "mechanisms_written_by_another_only": written,
         "table": [json.loads(r.model_dump_json()) for r in table],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -201,6 +296,8 @@ def main() -> None:
         args.markdown.write_text(text)
     print(text)
     print(f"{reached} of {len(table)} mechanisms apply on at least one of {total} kernels")
+    print(f"{chained} of {len(table)} do so at depth 1 or on a depth-1 child (depth 2)")
+    print(f"{written} more reach no kernel but are written by another mechanism's rewrite")
 
 
 if __name__ == "__main__":

@@ -52,3 +52,35 @@ def test_the_kept_table_lists_every_mechanism_and_kernel() -> None:
         applied = [k["problem"] for k in row["kernels"] if k["outcome"] == "applies"]
         assert applied == row["reaches"]
         assert all(k["why_not"] for k in row["kernels"] if k["outcome"] != "applies")
+
+
+def test_depth_two_records_a_rule_that_applies_only_on_a_parents_child() -> None:
+    table = {row.mechanism: row for row in reach.forward_reach()}
+    padding = table["smem_padding"]
+    assert "sgemm" not in padding.reaches
+    assert {(c.problem, c.parent) for c in padding.reaches_after} >= {
+        ("sgemm", "smem_staging"),
+        ("batched_hgemm", "smem_staging"),
+    }
+    # A mechanism another rewrite writes outright is told apart from one whose rule applies.
+    shuffles = table["warp_shuffle_reduction"]
+    assert not shuffles.reaches and not shuffles.reaches_after
+    assert ("row_sum", "block_per_row") in {(c.problem, c.parent) for c in shuffles.written_by}
+    # Depth 2 never repeats a kernel reached at depth 1.
+    for row in table.values():
+        chained = {c.problem for c in row.reaches_after + row.written_by}
+        assert not chained & set(row.reaches)
+
+
+def test_the_child_of_a_rule_is_the_kernel_it_writes_at_its_first_site() -> None:
+    naive = _kernel("sgemm")
+    child = reach.first_child(get("smem_staging"), naive)
+    assert child is not None and "__shared__" in child.text and "__shared__" not in naive.text
+    assert reach.first_child(get("online_softmax"), naive) is None
+
+
+def test_the_kept_table_has_the_depth_two_counts() -> None:
+    kept = json.loads((REPO / "bench" / "results" / "forward_reach.json").read_text())
+    by_depth_2 = sum(bool(r["reaches"] or r["reaches_after"]) for r in kept["table"])
+    assert kept["mechanisms_reaching_a_kernel_by_depth_2"] == by_depth_2
+    assert by_depth_2 > kept["mechanisms_reaching_a_kernel"]

@@ -214,6 +214,8 @@ def _tile_copy(source: ParsedSource, function: Function, array: StagedArray) -> 
         value = consequence if consequence is not None else value
     while value.type == "parenthesized_expression" and value.named_children:
         value = value.named_children[0]
+    if value.type == "call_expression":
+        raise NotStaged(_converted_load(source, array, value))
     chain = subscript_chain(value) if value.type == "subscript_expression" else None
     if chain is None or len(chain[1]) != 1:
         raise NotStaged(f"the load of {array.name} is not a plain element p[i] of global memory")
@@ -230,6 +232,18 @@ def _tile_copy(source: ParsedSource, function: Function, array: StagedArray) -> 
     if SIZEOF.get(array.element) not in _VECTOR:
         raise NotStaged(f"{array.element} is not 4, 8 or 16 bytes, the sizes cp.async copies")
     return _TileCopy(array, predicate, value, base)
+
+
+def _converted_load(source: ParsedSource, array: StagedArray, call: Node) -> str:
+    """Why a tile filled through a call (a conversion such as ``__half2float(p[i])``, the
+    form staging writes for 16-bit inputs) has no asynchronous copy."""
+    function = call.child_by_field_name("function")
+    name = source.text_of(function) if function is not None else "a call"
+    return (
+        f"the load of {array.name} converts each element ({name}); cp.async copies bytes "
+        "unchanged, so the tile would have to hold the global element type and be converted "
+        "where it is read (a rewrite of the staging, not of its copies)"
+    )
 
 
 @dataclass

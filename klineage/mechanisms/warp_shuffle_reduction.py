@@ -14,6 +14,11 @@ every lane stores its value, the warp synchronizes, every lane loads its partner
   are not plain variables, shuffles beyond the first statement of the step, host code).
 - apply: the reverse, on a step in that shared-memory form.
 
+A naive block reduction, a shared-memory halving loop (``if (tid < s) buf[tid] +=
+buf[tid + s]; __syncthreads();``), is a candidate too: ``apply`` stops its halving at 32 and
+does the last five steps in warp 0 with ``__shfl_down_sync``
+(:mod:`klineage.mechanisms._reductions_tree` says when that is exact and what is refused).
+
 The cooperative-groups spelling, ``cg::reduce(warp, v, op)`` over a 32-thread tile, is a site
 too; its removal calls a helper that reduces through shared memory in the same exchange form
 (:mod:`klineage.mechanisms._cg_reduce`), whose loop ``apply`` turns into shuffles.
@@ -27,8 +32,11 @@ from typing import ClassVar
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import ParsedSource
 from klineage.mechanisms._cg_reduce import cg_reductions, removal_edits
-from klineage.mechanisms._reductions_exchange import ExchangeMechanism
-from klineage.mechanisms.base import Site, register
+from klineage.mechanisms._reductions_exchange import DEFAULT_MASK, ExchangeMechanism
+from klineage.mechanisms._reductions_tree import TreeReduction, finish_by_shuffles, tree_reductions
+from klineage.mechanisms.base import Carrier, Site, register
+
+TREE = "block_tree"
 
 
 @register
@@ -52,6 +60,30 @@ class WarpShuffleReduction(ExchangeMechanism):
                 detail={"kind": "cg_reduce", "function": reduction.call.function.name},
                 refusal=reduction.refusal,
             )
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        yield from super().find_candidates(source)
+        for tree in tree_reductions(source):
+            yield self.site(
+                source,
+                tree.loop,
+                detail={"kind": TREE, "function": tree.function.name},
+                refusal=tree.refusal,
+            )
+
+    def _tree(self, source: ParsedSource, site: Site) -> TreeReduction:
+        for tree in tree_reductions(source):
+            if (tree.loop.start_byte, tree.loop.end_byte) == (site.start_byte, site.end_byte):
+                return tree
+        raise self.refuse(f"no block tree reduction at line {site.start_line}", site, "apply")
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("kind") != TREE:
+            return super().application(source, site, carrier)
+        mask = carrier.get_str("mask") or DEFAULT_MASK
+        if not mask.replace(":", "").replace("_", "").isalnum():
+            raise self.refuse(f"mask={mask!r} is not a constant name or literal", site, "apply")
+        return finish_by_shuffles(source, self._tree(source, site), mask)
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         if site.detail.get("kind") != "cg_reduce":

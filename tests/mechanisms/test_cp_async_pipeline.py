@@ -101,3 +101,15 @@ def test_the_ring_of_the_heldout_sgemm_compiles(mechanism_builder: Builder) -> N
             synchronous, next(s for s in mechanism.detect(synchronous) if s.supported)
         )
     compile_ok(mechanism_builder, [ring, synchronous])
+
+
+def test_the_converting_tiles_staging_writes_for_halves_are_refused_with_the_reason() -> None:
+    from tests.conftest import REPO
+
+    staging = get("smem_staging")
+    naive = KernelSource.from_file(REPO / "heldout" / "batched_hgemm" / "kernel.cu")
+    tiled = staging.apply(naive, staging.candidates(naive)[0])
+    (candidate,) = [c for c in mechanism.candidates(tiled) if c.detail.get("form") == "staged"]
+    assert "converts each element (__half2float)" in (candidate.refusal or "")
+    with pytest.raises(MechanismRefused, match=r"cp\.async copies bytes unchanged"):
+        mechanism.apply(tiled, candidate)

@@ -63,3 +63,37 @@ def test_loose_extents_get_parentheses() -> None:
     )
     (candidate,) = mechanism.candidates(source)
     assert "t[8][(1 << 5) + 1]" in mechanism.apply(source, candidate).text
+
+
+def _staged_heldout(problem: str) -> KernelSource:
+    """The held-out naive GEMM with smem_staging's forward rewrite: the 2-D tiles to pad."""
+    from tests.conftest import REPO
+
+    staging = get("smem_staging")
+    naive = KernelSource.from_file(REPO / "heldout" / problem / "kernel.cu")
+    return staging.apply(naive, staging.candidates(naive)[0])
+
+
+@pytest.mark.parametrize("problem", ["sgemm", "batched_hgemm"])
+def test_apply_pads_the_tiles_smem_staging_writes(problem: str) -> None:
+    staged = _staged_heldout(problem)
+    assert not mechanism.detect(staged)
+    candidates = [c for c in mechanism.candidates(staged) if c.supported]
+    assert len(candidates) == 2
+    padded = staged
+    for _ in candidates:
+        padded = mechanism.apply(padded, next(c for c in mechanism.candidates(padded)))
+    assert KernelSource(padded.text).parsed.errors == ()
+    assert "__shared__ float tile_a[16][16 + 1];" in padded.text
+    assert len(mechanism.detect(padded)) == 2
+
+
+@pytest.mark.nvcc
+def test_the_padded_staged_heldout_gemms_compile(mechanism_builder: Builder) -> None:
+    from tests.mechanisms.roundtrip import compile_ok
+
+    padded = []
+    for problem in ("sgemm", "batched_hgemm"):
+        staged = _staged_heldout(problem)
+        padded.append(mechanism.apply(staged, mechanism.candidates(staged)[0]))
+    compile_ok(mechanism_builder, padded)

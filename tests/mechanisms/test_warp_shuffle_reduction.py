@@ -8,7 +8,7 @@ import pytest
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Carrier, MechanismRefused, get, remove_all
+from klineage.mechanisms import Carrier, MechanismRefused, Site, get, remove_all
 from tests.mechanisms.reductions_experts import (
     assert_detected_where_listed,
     check_expert_removals_compile,
@@ -169,3 +169,109 @@ def test_straight_line_shuffles_mid_function_come_back_exactly() -> None:
     assert len(removal.sites) == 4 and "__shfl" not in removal.simplified.text
     assert len(mechanism.candidates(removal.simplified)) == 4
     assert reapply(removal).text == kernel.text  # the exchange buffer and lane math gone too
+
+
+# -- a naive block tree reduction, finished by shuffles ----------------------------------------
+
+TREE_KERNEL = """#include <cuda_runtime.h>
+#include <stdint.h>
+
+__global__ void row_sum_tree(const float* x, float* y, int64_t cols) {
+  __shared__ float partial[256];
+  const int tid = threadIdx.x;
+  const float* row = x + (int64_t)blockIdx.x * cols;
+  float acc = 0.0f;
+  for (int64_t c = tid; c < cols; c += blockDim.x) acc += row[c];
+  partial[tid] = acc;
+  __syncthreads();
+  for (int s = START; s > 0; s >>= 1) {
+    if (tid < s) STEP;
+    __syncthreads();
+  }
+  if (tid == 0) y[blockIdx.x] = partial[0];
+}
+
+extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+  row_sum_tree<<<(unsigned)rows, BLOCK, 0, stream>>>(x, y, cols);
+  return (int)cudaGetLastError();
+}
+"""
+SUM_STEP = "partial[tid] += partial[tid + s]"
+
+
+def _tree(start: str = "blockDim.x / 2", step: str = SUM_STEP, block: str = "256") -> KernelSource:
+    text = TREE_KERNEL.replace("START", start).replace("STEP", step).replace("BLOCK", block)
+    return KernelSource(text)
+
+
+def _tree_candidate(kernel: KernelSource) -> Site:
+    (site,) = [c for c in mechanism.candidates(kernel) if c.detail.get("kind") == "block_tree"]
+    return site
+
+
+@pytest.mark.parametrize(
+    ("start", "step", "shuffle_step"),
+    [
+        (
+            "blockDim.x / 2",
+            SUM_STEP,
+            "kl_tail += __shfl_down_sync(0xffffffffu, kl_tail, kl_offset);",
+        ),
+        (
+            "128",
+            "partial[tid] = fmaxf(partial[tid], partial[tid + s])",
+            "kl_tail = fmaxf(kl_tail, __shfl_down_sync(0xffffffffu, kl_tail, kl_offset));",
+        ),
+    ],
+)
+def test_a_block_tree_ends_in_warp_shuffles(start: str, step: str, shuffle_step: str) -> None:
+    naive = _tree(start, step)
+    assert not mechanism.detect(naive)
+    finished = mechanism.apply(naive, _tree_candidate(naive))
+    assert KernelSource(finished.text).parsed.errors == ()
+    assert f"for (int s = {start}; s > 16; s >>= 1)" in finished.text
+    assert shuffle_step in finished.text
+    assert "if (tid == 0) partial[0] = kl_tail;" in finished.text
+    (site,) = mechanism.detect(finished)
+    assert site.detail["kind"] == "down" and site.supported
+    assert not [c for c in mechanism.candidates(finished) if c.detail.get("kind") == "block_tree"]
+
+
+@pytest.mark.parametrize(
+    ("kernel", "reason"),
+    [
+        (_tree(block="dim3(16, 16)"), "not one constant 1-D size"),
+        (_tree(block="48"), "power of two of at least 16"),
+        (_tree(start="8", block="16"), "power of two of at least 16"),
+        (_tree(start="256"), "do not cover the tree of 512 values"),
+        (
+            KernelSource(
+                _tree().text.replace(
+                    "  if (tid == 0) y[blockIdx.x] = partial[0];",
+                    "  y[blockIdx.x * 256 + tid] = partial[tid];",
+                )
+            ),
+            "partial[tid] is read at line",
+        ),
+        (
+            KernelSource(_tree().text.replace("  partial[tid] = acc;\n  __syncthreads();\n", "")),
+            "not right after partial[tid] = ...",
+        ),
+    ],
+)
+def test_a_tree_whose_rewrite_would_not_be_exact_is_refused(
+    kernel: KernelSource, reason: str
+) -> None:
+    site = _tree_candidate(kernel)
+    assert reason in (site.refusal or "")
+    with pytest.raises(MechanismRefused):
+        mechanism.apply(kernel, site)
+
+
+@pytest.mark.nvcc
+def test_the_finished_trees_compile(mechanism_builder: Builder) -> None:
+    from tests.mechanisms.roundtrip import compile_ok
+
+    sums = _tree()
+    maxima = _tree("128", "partial[tid] = fmaxf(partial[tid], partial[tid + s])")
+    compile_ok(mechanism_builder, [mechanism.apply(k, _tree_candidate(k)) for k in (sums, maxima)])
