@@ -13,6 +13,12 @@ move's kernel, gates it against the current state, and hands the verdict back. W
 run out, the source chooses among the accepted ones, and the loop goes on from there. A move
 offered after the budget is spent is passed over without a gate run; the source still sees it
 (so what it records for free, a refusal or a no-op, is recorded as before).
+
+Which states the loop expands is a :class:`Frontier`'s choice. :class:`Greedy` (the default)
+goes on from the one move the source chooses. :class:`Beam` expands a level of states, each
+from the same budget, and goes on from the `width` best children of the whole level (the
+source, a :class:`BranchingSource`, names one child per distinct kept change at each state and
+values them); it ends at the best state any level held. A beam of width 1 walks greedy's path.
 """
 
 from __future__ import annotations
@@ -175,10 +181,118 @@ class SearchEnd:
     """Where a search stopped, and why."""
 
     state: KernelSource
-    """The last state reached (the best one: every step was a kept move)."""
+    """The best state reached (greedy: the last, every step was a kept move)."""
     steps: int
-    """Moves taken from the start."""
+    """Moves taken from the start to `state`."""
     ending: Ending
+
+
+@dataclass
+class Expansion(Generic[M, R]):
+    """A state of one level, expanded: the moves the loop gated there."""
+
+    state: KernelSource
+    tried: list[Tried[M, R]]
+    """Every move gated at `state`, in order."""
+    offered: bool
+    """Whether the source offered any move (gated or not)."""
+
+    @property
+    def accepted(self) -> list[Tried[M, R]]:
+        """The gated moves the source accepts."""
+        return [one for one in self.tried if one.accepted]
+
+
+class Frontier(Protocol[M, R]):
+    """Which states the loop expands next: from one level's expanded states, the kept moves
+    whose children form the next level."""
+
+    def go_on(self, step: int, level: Sequence[Expansion[M, R]]) -> list[Tried[M, R]]:
+        """The accepted moves to go on from, best first (at least one: the level accepted
+        some); the choice at every expanded state is settled with the source here."""
+        ...
+
+    def improves(self, state: KernelSource, best: KernelSource) -> bool:
+        """Whether `state`, the first of a new level, is better than the best state so far."""
+        ...
+
+
+class Greedy(Generic[M, R]):
+    """One state a level: the source's own choice among the accepted moves."""
+
+    def __init__(self, source: MoveSource[M, R]) -> None:
+        self.source = source
+
+    def go_on(self, step: int, level: Sequence[Expansion[M, R]]) -> list[Tried[M, R]]:
+        [expanded] = level
+        chosen = self.source.choose(expanded.state, expanded.accepted)
+        self.source.settled(step, expanded.state, expanded.tried, chosen)
+        return [chosen]
+
+    def improves(self, state: KernelSource, best: KernelSource) -> bool:
+        return True  # every step is a kept move: the latest state is the best
+
+
+class BranchingSource(MoveSource[M, R], Protocol):
+    """A move source a beam can search: several children of a state, and their values."""
+
+    def branches(self, state: KernelSource, accepted: Sequence[Tried[M, R]]) -> list[Tried[M, R]]:
+        """The accepted moves worth going on from at `state`: one per distinct change (the
+        source's choice among its variants), in the order they were gated."""
+        ...
+
+    def value(self, state: KernelSource, child: Tried[M, R]) -> float:
+        """How good the kernel `child` (a move from `state`) is; the beam keeps the highest."""
+        ...
+
+    def settled_several(
+        self,
+        step: int,
+        state: KernelSource,
+        tried: Sequence[Tried[M, R]],
+        chosen: Sequence[Tried[M, R]],
+    ) -> None:
+        """Record the choices made at `state`: the search goes on from `chosen` (maybe none:
+        the beam held better states)."""
+        ...
+
+
+class Beam(Generic[M, R]):
+    """A level of up to `width` states: the best children of the last level, by the source's
+    value (a kernel reached twice in a level is held once)."""
+
+    def __init__(self, source: BranchingSource[M, R], width: int) -> None:
+        if width < 1:
+            raise ValueError(f"a beam holds at least one state, not {width}")
+        self.source = source
+        self.width = width
+        self.values: dict[str, float] = {}
+        """The value of every state a level held, by fingerprint."""
+
+    def go_on(self, step: int, level: Sequence[Expansion[M, R]]) -> list[Tried[M, R]]:
+        offers = [(one, self.source.branches(one.state, one.accepted)) for one in level]
+        valued = [
+            (self.source.value(one.state, child), child)
+            for one, children in offers
+            for child in children
+        ]
+        valued.sort(key=lambda pair: -pair[0])  # stable: a tie keeps the order gated
+        held: list[Tried[M, R]] = []
+        for value, child in valued:
+            if len(held) == self.width:
+                break
+            if all(child.child.fingerprint != other.child.fingerprint for other in held):
+                held.append(child)
+                self.values[child.child.fingerprint] = value
+        for one, children in offers:
+            chosen = [child for child in children if any(child is other for other in held)]
+            self.source.settled_several(step, one.state, one.tried, chosen)
+        return held
+
+    def improves(self, state: KernelSource, best: KernelSource) -> bool:
+        if best.fingerprint not in self.values:  # the start: every kept child beats it
+            return True
+        return self.values[state.fingerprint] > self.values[best.fingerprint]
 
 
 def search(
@@ -188,42 +302,68 @@ def search(
     log: GateLog,
     budget: Budget,
     observers: Sequence[SearchObserver] = (),
+    frontier: Frontier[M, R] | None = None,
 ) -> SearchEnd:
     """Search from `start` (already gated by the caller) with the moves `source` offers, every
-    verdict through `log`, until no move is offered, none is accepted, or `budget` is spent."""
-    state, step = start, 0
+    verdict through `log`, until no move is offered, none is accepted, or `budget` is spent.
+    `frontier` picks the states to expand (default: :class:`Greedy`); the search ends at the
+    best state it reached."""
+    policy: Frontier[M, R] = frontier if frontier is not None else Greedy(source)
+    level, step = [start], 0
+    best, best_step = start, 0
     while True:
-        for observer in observers:
-            observer.on_state(step, state)
-        tried: list[Tried[M, R]] = []
-        offered = ran_out = False
-        for move in source.moves(step, state, tried):
-            offered = True
-            if ran_out or budget.spent():
+        expanded: list[Expansion[M, R]] = []
+        ran_out = False
+        for state in level:
+            if expanded and budget.spent():  # a beam's later states wait for no run
                 ran_out = True
-                continue
-            realized = source.realize(state, move)
-            if realized is None:
-                continue
-            written, child = realized
-            verdict = log.run(problem, child, against=state)
-            budget.charge()
-            one: Tried[M, R] = Tried(written, child, verdict, source.accepts(verdict))
-            tried.append(one)
-            one.record = source.gated(step, state, one)
-        accepted = [one for one in tried if one.accepted]
-        if not offered:
-            ending = source.nothing_to_try(state)
+                break
+            for observer in observers:
+                observer.on_state(step, state)
+            one, out = _expand(problem, step, state, source, log, budget)
+            expanded.append(one)
+            ran_out = ran_out or out
+        if not any(one.offered for one in expanded):
+            ending = source.nothing_to_try(expanded[-1].state)
             break
-        if not accepted:
+        if not any(one.accepted for one in expanded):
             ending = Ending.BUDGET if ran_out else Ending.STUCK
             break
-        chosen = source.choose(state, accepted)
-        source.settled(step, state, tried, chosen)
-        state, step = chosen.child, step + 1
+        level, step = [one.child for one in policy.go_on(step, expanded)], step + 1
+        if policy.improves(level[0], best):
+            best, best_step = level[0], step
         if ran_out or budget.spent():
             ending = Ending.BUDGET
             break
     for observer in observers:
-        observer.on_end(step, state, ending)
-    return SearchEnd(state, step, ending)
+        observer.on_end(best_step, best, ending)
+    return SearchEnd(best, best_step, ending)
+
+
+def _expand(
+    problem: Problem,
+    step: int,
+    state: KernelSource,
+    source: MoveSource[M, R],
+    log: GateLog,
+    budget: Budget,
+) -> tuple[Expansion[M, R], bool]:
+    """Gate the moves `source` offers at `state`; also whether one was offered after the
+    budget was spent."""
+    tried: list[Tried[M, R]] = []
+    offered = ran_out = False
+    for move in source.moves(step, state, tried):
+        offered = True
+        if ran_out or budget.spent():
+            ran_out = True
+            continue
+        realized = source.realize(state, move)
+        if realized is None:
+            continue
+        written, child = realized
+        verdict = log.run(problem, child, against=state)
+        budget.charge()
+        one: Tried[M, R] = Tried(written, child, verdict, source.accepts(verdict))
+        tried.append(one)
+        one.record = source.gated(step, state, one)
+    return Expansion(state, tried, offered), ran_out

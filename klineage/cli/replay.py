@@ -21,7 +21,7 @@ from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, ope
 from klineage.cli.tables import Column, print_rows
 from klineage.executors import ExecutorError, ExecutorKind
 from klineage.lineage import is_llm_origin
-from klineage.replay.methods import METHODS
+from klineage.replay.methods import ALL_METHODS, BEAM_WIDTH
 from klineage.replay.results import GateRunRecord, ReplayBudget
 from klineage.replay.run import ReplayReport, replay
 
@@ -44,8 +44,18 @@ def replay_command(
     ] = None,
     budget: Annotated[int, typer.Option(help="Gate runs per problem and method.")] = 30,
     baselines: Annotated[
-        str, typer.Option(help="Comma-separated baselines to run beside skills: blind,memory.")
+        str,
+        typer.Option(
+            help="Comma-separated methods to run beside skills: blind,memory, and tree (the "
+            "skills under a beam search)."
+        ),
     ] = "blind,memory",
+    beam_width: Annotated[
+        int,
+        typer.Option(
+            min=1, help="The tree method's beam: states a level, kept skills gated at each."
+        ),
+    ] = BEAM_WIDTH,
     out: Annotated[Path, typer.Option(help="Where the report goes.")] = Path("replay_out"),
     resume: Annotated[
         bool, typer.Option("--resume/--fresh", help="Reuse verdicts already in the gate log.")
@@ -72,6 +82,11 @@ def replay_command(
     With --profile, the skills method ranks first the skills that relieved the current
     kernel's bottleneck on their expert.
 
+    With --baselines tree (say blind,memory,tree), the same skills are also replayed under a
+    beam search on the same budget: --beam-width states a level, that many kept skills gated
+    at each, the fastest children expanded next; the report gives its final speedup and the
+    gate runs to reach it beside the greedy skills method's.
+
     With --executor dask, the problems' gate runs are tasks on a Dask cluster's GPU workers
     (as many problems under way as GPU workers), builds run on any worker, and the gate logs
     are written here, so a killed run resumes with no gate run repeated.
@@ -90,9 +105,10 @@ def replay_command(
     from klineage.gate.gate import GateSetupError
 
     chosen = ["skills"] + [b.strip() for b in baselines.split(",") if b.strip()]
-    unknown = [m for m in chosen if m not in METHODS]
+    unknown = [m for m in chosen if m not in ALL_METHODS]
     if unknown:
-        errors.print(Text(f"unknown baseline {unknown[0]!r}; choose from blind, memory", "red"))
+        choices = ", ".join(m for m in ALL_METHODS if m != "skills")
+        errors.print(Text(f"unknown baseline {unknown[0]!r}; choose from {choices}", "red"))
         raise typer.Exit(2)
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
     running = open_cli_executor(executor, scheduler, devices, errors)
@@ -122,6 +138,7 @@ def replay_command(
                 on_run=on_run,
                 llm=provider,
                 gate_options=optional_stages(profile, energy, every_verdict=False),
+                beam_width=beam_width,
             )
     except GateSetupError as err:
         errors.print(Text(f"gate error: {err}", "red"))
@@ -152,6 +169,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
         Column.figure("vs naive"),
         Column.figure("vs PyTorch"),
         Column.figure("runs to 90%"),
+        Column.figure("runs to best", optional=True),
         Column.figure("wasted"),
         *([Column.figure("best mJ/call", optional=True)] if measured else []),
         Column("skills used (from)", optional=True, min_width=24),
@@ -175,6 +193,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
                 f"{r.speedup:.2f}x",
                 f"{r.speedup_vs_reference:.2f}x",
                 str(r.runs_to_90),
+                str(r.runs_to_best),
                 str(r.wasted),
                 *([f"{sum(r.best_joules.values()) * 1e3:.4g}"] if measured else []),
                 used,
@@ -188,6 +207,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
         Column.figure("fast_1.0"),
         Column.figure("fast_1.5"),
         Column.figure("mean runs to 90%", optional=True),
+        Column.figure("mean runs to best", optional=True),
         Column.figure("wasted"),
     ]
     print_rows(
@@ -201,6 +221,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
                 f"{s.fast_p['1.0']:.0%}",
                 f"{s.fast_p['1.5']:.0%}",
                 f"{s.mean_runs_to_90:.1f}",
+                f"{s.mean_runs_to_best:.1f}",
                 str(s.total_wasted),
             ]
             for s in report.summary

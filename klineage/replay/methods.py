@@ -16,6 +16,12 @@ workload, and faster than the current state overall and in every trial, timed in
 - `memory`: past before/after edits (the skills' anchors) retrieved by text similarity to the
   current kernel and applied without conditions.
 
+A fourth, `tree`, is the `skills` method's moves under a beam search (:class:`TreeMethod`):
+at each state of a level it gates skills until `beam_width` of them are kept (each with its
+carriers), and the `beam_width` fastest children of the whole level, by speedup over the start,
+form the next level; it ends at the fastest state any level held. Same budget, keep rule and
+gate log as the others; with a width of 1 it makes the `skills` method's runs.
+
 Every gate run is recorded, in a forward lineage of the same format as mining's, and counted
 against the budget, whether or not the log served it from an earlier method's run. Each method
 is a small class over :class:`ForwardSearch`, which holds what the three share: the keep rule,
@@ -75,11 +81,17 @@ from klineage.replay.results import (
     verdict_seconds,
 )
 from klineage.replay.retrieve import bm25_scores, retrieve
-from klineage.search import Ending, Tried, VerdictBudget, search
+from klineage.search import Beam, Ending, Frontier, Tried, VerdictBudget, search
 from klineage.skills import Skill, render_skill_md
 
 NO_CHANGE = "no machine code change (the same SASS and host code as the current state)"
 METHODS = ("skills", "blind", "memory")
+"""The experiment's methods: the skills, greedily, and the two baselines."""
+TREE = "tree"
+"""The skills method under a beam search (:class:`TreeMethod`), run on request."""
+ALL_METHODS = (*METHODS, TREE)
+BEAM_WIDTH = 2
+"""The tree method's default beam width: two states a level, two kept skills a state."""
 KEEP_RATIO = 1.01
 """A change is kept when current/new latency exceeds this overall, and exceeds 1 per trial."""
 
@@ -189,15 +201,20 @@ class ForwardSearch(ABC):
         self.rejections: list[LlmRejection] = []
         """LLM answers that were never gated."""
         self.used: list[SkillUse] = []
-        """The kept skills and the experts they came from."""
+        """The kept skills on the way to the best state, and the experts they came from."""
         self.best: GateVerdict | None = None
-        """The verdict of the current (best) state."""
-        self._speedup = 1.0
+        """The verdict of the best state (set when the search ends)."""
+        self.branching = 1
+        """Distinct kept moves to gate at a state before moving on (greedy: the first)."""
+        self._verdicts: dict[str, GateVerdict] = {}  # a state reached, by fingerprint
+        self._speedups: dict[str, float] = {}  # its speedup over the start
+        self._came_from: dict[str, tuple[str, SkillUse | None]] = {}  # its parent, the skill
         self._tried: set[MoveKey] = set()
         self._applied: set[tuple[str, str]] = set()  # (state, skill) a rule could apply
         self._prepared: dict[MoveKey, KernelSource | MechanismRefused] = {}
         self._written: set[str] = set()  # kernels gated for the kept skill's carriers
-        self._kept: list[Step] = []  # a kept move and the carriers gated after it
+        # at a state: each kept move and the carriers gated after it, with their gate-run numbers
+        self._waiting: dict[str, list[tuple[Step, int]]] = {}
 
     @abstractmethod
     def candidates(self, current: KernelSource) -> Iterator[Move]:
@@ -211,6 +228,10 @@ class ForwardSearch(ABC):
         """The LLM's application of a skill; None: this method never asks one."""
         return None
 
+    def frontier(self) -> Frontier[Move, GateRunRecord] | None:
+        """The states the search expands; None: greedy, on from the one kept move."""
+        return None
+
     def run(self, naive: KernelSource) -> MethodResult:
         """Search forward from `naive` (gated first: it must pass), within the budget."""
         started = time.monotonic()
@@ -218,12 +239,15 @@ class ForwardSearch(ABC):
         if not start.passed:
             raise ValueError(f"{self.problem.name}: the starting kernel fails its gate")
         start = self.profiled(naive, start)
-        self.best = start
+        self._verdicts[naive.fingerprint], self._speedups[naive.fingerprint] = start, 1.0
         self.lineage.add_state(state_info(naive, start, 0), root=True)
-        end = search(self.problem, naive, self, self.materializer.log, self.budget)
+        end = search(
+            self.problem, naive, self, self.materializer.log, self.budget, frontier=self.frontier()
+        )
         self.lineage.meta.final = end.state.fingerprint
-        if self.best is not None:
-            self.best = self.profiled(end.state, self.best)
+        self.best = self.profiled(end.state, self._verdicts[end.state.fingerprint])
+        self.records.sort(key=lambda record: record.index)  # a beam settles out of gate order
+        self.used = self._uses_to(end.state)
         result = method_result(
             self.name,
             self.problem,
@@ -251,17 +275,20 @@ class ForwardSearch(ABC):
     # ---- the move source the search loop asks (klineage.search.MoveSource) ------------------
 
     def moves(self, step: int, state: KernelSource, tried: Sequence[Step]) -> Iterator[Move]:
-        """The method's moves in order, built ahead; after the first one kept, only the moves
-        `siblings` names (then the loop re-ranks from the new state)."""
+        """The method's moves in order, built ahead; after each one kept, the moves `siblings`
+        names; after `branching` kept, no more (then the loop re-ranks from the new state)."""
         moves = list(self.candidates(state))
-        self._prebuild(state, moves, self.budget.gate_runs - len(self.records))
+        self._prebuild(state, moves, self.budget.left())
+        kept = 0
         for index, planned in enumerate(moves):
             gated = len(tried)
             yield planned
             if len(tried) > gated and tried[-1].accepted:
                 if tried[-1].move.source is None:  # a rule wrote it: its other carriers too
                     yield from self.siblings(moves[index + 1 :], planned)
-                return
+                kept += 1
+                if kept >= self.branching:
+                    return
 
     def realize(self, state: KernelSource, move: Move) -> tuple[Move, KernelSource] | None:
         """The move's kernel, or None (recorded as a refusal where one is due) when it costs no
@@ -310,10 +337,11 @@ class ForwardSearch(ABC):
     def gated(self, step: int, state: KernelSource, tried: Step) -> GateRunRecord | None:
         """Record a run not kept at once; a kept one, and the carriers gated after it, wait
         for the choice among them (the others are `outranked`)."""
+        number = self.budget.used()  # the loop charged this run just before
         if tried.accepted or tried.move.sibling:
-            self._kept.append(tried)
+            self._waiting.setdefault(state.fingerprint, []).append((tried, number))
             return None
-        return self._record_run(state, tried, chosen=False)
+        return self._record_run(state, tried, number, chosen=False)
 
     def choose(self, state: KernelSource, accepted: Sequence[Step]) -> Step:
         """The fastest of the kept carriers (the first on a tie)."""
@@ -321,22 +349,64 @@ class ForwardSearch(ABC):
 
     def settled(self, step: int, state: KernelSource, tried: Sequence[Step], chosen: Step) -> None:
         """Record the kept move and its carriers, and go on from the chosen one."""
-        for one in self._kept:
-            one.record = self._record_run(state, one, chosen=one is chosen)
-        first = len(self.records) - len(self._kept)
-        self._speedup = self.records[first + self._kept.index(chosen)].speedup
-        self.best = chosen.verdict
+        self.settled_several(step, state, tried, [chosen])
+
+    # ---- what a beam asks besides (klineage.search.BranchingSource) ----------------------------
+
+    def branches(self, state: KernelSource, accepted: Sequence[Step]) -> list[Step]:
+        """The fastest carrier of each kept move (a kept move and the carriers gated after it
+        are one change), in the order the kept moves were gated."""
+        groups: list[list[Step]] = []
+        for one in accepted:
+            if one.move.sibling and groups:
+                groups[-1].append(one)
+            else:
+                groups.append([one])
+        return [self.choose(state, group) for group in groups]
+
+    def value(self, state: KernelSource, child: Step) -> float:
+        """The speedup over the start of the kernel `child` reached from `state`."""
+        return self._speedups[state.fingerprint] * _ratio(child.verdict)
+
+    def settled_several(
+        self, step: int, state: KernelSource, tried: Sequence[Step], chosen: Sequence[Step]
+    ) -> None:
+        """Record the kept moves and their carriers at `state`; the search goes on from
+        `chosen` (a kept move it does not go on from is `outranked`)."""
+        for one, number in self._waiting.pop(state.fingerprint, []):
+            went_on = any(one is other for other in chosen)
+            one.record = self._record_run(state, one, number, chosen=went_on)
+            if went_on:
+                self._reached(state, one)
+
+    def _reached(self, parent: KernelSource, chosen: Step) -> None:
+        """Note a state the search goes on from: its verdict, speedup, and the skill on the
+        way to it."""
+        child = chosen.child.fingerprint
+        assert chosen.record is not None, "a chosen move is recorded before the search goes on"
+        if self._speedups.get(child, 0.0) >= chosen.record.speedup:
+            return  # reached before, by a path at least as fast
+        self._verdicts[child], self._speedups[child] = chosen.verdict, chosen.record.speedup
+        use = None
         if chosen.move.skill is not None:
             skill = self.skills[chosen.move.skill]
-            self.used.append(
-                SkillUse(
-                    skill=skill.id,
-                    source=skill.evidence.problem,
-                    folder=self.materializer.skill_folders.get(skill.id, ""),
-                    origin=chosen.move.origin,
-                )
+            use = SkillUse(
+                skill=skill.id,
+                source=skill.evidence.problem,
+                folder=self.materializer.skill_folders.get(skill.id, ""),
+                origin=chosen.move.origin,
             )
-        self._kept = []
+        self._came_from[child] = (parent.fingerprint, use)
+
+    def _uses_to(self, state: KernelSource) -> list[SkillUse]:
+        """The skills kept on the way from the start to `state`, in order."""
+        uses: list[SkillUse] = []
+        at = state.fingerprint
+        while at in self._came_from:
+            at, use = self._came_from[at]
+            if use is not None:
+                uses.append(use)
+        return uses[::-1]
 
     def nothing_to_try(self, state: KernelSource) -> Ending:
         """No candidate move: the method has nothing more to offer."""
@@ -399,16 +469,16 @@ class ForwardSearch(ABC):
         if len(kernels) > 1:
             builder.build_many([(k.text, k.name) for k in kernels])
 
-    def _record_run(self, current: KernelSource, tried: Step, *, chosen: bool) -> GateRunRecord:
-        """The run's record and lineage edge, appended; a kept run not chosen is `outranked`."""
-        record = run_record(
-            len(self.records) + 1, tried.move, tried.verdict, self._speedup, kept=tried.accepted
-        )
+    def _record_run(
+        self, current: KernelSource, tried: Step, number: int, *, chosen: bool
+    ) -> GateRunRecord:
+        """The record and lineage edge of gate run `number`, appended; a kept run not chosen
+        is `outranked`."""
+        speedup = self._speedups[current.fingerprint]
+        record = run_record(number, tried.move, tried.verdict, speedup, kept=tried.accepted)
         if tried.accepted and not chosen:
-            record.outcome, record.speedup = "outranked", self._speedup
-        add_edge(
-            self.lineage, current, tried.child, tried.verdict, tried.move, chosen, len(self.records)
-        )
+            record.outcome, record.speedup = "outranked", speedup
+        add_edge(self.lineage, current, tried.child, tried.verdict, tried.move, chosen, number - 1)
         self.records.append(record)
         self.materializer.on_run(self.name, record)
         return record
@@ -462,10 +532,11 @@ class SkillsMethod(ForwardSearch):
     def _bottleneck(self, current: KernelSource) -> Bottleneck | None:
         """The current state's bottleneck class, profiling it when the gate does so on
         request (None when it does not profile)."""
-        if self.best is None:
+        verdict = self._verdicts.get(current.fingerprint)
+        if verdict is None:
             return None
-        self.best = self.profiled(current, self.best)
-        profile = self.best.profile
+        verdict = self._verdicts[current.fingerprint] = self.profiled(current, verdict)
+        profile = verdict.profile
         call = profile.bottleneck if profile is not None else None
         return call.kind if call is not None else None
 
@@ -574,8 +645,23 @@ class MemoryMethod(ForwardSearch):
             )
 
 
+class TreeMethod(SkillsMethod):
+    """The skills method's moves under a beam: `beam_width` kept skills gated at each state,
+    the `beam_width` fastest children of a level expanded next."""
+
+    name = TREE
+
+    def __init__(self, materializer: Materializer, problem: Problem) -> None:
+        super().__init__(materializer, problem)
+        self.branching = materializer.beam_width
+
+    def frontier(self) -> Frontier[Move, GateRunRecord]:
+        """A beam of the materializer's width over this method's moves."""
+        return Beam(self, self.branching)
+
+
 METHOD_CLASSES: dict[str, type[ForwardSearch]] = {
-    m.name: m for m in (SkillsMethod, BlindMethod, MemoryMethod)
+    m.name: m for m in (SkillsMethod, BlindMethod, MemoryMethod, TreeMethod)
 }
 
 
@@ -593,8 +679,13 @@ class Materializer:
         llm: Provider | None = None,
         skip_no_ops: bool = True,
         skill_folders: Mapping[str, str] | None = None,
+        beam_width: int = BEAM_WIDTH,
     ) -> None:
+        if beam_width < 1:
+            raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
         self.log = log
+        self.beam_width = beam_width
+        """States a level of the tree method holds, and kept skills it gates at each."""
         self.skill_folders: Mapping[str, str] = skill_folders or {}
         """Skill id -> the folder it was read from, for the report ('' where not given)."""
         self.skip_no_ops = skip_no_ops
@@ -613,7 +704,7 @@ class Materializer:
     def method(self, name: str, problem: Problem) -> ForwardSearch:
         """The move source of method `name` on `problem` (ValueError for an unknown name)."""
         if name not in METHOD_CLASSES:
-            raise ValueError(f"unknown method {name!r}; expected one of {', '.join(METHODS)}")
+            raise ValueError(f"unknown method {name!r}; expected one of {', '.join(ALL_METHODS)}")
         return METHOD_CLASSES[name](self, problem)
 
     def run(

@@ -31,11 +31,15 @@ class GateRunRecord(BaseModel):
     carrier: dict[str, Any] = Field(default_factory=dict, description="instance choices")
     outcome: str = Field(
         description="kept, slower (correct, not faster), rejected, or outranked (kept-worthy, "
-        "but another carrier of the same skill was faster from the same state)"
+        "but another carrier of the same skill was faster from the same state, or, in the tree "
+        "method, the beam held faster states)"
     )
     gate_status: str = Field(description="the gate's status")
     ratio: float | None = Field(default=None, description="current / new latency (pooled)")
-    speedup: float = Field(description="speedup over the start after this run")
+    speedup: float = Field(
+        description="speedup over the start after this run (the tree method: of the state this "
+        "run reached if kept, else of the state it was gated from)"
+    )
     message: str = Field(default="", description="the gate's message when rejected")
     gate_seconds: float = Field(
         default=0.0,
@@ -66,7 +70,7 @@ class SkillUse(BaseModel):
 class MethodResult(BaseModel):
     """What one method reached on one problem."""
 
-    method: str = Field(description="skills, blind or memory")
+    method: str = Field(description="skills, blind, memory or tree")
     problem: str = Field(description="definition name")
     runs: list[GateRunRecord] = Field(default_factory=list, description="every gate run")
     refusals: list[str] = Field(default_factory=list, description="rewrites the rules refused")
@@ -96,6 +100,9 @@ class MethodResult(BaseModel):
     speedup: float = Field(description="geometric-mean speedup over the naive kernel")
     speedup_vs_reference: float = Field(description="geometric mean of reference / best")
     runs_to_90: int = Field(description="gate runs to reach 90% of the final speedup")
+    runs_to_best: int = Field(
+        default=0, description="gate runs to reach the final speedup (0: no gain; older reports)"
+    )
     wasted: int = Field(description="gate runs rejected or not faster")
     skills_used: list[SkillUse] = Field(
         default_factory=list, description="kept skills and the expert each came from"
@@ -146,6 +153,7 @@ def method_result(
     vs_reference = geomean([reference_ms[k] / best_ms[k] for k in best_ms if k in reference_ms])
     target = 1.0 + 0.9 * (speedup - 1.0)
     runs_to_90 = next((r.index for r in records if r.speedup >= target), 0)
+    runs_to_best = next((r.index for r in records if r.speedup >= speedup), 0)
     return MethodResult(
         method=method,
         problem=problem.name,
@@ -162,6 +170,7 @@ def method_result(
         speedup=speedup,
         speedup_vs_reference=vs_reference,
         runs_to_90=runs_to_90 if speedup > 1.0 else 0,
+        runs_to_best=runs_to_best if speedup > 1.0 else 0,
         wasted=sum(r.outcome != "kept" for r in records),
         skills_used=used,
         final=final.fingerprint,

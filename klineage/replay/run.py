@@ -9,7 +9,9 @@ skills used and the expert each came from; a summary with geometric means and fa
 forward lineages under `out/lineages/`, and a PNG chart.
 
 With `llm=provider`, the `skills` method asks the LLM to apply a retrieved skill no rule can
-apply (see :mod:`klineage.replay.methods`); the baselines never ask it.
+apply (see :mod:`klineage.replay.methods`); the baselines never ask it. `methods=[..., "tree"]`
+adds the skills method under a beam search of `beam_width` (the same budget; its final speedup
+and `runs_to_best` beside the greedy `skills` method's).
 """
 
 from __future__ import annotations
@@ -27,24 +29,29 @@ from klineage.gate.pool import spread
 from klineage.gate.result import geomean
 from klineage.llm.base import Provider
 from klineage.problem import Problem, load_problem
-from klineage.replay.methods import Materializer
+from klineage.replay.methods import ALL_METHODS, BEAM_WIDTH, TREE, Materializer
 from klineage.replay.misses import Miss, explain_misses
 from klineage.replay.results import GateRunRecord, MethodResult, ReplayBudget
 from klineage.replay.sources import SkillSources
 
 FAST_P = (1.0, 1.5)
+SKILLED = ("skills", TREE)
+"""The methods that replay skills (and may ask the LLM to apply one)."""
 
 
 class MethodSummary(BaseModel):
     """One method over all problems."""
 
-    method: str = Field(description="skills, blind or memory")
+    method: str = Field(description="skills, blind, memory or tree")
     geomean_speedup: float = Field(description="over the naive kernels")
     geomean_vs_reference: float = Field(description="reference latency / best latency")
     fast_p: dict[str, float] = Field(
         description="share of problems faster than the reference by p (keys '1.0', '1.5')"
     )
     mean_runs_to_90: float = Field(description="mean gate runs to 90% of the final gain")
+    mean_runs_to_best: float = Field(
+        default=0.0, description="mean gate runs to the final gain (older reports: 0)"
+    )
     total_wasted: int = Field(description="gate runs rejected or not faster, all problems")
 
 
@@ -52,7 +59,7 @@ class MatchedRuns(BaseModel):
     """Gate runs a method and blind search each spent to reach the same speed: on each problem
     where both gained, the lower of their two final speedups."""
 
-    method: str = Field(description="skills or memory")
+    method: str = Field(description="skills, tree or memory")
     problems: int = Field(description="problems where both this method and blind gained")
     runs: int = Field(description="this method's gate runs to that speed, summed")
     blind_runs: int = Field(description="blind search's gate runs to that speed, summed")
@@ -68,10 +75,11 @@ def runs_to_reach(result: MethodResult, speedup: float) -> int:
 
 
 def matched_runs(results: Sequence[MethodResult]) -> list[MatchedRuns]:
-    """For skills and memory: the gate runs each and blind search spent to reach the same speed."""
+    """For skills, tree and memory: the gate runs each and blind search spent to reach the
+    same speed."""
     blind = {r.problem: r for r in results if r.method == "blind"}
     out = []
-    for method in ("skills", "memory"):
+    for method in ("skills", TREE, "memory"):
         rows = [r for r in results if r.method == method and r.problem in blind]
         pairs = [(r, blind[r.problem]) for r in rows]
         pairs = [(a, b) for a, b in pairs if min(a.speedup, b.speedup) > 1.01]
@@ -99,6 +107,9 @@ class ReplayReport(BaseModel):
     summary: list[MethodSummary] = Field(description="one per method")
     llm: str | None = Field(
         default=None, description="'llm:<kind>:<model>' the skills method asked, if any"
+    )
+    beam_width: int | None = Field(
+        default=None, description="the tree method's beam width (None: the tree was not run)"
     )
     llm_usage: dict[str, Any] | None = Field(
         default=None, description="the LLM's calls, tokens and estimated cost (this run)"
@@ -129,7 +140,7 @@ class ReplayReport(BaseModel):
 
 def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
     """One summary per method over all problems: geometric means, fast_p, runs to 90%, waste."""
-    methods = sorted({r.method for r in results}, key=["skills", "blind", "memory"].index)
+    methods = sorted({r.method for r in results}, key=ALL_METHODS.index)
     summaries = []
     for method in methods:
         rows = [r for r in results if r.method == method]
@@ -143,6 +154,7 @@ def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
                     for p in FAST_P
                 },
                 mean_runs_to_90=sum(r.runs_to_90 for r in rows) / len(rows),
+                mean_runs_to_best=sum(r.runs_to_best for r in rows) / len(rows),
                 total_wasted=sum(r.wasted for r in rows),
             )
         )
@@ -165,6 +177,7 @@ def replay(
     skip_no_ops: bool = True,
     executor: Executor | None = None,
     gate_options: Mapping[str, Any] | None = None,
+    beam_width: int = BEAM_WIDTH,
 ) -> ReplayReport:
     """Run every method on every problem; write the report, lineages and chart to `out`.
     `skills` is one mined folder or several (:class:`SkillSources`); the report names the
@@ -179,7 +192,13 @@ def replay(
     `skip_no_ops` (the default), a move that changes no machine code is not gated, and a
     verdict on machine code already judged is shared. `gate_options` go to the gates opened
     here (`profile=ProfileConfig()`: the skills method ranks by the current kernel's
-    bottleneck; `energy=EnergyConfig()`: energy per call in the report)."""
+    bottleneck; `energy=EnergyConfig()`: energy per call in the report). `beam_width` is the
+    tree method's (states a level, kept skills gated at each)."""
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; expected one of {', '.join(ALL_METHODS)}")
+    if beam_width < 1:
+        raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
     sources = skills if isinstance(skills, SkillSources) else SkillSources.load(skills)
     if not len(sources):
         raise FileNotFoundError(
@@ -201,6 +220,7 @@ def replay(
                 on_run=on_run,
                 llm=llm,
                 skip_no_ops=skip_no_ops,
+                beam_width=beam_width,
             )
     limits = budget or ReplayBudget()
     root = Path(out)
@@ -228,9 +248,10 @@ def replay(
                 sources.skills,
                 limits,
                 on_run=report_run,
-                llm=llm if method == "skills" else None,
+                llm=llm if method in SKILLED else None,
                 skip_no_ops=skip_no_ops,
                 skill_folders=sources.folder_of,
+                beam_width=beam_width,
             )
             result, lineage = materializer.run(problem, naive, method)
             lineage.save(root / "lineages" / f"{problem.name}.{method}.json")
@@ -246,6 +267,7 @@ def replay(
         summary=summarize(results),
         llm=f"llm:{llm.kind}:{llm.model}" if llm is not None else None,
         llm_usage=llm.accounting.summary() if llm is not None else None,
+        beam_width=beam_width if TREE in methods else None,
         versus_blind=matched_runs(results),
         misses=explain_misses(results, loaded, sources.skills, root / "lineages"),
     )
