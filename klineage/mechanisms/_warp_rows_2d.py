@@ -13,7 +13,13 @@ from __future__ import annotations
 from klineage.cuda.analysis import analysis
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.cuda.tree import WARP_SIZE
-from klineage.mechanisms._reductions_util import call_name, inside, strip_casts, strip_parens
+from klineage.mechanisms._reductions_util import (
+    call_name,
+    fold,
+    inside,
+    strip_casts,
+    strip_parens,
+)
 from klineage.mechanisms._tiles_util import launch_block_dims
 
 __all__ = [
@@ -78,12 +84,23 @@ def lane_is_thread_x(source: ParsedSource, kernel: Function) -> bool:
 
 
 def block_width_asserts(source: ParsedSource, body: Node) -> list[Node]:
-    """``assert(blockDim.x == 32)`` calls (``warpSize`` too, either side)."""
-    widths = {"blockDim.x==32", "32==blockDim.x", "blockDim.x==warpSize", "warpSize==blockDim.x"}
-    return [
-        call
-        for call in inside(source, body, "call_expression")
-        if call_name(source, call) == "assert"
-        and "".join(source.text_of(call.child_by_field_name("arguments") or call).split())[1:-1]
-        in widths
-    ]
+    """``assert(blockDim.x == 32)`` calls: the width written as 32, ``warpSize`` or a constant
+    of the file that folds to 32 (``WARP_SIZE``), on either side."""
+    found = []
+    for call in inside(source, body, "call_expression"):
+        arguments = call.child_by_field_name("arguments")
+        if call_name(source, call) != "assert" or arguments is None:
+            continue
+        if len(arguments.named_children) != 1:
+            continue
+        sides = _operands(arguments.named_children[0], "==")
+        if sides is not None and any(
+            _is(source, width, "blockDim.x") and _is_warp_width(source, other)
+            for width, other in (sides, sides[::-1])
+        ):
+            found.append(call)
+    return found
+
+
+def _is_warp_width(source: ParsedSource, node: Node) -> bool:
+    return _is(source, node, "warpSize") or fold(source, strip_casts(node)) == WARP_SIZE

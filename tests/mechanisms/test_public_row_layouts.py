@@ -127,3 +127,17 @@ def test_a_tile_shuffle_left_in_a_cooperative_groups_warp_row_is_refused_by_line
     (site,) = warp_per_row.detect(KernelSource(broadcast))
     assert site.refusal is not None
     assert site.refusal.startswith("warp.shfl(sum, 0) at line 19 is not a group-strided loop")
+
+
+def test_the_block_width_assert_may_name_the_warp_size_by_a_macro() -> None:
+    text = "#define WARP_SIZE 32U\n" + _launched("dim3(32, 4)").replace(
+        "assert(blockDim.x == 32);", "assert(WARP_SIZE == blockDim.x);"
+    )
+    (site,) = warp_per_row.detect(KernelSource(text))
+    assert site.supported
+    (after,) = removal_chain(warp_per_row, KernelSource(text)).states[1:]
+    assert "assert(WARP_SIZE == blockDim.x);" in after.text
+    # a width the block does not have is not a warp's: the assert ties the kernel to it
+    wrong = text.replace("#define WARP_SIZE 32U", "#define WARP_SIZE 16U")
+    (refused,) = warp_per_row.detect(KernelSource(wrong))
+    assert refused.refusal is not None and "blockDim.x" in refused.refusal
