@@ -1930,6 +1930,7 @@ def _warp_layout(walker: _GroupWalker) -> _RowIndex:
     if declared is None or bound is None:
         raise NotCanonical(
             f"the warp row index at line {walker.line(statement)} has no bound check"
+            + _bound_check_off_by_one(source, kernel, statement)
         )
     walker.edits.append(Edit.replace(value, replacement))
     walker.handled.append(value)
@@ -1941,6 +1942,30 @@ def _warp_layout(walker: _GroupWalker) -> _RowIndex:
     if lane_statement is not None and lane_name is not None:
         _drop_lane(source, walker, lane_statement, lane_name)
     return _RowIndex(statement, declared[0], value, replacement, bound)
+
+
+def _bound_check_off_by_one(source: ParsedSource, kernel: Function, statement: Node) -> str:
+    """What a check written ``if (row > rows) return;`` lets through, said when it is the one
+    there: a thread per row would read row ``rows`` wherever the grid holds more threads."""
+    assert kernel.body is not None
+    statements = named_statements(kernel.body)
+    declared = _single_init(source, statement)
+    position = statements.index(statement) if statement in statements else -1
+    if declared is None or position < 0 or position + 1 >= len(statements):
+        return ""
+    check = statements[position + 1]
+    condition = check.child_by_field_name("condition") if check.type == "if_statement" else None
+    value = condition.child_by_field_name("value") if condition is not None else None
+    test = strip_parens(value) if value is not None else None
+    if test is None or test.type != "binary_expression" or _op(test) != ">":
+        return ""
+    left = test.child_by_field_name("left")
+    if left is None or source.text_of(strip_parens(left)) != declared[0]:
+        return ""
+    return (
+        f" (line {source.line_of(check.start_byte)} returns only past `{source.text_of(test)}`, "
+        f"which lets the row equal to the count through; the rewrite needs `>=`)"
+    )
 
 
 def _bound_after(source: ParsedSource, kernel: Function, statement: Node) -> Node | None:

@@ -141,3 +141,12 @@ def test_the_block_width_assert_may_name_the_warp_size_by_a_macro() -> None:
     wrong = text.replace("#define WARP_SIZE 32U", "#define WARP_SIZE 16U")
     (refused,) = warp_per_row.detect(KernelSource(wrong))
     assert refused.refusal is not None and "blockDim.x" in refused.refusal
+
+
+def test_a_row_check_that_lets_the_last_row_through_is_named_in_the_refusal() -> None:
+    text = _launched("dim3(32, 4)").replace("if (row >= rows) return;", "if (row > rows) return;")
+    (site,) = warp_per_row.detect(KernelSource(text))
+    assert site.refusal == (
+        "the warp row index at line 8 has no bound check (line 9 returns only past "
+        "`row > rows`, which lets the row equal to the count through; the rewrite needs `>=`)"
+    )
