@@ -224,13 +224,15 @@ class Greedy(Generic[M, R]):
         self.source = source
 
     def go_on(self, step: int, level: Sequence[Expansion[M, R]]) -> list[Tried[M, R]]:
+        """The source's choice at the one expanded state, settled with it."""
         [expanded] = level
         chosen = self.source.choose(expanded.state, expanded.accepted)
         self.source.settled(step, expanded.state, expanded.tried, chosen)
         return [chosen]
 
     def improves(self, state: KernelSource, best: KernelSource) -> bool:
-        return True  # every step is a kept move: the latest state is the best
+        """Always: every step is a kept move, so the latest state is the best."""
+        return True
 
 
 class BranchingSource(MoveSource[M, R], Protocol):
@@ -270,6 +272,8 @@ class Beam(Generic[M, R]):
         """The value of every state a level held, by fingerprint."""
 
     def go_on(self, step: int, level: Sequence[Expansion[M, R]]) -> list[Tried[M, R]]:
+        """The `width` highest-valued distinct children of the whole level; each expanded
+        state's choices are settled with the source."""
         offers = [(one, self.source.branches(one.state, one.accepted)) for one in level]
         valued = [
             (self.source.value(one.state, child), child)
@@ -290,6 +294,7 @@ class Beam(Generic[M, R]):
         return held
 
     def improves(self, state: KernelSource, best: KernelSource) -> bool:
+        """Whether `state` is valued above `best` (every kept child beats the start)."""
         if best.fingerprint not in self.values:  # the start: every kept child beats it
             return True
         return self.values[state.fingerprint] > self.values[best.fingerprint]
