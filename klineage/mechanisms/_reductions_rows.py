@@ -34,16 +34,19 @@ barriers, shuffles left over) is refused with the line it is on.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from klineage.conditions import evaluate_size
+from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, wrap_at
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, template_bindings, template_values
 from klineage.cuda.source import Function, Launch, Node, ParsedSource, plain_assignment
 from klineage.cuda.tree import WARP_SIZE
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
+from klineage.mechanisms._reductions_scratch import ScratchRun, scratch_runs
 from klineage.mechanisms._reductions_util import (
     arguments_of,
     builtin_uses,
@@ -1456,6 +1459,48 @@ class _GroupWalker:
         self.handled.append(statement)
         self.removed.append((statement.start_byte, statement.end_byte))
 
+    def scratch_reductions(self) -> None:
+        """Block reductions through per-warp scratch written value by value
+        (:mod:`klineage.mechanisms._reductions_scratch`): the first warp reduction becomes
+        its value, the publishes, barrier and reloads go, the second reduction becomes the
+        published variable."""
+        reduction = _warp_reduction_of(self.source, self.kernel, self.warp_reducers)
+        for run in _scratch_runs(self.source, self.kernel, self.inline):
+            nodes = [*run.first.values(), *run.deleted, *(call for call, _ in run.second)]
+            if any(a < n.end_byte and n.start_byte < b for n in nodes for a, b in self.removed):
+                continue  # another form's rewrite took these statements already
+            for call in run.first.values():
+                value = reduction(call)
+                assert value is not None
+                self.identity(call, value)
+                self.reduced.append((call.end_byte, self.source.text_of(value)))
+            for statement in run.deleted:
+                self.delete(statement)
+            for call, variable in run.second:
+                self.edits.append(Edit.replace(call, variable))
+                self.handled.append(call)
+                self.removed.append((call.start_byte, call.end_byte))
+                self.reduced.append((call.end_byte, variable))
+
+    def unused_rank_declarations(self) -> None:
+        """Declarations of thread ranks (``warp_id = threadIdx.x / 32``) that only deleted
+        code read go too."""
+        for statement in named_statements(self.body):
+            if statement.type != "declaration" or not builtin_uses(self.source, statement):
+                continue
+            if any(within(statement, h) or within(h, statement) for h in self.handled):
+                continue
+            names = _declared(self.source, statement)
+            reads = [
+                node
+                for node in inside(self.source, self.body, "identifier")
+                if self.source.text_of(node) in names and not within(node, statement)
+            ]
+            if reads and all(
+                any(a <= n.start_byte and n.end_byte <= b for a, b in self.removed) for n in reads
+            ):
+                self.delete(statement)
+
     def inline_reductions(self) -> None:
         """``v = warp(v); ... publish ...; __syncthreads(); ... reload ...; v = warp(v);`` ->
         nothing."""
@@ -1854,6 +1899,47 @@ def _warp_reduction_calls(source: ParsedSource, kernel: Function) -> bool:
     )
 
 
+def _warp_reduction_of(
+    source: ParsedSource, kernel: Function, helpers: set[str]
+) -> Callable[[Node], Node | None]:
+    """The reduced value of a warp-reduction call in ``kernel`` (a helper of ``helpers`` or
+    ``cg::reduce`` over a 32-thread tile), None for any other node."""
+    tiles = {r.node.start_byte: r.value for r in warp_reduces(source, kernel)}
+
+    def reduction(node: Node) -> Node | None:
+        if node.type != "call_expression":
+            return None
+        if node.start_byte in tiles:
+            return tiles[node.start_byte]
+        args = arguments_of(node)
+        return args[0] if call_name(source, node) in helpers and len(args) == 1 else None
+
+    return reduction
+
+
+def _scratch_runs(
+    source: ParsedSource, kernel: Function, inline: _InlineReductions
+) -> list[ScratchRun]:
+    """The per-warp scratch block reductions of ``kernel``, in every block of statements."""
+    reduction = _warp_reduction_of(source, kernel, inline.warp_reducers)
+
+    def is_barrier(statement: Node) -> bool:
+        if _is_call_statement(source, statement, _SYNC):
+            return True
+        call = statement.named_children[0] if statement.named_children else None
+        barrier = analysis(source).cooperative_groups.barrier_at(call) if call else None
+        return barrier is not None and barrier.scope == "block"
+
+    assert kernel.body is not None
+    return [
+        run
+        for block in inside(source, kernel.body, "compound_statement")
+        for run in scratch_runs(
+            source, named_statements(block), inline.shared, reduction, is_barrier
+        )
+    ]
+
+
 def _block_reduction(source: ParsedSource, kernel: Function) -> bool:
     """Whether a kernel reduces over its block: a call to a block-reduction helper, or the
     inline warp-reduce / publish / barrier / reload sequence."""
@@ -1863,7 +1949,8 @@ def _block_reduction(source: ParsedSource, kernel: Function) -> bool:
         call_name(source, n) in reducers for n in inside(source, kernel.body, "call_expression")
     ):
         return True
-    return _InlineReductions(source, kernel.body).any_run()
+    inline = _InlineReductions(source, kernel.body)
+    return inline.any_run() or bool(_scratch_runs(source, kernel, inline))
 
 
 def is_block_per_row(source: ParsedSource, kernel: Function) -> bool:
@@ -1899,9 +1986,11 @@ def _block_layout(walker: _GroupWalker) -> _RowIndex:
     walker.require_1d()
     walker.reductions(walker.block_reducers)
     walker.inline_reductions()
+    walker.scratch_reductions()
     index = _block_index(walker.source, walker)
     walker.strided_loops(None)
     walker.guards(None)
+    walker.unused_rank_declarations()
     walker.unused_shared()
     return index
 

@@ -23,6 +23,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "rows_by_z": PROBLEMS / "center_rows",
     "rows_2d": PROBLEMS / "center_rows",
     "rows_cg": PROBLEMS / "center_rows",
+    "scratch_pairs": PROBLEMS / "center_rows",
     "serpentine": PROBLEMS / "scale_tiles",
     "guarded_tree": PROBLEMS / "block_totals",
     "loads_per_turn": PROBLEMS / "vector_total",

@@ -150,3 +150,42 @@ def test_a_row_check_that_lets_the_last_row_through_is_named_in_the_refusal() ->
         "the warp row index at line 8 has no bound check (line 9 returns only past "
         "`row > rows`, which lets the row equal to the count through; the rewrite needs `>=`)"
     )
+
+
+# a block per row whose warp partials go through scratch under new names, a shuffle helper
+SCRATCH_HELPER = """\
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+__global__ void row_totals(const float* x, float* y, int cols) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31;
+  const int wid = threadIdx.x >> 5;
+  const float* xr = x + (size_t)blockIdx.x * cols;
+  float p = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) p += xr[c];
+  float w = warp_sum(p);
+  if (lane == 0) partial[wid] = w;
+  __syncthreads();
+  float r = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.f;
+  float total = warp_sum(r);
+  __syncthreads();
+  if (threadIdx.x == 0) y[blockIdx.x] = total;
+}
+extern "C" int run(const float* x, float* y, long long rows, long long cols, cudaStream_t s) {
+  row_totals<<<(unsigned)rows, 128, 0, s>>>(x, y, (int)cols);
+  return 0;
+}
+"""
+
+
+def test_a_block_reduction_through_scratch_under_new_names_becomes_the_partial() -> None:
+    (site,) = block_per_row.detect(KernelSource(SCRATCH_HELPER))
+    assert site.supported
+    (after,) = removal_chain(block_per_row, KernelSource(SCRATCH_HELPER)).states[1:]
+    text = after.text
+    assert "float w = p;" in text and "float total = w;" in text
+    for gone in ("partial[", "__syncthreads", "lane", "wid", "float r ="):
+        assert gone not in text, gone
+    assert "y[blockIdx.x]" not in text and "] = total;" in text
