@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from klineage.cuda.source import Node, ParsedSource, plain_assignment
+from klineage.mechanisms._local_util import index_declaration
 from klineage.mechanisms._reductions_util import strip_parens
 
 __all__ = ["ScratchRun", "scratch_runs"]
@@ -44,27 +45,13 @@ class ScratchRun:
 
 def _assigned(source: ParsedSource, statement: Node) -> tuple[str, Node] | None:
     """``T v = e;`` or ``v = e;`` -> (v, e)."""
-    if statement.type == "declaration":
-        declarators = statement.children_by_field_name("declarator")
-        if len(declarators) != 1 or declarators[0].type != "init_declarator":
-            return None
-        name = declarators[0].child_by_field_name("declarator")
-        value = declarators[0].child_by_field_name("value")
-        if name is None or value is None or name.type != "identifier":
-            return None
-        return source.text_of(name), value
-    if statement.type != "expression_statement" or not statement.named_children:
+    declared = index_declaration(source, statement)
+    if declared is not None:
+        return declared[0], declared[2]
+    found = plain_assignment(statement)
+    if found is None or found[0].type != "identifier":
         return None
-    assignment = statement.named_children[0]
-    if assignment.type != "assignment_expression":
-        return None
-    operator = assignment.child_by_field_name("operator")
-    left, right = assignment.child_by_field_name("left"), assignment.child_by_field_name("right")
-    if operator is None or operator.type != "=" or left is None or right is None:
-        return None
-    if left.type != "identifier":
-        return None
-    return source.text_of(left), right
+    return source.text_of(found[0]), found[1]
 
 
 def _publish(source: ParsedSource, statement: Node, shared: set[str]) -> tuple[str, str] | None:
