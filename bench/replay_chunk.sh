@@ -26,9 +26,11 @@ cost = {p["folder"]: sum(w["latency_ms"] or 0 for w in p["workloads"]) for p in 
 print(" ".join(sorted(cost, key=cost.get)))
 PY
 )
-# DEVICES (e.g. 0,1) spreads the problems over several GPUs; default: every visible GPU
+# DEVICES (e.g. 0,1) spreads the problems over several GPUs; default: every visible GPU.
+# BASELINES (e.g. blind,memory,tree) picks the methods beside skills; default: the command's.
 timeout "${CHUNK_SECONDS:-540}" python3 -m klineage.cli replay $order --skills skills_out \
-  --budget 30 --out replay_out --resume ${DEVICES:+--devices "$DEVICES"}
+  --budget 30 --out replay_out --resume ${DEVICES:+--devices "$DEVICES"} \
+  ${BASELINES:+--baselines "$BASELINES"}
 status=$?
 tar czf "$OUT/replay_out.tgz" replay_out
 exit $status
