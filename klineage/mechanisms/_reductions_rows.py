@@ -1721,6 +1721,13 @@ class _GroupWalker:
             if any(within(use, h) for h in self.handled):
                 continue
             raise NotCanonical(_spread(self.source.text_of(use), self.line(use)))
+        _, barriers = analysis(self.source).cooperative_groups.in_function(self.kernel)
+        for barrier in barriers:  # `block.sync()`: a barrier, whatever its spelling
+            if not any(within(barrier.node, h) for h in self.handled):
+                text = self.source.text_of(barrier.node)
+                raise NotCanonical(
+                    f"{text} at line {self.line(barrier.node)} is not part of a reduction"
+                )
         for call in tile_calls_left(self.source, self.kernel):
             if any(within(call, h) for h in self.handled):
                 continue

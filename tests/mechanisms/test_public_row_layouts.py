@@ -189,3 +189,15 @@ def test_a_block_reduction_through_scratch_under_new_names_becomes_the_partial()
     for gone in ("partial[", "__syncthreads", "lane", "wid", "float r ="):
         assert gone not in text, gone
     assert "y[blockIdx.x]" not in text and "] = total;" in text
+
+
+def test_a_cooperative_groups_barrier_left_outside_the_reduction_is_refused() -> None:
+    """A thread per row returns early past its last row: a barrier left behind would wait for
+    threads that are gone, however it is spelled."""
+    cg_header = "#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n"
+    text = cg_header + SCRATCH_HELPER.replace(
+        "  if (threadIdx.x == 0) y[blockIdx.x] = total;",
+        "  cg::this_thread_block().sync();\n  if (threadIdx.x == 0) y[blockIdx.x] = total;",
+    )
+    (site,) = block_per_row.detect(KernelSource(text))
+    assert site.refusal == "cg::this_thread_block().sync() at line 20 is not part of a reduction"
