@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # _environment, also when a test loads this file
 
-from _environment import nvidia_smi  # noqa: E402
+from _environment import command_line, nvidia_smi  # noqa: E402
 
 from klineage.executors import Executor, LocalExecutor  # noqa: E402
 from klineage.lineage import LineageGraph  # noqa: E402
@@ -201,11 +201,14 @@ def keep_decisions(decisions: dict[tuple[str, ...], Decision], *, hold: bool) ->
         return kept
 
     def held_choose(self: ForwardSearch, state: Any, accepted: Any) -> Any:
+        if not hold:
+            return choose(self, state, accepted)
+
         def ratio(one: Any) -> float:
-            held = decisions.get(key(self, one.verdict), (True, None))[1] if hold else None
+            held = decisions.get(key(self, one.verdict), (True, None))[1]
             return held if held is not None else one.verdict.comparison.ratio
 
-        return max(accepted, key=ratio) if hold else choose(self, state, accepted)
+        return max(accepted, key=ratio)
 
     ForwardSearch.accepts = held_accepts  # type: ignore[method-assign]
     ForwardSearch.choose = held_choose  # type: ignore[method-assign]
@@ -268,7 +271,7 @@ def main() -> None:
         else:
             chosen = args.problems or [f"heldout/{name}" for name in HELDOUT]
             part = run_replay(chosen, args.skills, args.budget, Path(tmp), follow=not args.free)
-    part["command"] = " ".join(["python", *sys.argv])
+    part["command"] = command_line(sys.argv)
     part["gpu"] = nvidia_smi()
     kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
     kept[f"{args.part}_free" if args.free else args.part] = part

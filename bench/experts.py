@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _environment import nvidia_smi  # noqa: E402
+from _environment import command_line, nvidia_smi  # noqa: E402
 
 from klineage.gate.gate import Gate  # noqa: E402
 from klineage.gate.timing import copy_bandwidth  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> None:
     copy_bps = copy_bandwidth(COPY_BYTES, warmup=3, repeats=20)
     print(f"device-to-device copy: {copy_bps / 1e12:.2f} TB/s")
     report: dict[str, object] = {
-        "command": "python bench/experts.py " + " ".join(args.problems) + f" --out {args.out}",
+        "command": command_line(sys.argv),
         "copy_bandwidth_tb_s": copy_bps / 1e12,
         "problems": {},
     }

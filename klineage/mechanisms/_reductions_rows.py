@@ -72,6 +72,7 @@ from klineage.mechanisms._warp_rows_2d import (
     block_threads_2d,
     block_width_asserts,
     is_row_of_2d_warps,
+    is_thread_x,
     lane_is_thread_x,
 )
 from klineage.mechanisms._warp_rows_cg import is_warp_query, tile_calls_left, warp_reduces
@@ -1578,10 +1579,7 @@ class _GroupWalker:
                 continue
             if self.group == "block" and self.is_block_size(size):
                 return True
-            text = "".join(self.source.text_of(strip_parens(size)).split())
-            if self.group == "warp" and (
-                text in ("32", "warpSize") or (self.lane_is_thread_x and text == "blockDim.x")
-            ):
+            if self.group == "warp" and self.is_warp_size(size):
                 return True
         return False
 
@@ -1594,18 +1592,23 @@ class _GroupWalker:
             return None
         if self.group == "block":
             return right if self.is_block_size(right) else None
-        text = self.source.text_of(strip_parens(right))
-        if self.lane_is_thread_x and is_builtin(self.source, right, "blockDim"):
-            text = "".join(text.split())
-        if is_warp_query(self.source, right, "group_size"):
-            return right
-        return right if text in ("32", "warpSize", "blockDim.x") else None
+        return right if self.is_warp_size(right) else None
+
+    def is_warp_size(self, node: Node) -> bool:
+        """32, ``warpSize``, a 32-thread tile's ``size()``, or ``blockDim.x`` where the lane
+        is ``threadIdx.x`` (a 32 x y block)."""
+        text = "".join(self.source.text_of(strip_parens(node)).split())
+        return (
+            text in ("32", "warpSize")
+            or (self.lane_is_thread_x and text == "blockDim.x")
+            or is_warp_query(self.source, node, "group_size")
+        )
 
     def is_rank(self, node: Node, lane_name: str | None) -> bool:
         if self.group == "block":
             return is_builtin(self.source, node, "threadIdx")
         node = strip_casts(node)
-        if self.lane_is_thread_x and self._is_thread_x(node):
+        if self.lane_is_thread_x and is_thread_x(self.source, node):
             return True
         if is_warp_query(self.source, node, "lane"):
             return True
@@ -1647,16 +1650,13 @@ class _GroupWalker:
         if self.group == "block":
             return is_builtin(self.source, left, "threadIdx")
         left = strip_parens(left)
-        if self.lane_is_thread_x and self._is_thread_x(strip_casts(left)):
+        if self.lane_is_thread_x and is_thread_x(self.source, left):
             return True
         if is_warp_query(self.source, left, "lane"):
             return True
         return _is_lane(self.source, left) or (
             lane_name is not None and self.source.text_of(left) == lane_name
         )
-
-    def _is_thread_x(self, node: Node) -> bool:
-        return "".join(self.source.text_of(node).split()) == "threadIdx.x"
 
     def unused_shared(self) -> None:
         """``__shared__`` arrays only the deleted reductions used are deleted too."""

@@ -27,6 +27,7 @@ __all__ = [
     "block_threads_2d",
     "block_width_asserts",
     "is_row_of_2d_warps",
+    "is_thread_x",
     "lane_is_thread_x",
 ]
 
@@ -36,6 +37,11 @@ THREAD_ROW_2D = "((int64_t)blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x +
 
 def _is(source: ParsedSource, node: Node | None, builtin: str) -> bool:
     return node is not None and "".join(source.text_of(strip_casts(node)).split()) == builtin
+
+
+def is_thread_x(source: ParsedSource, node: Node) -> bool:
+    """``threadIdx.x``, through casts and parentheses."""
+    return _is(source, node, "threadIdx.x")
 
 
 def _operands(node: Node, operator: str) -> tuple[Node, Node] | None:

@@ -47,15 +47,14 @@ def warp_reduces(source: ParsedSource, kernel: Function) -> list[CgReduce]:
 
 def tile_calls_left(source: ParsedSource, kernel: Function) -> list[Node]:
     """Every call on a 32-thread tile in ``kernel`` that ties code to the warp: its rank and
-    size queries, shuffles, barriers and reductions (the rewrite must have handled each)."""
+    size queries, shuffles and reductions (the rewrite must have handled each; barriers, of
+    any group, are the walker's own check)."""
     groups = analysis(source).cooperative_groups
-    reduces, barriers = groups.in_function(kernel)
 
     def mine(node: Node) -> bool:
         return kernel.node.start_byte <= node.start_byte < kernel.node.end_byte
 
-    found = [r.node for r in reduces if r.group is not None and r.group.is_warp]
-    found += [b.node for b in barriers if b.group is not None and b.group.is_warp]
+    found = [r.node for r in warp_reduces(source, kernel)]
     found += [
         s.node for s in groups.shuffles if mine(s.node) and s.group is not None and s.group.is_warp
     ]

@@ -22,8 +22,7 @@ from klineage.formats.solution import (
 from klineage.formats.solution import Solution as OurSolution
 from klineage.gate.result import GateVerdict
 from klineage.gate.trace import verdict_to_traces
-from klineage.problem import load_problem
-from klineage.problem.load import _definition_json
+from klineage.problem import dump_definition, load_problem
 from tests.conftest import FIXTURES, REPO
 
 fib = pytest.importorskip(
@@ -48,10 +47,11 @@ def test_the_problem_folders_are_the_ones_the_repo_holds() -> None:
 
 @pytest.mark.parametrize("folder", PROBLEMS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_definition_workloads_and_exported_solution_read_in_flashinfer_bench(
-    folder: Path,
+    folder: Path, tmp_path: Path
 ) -> None:
     problem = load_problem(folder)
-    definition = fib.Definition.model_validate(_definition_json(problem.definition))
+    written = dump_definition(problem.definition, tmp_path / "definition.json")
+    definition = fib.Definition.model_validate_json(written.read_text(encoding="utf-8"))
     assert definition.name == problem.definition.name
     assert set(definition.inputs) == set(problem.definition.inputs)
     assert set(definition.outputs) == set(problem.definition.outputs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
 from tests.mechanisms.roundtrip import PUBLIC_FORMS, removal_chain
+from tests.mechanisms.test_warp_per_row import WARP_ROWS
 
 warp_per_row = get("warp_per_row")
 block_per_row = get("block_per_row")
@@ -201,3 +202,13 @@ def test_a_cooperative_groups_barrier_left_outside_the_reduction_is_refused() ->
     )
     (site,) = block_per_row.detect(KernelSource(text))
     assert site.refusal == "cg::this_thread_block().sync() at line 20 is not part of a reduction"
+
+
+def test_blockdim_x_is_a_warp_stride_only_where_the_lane_is_threadidx_x() -> None:
+    (site,) = warp_per_row.detect(KernelSource(WARP_ROWS))
+    assert site.supported
+    # a 128-thread block: lanes striding by blockDim.x skip most of the row
+    by_block = WARP_ROWS.replace("c += 32)", "c += blockDim.x)")
+    (refused,) = warp_per_row.detect(KernelSource(by_block))
+    assert refused.refusal is not None
+    assert refused.refusal.startswith("the lane variable lane at line 16 is not a group-strided")
