@@ -128,11 +128,13 @@ def main() -> None:
         with (
             _patched(kt, "verify", _no_verify),
             _patched(kt, "profile", _unprofiled),
-            _patched(targets_module, "refresh_inputs", lambda *a, **k: None),
+            _patched(targets_module._Target, "_refresh_all", lambda *a, **k: None),
             _patched(targets_module, "PARTIAL_SHARE", -1.0),
             _patched(targets_module, "DECOY_SHARE", -1.0),
         ):
             row["time_bare_s"] = _median_seconds(time_request, args.repeats)
+        with _patched(runner, "_l2_audit", lambda *a, **k: None):
+            row["time_no_l2_audit_s"] = _median_seconds(time_request, args.repeats)
         rows.append(row)
 
     # the profiler window alone, on a trivial call
