@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _environment import nvidia_smi  # noqa: E402
+from _environment import command_line, nvidia_smi  # noqa: E402
 
 from klineage.gate.build import Builder  # noqa: E402
 from klineage.gate.gate import Gate  # noqa: E402
@@ -108,7 +108,7 @@ def main() -> None:
         hello = gate.worker.start()
         hardware, libs = hello.hardware, hello.libs
     report: dict[str, object] = {
-        "command": "python bench/gate_audit.py " + " ".join(sys.argv[1:]),
+        "command": command_line(sys.argv),
         "environment": {
             "hardware": hardware,
             "libs": libs,

@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _environment import nvidia_smi  # noqa: E402
+from _environment import command_line, nvidia_smi  # noqa: E402
 
 from klineage.gate import targets as targets_module  # noqa: E402
 from klineage.gate.build import Builder  # noqa: E402
@@ -153,7 +153,7 @@ def main() -> None:
         windows["kineto_window_error"] = f"{type(err).__name__}: {err}"
 
     result = {
-        "command": "python bench/gate_breakdown.py",
+        "command": command_line(sys.argv),
         "environment": {
             "hardware": runner.props.name,
             "torch": torch.__version__,

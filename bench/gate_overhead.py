@@ -31,6 +31,14 @@ sys.path.insert(0, str(REPO))
 
 from _environment import nvidia_smi  # noqa: E402
 
+try:  # this script also runs from an older tree's folder, whose _environment lacks it
+    from _environment import command_line
+except ImportError:
+
+    def command_line(argv: list[str]) -> str:
+        return "python " + " ".join(Path(a).name if Path(a).is_absolute() else a for a in argv)
+
+
 from klineage.gate.build import Builder  # noqa: E402
 from klineage.gate.gate import Gate  # noqa: E402
 from klineage.kernel import KernelSource  # noqa: E402
@@ -150,7 +158,7 @@ def main() -> None:
     shutil.rmtree(cache, ignore_errors=True)
 
     result = {
-        "command": "python bench/gate_overhead.py " + " ".join(sys.argv[1:]),
+        "command": command_line(sys.argv),
         "repeats": args.repeats,
         "environment": {
             "hardware": hardware,
