@@ -142,9 +142,10 @@ def main() -> None:
 
     probe = torch.empty(1024, device="cuda")
     windows: dict[str, Any] = {
-        "torch_profiler_window_s": _median_seconds(
+        "watcher_window_s": _median_seconds(
             lambda: runner.watcher.watch(lambda: probe.zero_()), 20
         ),
+        "opening_marker": runner.watcher.opening_marker,
     }
     try:
         windows["kineto_window_s"] = _median_seconds(lambda: _raw_watch(lambda: probe.zero_()), 20)

@@ -25,10 +25,14 @@ from klineage.gate.audit import (
 from klineage.gate.result import Status
 
 OPENING_MARKER_CYCLES = 2_000_000
-"""The opening marker spins about a millisecond, longer than the host takes to call run()
-under the profiler (the first launch of a profiled window alone took 0.3 ms on the H200): work
-run() starts on a stream of its own, not waiting for the given stream, runs meanwhile, where
-the audit sees it."""
+"""The opening marker spins about a millisecond at most, longer than the host takes to call
+run() under the profiler (the first launch of a profiled window alone took 0.3 ms on the
+H200): work run() starts on a stream of its own, not waiting for the given stream, runs
+meanwhile, where the audit sees it. Where the flag marker below is available it ends sooner:
+HOLD_CYCLES after run() has returned."""
+HOLD_CYCLES = 400_000
+"""How long (about 0.2 ms) the flag marker keeps spinning once run() has returned, so work
+run() launched on another stream just before returning has started before the marker ends."""
 CLOSING_MARKER_CYCLES = 1000
 """The closing marker spins about half a microsecond."""
 
@@ -52,16 +56,39 @@ class LaunchWatcher:
         self.available = True
         self.reason = ""
         self._kineto = _KinetoWindow.make()
+        self._flag = _FlagMarker.make()
+        self._first_window()
+
+    def _first_window(self) -> None:
         try:
             self.watch(lambda: None)
-        except Exception as err:  # no CUPTI: say so in every verdict instead of failing
-            self.available = False
+        except Exception as err:
+            if self._flag is not None:  # the flag marker failed: the fixed one may still work
+                self._flag = None
+                self._first_window()
+                return
+            self.available = False  # no CUPTI: say so in every verdict instead of failing
             self.reason = f"{type(err).__name__}: {err}"
 
+    @property
+    def opening_marker(self) -> str:
+        """Which opening marker the windows use: "flag" (ends once run() has returned) or
+        "fixed" (spins OPENING_MARKER_CYCLES)."""
+        return "flag" if self._flag is not None else "fixed"
+
     def watch(self, call: Callable[[], None]) -> CallLaunches:
+        flag = self._flag
+
         def window() -> None:
-            torch.cuda._sleep(OPENING_MARKER_CYCLES)
-            call()
+            if flag is None:
+                torch.cuda._sleep(OPENING_MARKER_CYCLES)
+                call()
+            else:
+                flag.open()
+                try:
+                    call()
+                finally:
+                    flag.release()
             torch.cuda._sleep(CLOSING_MARKER_CYCLES)
             torch.cuda.synchronize()
             time.sleep(GRACE_S)  # a thread the call left behind may launch a little later
@@ -85,6 +112,71 @@ class LaunchWatcher:
             if "CUDA" in str(event.device_type())
         ]
         return launches_between_markers(activities)
+
+
+class _FlagMarker:
+    """An opening marker that spins until the host sets a flag in mapped host memory (right
+    after run() has returned), then HOLD_CYCLES more, OPENING_MARKER_CYCLES at most: the
+    fixed marker's guarantee (run()'s own launches overlap it) without its fixed millisecond,
+    paid twice per gated workload. Built with cupy's runtime compiler where cupy is present."""
+
+    SOURCE = r"""
+extern "C" __global__ void klineage_spin_until_flag(const volatile int* flag, long long hold,
+                                                    long long most) {
+    long long start = clock64();
+    long long seen = -1;
+    for (;;) {
+        long long now = clock64() - start;
+        if (now >= most) return;
+        if (seen < 0) {
+            if (*flag) seen = now;
+        } else if (now - seen >= hold) {
+            return;
+        }
+    }
+}
+"""
+
+    def __init__(self, cupy: Any, kernel: Any, host: int, device: int) -> None:
+        self._cupy = cupy
+        self._kernel = kernel
+        self._value = ctypes.c_int32.from_address(host)
+        self._device = device
+
+    @classmethod
+    def make(cls) -> _FlagMarker | None:
+        """None where cupy, its compiler or mapped host memory is missing."""
+        if not torch.cuda.is_available():
+            return None
+        try:
+            import cupy
+
+            kernel = cupy.RawKernel(cls.SOURCE, "klineage_spin_until_flag")
+            runtime = cupy.cuda.runtime
+            host = runtime.hostAlloc(4, runtime.hostAllocMapped)
+            device = runtime.hostGetDevicePointer(host, 0)
+        except Exception:  # cupy missing or unusable here: the fixed marker is used
+            return None
+        return cls(cupy, kernel, host, device)
+
+    def open(self) -> None:
+        """Enqueue the marker on torch's current stream, the flag lowered."""
+        self._value.value = 0
+        stream = self._cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        with stream:
+            self._kernel(
+                (1,),
+                (1,),
+                (
+                    self._cupy.uint64(self._device),
+                    self._cupy.int64(HOLD_CYCLES),
+                    self._cupy.int64(OPENING_MARKER_CYCLES),
+                ),
+            )
+
+    def release(self) -> None:
+        """run() has returned: let the marker end after its hold."""
+        self._value.value = 1
 
 
 class _KinetoWindow:
