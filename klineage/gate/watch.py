@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -30,6 +31,8 @@ run() under the profiler (the first launch of a profiled window alone took 0.3 m
 H200): work run() starts on a stream of its own, not waiting for the given stream, runs
 meanwhile, where the audit sees it. Where the flag marker below is available it ends sooner:
 HOLD_CYCLES after run() has returned."""
+MARKER_ENV = "KLINEAGE_PROFILER_MARKER"
+"""Set to "fixed" to open every profiled window with the fixed-length marker."""
 HOLD_CYCLES = 400_000
 """How long (about 0.2 ms) the flag marker keeps spinning once run() has returned, so work
 run() launched on another stream just before returning has started before the marker ends."""
@@ -145,8 +148,9 @@ extern "C" __global__ void klineage_spin_until_flag(const volatile int* flag, lo
 
     @classmethod
     def make(cls) -> _FlagMarker | None:
-        """None where cupy, its compiler or mapped host memory is missing."""
-        if not torch.cuda.is_available():
+        """None where cupy, its compiler or mapped host memory is missing, or where
+        KLINEAGE_PROFILER_MARKER=fixed asks for the fixed marker."""
+        if not torch.cuda.is_available() or os.environ.get(MARKER_ENV) == "fixed":
             return None
         try:
             import cupy
