@@ -59,7 +59,10 @@ class LaunchWatcher:
         self.available = True
         self.reason = ""
         self._kineto = _KinetoWindow.make()
-        self._flag = _FlagMarker.make()
+        made = _FlagMarker.make()
+        self._flag = made if isinstance(made, _FlagMarker) else None
+        self.fixed_marker_reason = made if isinstance(made, str) else ""
+        """Why the fixed marker is used ("" while the flag marker is)."""
         self._first_window()
 
     def _first_window(self) -> None:
@@ -68,6 +71,7 @@ class LaunchWatcher:
         except Exception as err:
             if self._flag is not None:  # the flag marker failed: the fixed one may still work
                 self._flag = None
+                self.fixed_marker_reason = f"the first window failed: {type(err).__name__}: {err}"
                 self._first_window()
                 return
             self.available = False  # no CUPTI: say so in every verdict instead of failing
@@ -147,20 +151,23 @@ extern "C" __global__ void klineage_spin_until_flag(const volatile int* flag, lo
         self._device = device
 
     @classmethod
-    def make(cls) -> _FlagMarker | None:
-        """None where cupy, its compiler or mapped host memory is missing, or where
-        KLINEAGE_PROFILER_MARKER=fixed asks for the fixed marker."""
-        if not torch.cuda.is_available() or os.environ.get(MARKER_ENV) == "fixed":
-            return None
+    def make(cls) -> _FlagMarker | str:
+        """The marker, or why it cannot be made here (cupy, its compiler or mapped host memory
+        missing, or KLINEAGE_PROFILER_MARKER=fixed asking for the fixed marker)."""
+        if not torch.cuda.is_available():
+            return "no CUDA device"
+        if os.environ.get(MARKER_ENV) == "fixed":
+            return f"{MARKER_ENV}=fixed"
         try:
             import cupy
 
             kernel = cupy.RawKernel(cls.SOURCE, "klineage_spin_until_flag")
+            kernel.compile()
             runtime = cupy.cuda.runtime
             host = runtime.hostAlloc(4, runtime.hostAllocMapped)
             device = runtime.hostGetDevicePointer(host, 0)
-        except Exception:  # cupy missing or unusable here: the fixed marker is used
-            return None
+        except Exception as err:  # cupy missing or unusable here: the fixed marker is used
+            return f"{type(err).__name__}: {err}"
         return cls(cupy, kernel, host, device)
 
     def open(self) -> None:

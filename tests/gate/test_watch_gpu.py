@@ -22,7 +22,7 @@ def watcher():  # type: ignore[no-untyped-def]
 def test_the_flag_marker_is_used_where_cupy_is_installed(watcher) -> None:  # type: ignore[no-untyped-def]
     if importlib.util.find_spec("cupy") is None:
         pytest.skip("cupy is not installed: the fixed marker is used")
-    assert watcher.opening_marker == "flag"
+    assert watcher.opening_marker == "flag", watcher.fixed_marker_reason
 
 
 def test_work_on_the_given_stream_is_the_calls_own(watcher) -> None:  # type: ignore[no-untyped-def]
