@@ -26,13 +26,15 @@ from klineage.gate.audit import (
 from klineage.gate.result import Status
 
 OPENING_MARKER_CYCLES = 2_000_000
-"""The opening marker spins about a millisecond at most, longer than the host takes to call
-run() under the profiler (the first launch of a profiled window alone took 0.3 ms on the
-H200): work run() starts on a stream of its own, not waiting for the given stream, runs
-meanwhile, where the audit sees it. Where the flag marker below is available it ends sooner:
-HOLD_CYCLES after run() has returned."""
+"""The opening marker spins about a millisecond, longer than the host takes to call run()
+under the profiler (the first launch of a profiled window alone took 0.3 ms on the H200): work
+run() starts on a stream of its own, not waiting for the given stream, runs meanwhile, where
+the audit sees it. The flag marker below (opt-in) ends sooner: HOLD_CYCLES after run() has
+returned, this at most."""
 MARKER_ENV = "KLINEAGE_PROFILER_MARKER"
-"""Set to "fixed" to open every profiled window with the fixed-length marker."""
+"""Set to "flag" to open profiled windows with the flag marker (experimental: its first H200
+run let a side stream's work pass unseen, read from a stale flag; it now waits for a ticket
+through a system-scope load, not yet checked on the GPU)."""
 HOLD_CYCLES = 400_000
 """How long (about 0.2 ms) the flag marker keeps spinning once run() has returned, so work
 run() launched on another stream just before returning has started before the marker ends."""
@@ -128,15 +130,18 @@ class _FlagMarker:
     paid twice per gated workload. Built with cupy's runtime compiler where cupy is present."""
 
     SOURCE = r"""
-extern "C" __global__ void klineage_spin_until_flag(const volatile int* flag, long long hold,
-                                                    long long most) {
+extern "C" __global__ void klineage_spin_until_flag(const unsigned int* flag, unsigned int ticket,
+                                                    long long hold, long long most) {
     long long start = clock64();
     long long seen = -1;
     for (;;) {
         long long now = clock64() - start;
         if (now >= most) return;
         if (seen < 0) {
-            if (*flag) seen = now;
+            unsigned int value;
+            // a system-scope load: the host's write must be seen, not a line cached earlier
+            asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(flag));
+            if (value == ticket) seen = now;
         } else if (now - seen >= hold) {
             return;
         }
@@ -147,7 +152,8 @@ extern "C" __global__ void klineage_spin_until_flag(const volatile int* flag, lo
     def __init__(self, cupy: Any, kernel: Any, host: int, device: int) -> None:
         self._cupy = cupy
         self._kernel = kernel
-        self._value = ctypes.c_int32.from_address(host)
+        self._value = ctypes.c_uint32.from_address(host)
+        self._ticket = 0
         self._device = device
 
     @classmethod
@@ -156,8 +162,8 @@ extern "C" __global__ void klineage_spin_until_flag(const volatile int* flag, lo
         missing, or KLINEAGE_PROFILER_MARKER=fixed asking for the fixed marker)."""
         if not torch.cuda.is_available():
             return "no CUDA device"
-        if os.environ.get(MARKER_ENV) == "fixed":
-            return f"{MARKER_ENV}=fixed"
+        if os.environ.get(MARKER_ENV) != "flag":
+            return f"the fixed marker is the default ({MARKER_ENV}=flag tries this one)"
         try:
             import cupy
 
@@ -173,8 +179,9 @@ extern "C" __global__ void klineage_spin_until_flag(const volatile int* flag, lo
         return cls(cupy, kernel, host, device)
 
     def open(self) -> None:
-        """Enqueue the marker on torch's current stream, the flag lowered."""
-        self._value.value = 0
+        """Enqueue the marker on torch's current stream, waiting for a new ticket (a value
+        left from an earlier window never releases it)."""
+        self._ticket = (self._ticket + 1) % (1 << 32)
         stream = self._cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         with stream:
             self._kernel(
@@ -182,6 +189,7 @@ extern "C" __global__ void klineage_spin_until_flag(const volatile int* flag, lo
                 (1,),
                 (
                     self._cupy.uint64(self._device),
+                    self._cupy.uint32(self._ticket),
                     self._cupy.int64(HOLD_CYCLES),
                     self._cupy.int64(OPENING_MARKER_CYCLES),
                 ),
@@ -189,7 +197,7 @@ extern "C" __global__ void klineage_spin_until_flag(const volatile int* flag, lo
 
     def release(self) -> None:
         """run() has returned: let the marker end after its hold."""
-        self._value.value = 1
+        self._value.value = self._ticket
 
 
 class _KinetoWindow:
