@@ -145,7 +145,6 @@ def main() -> None:
         "watcher_window_s": _median_seconds(
             lambda: runner.watcher.watch(lambda: probe.zero_()), 20
         ),
-        "opening_marker": runner.watcher.opening_marker,
     }
     try:
         windows["kineto_window_s"] = _median_seconds(lambda: _raw_watch(lambda: probe.zero_()), 20)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -29,15 +28,7 @@ OPENING_MARKER_CYCLES = 2_000_000
 """The opening marker spins about a millisecond, longer than the host takes to call run()
 under the profiler (the first launch of a profiled window alone took 0.3 ms on the H200): work
 run() starts on a stream of its own, not waiting for the given stream, runs meanwhile, where
-the audit sees it. The flag marker below (opt-in) ends sooner: HOLD_CYCLES after run() has
-returned, this at most."""
-MARKER_ENV = "KLINEAGE_PROFILER_MARKER"
-"""Set to "flag" to open profiled windows with the flag marker (experimental: its first H200
-run let a side stream's work pass unseen, read from a stale flag; it now waits for a ticket
-through a system-scope load, not yet checked on the GPU)."""
-HOLD_CYCLES = 400_000
-"""How long (about 0.2 ms) the flag marker keeps spinning once run() has returned, so work
-run() launched on another stream just before returning has started before the marker ends."""
+the audit sees it."""
 CLOSING_MARKER_CYCLES = 1000
 """The closing marker spins about half a microsecond."""
 
@@ -61,43 +52,16 @@ class LaunchWatcher:
         self.available = True
         self.reason = ""
         self._kineto = _KinetoWindow.make()
-        made = _FlagMarker.make()
-        self._flag = made if isinstance(made, _FlagMarker) else None
-        self.fixed_marker_reason = made if isinstance(made, str) else ""
-        """Why the fixed marker is used ("" while the flag marker is)."""
-        self._first_window()
-
-    def _first_window(self) -> None:
         try:
             self.watch(lambda: None)
-        except Exception as err:
-            if self._flag is not None:  # the flag marker failed: the fixed one may still work
-                self._flag = None
-                self.fixed_marker_reason = f"the first window failed: {type(err).__name__}: {err}"
-                self._first_window()
-                return
-            self.available = False  # no CUPTI: say so in every verdict instead of failing
+        except Exception as err:  # no CUPTI: say so in every verdict instead of failing
+            self.available = False
             self.reason = f"{type(err).__name__}: {err}"
 
-    @property
-    def opening_marker(self) -> str:
-        """Which opening marker the windows use: "flag" (ends once run() has returned) or
-        "fixed" (spins OPENING_MARKER_CYCLES)."""
-        return "flag" if self._flag is not None else "fixed"
-
     def watch(self, call: Callable[[], None]) -> CallLaunches:
-        flag = self._flag
-
         def window() -> None:
-            if flag is None:
-                torch.cuda._sleep(OPENING_MARKER_CYCLES)
-                call()
-            else:
-                flag.open()
-                try:
-                    call()
-                finally:
-                    flag.release()
+            torch.cuda._sleep(OPENING_MARKER_CYCLES)
+            call()
             torch.cuda._sleep(CLOSING_MARKER_CYCLES)
             torch.cuda.synchronize()
             time.sleep(GRACE_S)  # a thread the call left behind may launch a little later
@@ -121,83 +85,6 @@ class LaunchWatcher:
             if "CUDA" in str(event.device_type())
         ]
         return launches_between_markers(activities)
-
-
-class _FlagMarker:
-    """An opening marker that spins until the host sets a flag in mapped host memory (right
-    after run() has returned), then HOLD_CYCLES more, OPENING_MARKER_CYCLES at most: the
-    fixed marker's guarantee (run()'s own launches overlap it) without its fixed millisecond,
-    paid twice per gated workload. Built with cupy's runtime compiler where cupy is present."""
-
-    SOURCE = r"""
-extern "C" __global__ void klineage_spin_until_flag(const unsigned int* flag, unsigned int ticket,
-                                                    long long hold, long long most) {
-    long long start = clock64();
-    long long seen = -1;
-    for (;;) {
-        long long now = clock64() - start;
-        if (now >= most) return;
-        if (seen < 0) {
-            unsigned int value;
-            // a system-scope load: the host's write must be seen, not a line cached earlier
-            asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(value) : "l"(flag));
-            if (value == ticket) seen = now;
-        } else if (now - seen >= hold) {
-            return;
-        }
-    }
-}
-"""
-
-    def __init__(self, cupy: Any, kernel: Any, host: int, device: int) -> None:
-        self._cupy = cupy
-        self._kernel = kernel
-        self._value = ctypes.c_uint32.from_address(host)
-        self._ticket = 0
-        self._device = device
-
-    @classmethod
-    def make(cls) -> _FlagMarker | str:
-        """The marker, or why it cannot be made here (cupy, its compiler or mapped host memory
-        missing, or KLINEAGE_PROFILER_MARKER=fixed asking for the fixed marker)."""
-        if not torch.cuda.is_available():
-            return "no CUDA device"
-        if os.environ.get(MARKER_ENV) != "flag":
-            return f"the fixed marker is the default ({MARKER_ENV}=flag tries this one)"
-        try:
-            import cupy
-
-            kernel = cupy.RawKernel(cls.SOURCE, "klineage_spin_until_flag")
-            kernel.compile()
-            runtime = cupy.cuda.runtime
-            host = runtime.hostAlloc(4, runtime.hostAllocMapped)
-            # with unified addressing (every 64-bit CUDA process) mapped host memory has the
-            # same address on the device
-            device = host
-        except Exception as err:  # cupy missing or unusable here: the fixed marker is used
-            return f"{type(err).__name__}: {err}"
-        return cls(cupy, kernel, host, device)
-
-    def open(self) -> None:
-        """Enqueue the marker on torch's current stream, waiting for a new ticket (a value
-        left from an earlier window never releases it)."""
-        self._ticket = (self._ticket + 1) % (1 << 32)
-        stream = self._cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        with stream:
-            self._kernel(
-                (1,),
-                (1,),
-                (
-                    self._cupy.uint64(self._device),
-                    self._cupy.uint32(self._ticket),
-                    self._cupy.int64(HOLD_CYCLES),
-                    self._cupy.int64(OPENING_MARKER_CYCLES),
-                ),
-            )
-
-    def release(self) -> None:
-        """run() has returned: let the marker end after its hold."""
-        self._value.value = self._ticket
 
 
 class _KinetoWindow:

@@ -1,11 +1,7 @@
 """The profiler window on the GPU: it sees work a call leaves on another stream, and nothing on
-honest calls; with KLINEAGE_PROFILER_MARKER=flag, the same through the flag marker (ends once
-run() has returned)."""
+honest calls or on work joined back to the caller's stream."""
 
 from __future__ import annotations
-
-import importlib.util
-import os
 
 import pytest
 
@@ -19,17 +15,6 @@ def watcher():  # type: ignore[no-untyped-def]
     made = LaunchWatcher()
     assert made.available, made.reason
     return made
-
-
-def test_the_flag_marker_is_used_where_asked_for_and_cupy_is_installed(watcher) -> None:  # type: ignore[no-untyped-def]
-    from klineage.gate.watch import MARKER_ENV
-
-    if os.environ.get(MARKER_ENV) != "flag":
-        assert watcher.opening_marker == "fixed"
-        return
-    if importlib.util.find_spec("cupy") is None:
-        pytest.skip("cupy is not installed: the fixed marker is used")
-    assert watcher.opening_marker == "flag", watcher.fixed_marker_reason
 
 
 def test_work_on_the_given_stream_is_the_calls_own(watcher) -> None:  # type: ignore[no-untyped-def]
