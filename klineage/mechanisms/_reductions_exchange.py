@@ -23,12 +23,39 @@ off`` when not negative else its own (up). The first ``__syncwarp`` makes the wr
 the second keeps a fast lane from overwriting its slot before a slow partner has read it, so
 every lane gets bit for bit what the shuffle gave it.
 
+A width argument ``w`` (a constant power of two up to 32) cuts the warp in segments of ``w``
+lanes, and a shuffle reads only inside the lane's segment (the PTX ISA's ``shfl.sync``, whose
+segment mask CUDA sets to ``32 - w``): ``down`` reads ``lane + off`` when ``lane % w + off <
+w``, else its own value; ``up`` reads ``lane - off`` when ``lane % w >= off``, else its own;
+``xor`` reads ``lane ^ off``, which stays in the segment when ``off < w`` (written ``lane ^
+(off % w)``, so the width comes back with the shuffle). Those are the indices written; an xor
+by an offset of at least ``w`` reads a lower segment for some lanes and its own value for
+others, and is refused.
+
+A step may shuffle in several statements, as long as they lead the loop body (``__syncwarp()``
+calls before them stay where they are)::
+
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      __syncwarp();
+      m_off = __shfl_down_sync(kFullMask, m, offset);
+      s_off = __shfl_down_sync(kFullMask, s, offset);
+      ...
+    }
+
+Every lane then publishes every shuffled value (one row per value), one ``__syncwarp``, each
+statement reads its partner's slots, and one ``__syncwarp`` closes the step. That is exact
+when each shuffle would have read the value published at the top of the step: no leading
+statement may assign a value that a shuffle of a later statement reads (checked; a statement
+assigning what its own shuffles read is fine, they read first).
+
 The rewrite is exact, hence safe, only for a canonical step, checked here before anything is
-rewritten: a full mask, a width of 32 (or none), an offset known to stay in 0..31 (the loop
-variable of a loop whose trip can be simulated, or a constant), values that are plain
-variables or fields (``v``, ``a.m``) whose type is known, and every shuffle in the *first*
-statement of the step, which assigns at most at its top level (so the published values are
-the ones the shuffles would read). Anything else is reported with a refusal.
+rewritten: a full mask, no width or a constant power-of-two one, an offset known to stay in
+0..31 (the loop variable of a loop whose trip can be simulated, ``warpSize`` read as 32, or a
+constant), values that are plain variables or fields (``v``, ``a.m``) whose type is known,
+and every shuffle in the leading statements of the step, each of which assigns at most at its
+top level. A shuffle by an offset that does not follow the enclosing loop's variable (``for (k
+...) { v += __shfl_down_sync(m, v, 1, 4); v += ...(m, v, 2, 4); }``) is a step of its own,
+its statement. Anything else is reported with a refusal.
 """
 
 from __future__ import annotations
@@ -39,9 +66,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition
+from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import block_size_of
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import WARP_SIZE
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -69,6 +98,7 @@ __all__ = [
     "ShuffleStep",
     "exchange_steps",
     "exchange_to_shuffle",
+    "partner_index",
     "shuffle_steps",
     "shuffle_to_exchange",
 ]
@@ -114,6 +144,8 @@ class Shuffle:
     mask: str
     value: str
     offset: str
+    width: str | None = None
+    """The width argument's text (a power of two up to 32), None when there is none."""
 
 
 @dataclass(frozen=True)
@@ -125,8 +157,9 @@ class ShuffleStep:
     """The loop, or the statement for a shuffle outside any loop."""
     kinds: frozenset[str]
     refusal: str | None = None
-    statement: Node | None = None
-    """The statement holding every shuffle (the first of the loop body)."""
+    statements: tuple[Node, ...] = ()
+    """The statements holding every shuffle: the leading ones of the loop body (after any
+    ``__syncwarp()``), or the one statement outside a loop."""
     shuffles: tuple[Shuffle, ...] = ()
     types: dict[str, str] = field(default_factory=dict)
     """Value text -> its plain C type."""
@@ -168,11 +201,33 @@ def _shuffle_steps(source: ParsedSource) -> Iterator[ShuffleStep]:
                 continue
             if source.enclosing_function(node) != function:
                 continue
-            owner = _nearest_loop(node, function.body) or _statement_of(node) or node
+            owner = _step_owner(source, node, function.body)
             key = (owner.start_byte, owner.end_byte)
             groups.setdefault(key, (owner, []))[1].append(node)
         for owner, calls in groups.values():
             yield _analyse(source, function, owner, calls)
+
+
+def _step_owner(source: ParsedSource, call: Node, body: Node) -> Node:
+    """The loop whose trips are the steps, or the statement that is one step: a shuffle by a
+    fixed offset inside a loop over something else (``for (k ...) { v += __shfl_down_sync(m,
+    v, 1, 4); v += ...(m, v, 2, 4); }``) is an unrolled step of its own."""
+    loop = _nearest_loop(call, body)
+    if loop is not None and _offset_follows_loop(source, call, loop):
+        return loop
+    return _statement_of(call) or call
+
+
+def _offset_follows_loop(source: ParsedSource, call: Node, loop: Node) -> bool:
+    """Whether the shuffle's offset depends on the loop's variable (or the loop's variable is
+    unknown, so it might)."""
+    args = arguments_of(call)
+    if len(args) < 3:
+        return True
+    variable = _loop_variable(source, loop)
+    if variable is None:
+        return fold(source, args[2]) is None
+    return any(source.text_of(n) == variable for n in inside(source, args[2], "identifier"))
 
 
 def _statement_of(node: Node) -> Node | None:
@@ -189,15 +244,15 @@ def _analyse(
 ) -> ShuffleStep:
     kinds = frozenset(SHUFFLE_KINDS[call_name(source, c) or ""] for c in calls)
     try:
-        statement, shuffles, types = _canonical(source, function, owner, calls)
+        statements, shuffles, types = _canonical(source, function, owner, calls)
     except _Refused as why:
         return ShuffleStep(function, owner, kinds, refusal=str(why))
-    return ShuffleStep(function, owner, kinds, None, statement, shuffles, types)
+    return ShuffleStep(function, owner, kinds, None, statements, shuffles, types)
 
 
 def _canonical(
     source: ParsedSource, function: Function, owner: Node, calls: list[Node]
-) -> tuple[Node, tuple[Shuffle, ...], dict[str, str]]:
+) -> tuple[tuple[Node, ...], tuple[Shuffle, ...], dict[str, str]]:
     if not function.device_only:
         raise _Refused(
             f"{function.name} also compiles for the host, where a __shared__ array is not allowed"
@@ -215,21 +270,23 @@ def _canonical(
             raise _Refused(f"{function.name} already uses the name {taken[0]}")
     loop = owner if owner.type in ("for_statement", "while_statement", "do_statement") else None
     if loop is not None:
-        statement = _first_statement(loop)
+        statements = _leading_statements(source, loop, calls)
         offsets = _loop_offsets(source, loop)
     else:
-        statement = owner
+        statements = (owner,)
         offsets = None
         if owner.parent is None or owner.parent.type not in _STATEMENT_HOLDERS:
             raise _Refused("the shuffle statement is not directly inside a block or an if")
-    if statement is None or not all(within(c, statement) for c in calls):
-        raise _Refused("the shuffles are not all in the first statement of the loop body")
-    _check_assignments(source, statement)
+    if not statements or not all(any(within(c, s) for s in statements) for c in calls):
+        raise _Refused("the shuffles are not all in the leading statements of the loop body")
+    for statement in statements:
+        _check_assignments(source, statement)
     if any(c != o and within(c, o) for c in calls for o in calls):
         raise _Refused("a shuffle is nested inside another shuffle's arguments")
     shuffles = tuple(_shuffle(source, c, loop, offsets) for c in calls)
+    _check_published_values_stay(source, statements, shuffles)
     types = {s.value: _value_type(source, function, s.value) for s in shuffles}
-    return statement, shuffles, types
+    return statements, shuffles, types
 
 
 _STATEMENT_HOLDERS = ("compound_statement", "if_statement", "else_clause")
@@ -237,14 +294,23 @@ _STATEMENT_HOLDERS = ("compound_statement", "if_statement", "else_clause")
 without braces (``if (kSize >= 32) v += __shfl_down_sync(...);``), which gets them."""
 
 
-def _first_statement(loop: Node) -> Node | None:
+def _leading_statements(source: ParsedSource, loop: Node, calls: list[Node]) -> tuple[Node, ...]:
+    """The statements of the loop body that hold shuffles, one after another from its start
+    (``__syncwarp()`` calls before them skipped: the exchange keeps them where they are)."""
     body = loop.child_by_field_name("body")
     if body is None:
-        return None
+        return ()
     if body.type != "compound_statement":
-        return body
+        return (body,)
     statements = named_statements(body)
-    return statements[0] if statements else None
+    while statements and _is_syncwarp(source, statements[0]):
+        statements = statements[1:]
+    leading: list[Node] = []
+    for statement in statements:
+        if not any(within(c, statement) for c in calls):
+            break
+        leading.append(statement)
+    return tuple(leading)
 
 
 def _check_assignments(source: ParsedSource, statement: Node) -> None:
@@ -259,6 +325,56 @@ def _check_assignments(source: ParsedSource, statement: Node) -> None:
             raise _Refused("the shuffle statement writes a variable inside an expression")
 
 
+def _check_published_values_stay(
+    source: ParsedSource, statements: tuple[Node, ...], shuffles: tuple[Shuffle, ...]
+) -> None:
+    """Every lane publishes every shuffled value before the first statement runs, so no
+    statement may assign a value that a shuffle of a later statement reads."""
+    for index, statement in enumerate(statements):
+        later = [
+            s.value
+            for s in shuffles
+            if any(within(s.call, after) for after in statements[index + 1 :])
+        ]
+        for target in _assigned(source, statement):
+            clash = next((v for v in later if _overlaps(target, v)), None)
+            if clash is not None:
+                raise _Refused(
+                    f"the statement at line {statement.start_point[0] + 1} assigns {target}, "
+                    f"which a later shuffle of the step publishes ({clash})"
+                )
+
+
+def _assigned(source: ParsedSource, statement: Node) -> list[str]:
+    """What a statement of the step writes: its top-level assignment's target (its access
+    path, or its base variable when it is indexed) or the names it declares."""
+    if statement.type == "declaration":
+        names = []
+        for declarator in statement.children_by_field_name("declarator"):
+            name = declarator.child_by_field_name("declarator") or declarator
+            names.append(source.text_of(name))
+        return names
+    top = statement.named_children[0] if statement.named_children else None
+    if top is None or top.type != "assignment_expression":
+        return []
+    left = top.child_by_field_name("left")
+    if left is None:
+        return []
+    left = strip_parens(left)
+    if _plain_value(left):
+        return [source.text_of(left).replace(" ", "")]
+    base = next(iter(inside(source, left, "identifier")), None)
+    return [source.text_of(base)] if base is not None else [source.text_of(left)]
+
+
+def _overlaps(target: str, value: str) -> bool:
+    """Whether writing ``target`` changes ``value``: one access path starts the other
+    (``a`` and ``a.m``), component by component."""
+    written, read = target.split("."), value.replace(" ", "").split(".")
+    shorter = min(len(written), len(read))
+    return written[:shorter] == read[:shorter]
+
+
 def _shuffle(
     source: ParsedSource, call: Node, loop: Node | None, offsets: list[int] | None
 ) -> Shuffle:
@@ -266,8 +382,7 @@ def _shuffle(
     args = arguments_of(call)
     if len(args) not in (3, 4):
         raise _Refused(f"{name} with {len(args)} arguments")
-    if len(args) == 4 and fold(source, args[3]) != 32:
-        raise _Refused(f"{name} with width {source.text_of(args[3])}, not 32")
+    width = _width(source, name, args[3]) if len(args) == 4 else None
     mask = fold(source, args[0])
     if mask is None or mask & FULL_MASK != FULL_MASK:
         raise _Refused(f"the mask {source.text_of(args[0])} is not a full-warp constant")
@@ -284,6 +399,7 @@ def _shuffle(
         bad = [o for o in offsets if not 0 <= o < 32]
         if bad:
             raise _Refused(f"the loop reaches offset {bad[0]}, outside 0..31")
+        known = offsets
     else:
         constant = fold(source, offset)
         if (
@@ -296,13 +412,46 @@ def _shuffle(
             )
         ):
             raise _Refused(f"the offset {source.text_of(offset)} is not a constant in 0..31")
+        known = [constant]
+    kind = SHUFFLE_KINDS[name]
+    if width is not None and kind == "xor":
+        _check_butterfly_in_segment(source, args[3], known)
     return Shuffle(
         call=call,
-        kind=SHUFFLE_KINDS[name],
+        kind=kind,
         mask=" ".join(source.text_of(args[0]).split()),
         value=source.text_of(value),
         offset=source.text_of(offset),
+        width=width,
     )
+
+
+def _width(source: ParsedSource, name: str, node: Node) -> str:
+    """The text of a width argument that is a constant power of two up to 32 (a literal or a
+    name, ``warpSize`` included, so the exchange can write it as it is)."""
+    node = strip_parens(node)
+    value = _fold_with_warp_size(source, node)
+    if (
+        value is None
+        or node.type not in ("number_literal", "identifier")
+        or not 0 < value <= WARP_SIZE
+        or value & (value - 1)
+    ):
+        raise _Refused(
+            f"{name} with width {source.text_of(node)}, not a constant power of two up to 32"
+        )
+    return source.text_of(node)
+
+
+def _check_butterfly_in_segment(source: ParsedSource, width: Node, offsets: list[int]) -> None:
+    """An xor by an offset below the width stays in the lane's segment (``lane ^ off``); past
+    it, the hardware reads a lower segment for some lanes and the lane's own value for others,
+    which the exchange does not write."""
+    value = _fold_with_warp_size(source, strip_parens(width))
+    assert value is not None
+    beyond = [o for o in offsets if o >= value]
+    if beyond:
+        raise _Refused(f"the xor offset {beyond[0]} is not below the width {value}")
 
 
 def _plain_value(node: Node) -> bool:
@@ -336,7 +485,7 @@ def _loop_offsets(source: ParsedSource, loop: Node) -> list[int] | None:
     if init is not None and init.type == "declaration":
         declarators = init.children_by_field_name("declarator")
         if len(declarators) == 1 and declarators[0].type == "init_declarator":
-            start = fold(source, declarators[0].child_by_field_name("value"))
+            start = _fold_with_warp_size(source, declarators[0].child_by_field_name("value"))
     condition = found.condition
     update = found.update
     if start is None or condition is None or update is None:
@@ -364,7 +513,7 @@ def _condition(source: ParsedSource, node: Node, variable: str) -> Callable[[int
     op = node.child_by_field_name("operator")
     if left is None or right is None or op is None or source.text_of(left) != variable:
         return None
-    bound = fold(source, right)
+    bound = _fold_with_warp_size(source, right)
     if bound is None:
         return None
     tests = {
@@ -375,6 +524,15 @@ def _condition(source: ParsedSource, node: Node, variable: str) -> Callable[[int
         "!=": lambda v: v != bound,
     }
     return tests.get(op.type)
+
+
+def _fold_with_warp_size(source: ParsedSource, node: Node | None) -> int | None:
+    """A constant with ``warpSize`` read as 32 (``for (offset = warpSize / 2; ...)``): the
+    only value it has on NVIDIA GPUs."""
+    if node is None:
+        return None
+    constants = {**source.integer_constants, "warpSize": WARP_SIZE}
+    return fold_int(source, node, constants)
 
 
 def _update(source: ParsedSource, node: Node, variable: str) -> Callable[[int], int] | None:
@@ -508,29 +666,43 @@ def _body_indent(source: ParsedSource, function: Function) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _read(kind: str, buffer: str, offset: str) -> str:
-    if kind == "xor":
-        index = f"{LANE} ^ {offset}"
-    elif kind == "down":
-        index = f"{LANE} + {offset} < 32 ? {LANE} + {offset} : {LANE}"
+def partner_index(kind: str, offset: str, width: str | None = None, lane: str = LANE) -> str:
+    """The C expression of the lane a shuffle reads from, given the reading lane: the
+    shuffle's source lane, or the lane itself where the shuffle gives a lane its own value.
+    With a width, the warp is cut in segments of that many lanes (a power of two) and a
+    shuffle stays inside the lane's segment."""
+    if width is None:
+        indices = {
+            "xor": f"{lane} ^ {offset}",
+            "down": f"{lane} + {offset} < 32 ? {lane} + {offset} : {lane}",
+            "up": f"{lane} >= {offset} ? {lane} - {offset} : {lane}",
+        }
     else:
-        index = f"{LANE} >= {offset} ? {LANE} - {offset} : {LANE}"
-    return f"{buffer}[{WARP}][{index}]"
+        # xor offsets are checked below the width, where `off % width` is `off`
+        indices = {
+            "xor": f"{lane} ^ ({offset} % {width})",
+            "down": f"{lane} % {width} + {offset} < {width} ? {lane} + {offset} : {lane}",
+            "up": f"{lane} % {width} >= {offset} ? {lane} - {offset} : {lane}",
+        }
+    return indices[kind]
+
+
+def _read(shuffle: Shuffle, buffer: str) -> str:
+    return f"{buffer}[{WARP}][{partner_index(shuffle.kind, shuffle.offset, shuffle.width)}]"
 
 
 def shuffle_to_exchange(source: ParsedSource, step: ShuffleStep) -> list[Edit]:
     """The edits that turn a canonical shuffle step into a shared-memory exchange."""
-    assert step.refusal is None and step.statement is not None
+    assert step.refusal is None and step.statements
     function = step.function
     header = _header(source, function)
     slots = _assign_buffers(step, header)
     edits = _header_edits(source, function, header, slots)
-    reads = [
-        Edit.replace(s.call, _read(s.kind, slots[s.value].buffer, s.offset)) for s in step.shuffles
-    ]
-    statement_text = local_splice(source, step.statement.start_byte, step.statement.end_byte, reads)
+    reads = [Edit.replace(s.call, _read(s, slots[s.value].buffer)) for s in step.shuffles]
+    first, last = step.statements[0], step.statements[-1]
+    statement_text = local_splice(source, first.start_byte, last.end_byte, reads)
     writes = [f"{slots[v].buffer}[{WARP}][{LANE}] = {v};" for v in _ordered_values(step)]
-    loop = step.node if step.node != step.statement else None
+    loop = step.node if step.node != first else None
     body = loop.child_by_field_name("body") if loop is not None else None
     if body is not None and body.type != "compound_statement":
         indent = source.indent_of(loop.start_byte) if loop is not None else ""
@@ -541,24 +713,21 @@ def shuffle_to_exchange(source: ParsedSource, step: ShuffleStep) -> list[Edit]:
         text = " {\n" + "\n".join(inner + line for line in lines) + f"\n{indent}}}"
         edits.append(Edit(start, body.end_byte, text))
         return edits
-    holder = step.statement.parent
+    holder = first.parent
     if holder is not None and holder.type != "compound_statement":  # an if's branch
         indent = source.indent_of(holder.start_byte)
         inner = indent + "  "
         lines = [*writes, "__syncwarp();", statement_text, "__syncwarp();"]
         text = "{\n" + "\n".join(inner + line for line in lines) + f"\n{indent}}}"
-        if source.data[step.statement.start_byte - 1 : step.statement.start_byte] not in b" \t\n":
+        if source.data[first.start_byte - 1 : first.start_byte] not in b" \t\n":
             text = " " + text
-        edits.append(Edit(step.statement.start_byte, step.statement.end_byte, text))
+        edits.append(Edit(first.start_byte, first.end_byte, text))
         return edits
-    indent = source.indent_of(step.statement.start_byte)
+    # every value published, one barrier, then the statements read their partners' slots
+    indent = source.indent_of(first.start_byte)
     lead = "".join(f"{w}\n{indent}" for w in writes) + f"__syncwarp();\n{indent}"
     edits.append(
-        Edit(
-            step.statement.start_byte,
-            step.statement.end_byte,
-            lead + statement_text + f"\n{indent}__syncwarp();",
-        )
+        Edit(first.start_byte, last.end_byte, lead + statement_text + f"\n{indent}__syncwarp();")
     )
     return edits
 
@@ -627,10 +796,13 @@ def _header_edits(
 
 @dataclass(frozen=True)
 class Read:
+    """One read of a partner's slot, ``xchgN[xchg_warp][<partner index>]``."""
+
     node: Node
     buffer: str
     kind: str
     offset: str
+    width: str | None = None
 
 
 @dataclass(frozen=True)
@@ -646,15 +818,22 @@ class ExchangeStep:
     values: dict[str, str]
     """Buffer -> the value written to it."""
     syncs: tuple[Node, Node]
-    statement: Node
+    statements: tuple[Node, ...]
+    """The statements between the two barriers, each reading partners' slots."""
     reads: tuple[Read, ...]
 
 
 _READ_INDEX = {
-    "xor": re.compile(rf"^{LANE}\^(\w+)$"),
-    "down": re.compile(rf"^{LANE}\+(\w+)<32\?{LANE}\+(\w+):{LANE}$"),
-    "up": re.compile(rf"^{LANE}>=(\w+)\?{LANE}-(\w+):{LANE}$"),
+    "xor": re.compile(rf"^{LANE}\^(?P<off>\w+)$"),
+    "down": re.compile(rf"^{LANE}\+(?P<off>\w+)<32\?{LANE}\+(?P=off):{LANE}$"),
+    "up": re.compile(rf"^{LANE}>=(?P<off>\w+)\?{LANE}-(?P=off):{LANE}$"),
 }
+_READ_INDEX_IN_SEGMENTS = {
+    "xor": re.compile(rf"^{LANE}\^\((?P<off>\w+)%(?P<w>\w+)\)$"),
+    "down": re.compile(rf"^{LANE}%(?P<w>\w+)\+(?P<off>\w+)<(?P=w)\?{LANE}\+(?P=off):{LANE}$"),
+    "up": re.compile(rf"^{LANE}%(?P<w>\w+)>=(?P<off>\w+)\?{LANE}-(?P=off):{LANE}$"),
+}
+"""What :func:`partner_index` writes, spaces removed; with a width, the second table."""
 
 
 def exchange_steps(source: ParsedSource) -> tuple[ExchangeStep, ...]:
@@ -708,28 +887,47 @@ def _exchange_at(
         writes.append(statements[index])
         values[parsed[0]] = parsed[1]
         index += 1
-    if not writes or index + 2 >= len(statements):
+    if not writes or index >= len(statements) or not _is_syncwarp(source, statements[index]):
         return None
-    first_sync, statement, second_sync = statements[index : index + 3]
-    if not (_is_syncwarp(source, first_sync) and _is_syncwarp(source, second_sync)):
+    first_sync = statements[index]
+    end = next(
+        (i for i in range(index + 1, len(statements)) if _is_syncwarp(source, statements[i])),
+        None,
+    )
+    if end is None or end == index + 1:
         return None
-    reads = _reads(source, statement, header)
-    if not reads or {r.buffer for r in reads} != set(values):
+    between = statements[index + 1 : end]
+    per_statement = [_reads(source, s, header) for s in between]
+    if not all(per_statement):
+        return None
+    reads = [r for found in per_statement for r in found]
+    if {r.buffer for r in reads} != set(values):
         return None
     owner = block.parent if block.parent is not None else block
-    loop = owner.type in ("for_statement", "while_statement", "do_statement")
-    # a step opening a loop's body is the loop (``for (offset ...)``); any other, its writes
-    node = owner if loop and start == 0 else writes[0]
     return ExchangeStep(
         function=function,
-        node=node,
+        node=owner if _opens_offset_loop(source, owner, statements[:start], reads) else writes[0],
         kinds=frozenset(r.kind for r in reads),
         writes=tuple(writes),
         values=values,
-        syncs=(first_sync, second_sync),
-        statement=statement,
+        syncs=(first_sync, statements[end]),
+        statements=tuple(between),
         reads=tuple(reads),
     )
+
+
+def _opens_offset_loop(
+    source: ParsedSource, owner: Node, before: list[Node], reads: list[Read]
+) -> bool:
+    """Whether the step is its loop's (``for (offset ...)``): it opens the loop's body, after
+    ``__syncwarp()`` calls only, and reads by the loop's variable. Any other step (an
+    unrolled one inside a loop over something else) is its writes."""
+    if owner.type not in ("for_statement", "while_statement", "do_statement"):
+        return False
+    if not all(_is_syncwarp(source, s) for s in before):
+        return False
+    variable = _loop_variable(source, owner)
+    return variable is None or all(r.offset == variable for r in reads)
 
 
 def _write(source: ParsedSource, node: Node, header: Header) -> tuple[str, str] | None:
@@ -767,12 +965,22 @@ def _reads(source: ParsedSource, statement: Node, header: Header) -> list[Read]:
             continue
         indices = node.child_by_field_name("indices")
         index = source.text_of(indices).replace(" ", "")[1:-1] if indices is not None else ""
-        for kind, pattern in _READ_INDEX.items():
-            match = pattern.match(index)
-            if match is not None and len(set(match.groups())) == 1:
-                found.append(Read(node, source.text_of(base), kind, match.group(1)))
-                break
+        read = _read_of(index, node, source.text_of(base))
+        if read is not None:
+            found.append(read)
     return found
+
+
+def _read_of(index: str, node: Node, buffer: str) -> Read | None:
+    for kind, pattern in _READ_INDEX.items():
+        match = pattern.match(index)
+        if match is not None:
+            return Read(node, buffer, kind, match.group("off"))
+    for kind, pattern in _READ_INDEX_IN_SEGMENTS.items():
+        match = pattern.match(index)
+        if match is not None:
+            return Read(node, buffer, kind, match.group("off"), match.group("w"))
+    return None
 
 
 _INTRINSIC = {kind: name for name, kind in SHUFFLE_KINDS.items()}
@@ -785,8 +993,11 @@ def exchange_to_shuffle(source: ParsedSource, step: ExchangeStep, mask: str) -> 
     edits += [line_deletion(source, s) for s in step.syncs]
     for read in step.reads:
         value = step.values[read.buffer]
+        width = f", {read.width}" if read.width is not None else ""
         edits.append(
-            Edit.replace(read.node, f"{_INTRINSIC[read.kind]}({mask}, {value}, {read.offset})")
+            Edit.replace(
+                read.node, f"{_INTRINSIC[read.kind]}({mask}, {value}, {read.offset}{width})"
+            )
         )
     header = _header(source, step.function)
     assert header is not None
@@ -804,7 +1015,7 @@ def _buffers_read_elsewhere(source: ParsedSource, step: ExchangeStep, header: He
     assert body is not None
     used: set[str] = set()
     # a loop step is the whole loop; a straight-line step is its writes and its read
-    skip = [step.node] if step.node not in step.writes else [*step.writes, step.statement]
+    skip = [step.node] if step.node not in step.writes else [*step.writes, *step.statements]
     declarations = [node for _, node in header.buffers.values()]
     for node in inside(source, body, "identifier"):
         name = source.text_of(node)

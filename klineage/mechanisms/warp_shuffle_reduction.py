@@ -9,9 +9,12 @@ every lane stores its value, the warp synchronizes, every lane loads its partner
   v += __shfl_xor_sync(mask, v, offset)``, or one unrolled statement) becomes the same step
   through a ``__shared__`` row per warp, ``__syncwarp()``-separated, declared once at the top
   of the function. Every lane gets exactly what the shuffle gave it (the full result for a
-  butterfly; lane 0's for a tree). See :mod:`klineage.mechanisms._reductions_exchange` for
-  the exactness argument and for what is refused (partial masks, unknown offsets, values that
-  are not plain variables, shuffles beyond the first statement of the step, host code).
+  butterfly; lane 0's for a tree). A step may shuffle a pair of values in its leading
+  statements (an online max and sum), and shuffles may have a width (``__shfl_down_sync(m, v,
+  1, 4)``, quads of lanes). See :mod:`klineage.mechanisms._reductions_exchange` for the
+  exactness argument and for what is refused (partial masks, unknown offsets or widths,
+  values that are not plain variables, shuffles after the leading statements of the step or
+  reading a value an earlier one assigns, host code).
 - apply: the reverse, on a step in that shared-memory form.
 
 A naive block reduction, a shared-memory halving loop (``if (tid < s) buf[tid] +=

@@ -26,6 +26,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "scratch_pairs": PROBLEMS / "center_rows",
     "serpentine": PROBLEMS / "scale_tiles",
     "guarded_tree": PROBLEMS / "block_totals",
+    "online_pairs": PROBLEMS / "row_logsumexp",
+    "quad_columns": PROBLEMS / "column_totals",
     "loads_per_turn": PROBLEMS / "vector_total",
 }
 

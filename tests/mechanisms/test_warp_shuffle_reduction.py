@@ -9,11 +9,19 @@ from klineage.conditions import ArchAtLeast, BlockSizeMultiple
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, Site, get, remove_all
+from klineage.mechanisms._reductions_exchange import partner_index
+from klineage.mining.removal import reapply, remove_mechanism
 from tests.mechanisms.reductions_experts import (
     assert_detected_where_listed,
     check_expert_removals_compile,
 )
-from tests.mechanisms.roundtrip import RoundTripSuite
+from tests.mechanisms.roundtrip import (
+    PUBLIC_FORMS,
+    RoundTripSuite,
+    fixture_pairs,
+    forward_chain,
+    removal_chain,
+)
 
 mechanism = get("warp_shuffle_reduction")
 
@@ -68,13 +76,35 @@ def test_an_unrolled_step_is_rewritten_in_place() -> None:
         (LOOP.replace("0xffffffffu", "__activemask()"), "__device__", "not a full-warp constant"),
         (LOOP.replace("o = 16", "o = 32"), "__device__", "outside 0..31"),
         (LOOP.replace("o > 0", "o != 3"), "__device__", "cannot be worked out"),
-        (LOOP.replace(", o)", ", o, 16)"), "__device__", "width 16"),
+        (LOOP.replace(", o)", ", o, 16)"), "__device__", "not below the width 16"),
+        (LOOP.replace(", o)", ", o, 12)"), "__device__", "not a constant power of two"),
+        (LOOP.replace(", o)", ", o, 64)"), "__device__", "not a constant power of two"),
+        (
+            "  int seg = threadIdx.x & 7;\n" + LOOP.replace(", o)", ", o, seg)"),
+            "__device__",
+            "width seg, not a constant power of two",
+        ),
+        (
+            "  float w = v;\n  for (int o = 16; o > 0; o >>= 1) {\n"
+            "    w += __shfl_xor_sync(~0u, v, o);\n"
+            "    v += __shfl_xor_sync(~0u, w, o);\n  }",
+            "__device__",
+            "assigns w, which a later shuffle of the step publishes (w)",
+        ),
+        (
+            "  float a, b;\n  for (int o = 16; o > 0; o >>= 1) {\n"
+            "    a = __shfl_xor_sync(~0u, v, o);\n"
+            "    v += a;\n"
+            "    b = __shfl_xor_sync(~0u, v, o);\n  }",
+            "__device__",
+            "not all in the leading statements",
+        ),
         (LOOP, "__host__ __device__", "also compiles for the host"),
         (LOOP.replace("v, o)", "v * 2.0f, o)"), "__device__", "not a variable or a field"),
         (
             "  for (int o = 16; o > 0; o >>= 1) { v *= 1.0f; v += __shfl_xor_sync(~0u, v, o); }",
             "__device__",
-            "not all in the first statement",
+            "not all in the leading statements",
         ),
         (
             "  for (int o = 16; o > 0; o >>= 1) v = (v += 1.0f) + __shfl_xor_sync(~0u, v, o);",
@@ -152,8 +182,6 @@ def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
 
 
 def test_straight_line_shuffles_mid_function_come_back_exactly() -> None:
-    from klineage.mining.removal import reapply, remove_mechanism
-
     # fmha's epilogue: quad sums of two row sums after other statements, no loop
     kernel = KernelSource(
         "__global__ void k(float* y) {\n"
@@ -169,6 +197,182 @@ def test_straight_line_shuffles_mid_function_come_back_exactly() -> None:
     assert len(removal.sites) == 4 and "__shfl" not in removal.simplified.text
     assert len(mechanism.candidates(removal.simplified)) == 4
     assert reapply(removal).text == kernel.text  # the exchange buffer and lane math gone too
+
+
+# -- shuffle steps in the forms public experts write --------------------------------------------
+
+
+def _comes_back_exactly(kernel: KernelSource, subject: str = "warp_shuffle_reduction") -> str:
+    """Remove every site, check no shuffle is left and re-applying gives the kernel back;
+    return the removed text."""
+    removal = remove_mechanism(kernel, get(subject))
+    assert removal.sites and "__shfl" not in removal.simplified.text
+    assert reapply(removal).text == kernel.text
+    return removal.simplified.text
+
+
+PAIR_LOOP = """  float w = 2.0f * v, a, b;
+  for (int o = warpSize / 2; o > 0; o >>= 1) {
+    __syncwarp();
+    a = __shfl_down_sync(0xffffffffu, v, o);
+    b = __shfl_down_sync(0xffffffffu, w, o);
+    v = fmaxf(v, a);
+    w += b;
+  }
+  v += w;"""
+
+
+def test_leading_shuffles_of_a_step_publish_every_value_first() -> None:
+    source = _device(PAIR_LOOP)
+    (site,) = mechanism.detect(source)
+    assert site.supported and site.node_kind == "for_statement", site.refusal
+    removed = _comes_back_exactly(source)
+    assert (
+        "    __syncwarp();\n"
+        "    xchg[xchg_warp][xchg_lane] = v;\n"
+        "    xchg1[xchg_warp][xchg_lane] = w;\n"
+        "    __syncwarp();\n"
+        "    a = xchg[xchg_warp][xchg_lane + o < 32 ? xchg_lane + o : xchg_lane];\n"
+        "    b = xchg1[xchg_warp][xchg_lane + o < 32 ? xchg_lane + o : xchg_lane];\n"
+        "    __syncwarp();\n"
+        "    v = fmaxf(v, a);\n"
+    ) in removed
+    (candidate,) = mechanism.candidates(KernelSource(removed))
+    assert candidate.node_kind == "for_statement"  # the loop, as the removed site was
+
+
+def test_a_step_may_assign_what_only_its_own_or_earlier_shuffles_publish() -> None:
+    source = _device(
+        "  float w = v;\n  for (int o = 16; o > 0; o >>= 1) {\n"
+        "    v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+        "    w += __shfl_xor_sync(0xffffffffu, w, o) + __shfl_xor_sync(0xffffffffu, v, o);\n"
+        "  }\n  v += w;"
+    )
+    (site,) = mechanism.detect(source)
+    assert "assigns v" in (site.refusal or "")  # v is published again after its update
+    reordered = _device(
+        "  float w = v;\n  for (int o = 16; o > 0; o >>= 1) {\n"
+        "    w += __shfl_xor_sync(0xffffffffu, w, o) + __shfl_xor_sync(0xffffffffu, v, o);\n"
+        "    v += __shfl_xor_sync(0xffffffffu, v, o);\n  }\n  v += w;"
+    )
+    (site,) = mechanism.detect(reordered)
+    assert site.supported, site.refusal
+    _comes_back_exactly(reordered)
+
+
+UNROLLED = """  float parts[2] = {v, 2.0f * v};
+  for (int k = 0; k < 2; ++k) {
+    float t = parts[k];
+    t += FIRST;
+    t += SECOND;
+    v += t;
+  }"""
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "index"),
+    [
+        (
+            "__shfl_down_sync(0xffffffff, t, 1, 4)",
+            "__shfl_down_sync(0xffffffff, t, 2, 4)",
+            "xchg_lane % 4 + 1 < 4 ? xchg_lane + 1 : xchg_lane",
+        ),
+        (
+            "__shfl_xor_sync(0xffffffff, t, 1, kSegment)",
+            "__shfl_xor_sync(0xffffffff, t, 8, kSegment)",
+            "xchg_lane ^ (1 % kSegment)",
+        ),
+        (
+            "__shfl_down_sync(0xffffffff, t, 16, warpSize)",
+            "__shfl_xor_sync(0xffffffff, t, 1)",
+            "xchg_lane % warpSize + 16 < warpSize ? xchg_lane + 16 : xchg_lane",
+        ),
+    ],
+)
+def test_unrolled_steps_inside_a_loop_over_something_else_are_steps_of_their_own(
+    first: str, second: str, index: str
+) -> None:
+    body = UNROLLED.replace("FIRST", first).replace("SECOND", second)
+    source = KernelSource("constexpr int kSegment = 16;\n" + _device(body).text)
+    sites = mechanism.detect(source)
+    assert [s.node_kind for s in sites] == ["expression_statement"] * 2
+    assert all(s.supported for s in sites), [s.refusal for s in sites]
+    removed = _comes_back_exactly(source)
+    assert f"t += xchg[xchg_warp][{index}];" in removed
+
+
+def test_a_scan_step_with_a_width_comes_back_too() -> None:
+    body = (
+        "  for (int o = 1; o < 8; o <<= 1) {\n    v += __shfl_up_sync(0xffffffffu, v, o, 8);\n  }"
+    )
+    removed = _comes_back_exactly(_device(body), "warp_shuffle_scan")
+    assert "v += xchg[xchg_warp][xchg_lane % 8 >= o ? xchg_lane - o : xchg_lane];" in removed
+
+
+def test_a_mask_passed_in_stays_refused_and_named() -> None:
+    # cuda-samples' warpReduceSum: the caller's mask may leave lanes out, which the exchange
+    # (every lane publishes and reads) cannot mirror
+    source = KernelSource(
+        "template <class T> __device__ T sum_lanes(unsigned int mask, T x) {\n"
+        "  for (int o = warpSize / 2; o > 0; o /= 2) x += __shfl_down_sync(mask, x, o);\n"
+        "  return x;\n}\n"
+    )
+    (site,) = mechanism.detect(source)
+    assert site.refusal == "the mask mask is not a full-warp constant"
+
+
+@pytest.mark.parametrize("case", ["online_pairs", "quad_columns"])
+def test_the_public_form_pairs_come_back_by_apply(case: str) -> None:
+    (pair,) = [p for p in fixture_pairs(mechanism.name, PUBLIC_FORMS) if p.case == case]
+    forward_chain(mechanism, removal_chain(mechanism, pair.before))
+
+
+def _shuffle_source_lane(kind: str, lane: int, offset: int, width: int) -> int:
+    """The lane a ``__shfl_{kind}_sync(mask, v, offset, width)`` reads, as the PTX ISA
+    defines ``shfl.sync``: CUDA passes the segment mask ``32 - width`` and a clamp of 31
+    (0 for up); a lane whose source falls outside its segment reads its own value."""
+    segment_mask = 32 - width
+    clamp = 0 if kind == "up" else 31
+    bound = (lane & segment_mask) | (clamp & ~segment_mask & 31)
+    delta = offset & 31
+    if kind == "up":
+        source, valid = lane - delta, lane - delta >= bound
+    elif kind == "down":
+        source, valid = lane + delta, lane + delta <= bound
+    else:
+        source, valid = lane ^ delta, (lane ^ delta) <= bound
+    return source if valid else lane
+
+
+def test_the_partner_index_is_the_shuffle_source_lane_for_every_lane_offset_and_width() -> None:
+    cases = [
+        (kind, width, offset, lane)
+        for kind in ("xor", "down", "up")
+        for width in (None, 1, 2, 4, 8, 16, 32)
+        for offset in range(32)
+        for lane in range(32)
+        # an xor past the width is refused: the exchange writes lane ^ off
+        if not (kind == "xor" and width is not None and offset >= width)
+    ]
+    lines = [
+        f"constexpr int p{i} = "
+        f"{partner_index(kind, str(off), None if w is None else str(w), lane=str(lane))};"
+        for i, (kind, w, off, lane) in enumerate(cases)
+    ]
+    # the C expressions the removal writes, evaluated with C's precedence by the constant folder
+    values = KernelSource("\n".join(lines)).parsed.integer_constants
+    wrong = [
+        case
+        for i, case in enumerate(cases)
+        if values[f"p{i}"] != _shuffle_source_lane(case[0], case[3], case[2], case[1] or 32)
+    ]
+    assert len(values) == len(cases) and wrong == []
+
+
+def test_an_xor_past_the_width_would_leave_its_segment() -> None:
+    # why it is refused: some lanes read a lower segment, which lane ^ off does not say
+    assert _shuffle_source_lane("xor", 4, 4, 4) == 0
+    assert _shuffle_source_lane("xor", 0, 4, 4) == 0
 
 
 # -- a naive block tree reduction, finished by shuffles ----------------------------------------
