@@ -27,6 +27,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "serpentine": PROBLEMS / "scale_tiles",
     "guarded_tree": PROBLEMS / "block_totals",
     "loads_per_turn": PROBLEMS / "vector_total",
+    "transpose_once": PROBLEMS / "transpose",
 }
 
 
