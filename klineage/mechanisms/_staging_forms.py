@@ -14,7 +14,8 @@ for a tile staged once, the statement that makes the copies (the kernel then wai
 barrier and reads the tile). Each is reported with the form it is in and refused: removing it
 means replacing every read of the tile by the global expression that filled it, which the
 canonical rule does only for its own form, and :mod:`klineage.mechanisms._staging_once` for a
-tile staged once by a loop of its own stores (marked ``kind="once"``).
+tile staged once by a loop of its own stores (marked ``kind="once"``; a tile of several
+dimensions, as a transpose stages it, by :mod:`klineage.mechanisms._staging_tile`).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from klineage.cuda.tree import (
 )
 from klineage.mechanisms._tiles_util import orphaned_declarations
 
-__all__ = ["once_removal"]
+__all__ = ["is_written", "no_shared_left", "once_removal", "orphan_deletions"]
 
 _NEEDED = (
     "a loop that only stores `S[i]` or `S[i / V]` (i a multiple of V) values computed from i "
@@ -165,7 +165,7 @@ def _reads(source: ParsedSource, function: Function, store: _Store, loop: Node) 
             )
         if node.start_byte < loop.start_byte:
             raise _refuse(f"{store.buffer} read before it is staged (line {line})")
-        if _written(parent):
+        if is_written(parent):
             raise _refuse(f"{store.buffer} written again at line {line}")
         reads.append(parent)
     if not reads:
@@ -173,7 +173,7 @@ def _reads(source: ParsedSource, function: Function, store: _Store, loop: Node) 
     return reads
 
 
-def _written(subscript: Node) -> bool:
+def is_written(subscript: Node) -> bool:
     """Whether a subscript expression (or a member or element of it) is assigned, updated or
     has its address taken."""
     node = subscript
@@ -274,17 +274,17 @@ def once_removal(source: ParsedSource, function: Function, loop: Node) -> list[E
             )
             removed.append(read)
     edits.append(source.deletion(loop, whole_line=True))
-    deletions = _orphans(source, function, removed)
+    deletions = orphan_deletions(source, function, removed)
     deleted = [(e.start_byte, e.end_byte) for e in deletions]
     edits += deletions
-    if _no_shared_left(source, function, buffers, removed, deleted):
+    if no_shared_left(source, function, buffers, removed, deleted):
         barrier = _barrier_after(source, function, loop)
         if barrier is not None:
             edits.append(source.deletion(barrier, whole_line=True))
     return edits
 
 
-def _orphans(source: ParsedSource, function: Function, removed: list[Node]) -> list[Edit]:
+def orphan_deletions(source: ParsedSource, function: Function, removed: list[Node]) -> list[Edit]:
     """Deletions of the declarations left unused, repeated until none is (a pointer cast
     from the dynamic buffer goes, then the buffer it was cast from)."""
     assert function.body is not None
@@ -303,7 +303,7 @@ def _orphans(source: ParsedSource, function: Function, removed: list[Node]) -> l
             ]
 
 
-def _no_shared_left(
+def no_shared_left(
     source: ParsedSource,
     function: Function,
     buffers: set[str],

@@ -9,8 +9,10 @@ of once per thread that needs it.
   ``__syncthreads()``; the canonical staged tile loop (see :mod:`klineage.mechanisms._staging`)
   is removable, and so is a tile staged once by a loop of ``S[i / V] = load(g + i)`` stores
   (through casts of the dynamic buffer too: :mod:`klineage.mechanisms._staging_once`, no
-  forward rule); any other staging (tiles fed by ``cp.async``, read through ``ldmatrix``,
-  stored by helpers, under a condition...) is reported with the reason it is not;
+  forward rule) or a 2-D tile staged once and read in another order, the shared-memory
+  transpose (:mod:`klineage.mechanisms._staging_tile`, no forward rule); any other staging
+  (tiles fed by ``cp.async``, read through ``ldmatrix``, stored by helpers, under a
+  condition...) is reported with the reason it is not;
 - remove (canonical form): every read ``As[ty][k]`` becomes the stored expression evaluated
   for the thread that stored that element (``tx`` replaced by ``k``); the stores, both
   barriers and the tile declarations go. The loop structure stays: a blocked loop over
@@ -62,6 +64,7 @@ from klineage.mechanisms._staging import (
 )
 from klineage.mechanisms._staging_forms import staging_forms
 from klineage.mechanisms._staging_once import once_removal
+from klineage.mechanisms._staging_tile import stores_tile, tile_once_removal
 from klineage.mechanisms._tiles_util import (
     STATIC_SHARED_LIMIT,
     Locals,
@@ -623,6 +626,14 @@ def _copy_functions(source: ParsedSource) -> set[str]:
     return found
 
 
+def _staged_once_removal(source: ParsedSource, function: Function, node: Node) -> list[Edit]:
+    """The removal of a tile staged once: a tile of several dimensions (the transpose) by its
+    own rule, else the rule for a loop of ``S[i / V]`` stores."""
+    if stores_tile(source, node):
+        return tile_once_removal(source, function, node)
+    return once_removal(source, function, node)
+
+
 def _calls_within(source: ParsedSource, node: Node) -> set[str]:
     return {c.name for c in source.calls if node.start_byte <= c.node.start_byte < node.end_byte}
 
@@ -661,7 +672,7 @@ class SmemStaging(Mechanism):
             # a tile staged once: the once removal may take it
             if form.kind == "once":
                 yield removable_form_site(
-                    self, source, form, once_removal, "once", "as a tile staged once"
+                    self, source, form, _staged_once_removal, "once", "as a tile staged once"
                 )
             else:
                 yield form_site(self, source, form)
@@ -749,10 +760,10 @@ class SmemStaging(Mechanism):
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         if site.detail.get("form") == "once":
-            loop = self.node_at(source, site, "for_statement")
+            loop = self.node_at(source, site)
             function = source.enclosing_function(loop)
             assert function is not None
-            return once_removal(source, function, loop)
+            return _staged_once_removal(source, function, loop)
         staged = self._staged(source, site)
         types = source.local_types(staged.function)
         edits: list[Edit] = []

@@ -29,6 +29,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "online_pairs": PROBLEMS / "row_logsumexp",
     "quad_columns": PROBLEMS / "column_totals",
     "loads_per_turn": PROBLEMS / "vector_total",
+    "transpose_once": PROBLEMS / "transpose",
 }
 
 

@@ -10,6 +10,7 @@ from klineage.mechanisms import MechanismRefused, get
 staging = get("smem_staging")
 
 # a transpose through one padded tile, barrier through cooperative groups, no loop around it
+# (locals reassigned between the staging and the reads)
 ONE_TILE = """\
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
@@ -87,13 +88,17 @@ def _only_site(text: str):
     return site
 
 
-def test_a_single_tile_behind_a_cooperative_groups_barrier_is_staging() -> None:
+def test_a_single_tile_behind_a_cooperative_groups_barrier_is_staging_removed_once() -> None:
     site = _only_site(ONE_TILE)
     assert site.snippet == "for (int j = 0; j < TILE; j += ROWS)" and site.start_line == 9
-    assert site.refusal is not None
-    assert site.refusal.startswith("the site is tiles staged once, then a barrier, the tile")
-    with pytest.raises(MechanismRefused, match="this rule needs the canonical staged tile loop"):
-        staging.remove(KernelSource(ONE_TILE), site)
+    assert site.supported and site.detail["form"] == "once"
+    removed = staging.remove(KernelSource(ONE_TILE), site).text
+    # x and y as they were when the tile was stored, not as reassigned before the read
+    assert (
+        "out[(y + j) * height + x] = "
+        "in[(blockIdx.y * TILE + threadIdx.x) * width + (blockIdx.x * TILE + (threadIdx.y + j))];"
+    ) in removed
+    assert "__shared__" not in removed and "sync" not in removed and "cta" not in removed
 
 
 def test_a_tile_loop_whose_stores_are_in_a_helper_is_staging() -> None:
