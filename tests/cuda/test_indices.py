@@ -92,6 +92,20 @@ def test_a_while_loop_with_a_reassigned_stride_is_a_grid_stride_loop() -> None:
     assert offsets == ["B + i@7", "i@7"]
 
 
+def test_a_write_in_a_branch_without_braces_does_not_define_a_later_use() -> None:
+    indices = _indices(
+        "__global__ void k(float* out, int n) {\n"
+        "  int x = threadIdx.x;\n"
+        "  if (n > 4) x = threadIdx.x + 1;\n"
+        "  out[x] = 0.f;\n"
+        "}\n",
+        "k",
+    )
+    store = next(a for a in indices.accesses() if a.buffer.name == "out")
+    # either value may reach the store: neither 1 + threadIdx.x nor threadIdx.x, but opaque
+    assert str(store.offset) == "[x]"
+
+
 def test_counted_loops_know_their_trip_count() -> None:
     indices = _indices(
         "__global__ void k(float* y) {\n"

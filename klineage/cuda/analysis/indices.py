@@ -1054,6 +1054,20 @@ def _exclusive(definition: Node, use: Node) -> bool:
     )
 
 
+_BRANCHES = frozenset(
+    {
+        "if_statement",
+        "else_clause",
+        "while_statement",
+        "do_statement",
+        "switch_statement",
+        "case_statement",
+        "conditional_expression",
+    }
+)
+"""Constructs whose parts may not run: a definition inside one holds only along some paths."""
+
+
 def _dominates(definition: Node, use: Node) -> bool:
     """Whether the statement holding ``definition`` sits in a block enclosing ``use`` (so every
     path to the use passes it); conditionals in between make it not dominate."""
@@ -1062,6 +1076,8 @@ def _dominates(definition: Node, use: Node) -> bool:
         "compound_statement",
         "for_statement",
     ):
+        if statement.parent.type in _BRANCHES:
+            return False  # a branch without braces (`if (c) x = ...;`) may not run
         statement = statement.parent
     block = statement.parent
     if block is None:
