@@ -40,13 +40,21 @@ from typing import Literal
 
 from klineage.conditions import evaluate_size
 from klineage.cuda.analysis import analysis
-from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, wrap_at
+from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, to_size_expr, wrap_at
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, template_bindings, template_values
-from klineage.cuda.source import Function, Launch, Node, ParsedSource, plain_assignment
+from klineage.cuda.source import Function, Launch, Loop, Node, ParsedSource, plain_assignment
 from klineage.cuda.tree import WARP_SIZE
+from klineage.mechanisms._block_unrolled import UnrolledFormError, unrolled_loop
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
 from klineage.mechanisms._reductions_scratch import ScratchRun, scratch_runs
+from klineage.mechanisms._reductions_serial import (
+    SerialFormError,
+    SerialRun,
+    early_exit,
+    scratch_pointers,
+    serial_runs,
+)
 from klineage.mechanisms._reductions_util import (
     arguments_of,
     builtin_uses,
@@ -105,6 +113,17 @@ _WARP_INTRINSICS = frozenset(
      "__ballot_sync", "__any_sync", "__all_sync", "__match_any_sync", "__reduce_add_sync",
      "__activemask"}
 )  # fmt: skip
+
+
+_SERIAL_FORM = (
+    "this rule takes the block reduction finished by thread 0: `v = warp_reduce(v); if (lane "
+    "== 0) s[warp] = v; __syncthreads(); if (tid == 0) { a = s[0]; for (w = 1; w < warps; "
+    "w++) a = max(a, s[w]); s[0] = a; } __syncthreads(); r = s[0];`"
+)
+_UNROLLED_FORM = (
+    "this rule takes the unrolled block-strided loop `for (i = tid; i < n; i += blockDim.x * "
+    "U) for (u = 0; u < U; u++) ... i + u * blockDim.x ...`, writes past n guarded"
+)
 
 
 class NotCanonical(Exception):
@@ -1336,6 +1355,9 @@ class _GroupWalker:
         self.warp_reducers = self.inline.warp_reducers
         self.block_reducers = block_reduce_functions(source)
         self.lane_is_thread_x = False  # a warp per row of a 32 x y block
+        # `const int tid = threadIdx.x;`: names of the block rank (a block per row only)
+        self.rank_aliases = _rank_aliases(source, kernel.body) if group == "block" else set()
+        self.scratch_ops: dict[str, str] = {}  # scratch of a serial reduction -> its op
         self.blocks_2d: dict[int, int] = {}  # launch start -> threads of its 32 x y block
         if not self.launches:
             raise NotCanonical(f"no launch of {kernel.name} in this file to rewrite")
@@ -1483,6 +1505,59 @@ class _GroupWalker:
                 self.removed.append((call.start_byte, call.end_byte))
                 self.reduced.append((call.end_byte, variable))
 
+    def serial_reductions(self) -> None:
+        """Warp reduce / publish / barrier / thread-0 serial loop / barrier / broadcast runs
+        (:mod:`klineage.mechanisms._reductions_serial`): the warp reduction and the run go,
+        and the broadcast reads the thread's partial."""
+        for run in _serial_runs(self.source, self.kernel, self):
+            self.scratch_ops[run.scratch] = run.op
+            self.delete(run.warp_step)
+            self.reduced.append((run.warp_step.end_byte, run.variable))
+            for statement in run.deleted:
+                self.delete(statement)
+            self.edits.append(Edit.replace(run.broadcast, run.variable))
+            self.handled.append(run.broadcast)
+            self.removed.append((run.broadcast.start_byte, run.broadcast.end_byte))
+
+    def early_exits(self) -> None:
+        """``if (rank >= n) { publish identities; return; }`` goes: a thread per row walks
+        all ``n`` elements. Its ``n`` must bound every block-strided loop, or the block
+        skipped elements the thread would not."""
+        for statement in named_statements(self.body):
+            bound = early_exit(self.source, statement, self.scratch_ops, self.is_block_rank)
+            if bound is None:
+                continue
+            text = " ".join(self.source.text_of(bound).split())
+            for loop in self.strided:
+                found = self.source.loop_at(loop)
+                condition = strip_parens(found.condition) if found and found.condition else None
+                right = condition.child_by_field_name("right") if condition else None
+                if right is None or " ".join(self.source.text_of(right).split()) != text:
+                    raise NotCanonical(
+                        f"the early exit at line {self.line(statement)} bounds the rank by "
+                        f"{text}, but the loop at line {self.line(loop)} runs to another bound"
+                    )
+            self.delete(statement)
+
+    def is_block_rank(self, node: Node) -> bool:
+        """``threadIdx.x`` or a name for it."""
+        return self.is_rank(node, None)
+
+    def scratch_pointers(self) -> None:
+        """Pointers into shared scratch (``float* s = &shared[k]``) that only deleted
+        reductions read go; one read elsewhere is refused."""
+        shared = self.inline.shared
+        for name, statement in scratch_pointers(self.source, self.body, shared).items():
+            for node in inside(self.source, self.body, "identifier"):
+                if self.source.text_of(node) != name or within(node, statement):
+                    continue
+                if not any(a <= node.start_byte and node.end_byte <= b for a, b in self.removed):
+                    raise NotCanonical(
+                        f"the block shares {name} (shared memory) beyond a reduction "
+                        f"(line {self.line(node)})"
+                    )
+            self.delete(statement)
+
     def unused_rank_declarations(self) -> None:
         """Declarations of thread ranks (``warp_id = threadIdx.x / 32``) that only deleted
         code read go too."""
@@ -1535,6 +1610,8 @@ class _GroupWalker:
                 continue
             if self.is_rank(declared[1], lane_name):
                 if self.stride(loop.update, loop.variable) is None:
+                    if self.group == "block":
+                        self.unrolled_loop(loop, declared[1])
                     continue
                 update = f"++{loop.variable}"
             else:
@@ -1546,7 +1623,52 @@ class _GroupWalker:
             self.edits.append(Edit.replace(declared[1], "0"))
             self.edits.append(Edit.replace(loop.update, update))
             self.handled += [declared[1], loop.update]
+            self.removed.append((declared[1].start_byte, declared[1].end_byte))
             self.strided.append(loop.node)
+
+    def block_strided_left(self) -> None:
+        """A loop that starts at the thread's rank and steps by the block, in none of the
+        forms the rewrite maps (a start off the rank, a step that is not a multiple of the
+        block size), is refused with its form."""
+        indices = analysis(self.source).indices(self.kernel)
+        for variable in indices.loops:
+            if variable.loop in self.strided or not within(variable.loop, self.body):
+                continue
+            step = variable.step
+            if step is None or not step.coefficient("blockDim.x").terms:
+                continue
+            if "threadIdx.x" not in indices.thread_atoms(variable.init):
+                continue
+            raise NotCanonical(
+                f"the loop at line {self.line(variable.loop)} starts at {variable.init} and steps "
+                f"by {step}: this rule needs a loop that starts at the thread's rank (threadIdx.x) "
+                "and steps by a multiple of the block size"
+            )
+
+    def unrolled_loop(self, loop: Loop, start: Node) -> None:
+        """``for (i = rank; i < n; i += B * U)`` with ``i + u * B`` inside -> ``for (i = 0; i
+        < n; i += U)`` with ``i + u`` (:mod:`klineage.mechanisms._block_unrolled`)."""
+        indices = analysis(self.source).indices(self.kernel)
+        try:
+            found = unrolled_loop(self.source, loop, start, indices, self.is_block_size)
+        except UnrolledFormError as why:
+            raise NotCanonical(f"{why}; {_UNROLLED_FORM}") from None
+        if found is None:
+            return
+        variable = loop.variable
+        self.edits.append(Edit.replace(found.start, "0"))
+        self.edits.append(Edit.replace(found.update, f"{variable} += {found.factor}"))
+        for offset, slot in found.slots:
+            self.edits.append(Edit.replace(offset, slot))
+            self.handled.append(offset)
+        self.handled += [found.start, found.update]
+        self.removed.append((found.start.start_byte, found.start.end_byte))
+        self.strided.append(loop.node)
+
+    def is_rank_alias(self, node: Node) -> bool:
+        """A name the kernel gives ``threadIdx.x`` (``const int tid = threadIdx.x;``)."""
+        node = strip_parens(node)
+        return node.type == "identifier" and self.source.text_of(node) in self.rank_aliases
 
     def packed_rank(self, node: Node, lane_name: str | None) -> str | None:
         """``u`` of ``rank * u`` (or ``u * rank``), ``u`` a positive integer constant."""
@@ -1606,7 +1728,7 @@ class _GroupWalker:
 
     def is_rank(self, node: Node, lane_name: str | None) -> bool:
         if self.group == "block":
-            return is_builtin(self.source, node, "threadIdx")
+            return is_builtin(self.source, node, "threadIdx") or self.is_rank_alias(node)
         node = strip_casts(node)
         if self.lane_is_thread_x and is_thread_x(self.source, node):
             return True
@@ -1648,7 +1770,7 @@ class _GroupWalker:
         if left is None or right is None or not is_zero_literal(self.source, right):
             return False
         if self.group == "block":
-            return is_builtin(self.source, left, "threadIdx")
+            return is_builtin(self.source, left, "threadIdx") or self.is_rank_alias(left)
         left = strip_parens(left)
         if self.lane_is_thread_x and is_thread_x(self.source, left):
             return True
@@ -1717,6 +1839,14 @@ class _GroupWalker:
 
     def leftovers(self) -> None:
         """Refuse what is still tied to the thread layout."""
+        for node in inside(self.source, self.body, "identifier"):
+            if not self.is_rank_alias(node) or _declares(node):
+                continue
+            if any(within(node, h) for h in self.handled) or any(
+                a <= node.start_byte and node.end_byte <= b for a, b in self.removed
+            ):
+                continue
+            raise NotCanonical(_spread(self.source.text_of(node), self.line(node)))
         for use in builtin_uses(self.source, self.body):
             if any(within(use, h) for h in self.handled):
                 continue
@@ -1749,6 +1879,16 @@ class _GroupWalker:
                     why = next((w for g in reached if (w := _layout_bound(self.source, g))), None)
                 if why is not None:
                     raise NotCanonical(f"{name} at line {self.line(node)} {why}")
+
+
+def _declares(node: Node) -> bool:
+    """Whether an identifier is the name a declarator declares."""
+    parent = node.parent
+    return (
+        parent is not None
+        and parent.type == "init_declarator"
+        and (parent.child_by_field_name("declarator") == node)
+    )
 
 
 def _lvalue_root(source: ParsedSource, node: Node) -> str | None:
@@ -1947,6 +2087,104 @@ def _scratch_runs(
     ]
 
 
+def _serial_runs(
+    source: ParsedSource, kernel: Function, walker: _GroupWalker | None = None
+) -> list[SerialRun]:
+    """The thread-0 serial block reductions of ``kernel``, in every block of statements;
+    :class:`NotCanonical` when one starts as the form does and differs from it."""
+    inline = walker.inline if walker is not None else _InlineReductions(source, kernel.body)
+    reduction = _warp_reduction_of(source, kernel, inline.warp_reducers)
+    assert kernel.body is not None
+    scratch = inline.shared | set(scratch_pointers(source, kernel.body, inline.shared))
+    aliases = walker.rank_aliases if walker is not None else _rank_aliases(source, kernel.body)
+
+    def is_first(node: Node) -> bool:
+        node = strip_parens(node)
+        left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+        if node.type != "binary_expression" or _op(node) != "==" or left is None:
+            return False
+        rank = is_builtin(source, left, "threadIdx") or source.text_of(left) in aliases
+        return rank and is_zero_literal(source, right)
+
+    def is_barrier(statement: Node) -> bool:
+        return _is_call_statement(source, statement, _SYNC)
+
+    def is_warp_count(node: Node) -> bool:
+        return _is_warp_count(source, kernel, node, walker)
+
+    try:
+        return [
+            run
+            for block in inside(source, kernel.body, "compound_statement")
+            for run in serial_runs(
+                source,
+                named_statements(block),
+                scratch,
+                reduction,
+                is_barrier,
+                is_first,
+                is_warp_count,
+            )
+        ]
+    except SerialFormError as why:
+        raise NotCanonical(f"{why}; {_SERIAL_FORM}") from None
+
+
+def _is_warp_count(
+    source: ParsedSource, kernel: Function, node: Node, walker: _GroupWalker | None
+) -> bool:
+    """``blockDim.x / 32`` (``>> 5``, ``/ warpSize``), a never-written local set to it, or a
+    number that times 32 is the block size of every launch."""
+    assert kernel.body is not None
+    node = strip_parens(node)
+    if node.type == "identifier":
+        name = source.text_of(node)
+        for statement in named_statements(kernel.body):
+            declared = _single_init(source, statement)
+            if declared is not None and declared[0] == name:
+                node = strip_parens(declared[1])
+                break
+        written = [
+            n
+            for n in inside(source, kernel.body, "assignment_expression", "update_expression")
+            if source.text_of(
+                n.child_by_field_name("left") or n.child_by_field_name("argument") or n
+            )
+            == name
+        ]
+        if written:
+            return False
+    left = node.child_by_field_name("left")
+    if node.type == "binary_expression" and left is not None and _is_thread_count(source, left):
+        right = "".join(source.text_of(node.child_by_field_name("right") or node).split())
+        return (_op(node), right) in (("/", "32"), (">>", "5"), ("/", "warpSize"))
+    return walker is not None and walker.is_warp_count(node)
+
+
+def _is_thread_count(source: ParsedSource, node: Node) -> bool:
+    """``blockDim.x``."""
+    return "".join(source.text_of(strip_parens(node)).split()) == "blockDim.x"
+
+
+def _rank_aliases(source: ParsedSource, body: Node) -> set[str]:
+    """Top-level ``T name = threadIdx.x;`` declarations whose name is never written again."""
+    found = set()
+    for statement in named_statements(body):
+        declared = _single_init(source, statement)
+        if declared is None or not is_builtin(source, declared[1], "threadIdx"):
+            continue
+        if source.text_of(strip_parens(declared[1])).replace(" ", "") != "threadIdx.x":
+            continue
+        written = any(
+            source.text_of(t) == declared[0]
+            for node in inside(source, body, "assignment_expression", "update_expression")
+            if (t := node.child_by_field_name("left") or node.child_by_field_name("argument"))
+        )
+        if not written:
+            found.add(declared[0])
+    return found
+
+
 def _block_reduction(source: ParsedSource, kernel: Function) -> bool:
     """Whether a kernel reduces over its block: a call to a block-reduction helper, or the
     inline warp-reduce / publish / barrier / reload sequence."""
@@ -1957,7 +2195,12 @@ def _block_reduction(source: ParsedSource, kernel: Function) -> bool:
     ):
         return True
     inline = _InlineReductions(source, kernel.body)
-    return inline.any_run() or bool(_scratch_runs(source, kernel, inline))
+    if inline.any_run() or _scratch_runs(source, kernel, inline):
+        return True
+    try:
+        return bool(_serial_runs(source, kernel))
+    except NotCanonical:
+        return True  # the form's start: refused by the removal with what differs
 
 
 def is_block_per_row(source: ParsedSource, kernel: Function) -> bool:
@@ -1983,6 +2226,7 @@ def group_rows(source: ParsedSource, kernel: Function, group: Group) -> GroupRow
     walker.leftovers()
     walker.partials()
     walker.edits += _thread_launches(source, walker, index)
+    walker.edits += _no_dynamic_shared(source, walker)
     walker.edits += helper_deletions(source, walker.removed)
     return GroupRows(kernel, group, walker.edits, walker.removed)
 
@@ -1994,9 +2238,13 @@ def _block_layout(walker: _GroupWalker) -> _RowIndex:
     walker.reductions(walker.block_reducers)
     walker.inline_reductions()
     walker.scratch_reductions()
+    walker.serial_reductions()
     index = _block_index(walker.source, walker)
     walker.strided_loops(None)
+    walker.block_strided_left()
+    walker.early_exits()
     walker.guards(None)
+    walker.scratch_pointers()
     walker.unused_rank_declarations()
     walker.unused_shared()
     return index
@@ -2141,22 +2389,24 @@ def _thread_launches(source: ParsedSource, walker: _GroupWalker, index: _RowInde
         bound = index.bound
         counts = [_row_count(source, kernel, launch, bound) for launch in walker.launches]
     else:
-        taken = {p.name or "" for p in kernel.params} | {
-            source.text_of(n) for n in inside(source, kernel.body, "identifier")
-        }
-        bound_text = fresh_name(taken, "rows")
-        params = kernel.declarator.child_by_field_name("parameters")
-        assert params is not None
-        edits.append(Edit.insert(params.end_byte - 1, f", int64_t {bound_text}"))
         counts = []
         for launch in walker.launches:
             assert launch.grid is not None
-            count = " ".join(source.text_of(_drop_unsigned(launch.grid)).split())
-            counts.append(count)
-            arguments = launch.node.child_by_field_name("arguments")
-            assert arguments is not None
-            separator = ", " if launch.args else ""
-            edits.append(Edit.insert(arguments.end_byte - 1, f"{separator}{count}"))
+            counts.append(" ".join(source.text_of(_drop_unsigned(launch.grid)).split()))
+        bound_text = _grid_parameter(source, kernel, walker.launches)
+        if bound_text is None:  # no parameter counts the rows: add one
+            taken = {p.name or "" for p in kernel.params} | {
+                source.text_of(n) for n in inside(source, kernel.body, "identifier")
+            }
+            bound_text = fresh_name(taken, "rows")
+            params = kernel.declarator.child_by_field_name("parameters")
+            assert params is not None
+            edits.append(Edit.insert(params.end_byte - 1, f", int64_t {bound_text}"))
+            for launch, count in zip(walker.launches, counts, strict=True):
+                arguments = launch.node.child_by_field_name("arguments")
+                assert arguments is not None
+                separator = ", " if launch.args else ""
+                edits.append(Edit.insert(arguments.end_byte - 1, f"{separator}{count}"))
         indent = _indent(source, kernel)
         check = f"if ({index.name} >= {bound_text}) return;"
         if index.statement is None:
@@ -2181,6 +2431,62 @@ def _thread_launches(source: ParsedSource, walker: _GroupWalker, index: _RowInde
             )
         )
     return edits
+
+
+def _no_dynamic_shared(source: ParsedSource, walker: _GroupWalker) -> list[Edit]:
+    """Launches pass no dynamic shared memory once the kernel's ``extern __shared__`` scratch
+    is gone (a size computed only for it goes too)."""
+    deleted = [
+        d
+        for d in source.shared_declarations
+        if d.is_extern and within(d.node, walker.body) and d.node in walker.handled
+    ]
+    if not deleted:
+        return []
+    sizes = [
+        launch.shared_memory
+        for launch in walker.launches
+        if launch.shared_memory is not None and fold(source, launch.shared_memory) != 0
+    ]
+    return [Edit.replace(size, "0") for size in sizes] + orphaned_declarations(source, sizes)
+
+
+_INTEGER = re.compile(r"^(unsigned |signed )?(int|long|long long|short)$|^u?int\d+_t$|^size_t$")
+
+
+def _grid_parameter(source: ParsedSource, kernel: Function, launches: list[Launch]) -> str | None:
+    """The integer parameter every launch passes the grid size in (``grid = (int)N`` and the
+    argument ``(int)N``): the kernel's row count, though it never checks it."""
+    found = []
+    for position, param in enumerate(kernel.params):
+        if param.name is None or param.is_pointer or not _INTEGER.match(param.base_type):
+            continue
+        if all(_same_size(source, launch, position) for launch in launches):
+            found.append(param.name)
+    return found[0] if len(found) == 1 else None
+
+
+def _same_size(source: ParsedSource, launch: Launch, position: int) -> bool:
+    """Whether the launch's argument at ``position`` is its grid size, as size expressions."""
+    if launch.grid is None or position >= len(launch.args):
+        return False
+    names = launch_names(source, source.enclosing_function(launch.node))
+    grid = to_size_expr(source, launch.grid, names)
+    argument = to_size_expr(source, launch.args[position], names)
+    return grid is not None and argument is not None and _unwrapped(grid) == _unwrapped(argument)
+
+
+def _unwrapped(text: str) -> str:
+    """``((N))`` -> ``N``: outer parentheses that enclose the whole expression dropped."""
+    text = "".join(text.split())
+    while text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for position, char in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0 and position < len(text) - 1:
+                return text  # `(a)+(b)`: the first parenthesis closes early
+        text = text[1:-1]
+    return text
 
 
 def _drop_unsigned(node: Node) -> Node:

@@ -11,9 +11,15 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   become the value itself, ``if (threadIdx.x == 0)`` guards go, the row index becomes
   ``blockIdx.x * blockDim.x + threadIdx.x`` with a bound check (a row-count parameter is added
   and passed when the kernel had none), and each launch gets ``ceil(rows / block)`` blocks of
-  the same size. Refused when anything else ties the kernel to the block (a row held in
-  registers across block-strided slots, shared memory beyond the reductions, barriers,
-  helpers that use ``threadIdx``), with the line.
+  the same size. Public spellings taken too: loops unrolled by hand (``i += blockDim.x * U``
+  with ``i + u * blockDim.x`` inside become ``i += U`` with ``i + u``; see
+  :mod:`klineage.mechanisms._block_unrolled`), block reductions finished by thread 0 walking
+  per-warp scratch, with an early exit for threads past the row's end (see
+  :mod:`klineage.mechanisms._reductions_serial`; the launch then passes no dynamic shared
+  memory), and a row count the kernel never checks but the launch passes as the grid size.
+  Refused when anything else ties the kernel to the block (a row held in registers across
+  block-strided slots, shared memory beyond the reductions, barriers, helpers that use
+  ``threadIdx``), with the line.
 - apply (thread -> block per row) on a canonical thread-per-row kernel (the ``heldout/``
   row reductions: row_sum, row_max, log_softmax, layernorm, l2_normalize, cross_entropy,
   gemv, ...): loops stride by the block, each accumulator of a loop (sum, max or min of a

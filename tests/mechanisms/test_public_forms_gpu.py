@@ -24,6 +24,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "rows_2d": PROBLEMS / "center_rows",
     "rows_cg": PROBLEMS / "center_rows",
     "scratch_pairs": PROBLEMS / "center_rows",
+    "serial_unrolled": PROBLEMS / "row_softmax",
     "serpentine": PROBLEMS / "scale_tiles",
     "guarded_tree": PROBLEMS / "block_totals",
     "online_pairs": PROBLEMS / "row_logsumexp",
