@@ -25,6 +25,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "rows_cg": PROBLEMS / "center_rows",
     "scratch_pairs": PROBLEMS / "center_rows",
     "serpentine": PROBLEMS / "scale_tiles",
+    "rotation": PROBLEMS / "scale_tiles",
     "guarded_tree": PROBLEMS / "block_totals",
     "online_pairs": PROBLEMS / "row_logsumexp",
     "quad_columns": PROBLEMS / "column_totals",
