@@ -8,7 +8,8 @@
   shared-memory descriptor).
 
 Both permute the chunks of each row so the rows an access touches together land in different
-banks; both are reported with their form and refused (the rewrite takes an XOR in a helper).
+banks; both are reported with their form. A rotation at every access of one array is removed by
+:mod:`klineage.mechanisms._swizzle_rotation` (``kind`` ``rotation``); a TMA swizzle is refused.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import binary_operands, identifier_names
 from klineage.mechanisms._forms import FoundForm
 
-__all__ = ["swizzle_forms"]
+__all__ = ["ROTATION", "swizzle_forms"]
 
+ROTATION = "rotation"
 _NEEDED = "an XOR swizzle `chunk ^ (row & mask)` in a shared-memory index helper"
 _TMA_SWIZZLE = re.compile(r"\bCU_TENSOR_MAP_SWIZZLE_(32|64|128)B\b")
 _SHARED_ADDRESS = ("__cvta_generic_to_shared",)
@@ -76,7 +78,7 @@ def swizzle_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
         rotations = _rotations(source, analysis(source).indices(function))
         if rotations and rotations[0].start_byte not in skip:
             form = "a rotation of the 16-byte chunks of each row by a row-dependent amount"
-            found.append(FoundForm(rotations[0], function, form, _NEEDED))
+            found.append(FoundForm(rotations[0], function, form, _NEEDED, kind=ROTATION))
     for call in source.calls:
         text = source.text_of(call.node)
         match = _TMA_SWIZZLE.search(text)

@@ -7,7 +7,9 @@ memory wasted.
 
 - detect (other forms, when a file has no XOR swizzle): a rotation of the chunks of a row by
   a row-dependent amount in a shared-memory address, or a swizzle mode given to TMA
-  (:mod:`klineage.mechanisms._swizzle_forms`), refused with their form;
+  (:mod:`klineage.mechanisms._swizzle_forms`), refused with their form, except a rotation
+  written the same way at every access of one shared array, which is removed (the rotation
+  dropped at every access: :mod:`klineage.mechanisms._swizzle_rotation`);
 - detect: ``^`` expressions with a masked operand (``c ^ (r & 7)``; a butterfly exchange
   ``lane ^ offset`` is not a swizzle) in a *layout helper*, a device function computing a
   2-D offset ``row * pitch + chunk << 4`` over two of its parameters (what it computes
@@ -41,6 +43,7 @@ from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import template_values
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._descriptor_swizzle import (
     ROW_BYTES,
@@ -48,8 +51,9 @@ from klineage.mechanisms._descriptor_swizzle import (
     descriptors,
     removal_plan,
 )
-from klineage.mechanisms._forms import form_site
-from klineage.mechanisms._swizzle_forms import swizzle_forms
+from klineage.mechanisms._forms import form_site, removable_form_site
+from klineage.mechanisms._swizzle_forms import ROTATION, swizzle_forms
+from klineage.mechanisms._swizzle_rotation import rotation_removal
 from klineage.mechanisms._tiles_util import names_in
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -266,7 +270,17 @@ class SmemSwizzle(Mechanism):
             yield self.site(source, node, detail=detail, refusal=refusal)
         if not any(True for _ in _xor_sites(source)):
             for form in swizzle_forms(source, set()):
-                yield form_site(self, source, form)
+                if form.kind == ROTATION:
+                    yield removable_form_site(
+                        self,
+                        source,
+                        form,
+                        rotation_removal,
+                        ROTATION,
+                        "as a rotation at every access",
+                    )
+                else:
+                    yield form_site(self, source, form)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for function in source.functions:
@@ -286,6 +300,8 @@ class SmemSwizzle(Mechanism):
             )
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") == ROTATION:
+            return self._rotation_removal(source, site)
         node = self.node_at(source, site, "binary_expression")
         function = source.enclosing_function(node)
         if function is None:
@@ -302,6 +318,18 @@ class SmemSwizzle(Mechanism):
         if node.parent is not None and node.parent.type == "parenthesized_expression":
             target = node.parent
         return [Edit.replace(target, source.text_of(found.kept))]
+
+    def _rotation_removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        """Drop the row rotation at every access of the array (no forward rule: a rotation is
+        mined, not applied)."""
+        statement = self.node_at(source, site)
+        function = source.enclosing_function(statement)
+        if function is None:
+            raise self.refuse("the rotation is not in a function", site)
+        try:
+            return rotation_removal(source, function, statement)
+        except NotInForm as why:
+            raise self.refuse(str(why), site) from None
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         keys = ("mask", "row", "chunk", "pitch")
@@ -353,6 +381,16 @@ class SmemSwizzle(Mechanism):
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None
     ) -> list[Condition]:
+        if site.detail.get("form") == ROTATION:
+            return [
+                Prose(
+                    text=(
+                        "every access of the shared array rotates the 16-byte chunks of its row "
+                        "by the same row-dependent amount"
+                    ),
+                    why="a rotation of each row is a bijection only if writers and readers agree",
+                )
+            ]
         function = kernel.parsed.enclosing_function(site.start_byte)
         name = function.name if function is not None else "the layout"
         if descriptors(kernel.parsed):

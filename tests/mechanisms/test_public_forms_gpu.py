@@ -26,6 +26,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "scratch_pairs": PROBLEMS / "center_rows",
     "serial_unrolled": PROBLEMS / "row_softmax",
     "serpentine": PROBLEMS / "scale_tiles",
+    "rotation": PROBLEMS / "scale_tiles",
     "guarded_tree": PROBLEMS / "block_totals",
     "online_pairs": PROBLEMS / "row_logsumexp",
     "quad_columns": PROBLEMS / "column_totals",
