@@ -993,11 +993,17 @@ def _inner_declarator(node: Node) -> Node | None:
 _DEFINE_VALUE = re.compile(r"^\(?\s*(0[xX][0-9a-fA-F]+|\d+)[uUlL]*\s*\)?$")
 
 
+_DEFINE_COMMENT = re.compile(r"//.*$|/\*.*?\*/", re.DOTALL)
+
+
 def _fold_define(text: str, constants: dict[str, int]) -> int | None:
-    text = text.strip()
+    # the preprocessor's value runs to the end of the line, a trailing comment included
+    text = _DEFINE_COMMENT.sub("", text).strip()
     match = _DEFINE_VALUE.match(text)
     if match:
         return int(match.group(1), 0)
+    while text.startswith("(") and text.endswith(")"):  # `#define C (A)`
+        text = text[1:-1].strip()
     return constants.get(text)
 
 

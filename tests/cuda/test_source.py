@@ -114,6 +114,17 @@ def test_loops_declarations_calls_launches_pragmas(sample: KernelSource) -> None
     assert src.integer_constants == {"kThreads": 256, "kVecWidth": 4}
 
 
+def test_defines_with_trailing_comments_and_parentheses_are_constants() -> None:
+    text = (
+        "#define LANES 32   // threads in a warp\n"
+        "#define PER_THREAD 4 /* elements */\n"
+        "#define ALIAS (LANES)\n"
+        "constexpr int kTile = LANES * PER_THREAD;\n"
+    )
+    constants = KernelSource(text).parsed.integer_constants
+    assert constants == {"LANES": 32, "PER_THREAD": 4, "ALIAS": 32, "kTile": 128}
+
+
 def test_positions_are_bytes_and_lines(sample: KernelSource) -> None:
     src = sample.parsed
     assert len(src.data) > len(SAMPLE)  # the comment holds multi-byte characters
