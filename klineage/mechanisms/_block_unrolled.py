@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from klineage.cuda.analysis import FunctionIndices, IndexForm
 from klineage.cuda.analysis.indices import is_loop_atom
 from klineage.cuda.source import Loop, Node, ParsedSource
+from klineage.cuda.tree import declared_names
 from klineage.mechanisms._reductions_util import call_name, inside, strip_parens, within
 
 __all__ = ["UnrolledFormError", "UnrolledLoop", "unrolled_loop"]
@@ -165,18 +166,6 @@ def _full_slot(indices: FunctionIndices, slot: Node, loop: Loop, unroll: int) ->
     )
 
 
-def _declared_in(source: ParsedSource, body: Node) -> set[str]:
-    names = set()
-    for declaration in inside(source, body, "declaration"):
-        for declarator in declaration.children_by_field_name("declarator"):
-            current: Node | None = declarator
-            while current is not None and current.type != "identifier":
-                current = current.child_by_field_name("declarator")
-            if current is not None:
-                names.add(source.text_of(current))
-    return names
-
-
 def _root(node: Node) -> Node:
     """``p[i]`` -> ``p``; ``*p`` -> ``p``; ``v`` -> ``v``."""
     node = strip_parens(node)
@@ -191,7 +180,7 @@ def _root(node: Node) -> Node:
 def _check_past_end(source: ParsedSource, loop: Loop, elements: list[Node]) -> None:
     """Writes that leave the loop must do nothing past the row's end (see the module)."""
     assert loop.body is not None
-    local = _declared_in(source, loop.body)
+    local = declared_names(source, loop.body)
     spans = {(e.start_byte, e.end_byte) for e in elements}
     condition = strip_parens(loop.condition) if loop.condition is not None else None
     bound = condition.child_by_field_name("right") if condition is not None else None

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from klineage.cuda.cexpr import PRIMARY, fold_int, precedence
 from klineage.cuda.facts import template_bindings
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import declared_names
 from klineage.mechanisms._tiles_util import (
     Locals,
     is_call_statement,
@@ -363,19 +364,6 @@ def _name_nodes(source: ParsedSource, node: Node, skip: str) -> list[Node]:
     return found
 
 
-def _declared_in(source: ParsedSource, nodes: list[Node]) -> set[str]:
-    names: set[str] = set()
-    for node in nodes:
-        for decl in source.iter_nodes("declaration", within=node):
-            for declarator in decl.children_by_field_name("declarator"):
-                current: Node | None = declarator
-                while current is not None and current.type != "identifier":
-                    current = current.child_by_field_name("declarator")
-                if current is not None:
-                    names.add(source.text_of(current))
-    return names
-
-
 def _assigned_in(source: ParsedSource, nodes: list[Node]) -> set[str]:
     names: set[str] = set()
     for node in nodes:
@@ -460,7 +448,7 @@ def _check_uses(source: ParsedSource, locals_: Locals, staged: StagedLoop) -> No
     """Every other use of a tile is a full read inside the compute statements; the stored
     values mean the same at every read."""
     assert staged.function.body is not None
-    declared_inside = _declared_in(source, staged.compute)
+    declared_inside = declared_names(source, staged.compute)
     assigned_inside = _assigned_in(source, staged.compute)
     for array in staged.arrays:
         decl_names = [

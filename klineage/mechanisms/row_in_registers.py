@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from klineage.conditions import Condition, Prose
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, variable_of
+from klineage.cuda.tree import declared_names
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -227,14 +228,7 @@ class _Effects:
         if self.memory_written(statement):
             return "the load also writes memory"
         source = self.source
-        declared = set()
-        for node in inside(source, statement, "declaration"):
-            for declarator in node.children_by_field_name("declarator"):
-                current: Node | None = declarator
-                while current is not None and current.type != "identifier":
-                    current = current.child_by_field_name("declarator")
-                if current is not None:
-                    declared.add(source.text_of(current))
+        declared = declared_names(source, statement)
         loop = source.loop_at(statement)
         if loop is not None and loop.variable:
             declared.add(loop.variable)
