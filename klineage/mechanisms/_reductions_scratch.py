@@ -23,7 +23,7 @@ from klineage.cuda.source import Node, ParsedSource, plain_assignment
 from klineage.mechanisms._local_util import index_declaration
 from klineage.mechanisms._reductions_util import strip_parens
 
-__all__ = ["ScratchRun", "scratch_runs"]
+__all__ = ["ScratchRun", "assigned_value", "scratch_runs"]
 
 Reduction = Callable[[Node], Node | None]
 """The reduced value of a warp-reduction call node, or None when the node is not one."""
@@ -43,7 +43,7 @@ class ScratchRun:
     """(the reduction call over a reloaded value, the published variable it stands for)."""
 
 
-def _assigned(source: ParsedSource, statement: Node) -> tuple[str, Node] | None:
+def assigned_value(source: ParsedSource, statement: Node) -> tuple[str, Node] | None:
     """``T v = e;`` or ``v = e;`` -> (v, e)."""
     declared = index_declaration(source, statement)
     if declared is not None:
@@ -127,7 +127,7 @@ def _run_at(
     reloaded: dict[str, str] = {}  # reloaded variable -> the published variable it stands for
     position = barrier + 1
     while position < len(statements):
-        assigned = _assigned(source, statements[position])
+        assigned = assigned_value(source, statements[position])
         scratch = _reload(source, assigned[1], run.published) if assigned else None
         if assigned is None or scratch is None:
             break
@@ -135,7 +135,7 @@ def _run_at(
         run.deleted.append(statements[position])
         position += 1
     while position < len(statements):
-        assigned = _assigned(source, statements[position])
+        assigned = assigned_value(source, statements[position])
         value = reduction(strip_parens(assigned[1])) if assigned else None
         if value is None or source.text_of(value) not in reloaded:
             break
@@ -154,7 +154,7 @@ def _last_reduction(
 ) -> Node | None:
     """The warp-reduction call of the last assignment to ``variable`` in ``before``."""
     for statement in reversed(before):
-        assigned = _assigned(source, statement)
+        assigned = assigned_value(source, statement)
         if assigned is None or assigned[0] != variable:
             continue
         call = strip_parens(assigned[1])

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from klineage.cuda.source import Loop, Node, ParsedSource, plain_assignment
 from klineage.mechanisms._local_util import index_declaration
+from klineage.mechanisms._reductions_scratch import assigned_value
 from klineage.mechanisms._reductions_util import (
     call_name,
     inside,
@@ -249,7 +250,7 @@ def _check_covers_every_warp(
         if n.type != "comment" and not n.type.startswith("preproc")
     ]
     loop = source.loop_at(statements[1]) if len(statements) == 3 else None
-    start = _assigned(source, statements[0]) if statements else None
+    start = assigned_value(source, statements[0]) if statements else None
     if loop is None or loop.variable is None or loop.initializer is None or start is None:
         raise SerialFormError(
             f"the serial reduction at line {line} is not a start value, one loop over the "
@@ -282,16 +283,6 @@ def _check_covers_every_warp(
                 f"the serial reduction at line {line} reads {source.text_of(read)}, not "
                 f"{scratch}[{variable}]"
             )
-
-
-def _assigned(source: ParsedSource, statement: Node) -> tuple[str, Node] | None:
-    declared = index_declaration(source, statement)
-    if declared is not None:
-        return declared[0], declared[2]
-    found = plain_assignment(statement)
-    if found is None or found[0].type != "identifier":
-        return None
-    return source.text_of(found[0]), found[1]
 
 
 def _guard_rank(source: ParsedSource, guard: Node) -> str:
