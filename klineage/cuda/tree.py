@@ -185,20 +185,27 @@ def assigned_names(source: ParsedSource, nodes: Node | Iterable[Node]) -> set[st
     return written
 
 
-def declared_names(source: ParsedSource, nodes: Node | Iterable[Node]) -> set[str]:
-    """Names declared under the nodes (``int a = 0, *b[4];`` -> ``a``, ``b``)."""
-    names: set[str] = set()
-    for root in [nodes] if isinstance(nodes, Node) else nodes:
-        for declaration in walk(root):
-            if declaration.type != "declaration":
-                continue
-            for declarator in declaration.children_by_field_name("declarator"):
-                current: Node | None = declarator
-                while current is not None and current.type != "identifier":
-                    current = current.child_by_field_name("declarator")
-                if current is not None:
-                    names.add(source.text_of(current))
+def declaration_names(source: ParsedSource, declaration: Node) -> list[str]:
+    """The names one declaration declares, in order (``int a = 0, *b[4];`` -> ``a``, ``b``)."""
+    names: list[str] = []
+    for declarator in declaration.children_by_field_name("declarator"):
+        current: Node | None = declarator
+        while current is not None and current.type != "identifier":
+            current = current.child_by_field_name("declarator")
+        if current is not None:
+            names.append(source.text_of(current))
     return names
+
+
+def declared_names(source: ParsedSource, nodes: Node | Iterable[Node]) -> set[str]:
+    """Names declared under the nodes."""
+    return {
+        name
+        for root in ([nodes] if isinstance(nodes, Node) else nodes)
+        for node in walk(root)
+        if node.type == "declaration"
+        for name in declaration_names(source, node)
+    }
 
 
 def integer_literal(text: str) -> int | None:

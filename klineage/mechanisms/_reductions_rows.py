@@ -44,7 +44,7 @@ from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, to_size_expr, wra
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, template_bindings, template_values
 from klineage.cuda.source import Function, Launch, Loop, Node, ParsedSource, plain_assignment
-from klineage.cuda.tree import WARP_SIZE
+from klineage.cuda.tree import WARP_SIZE, declaration_names
 from klineage.mechanisms._block_unrolled import UnrolledFormError, unrolled_loop
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
 from klineage.mechanisms._reductions_scratch import ScratchRun, scratch_runs
@@ -737,9 +737,9 @@ class _ThreadWalker:
             for child in named_statements(node):
                 self.loop_body(child, loop, local, self_reads)
         elif kind == "declaration":
-            local.update(n for n in _declared(self.source, node))
+            local.update(n for n in declaration_names(self.source, node))
             if self._points_into_element(node, loop.variable):
-                self.element_pointers.update(_declared(self.source, node))
+                self.element_pointers.update(declaration_names(self.source, node))
             self.reads(node, in_loop=True)
         elif kind == "expression_statement":
             self.loop_expression(node, loop, local, self_reads)
@@ -909,17 +909,6 @@ def _offset_by(source: ParsedSource, target: Node, variable: str) -> bool:
         elif any(source.text_of(n) == variable for n in inside(source, term, "identifier")):
             return False
     return found == 1
-
-
-def _declared(source: ParsedSource, node: Node) -> list[str]:
-    names = []
-    for declarator in node.children_by_field_name("declarator"):
-        current: Node | None = declarator
-        while current is not None and current.type != "identifier":
-            current = current.child_by_field_name("declarator")
-        if current is not None:
-            names.append(source.text_of(current))
-    return names
 
 
 def _unit_step(source: ParsedSource, update: Node | None, variable: str) -> bool:
@@ -1268,7 +1257,7 @@ class _InlineReductions:
                 synced = True
                 continue
             if statement.type == "declaration" and builtin_uses(self.source, statement):
-                declared += _declared(self.source, statement)
+                declared += declaration_names(self.source, statement)
                 continue
             if self.publishes(statement, variable) or self.reloads(statement, variable):
                 continue
@@ -1566,7 +1555,7 @@ class _GroupWalker:
                 continue
             if any(within(statement, h) or within(h, statement) for h in self.handled):
                 continue
-            names = _declared(self.source, statement)
+            names = declaration_names(self.source, statement)
             reads = [
                 node
                 for node in inside(self.source, self.body, "identifier")
@@ -1807,7 +1796,7 @@ class _GroupWalker:
             local = {
                 name
                 for node in inside(self.source, body, "declaration")
-                for name in _declared(self.source, node)
+                for name in declaration_names(self.source, node)
             }
             written = set()
             for node in inside(self.source, body, "assignment_expression", "update_expression"):

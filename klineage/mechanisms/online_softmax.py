@@ -47,6 +47,7 @@ from klineage.conditions import Condition, Prose
 from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, variable_of
+from klineage.cuda.tree import declaration_names
 from klineage.kernel import KernelSource
 from klineage.mechanisms._online_pair_apply import single_pass, two_pass_pair
 from klineage.mechanisms._reductions_exchange import shuffle_steps
@@ -341,7 +342,7 @@ def _check_repeatable(
     declared: set[str] = set()
     for statement in statements:
         for node in inside(source, statement, "declaration"):
-            declared.update(_declared_names(source, node))
+            declared.update(declaration_names(source, node))
     shared_names = {
         n
         for d in source.shared_declarations
@@ -358,17 +359,6 @@ def _check_repeatable(
                 f"the {what} also write {source.text_of(target) if target else '?'} (line "
                 f"{source.line_of(node.start_byte)}), which two passes would do twice"
             )
-
-
-def _declared_names(source: ParsedSource, node: Node) -> list[str]:
-    names = []
-    for declarator in node.children_by_field_name("declarator"):
-        current: Node | None = declarator
-        while current is not None and current.type != "identifier":
-            current = current.child_by_field_name("declarator")
-        if current is not None:
-            names.append(source.text_of(current))
-    return names
 
 
 def _butterfly_update(source: ParsedSource, statement: Node, name: str) -> bool:
