@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}
 source bench/mine_state.sh
-timeout "${CHUNK_SECONDS:-540}" python3 -m klineage.cli mine "$@" --out skills_out \
+timeout "${CHUNK_SECONDS:-540}" python3 -m klineage mine "$@" --out skills_out \
   --budget 300 --wall "${WALL_SECONDS:-480}" --resume --report "$OUT/mine_chunk.json"
 status=$?
 tar czf "$OUT/gatelog.tgz" skills_out/gatelog

@@ -25,7 +25,7 @@ half_run() {  # GPU, cores, report name, folders...
     return
   fi
   CUDA_VISIBLE_DEVICES=$gpu taskset -c "$cpus" timeout "$left" \
-    python3 -m klineage.cli mine "$@" --out skills_out --budget 300 \
+    python3 -m klineage mine "$@" --out skills_out --budget 300 \
     --wall "${WALL_SECONDS:-3600}" --resume --report "$OUT/mine_$name.json" \
     > "$OUT/mine_$name.log" 2>&1
   echo "$name exit $? (124: the chunk's time limit)"

@@ -28,7 +28,7 @@ PY
 )
 # DEVICES (e.g. 0,1) spreads the problems over several GPUs; default: every visible GPU.
 # BASELINES (e.g. blind,memory,tree) picks the methods beside skills; default: the command's.
-timeout "${CHUNK_SECONDS:-540}" python3 -m klineage.cli replay $order --skills skills_out \
+timeout "${CHUNK_SECONDS:-540}" python3 -m klineage replay $order --skills skills_out \
   --budget 30 --out replay_out --resume ${DEVICES:+--devices "$DEVICES"} \
   ${BASELINES:+--baselines "$BASELINES"}
 status=$?
