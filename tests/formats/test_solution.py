@@ -89,8 +89,8 @@ def test_an_output_updated_in_place_gets_the_input_copied_into_its_own_tensor() 
     binding copies `residual` into `residual_out` and runs our kernel in place on that."""
     text = binding_source(load_problem(REPO / "expert_kernels" / "fused_add_rmsnorm").definition)
     wrapper = (
-        "void klineage_run(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, "
-        "double eps, torch::Tensor y, torch::Tensor residual_out) {"
+        "void klineage_run(at::Tensor x, at::Tensor residual, at::Tensor weight, "
+        "double eps, at::Tensor y, at::Tensor residual_out) {"
     )
     declared = (
         'extern "C" int run(const void* x, void* residual, const void* weight, float eps, '
