@@ -165,8 +165,11 @@ def build_dataset(
     """Write each problem's definition, exported solution and workloads under `root` in
     flashinfer-bench's layout; one entry per problem (skipped or failed ones say why)."""
     entries: list[dict[str, Any]] = []
-    for folder in folders:
-        entry: dict[str, Any] = {"problem": _relative(Path(folder)), "status": "EXPORTED"}
+    for name in folders:
+        folder = Path(name)
+        if not folder.is_absolute() and not folder.exists() and (REPO / folder).exists():
+            folder = REPO / folder  # the defaults, from another working directory
+        entry: dict[str, Any] = {"problem": _relative(folder), "status": "EXPORTED"}
         entries.append(entry)
         try:
             problem = load_problem(folder)
