@@ -24,7 +24,7 @@ from klineage.formats.solution import (
 )
 from klineage.kernel import KernelSource
 from klineage.problem import load_problem
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, REPO
 
 PROBLEM = FIXTURES / "problems" / "scale_rows"
 KERNEL = FIXTURES / "kernels" / "scale_rows" / "correct.cu"
@@ -82,6 +82,26 @@ def test_the_binding_reads_axes_from_shapes_and_calls_run_in_abi_order() -> None
         "c10::cuda::getCurrentCUDAStream())"
     )
     assert declared in text and called in text
+
+
+def test_an_output_updated_in_place_gets_the_input_copied_into_its_own_tensor() -> None:
+    """flashinfer-bench passes every input, then every output (a fresh tensor each), so the
+    binding copies `residual` into `residual_out` and runs our kernel in place on that."""
+    text = binding_source(load_problem(REPO / "expert_kernels" / "fused_add_rmsnorm").definition)
+    wrapper = (
+        "void klineage_run(at::Tensor x, at::Tensor residual, at::Tensor weight, "
+        "double eps, at::Tensor y, at::Tensor residual_out) {"
+    )
+    declared = (
+        'extern "C" int run(const void* x, void* residual, const void* weight, float eps, '
+        "void* y, int64_t tokens, int64_t hidden, cudaStream_t stream);"
+    )
+    called = (
+        "run(x.data_ptr(), residual_out.data_ptr(), weight.data_ptr(), static_cast<float>(eps), "
+        "y.data_ptr(), x.size(0), x.size(1), c10::cuda::getCurrentCUDAStream())"
+    )
+    assert wrapper in text and declared in text and called in text
+    assert text.index("residual_out.copy_(residual);") < text.index(called)
 
 
 @pytest.mark.nvcc
