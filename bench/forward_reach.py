@@ -58,8 +58,8 @@ FORWARD_FORMS: dict[str, str] = {
     "in the file (a new dispatch needs kernels only a person writes)",
     "ldmatrix": "an ldmatrix this mechanism emulated earlier",
     "online_softmax": "a max pass followed by a sum-of-exponentials pass over the same row",
-    "packed_half2_math": "two adjacent statements doing one scalar half/bf16 operation on the "
-    "halves of a pair",
+    "packed_half2_math": "a loop over c converting half/bf16 elements p[c] to float on every "
+    "turn, or two adjacent statements doing one scalar half/bf16 operation on a pair's halves",
     "pragma_unroll": "a for loop directly in a block of device code, without a pragma",
     "rasterization": "reads a rasterization removal marked (a grouped order is not written "
     "from scratch)",
