@@ -58,15 +58,17 @@ FORWARD_FORMS: dict[str, str] = {
     "in the file (a new dispatch needs kernels only a person writes)",
     "ldmatrix": "an ldmatrix this mechanism emulated earlier",
     "online_softmax": "a max pass followed by a sum-of-exponentials pass over the same row",
-    "packed_half2_math": "two adjacent statements doing one scalar half/bf16 operation on the "
-    "halves of a pair",
+    "packed_half2_math": "a loop over c converting half/bf16 elements p[c] to float on every "
+    "turn, or two adjacent statements doing one scalar half/bf16 operation on a pair's halves",
     "pragma_unroll": "a for loop directly in a block of device code, without a pragma",
     "rasterization": "reads a rasterization removal marked (a grouped order is not written "
     "from scratch)",
     "readonly_ldg": "a read through a const pointer in device-only code",
     "register_fragment_streaming": "none: no forward rule",
     "restrict_pointers": "a __global__ pointer parameter without __restrict__",
-    "row_in_registers": "a row load repeated word for word before a later pass",
+    "row_in_registers": "two or more passes over a row p[c] with one loop header (start never "
+    "negative, constant step, bound the same for every thread), or a row load repeated word for "
+    "word before a later pass",
     "smem_histogram": "a kernel whose only use of a global pointer is as an atomicAdd target",
     "smem_padding": "a multi-dimensional static __shared__ array (or a pitch constant) "
     "without padding",

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klineage.conditions import AxisDivisible, Condition, PointerAlignment, Prose, evaluate_size
+from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import PRIMARY, precedence, to_size_expr
 from klineage.cuda.facts import launch_block_size, launch_names, template_bindings
 from klineage.cuda.source import (
@@ -69,6 +70,7 @@ __all__ = [
     "is_side_effect_free",
     "local_types",
     "loop_bound_jumps",
+    "memory_accesses_in",
     "names_in_function",
     "normalize_type",
     "shift",
@@ -215,6 +217,62 @@ def collective_in(source: ParsedSource, nodes: Iterable[Node]) -> str | None:
             if "sync" in name or "barrier" in name or name.startswith(_WARP_WIDE):
                 return name
     return None
+
+
+@dataclass(frozen=True)
+class RegionAccesses:
+    """The memory a stretch of code reads and stores, by buffer (the parameter or shared
+    array an address starts from, as the index analysis names it)."""
+
+    loads: dict[tuple[int, int], str]
+    """(start, end) of each load's node -> its buffer."""
+    stores: dict[tuple[int, int], str]
+    """(start, end) of each store's node (or of the helper call that stores) -> its buffer."""
+    unplaced: Node | None
+    """A store whose buffer the analysis cannot tell, if any."""
+
+    def loads_within(self, nodes: Iterable[Node]) -> set[str]:
+        """The buffers loaded by accesses inside ``nodes``."""
+        spans = [(n.start_byte, n.end_byte) for n in nodes]
+        return {
+            buffer
+            for (start, end), buffer in self.loads.items()
+            if any(a <= start and end <= b for a, b in spans)
+        }
+
+
+def memory_accesses_in(
+    source: ParsedSource, function: Function, start: int, end: int
+) -> RegionAccesses:
+    """The loads and stores of ``function`` between bytes ``start`` and ``end``. Distinct
+    buffers are taken to be distinct memory (the ABI's parameters are separate tensors)."""
+    loads: dict[tuple[int, int], str] = {}
+    stores: dict[tuple[int, int], str] = {}
+    for access in analysis(source).indices(function).accesses():
+        node = access.node
+        if not (start <= node.start_byte and node.end_byte <= end):
+            continue
+        key = (node.start_byte, node.end_byte)
+        if access.direction == "load":
+            loads[key] = access.buffer.name
+        else:
+            stores[key] = access.buffer.name
+    unplaced = None
+    assert function.body is not None
+    for node in walk(function.body):
+        if not (start <= node.start_byte and node.end_byte <= end):
+            continue
+        target = None
+        if node.type == "assignment_expression":
+            target = node.child_by_field_name("left")
+        elif node.type == "update_expression":
+            target = node.child_by_field_name("argument")
+        if target is None or strip_parens(target).type == "identifier":
+            continue
+        target = strip_parens(target)
+        if (target.start_byte, target.end_byte) not in stores and unplaced is None:
+            unplaced = target
+    return RegionAccesses(loads, stores, unplaced)
 
 
 def loop_bound_jumps(root: Node, kinds: tuple[str, ...]) -> list[Node]:

@@ -25,8 +25,28 @@ the two 16-bit halves of a 32-bit register, and the paired conversions
       r.x = __hmul(a.x, b.x);
       r.y = __hmul(a.y, b.y);    ->  r = __hmul2(a, b);
 
-  Pairing elements ``2j`` and ``2j+1`` of scalar arrays would need the array reinterpreted
-  (and aligned) as pairs; that is a vectorized-access rewrite, not this one.
+  And on the naive row loop that converts one element a turn (``_packed_loops.py``): the
+  reads ``__half2float(p[c])`` of elements ``c`` and ``c + 1`` become one ``__half2`` read
+  converted by ``__half22float2`` (``__bfloat1622float2``), the body run for each half, while
+  the pair is 4-byte aligned (checked at run time) and complete; the original loop finishes
+  the row::
+
+      for (int64_t c = 0; c < n; ++c) acc += __half2float(p[c]);
+      ->
+      int64_t c_pair = 0;
+      if (reinterpret_cast<size_t>(p + c_pair) % 4 == 0) {
+        for (; c_pair + 1 < n; c_pair += 2) {
+          const float2 p_pair = __half22float2(*reinterpret_cast<const __half2*>(p + c_pair));
+          acc += p_pair.x;
+          acc += p_pair.y;
+        }
+      }
+      for (int64_t c = c_pair; c < n; ++c) acc += __half2float(p[c]);
+
+  Every float operation is the one it was, in the same order. Refused (with the reason) where
+  a read is conditional, the body stores where a paired read comes from, leaves a turn early
+  or calls something with unknown effects. One element per thread (no loop) is not paired:
+  that needs two elements per thread, a coarsening first.
 
 Conditions: packed bf16 arithmetic needs sm_80, packed half arithmetic sm_53.
 """
@@ -42,6 +62,7 @@ from klineage.conditions import ArchAtLeast, Condition
 from klineage.cuda.cexpr import PRIMARY, operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
+from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     expr_type,
@@ -50,6 +71,7 @@ from klineage.mechanisms._local_util import (
     strip_parens,
     walk,
 )
+from klineage.mechanisms._packed_loops import paired_loop_text, paired_loops
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 
@@ -377,6 +399,17 @@ class PackedHalf2Math(Mechanism):
                 span=(pairable.node.start_byte, pairable.end.end_byte),
                 detail={"precision": pairable.precision, "kind": pairable.kind},
             )
+        for node, loop in paired_loops(source):
+            if isinstance(loop, NotInForm):
+                yield self.site(source, node, detail={"kind": "loop"}, refusal=str(loop))
+                continue
+            precisions = sorted(set(loop.precision.values()))
+            detail: dict[str, str | int] = {
+                "kind": "loop",
+                "precision": "/".join(precisions),
+                "pointers": ",".join(loop.reads),
+            }
+            yield self.site(source, node, detail=detail)
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         call = self.node_at(source, site, "call_expression")
@@ -386,6 +419,11 @@ class PackedHalf2Math(Mechanism):
         return [Edit.replace(call, removal_text(source, packed))]
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("kind") == "loop":
+            for node, loop in paired_loops(source):
+                if node.start_byte == site.start_byte and not isinstance(loop, NotInForm):
+                    return [Edit.replace(node, paired_loop_text(source, loop))]
+            raise self.refuse(f"no pairable loop at line {site.start_line}", site, "apply")
         pairable = next(
             p
             for p in _pairables(source)

@@ -17,18 +17,24 @@ that use it before any reload.
   exponentiates the array in place, RMSNorm adds the residual into it; they are refused with
   that reason rather than rewritten into something else.
 - apply: the reverse: a load statement repeated word for word before a later pass, with
-  nothing in between writing the array or the memory it reads, is deleted.
+  nothing in between writing the array or the memory it reads, is deleted. And on naive
+  passes that re-read a row whose length is known only at run time (``_row_dispatch.py``):
+  rows of at most ``elements`` (carrier, default 32) turns per thread are loaded once into
+  ``float row[elements]`` and the passes run on it, fully unrolled; longer rows run the
+  passes as they were (``if (n <= K * STEP) {...} else {...}``, ``n`` the same for every
+  thread).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 from klineage.conditions import Condition, Prose
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, variable_of
-from klineage.cuda.tree import declared_names
+from klineage.cuda.tree import NotInForm, declared_names
 from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_util import (
     arguments_of,
@@ -40,6 +46,7 @@ from klineage.mechanisms._reductions_util import (
     strip_parens,
     within,
 )
+from klineage.mechanisms._row_dispatch import DEFAULT_ELEMENTS, row_passes, row_passes_text
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 
@@ -368,6 +375,10 @@ class RowInRegisters(Mechanism):
         "Load the row into a register array once and run every pass on the registers, so "
         "the row crosses the memory bus once."
     )
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "elements": "row elements a thread holds on the register path of a dispatch (default "
+        f"{DEFAULT_ELEMENTS})",
+    }
 
     def _site(self, source: ParsedSource, row: HeldRow, refusal: str | None) -> Site:
         end = row.uses[-1].end_byte
@@ -402,6 +413,15 @@ class RowInRegisters(Mechanism):
             except _Refused as why:
                 refusal = str(why)
             yield self._site(source, row, refusal)
+        for node, passes in row_passes(source):
+            refusal = str(passes) if isinstance(passes, NotInForm) else None
+            end = node.end_byte if isinstance(passes, NotInForm) else passes.region[-1].end_byte
+            detail: dict[str, str | int] = {"kind": "dispatch"}
+            if not isinstance(passes, NotInForm):
+                detail["pointer"] = passes.pointer
+            yield self.site(
+                source, node, span=(node.start_byte, end), detail=detail, refusal=refusal
+            )
 
     def _row(self, source: ParsedSource, site: Site) -> HeldRow:
         for row in held_rows(source):
@@ -437,6 +457,17 @@ class RowInRegisters(Mechanism):
         ]
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("kind") == "dispatch":
+            elements = carrier.get_int("elements")
+            elements = DEFAULT_ELEMENTS if elements is None else elements
+            if not 1 <= elements <= 256:
+                raise self.refuse(f"elements={elements} is not 1..256", site, "apply")
+            for node, passes in row_passes(source):
+                if node.start_byte == site.start_byte and not isinstance(passes, NotInForm):
+                    first, last = passes.region[0], passes.region[-1]
+                    text = row_passes_text(source, passes, elements)
+                    return [Edit(first.start_byte, last.end_byte, text)]
+            raise self.refuse(f"no row passes at line {site.start_line}", site, "apply")
         row = self._row(source, site)
         try:
             reloads = _application_plan(source, row)

@@ -13,6 +13,7 @@ from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismRefused, get
 from klineage.mechanisms.recall import detection_recall
 from tests.conftest import REPO
+from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok, removal_chain
 from tests.mechanisms.test_vectorized_access import listing_experts
 
@@ -123,3 +124,180 @@ def test_an_operation_inside_another_waits_for_it() -> None:
     chain = removal_chain(mechanism, kernel)
     assert [s.detail["intrinsic"] for s in chain.sites] == ["__hmul2", "__half22float2"]
     assert "__hmul2" not in chain.states[-1].text and "__half22float2" not in chain.states[-1].text
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward on naive code: the row loop that converts one element a turn
+# ---------------------------------------------------------------------------------------------
+
+FORWARD = REPO / "tests/fixtures/mechanisms" / NAME / "forward"
+"""``<case>.naive.cu`` and ``<case>.applied.cu``: apply at every loop candidate, in order."""
+FORWARD_CASES = ["row_dot", "rmsnorm"]
+HELDOUT_LOOPS = {"batched_hgemm": 1, "gemv": 1, "layernorm": 3, "row_max": 1}
+"""Held-out kernels whose row loops pair up, with how many loops do."""
+
+
+def pair_every_loop(kernel: KernelSource) -> KernelSource:
+    """Apply at the first loop candidate until none is left."""
+    for _ in range(20):
+        loops = [s for s in mechanism.candidates(kernel) if s.detail["kind"] == "loop"]
+        supported = [s for s in loops if s.supported]
+        if not supported:
+            return kernel
+        kernel = mechanism.apply(kernel, supported[0])
+    raise AssertionError("pairing does not stop")
+
+
+def _forward_pair(case: str) -> tuple[KernelSource, KernelSource]:
+    return (
+        KernelSource.from_file(FORWARD / f"{case}.naive.cu"),
+        KernelSource.from_file(FORWARD / f"{case}.applied.cu"),
+    )
+
+
+@pytest.mark.parametrize("case", FORWARD_CASES)
+def test_naive_row_loops_pair_up_as_the_fixture(case: str) -> None:
+    naive, applied = _forward_pair(case)
+    got = pair_every_loop(naive)
+    assert got.text == applied.text
+    assert not got.parsed.errors
+    pairs = [s for s in mechanism.detect(got) if s.detail["kind"] == "from_pair"]
+    assert len(pairs) == {"row_dot": 2, "rmsnorm": 3}[case]
+    assert all(s.supported for s in pairs)
+
+
+def test_the_heldout_row_loops_pair_up() -> None:
+    reached = {}
+    for folder in sorted((REPO / "heldout").iterdir()):
+        kernel = KernelSource.from_file(folder / "kernel.cu")
+        loops = [s for s in mechanism.candidates(kernel) if s.detail["kind"] == "loop"]
+        if any(s.supported for s in loops):
+            reached[folder.name] = sum(s.supported for s in loops)
+    assert reached == HELDOUT_LOOPS
+
+
+@pytest.mark.nvcc
+def test_both_states_compile(mechanism_builder: Builder) -> None:
+    sources = [k for case in FORWARD_CASES for k in _forward_pair(case)]
+    for name in HELDOUT_LOOPS:
+        sources.append(
+            pair_every_loop(KernelSource.from_file(REPO / "heldout" / name / "kernel.cu"))
+        )
+    compile_ok(mechanism_builder, sources)
+
+
+def _row_cases(elem: str, inputs: list[tuple[str, str]], output: Buffer, call: str) -> list[Case]:
+    """Rows of even and odd lengths, aligned and not (every row, or odd rows only)."""
+    cases = []
+    for rows, cols, offset in [(5, 64, 0), (7, 37, 0), (3, 64, 1), (4, 1, 0), (2, 0, 0)]:
+        buffers = [
+            Buffer(name, elem, count, offset=offset if name != "weight" else 0)
+            for name, count in inputs
+        ]
+        cases.append(Case({"rows": rows, "cols": cols}, [*buffers, output], call, "rows", 4))
+    return cases
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(
+    ("case", "cases"),
+    [
+        (
+            "row_dot",
+            _row_cases(
+                "__half",
+                [("x", "rows * cols"), ("w", "cols")],
+                Buffer("y", "__half", "rows", output=True),
+                "row_dot(x, w, y, rows, cols)",
+            ),
+        ),
+        (
+            "rmsnorm",
+            _row_cases(
+                "__nv_bfloat16",
+                [("x", "rows * cols"), ("weight", "cols")],
+                Buffer("y", "__nv_bfloat16", "rows * cols", output=True),
+                "rmsnorm_rows(x, weight, y, rows, cols)",
+            ),
+        ),
+    ],
+)
+def test_paired_loops_compute_the_same_bits_on_the_host(case: str, cases: list[Case]) -> None:
+    """Run on the CPU, thread after thread: every output bit is the naive kernel's, for rows
+    of odd length, unaligned rows and rows of one element or none."""
+    naive, applied = _forward_pair(case)
+    want = run_on_host(naive.text, cases)
+    assert len(want.splitlines()) == len(cases)
+    assert run_on_host(applied.text, cases) == want
+
+
+@pytest.mark.nvcc
+def test_the_paired_heldout_layernorm_and_gemv_compute_the_same_bits_on_the_host() -> None:
+    layernorm = _row_cases(
+        "__nv_bfloat16",
+        [("x", "rows * cols"), ("weight", "cols"), ("bias", "cols")],
+        Buffer("y", "__nv_bfloat16", "rows * cols", output=True),
+        "layernorm_rows(x, weight, bias, y, rows, cols)",
+    )
+    gemv = _row_cases(
+        "__nv_bfloat16",
+        [("A", "rows * cols"), ("x", "cols")],
+        Buffer("y", "__nv_bfloat16", "rows", output=True),
+        "gemv(A, x, y, rows, cols)",
+    )
+    for name, cases in (("layernorm", layernorm), ("gemv", gemv)):
+        naive = KernelSource.from_file(REPO / "heldout" / name / "kernel.cu")
+        want = run_on_host(naive.text, cases)
+        assert run_on_host(pair_every_loop(naive).text, cases) == want, name
+
+
+def _row_loop(body: str, before: str = "") -> KernelSource:
+    return KernelSource(
+        "#include <cuda_fp16.h>\n#include <stdint.h>\n"
+        "__device__ float g(float v);\n"
+        "__global__ void k(const __half* x, __half* y, int64_t n, float s) {\n"
+        "  float acc = 0.0f;\n"
+        f"{before}"
+        f"  for (int64_t c = 0; c < n; ++c) {body}\n"
+        "  y[0] = __float2half(acc);\n}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "before", "reason"),
+    [
+        ("if (s > 0.0f) acc += __half2float(x[c]);", "", "read only when"),
+        ("acc += s > 0.0f ? __half2float(x[c]) : 0.0f;", "", "read only when"),
+        ("y[c] = __float2half(__half2float(x[c]) * s);", "", "storing into x"),
+        ("{ acc += __half2float(x[c]); if (acc > s) break; }", "", "leaves a turn early"),
+        ("acc += g(__half2float(x[c]));", "", "effects are unknown"),
+        ("acc += __half2float(x[c]);", "#pragma unroll 4\n", "#pragma"),
+        ("{ acc += __half2float(x[c]); c += 1; }", "", "changes c"),
+        ("acc += __half2float(x[c]) * __half2float(x[c + 1]);", "", "also uses otherwise"),
+    ],
+)
+def test_unsound_pairings_are_refused(body: str, before: str, reason: str) -> None:
+    kernel = _row_loop(body, before)
+    if "storing into" in reason:  # x and y are one buffer here: y is x, not a parameter
+        kernel = KernelSource(
+            kernel.text.replace("__half* y,", "__half* z,").replace(
+                "float acc = 0.0f;", "float acc = 0.0f;\n  __half* y = const_cast<__half*>(x);"
+            )
+        )
+    (site,) = [s for s in mechanism.candidates(kernel) if s.detail["kind"] == "loop"]
+    assert reason in (site.refusal or ""), site.refusal
+    with pytest.raises(MechanismRefused):
+        mechanism.apply(kernel, site)
+
+
+def test_a_store_through_another_parameter_is_allowed() -> None:
+    kernel = _row_loop("y[c] = __float2half(__half2float(x[c]) * s);")
+    (site,) = mechanism.candidates(kernel)
+    assert site.supported and site.detail == {"kind": "loop", "precision": "half", "pointers": "x"}
+    assert "const int64_t c = c_pair + 1;" in mechanism.apply(kernel, site).text
+
+
+def test_the_tail_of_a_paired_loop_is_not_paired_again() -> None:
+    paired = pair_every_loop(_row_loop("acc += __half2float(x[c]);"))
+    assert "for (int64_t c = c_pair; c < n; ++c)" in paired.text
+    assert [s for s in mechanism.candidates(paired) if s.detail["kind"] == "loop"] == []

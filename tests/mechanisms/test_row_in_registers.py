@@ -7,12 +7,14 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import MechanismRefused, get
+from klineage.mechanisms import Carrier, MechanismRefused, get
+from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.reductions_experts import (
+    HELDOUT,
     assert_detected_where_listed,
     check_expert_removals_compile,
 )
-from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite
+from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite, compile_ok
 
 mechanism = get("row_in_registers")
 FIXTURE = (FIXTURES / "row_in_registers" / "before.cu").read_text()
@@ -85,3 +87,111 @@ def test_expert_sites_refuse_with_the_pass_that_rewrites_the_row(
     refusals = check_expert_removals_compile("row_in_registers", mechanism_builder)
     assert len(refusals) == 3
     assert all("re-reading the row from memory would not give them" in r for r in refusals)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward on naive passes: a register path for rows up to a compile-time bound
+# ---------------------------------------------------------------------------------------------
+
+FORWARD = FIXTURES / "row_in_registers" / "forward"
+"""``<case>.naive.cu`` and ``<case>.applied.cu``: apply at the one dispatch candidate."""
+FORWARD_CASES = ["softmax", "warp_rms"]
+HELDOUT_DISPATCH = ["l2_normalize", "layernorm", "log_softmax"]
+
+
+def _dispatch(kernel: KernelSource, carrier: Carrier | None = None) -> KernelSource:
+    (site,) = [s for s in mechanism.candidates(kernel) if s.detail.get("kind") == "dispatch"]
+    return mechanism.apply(kernel, site, carrier)
+
+
+@pytest.mark.parametrize("case", FORWARD_CASES)
+def test_naive_passes_get_a_register_path_as_the_fixture(case: str) -> None:
+    naive = KernelSource.from_file(FORWARD / f"{case}.naive.cu")
+    applied = _dispatch(naive)
+    assert applied.text == (FORWARD / f"{case}.applied.cu").read_text()
+    (held,) = mechanism.detect(applied)
+    assert held.supported and held.detail == {"array": "in_row"}
+
+
+def test_the_heldout_passes_that_reread_a_row_get_one() -> None:
+    reached = []
+    for folder in sorted(HELDOUT.iterdir()):
+        kernel = KernelSource.from_file(folder / "kernel.cu")
+        if any(s.supported for s in mechanism.candidates(kernel)):
+            reached.append(folder.name)
+    assert reached == HELDOUT_DISPATCH
+    (refused,) = mechanism.candidates(KernelSource.from_file(HELDOUT / "cross_entropy/kernel.cu"))
+    assert "declaring s, used after them" in (refused.refusal or "")
+
+
+@pytest.mark.nvcc
+def test_both_states_compile(mechanism_builder: Builder) -> None:
+    sources = [
+        KernelSource.from_file(FORWARD / f"{c}.{s}.cu")
+        for c in FORWARD_CASES
+        for s in ("naive", "applied")
+    ]
+    sources += [
+        _dispatch(KernelSource.from_file(HELDOUT / n / "kernel.cu")) for n in HELDOUT_DISPATCH
+    ]
+    sources.append(
+        _dispatch(KernelSource.from_file(FORWARD / "softmax.naive.cu"), Carrier(elements=4))
+    )
+    compile_ok(mechanism_builder, sources)
+
+
+@pytest.mark.nvcc
+def test_the_register_path_computes_the_same_bits_on_the_host() -> None:
+    """Thread after thread on the CPU, with 4 elements held: rows of 1 to 4 take the register
+    path, longer ones the original passes; every output bit is the naive kernel's."""
+    naive = KernelSource.from_file(FORWARD / "softmax.naive.cu")
+    cases = [
+        Case(
+            {"rows": 6, "cols": cols},
+            [Buffer("x", "float", "rows * cols"), Buffer("y", "float", "rows * cols", output=True)],
+            "softmax_rows(x, y, rows, cols)",
+            "rows",
+            4,
+        )
+        for cols in (1, 3, 4, 5, 37)
+    ]
+    want = run_on_host(naive.text, cases)
+    assert len(want.splitlines()) == len(cases)
+    for carrier in (Carrier(elements=4), Carrier()):
+        assert run_on_host(_dispatch(naive, carrier).text, cases) == want
+
+
+def _passes(first: str, second: str, between: str = "", bound: str = "n") -> KernelSource:
+    return KernelSource(
+        "#include <stdint.h>\n"
+        "__global__ void k(float* x, float* y, const int64_t* lens, int64_t n) {\n"
+        "  const int64_t r = blockIdx.x;\n"
+        "  float a = 0.0f;\n"
+        f"  for (int64_t c = 0; c < {bound}; ++c) {first}\n"
+        f"{between}"
+        f"  for (int64_t c = 0; c < {bound}; ++c) {second}\n"
+        "}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kernel", "reason"),
+    [
+        (_passes("a += x[c];", "x[c] = x[c] / a;"), "storing into x[c]"),
+        (_passes("if (a < 1.0f) a += x[c];", "y[c] = x[c] / a;"), "only on some turns"),
+        (_passes("a += x[c];", "y[c] = x[c] / a;", bound="lens[r]"), "differs between threads"),
+        (_passes("a += x[c];", "y[c] = x[c] / a;", "  x[0] = 1.0f;\n"), "storing into x"),
+        (_passes("a += x[c];", "y[c] = x[c] + x[c + 1];"), "other than as x[c]"),
+    ],
+)
+def test_unsound_register_paths_are_refused(kernel: KernelSource, reason: str) -> None:
+    (site,) = [s for s in mechanism.candidates(kernel) if s.detail.get("kind") == "dispatch"]
+    assert reason in (site.refusal or ""), site.refusal
+    with pytest.raises(MechanismRefused):
+        mechanism.apply(kernel, site)
+
+
+def test_the_held_elements_are_checked() -> None:
+    naive = KernelSource.from_file(FORWARD / "softmax.naive.cu")
+    with pytest.raises(MechanismRefused, match="elements=0"):
+        _dispatch(naive, Carrier(elements=0))

@@ -172,6 +172,9 @@ class FunctionIndices:
         self._by_kind = _nodes_by_kind(function.body)
         self._defs = self._definitions()
         self.buffers = self._buffers()
+        # Known from here on to buffer lookups the loop forms below make (a loop bound read
+        # from memory, `c < lens[r]`), which would otherwise build this analysis again.
+        analysis._indices.setdefault(function.node.start_byte, self)
         self.loops: list[LoopVariable] = []
         self._loop_by_node: dict[int, LoopVariable] = {}
         self._depth = 0

@@ -1,0 +1,135 @@
+"""A naive kernel's threads run one after another on the host, to check a rewrite's arithmetic
+without a GPU.
+
+Only for kernels whose threads do not talk to each other (no shared memory, barriers, warp
+collectives or atomics): each thread of a one-dimensional launch is a call of the kernel
+function with ``blockIdx``/``threadIdx`` set. The ``extern "C" int run`` launcher is cut off;
+the driver allocates the buffers (filled with pseudo-random values, each at an element
+offset, to make rows unaligned on purpose), calls the kernel for every thread and prints the
+outputs' bytes. Two versions of a kernel agree when they print the same.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+_PRELUDE = """\
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+static uint3 kl_block, kl_thread;
+static dim3 kl_block_dim, kl_grid_dim;
+#define blockIdx kl_block
+#define threadIdx kl_thread
+#define blockDim kl_block_dim
+#define gridDim kl_grid_dim
+#undef __global__
+#define __global__ static
+"""
+
+_DRIVER = """\
+static uint32_t kl_seed = 12345u;
+static float kl_random() {
+  kl_seed = kl_seed * 1664525u + 1013904223u;
+  return (float)(kl_seed >> 8) / 16777216.0f * 4.0f - 2.0f;
+}
+static void kl_fill(float* p, int64_t n) { for (int64_t i = 0; i < n; ++i) p[i] = kl_random(); }
+static void kl_fill(__half* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = __float2half(kl_random());
+}
+static void kl_fill(__nv_bfloat16* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = __float2bfloat16(kl_random());
+}
+template <typename T>
+static void kl_print(const char* name, const T* p, int64_t n) {
+  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(p);
+  printf("%s:", name);
+  for (int64_t i = 0; i < n * (int64_t)sizeof(T); ++i) printf("%02x", bytes[i]);
+  printf("\\n");
+}
+template <typename F>
+static void kl_launch(int64_t threads, unsigned block, F kernel) {
+  const unsigned grid = (unsigned)((threads + block - 1) / block);
+  kl_grid_dim = dim3(grid);
+  kl_block_dim = dim3(block);
+  for (unsigned b = 0; b < grid; ++b) {
+    for (unsigned t = 0; t < block; ++t) {
+      kl_block = make_uint3(b, 0, 0);
+      kl_thread = make_uint3(t, 0, 0);
+      kernel();
+    }
+  }
+}
+"""
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One pointer argument: its element type, its element count (a C++ expression over the
+    axes), whether the kernel writes it, and the element offset it starts at."""
+
+    name: str
+    type: str
+    count: str
+    output: bool = False
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call: axis values, buffers, the kernel call (C++) and how many threads run it."""
+
+    axes: dict[str, int]
+    buffers: list[Buffer]
+    call: str
+    threads: str
+    block: int = 256
+
+
+def _case_text(index: int, case: Case) -> str:
+    lines = [f"  {{  // case {index}"]
+    lines += [f"    const int64_t {name} = {value};" for name, value in case.axes.items()]
+    for b in case.buffers:
+        lines.append(
+            f"    {b.type}* {b.name}_all = ({b.type}*)calloc({b.count} + 8, sizeof({b.type}));"
+        )
+        lines.append(f"    kl_fill({b.name}_all, {b.count} + 8);")
+        lines.append(f"    {b.type}* {b.name} = {b.name}_all + {b.offset};")
+    lines.append(f"    kl_launch({case.threads}, {case.block}, [&] {{ {case.call}; }});")
+    for b in case.buffers:
+        if b.output:
+            lines.append(f'    kl_print("{index}:{b.name}", {b.name}, {b.count});')
+    lines += [f"    free({b.name}_all);" for b in case.buffers]
+    lines.append("  }")
+    return "\n".join(lines)
+
+
+def program(kernel_text: str, cases: list[Case]) -> str:
+    """The host program running ``cases`` on the kernels of ``kernel_text``."""
+    device = kernel_text.split('extern "C"')[0]
+    body = "\n".join(_case_text(i, c) for i, c in enumerate(cases))
+    return f"{_PRELUDE}{device}\n{_DRIVER}\nint main() {{\n{body}\n  return 0;\n}}\n"
+
+
+def run_on_host(kernel_text: str, cases: list[Case]) -> str:
+    """Build the host program with nvcc and run it; its output (the outputs' bytes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "emulate.cu"
+        binary = Path(tmp) / "emulate"
+        source.write_text(program(kernel_text, cases))
+        build = subprocess.run(
+            ["nvcc", "-std=c++17", "-O1", "-o", str(binary), str(source)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert build.returncode == 0, f"{build.stderr}\n{source.read_text()}"
+        ran = subprocess.run([str(binary)], capture_output=True, text=True, check=True)
+        return ran.stdout
