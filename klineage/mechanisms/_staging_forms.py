@@ -15,7 +15,9 @@ barrier and reads the tile). Each is reported with the form it is in and refused
 means replacing every read of the tile by the global expression that filled it, which the
 canonical rule does only for its own form, and :mod:`klineage.mechanisms._staging_once` for a
 tile staged once by a loop of its own stores (marked ``kind="once"``; a tile of several
-dimensions, as a transpose stages it, by :mod:`klineage.mechanisms._staging_tile`).
+dimensions, as a transpose stages it, by :mod:`klineage.mechanisms._staging_tile`), and
+:mod:`klineage.mechanisms._staging_helper` for a tile loop whose tiles a helper stages
+(``kind="helper"``).
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ def staging_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
                 continue  # a pipeline's prologue: part of the tile loop's staging
             skip.add(place.node.start_byte)
             once = not place.in_loop and not place.helpers and not place.asynchronous
-            kind = "once" if once else ""
+            by_helper = place.in_loop and place.helpers and not place.asynchronous
+            kind = "once" if once else "helper" if by_helper and not place.aliased else ""
             found.append(FoundForm(place.node, function, place.describe(), _CANONICAL, kind))
     return found

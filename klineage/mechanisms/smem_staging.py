@@ -63,6 +63,7 @@ from klineage.mechanisms._staging import (
     zero_of,
 )
 from klineage.mechanisms._staging_forms import staging_forms
+from klineage.mechanisms._staging_helper import helper_removal
 from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._staging_tile import stores_tile, tile_once_removal
 from klineage.mechanisms._tiles_util import (
@@ -674,6 +675,10 @@ class SmemStaging(Mechanism):
                 yield removable_form_site(
                     self, source, form, _staged_once_removal, "once", "as a tile staged once"
                 )
+            elif form.kind == "helper":
+                yield removable_form_site(
+                    self, source, form, helper_removal, "helper", "as tiles a helper stages"
+                )
             else:
                 yield form_site(self, source, form)
 
@@ -759,10 +764,12 @@ class SmemStaging(Mechanism):
             raise self.refuse(str(why), site) from None
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
-        if site.detail.get("form") == "once":
+        if site.detail.get("form") in ("once", "helper"):
             loop = self.node_at(source, site)
             function = source.enclosing_function(loop)
             assert function is not None
+            if site.detail.get("form") == "helper":
+                return helper_removal(source, function, loop)
             return _staged_once_removal(source, function, loop)
         staged = self._staged(source, site)
         types = source.local_types(staged.function)
@@ -783,8 +790,8 @@ class SmemStaging(Mechanism):
         return edits
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
-        if site.detail.get("form") == "once":
-            return Carrier()  # no forward rule stages a tile once: nothing to carry
+        if site.detail.get("form") in ("once", "helper"):
+            return Carrier()  # no forward rule for these forms: nothing to carry
         staged = self._staged(kernel.parsed, site)
         ordered = sorted(staged.arrays, key=lambda a: a.reads[0].start_byte)
         values: dict[str, int | str] = {"tiles": ",".join(a.name for a in ordered)}
