@@ -4,9 +4,11 @@ what they ask the gate, and what they make of its answers, as it was.
 
     python bench/reproduce_offline.py --out /tmp/reproduce --report reproduce.json
 
-Mining: each expert of bench/results/mine.json is mined again the way the H200 run was (no
-machine-code check yet: `skip_no_ops=False`), every verdict from bench/state/mine_gatelog.tar.xz
-(`LogOnlyGate`: a verdict the log lacks stops the problem and is reported). Compared: the
+Mining: each expert of bench/results/mine.json is mined again the way the H200 run was, every
+verdict from bench/state/mine_gatelog.tar.xz (`LogOnlyGate`: a verdict the log lacks stops the
+problem and is reported): a walk of the audited gate (its row counts `no_machine_code_change`)
+with the machine-code check and nvcc builds, serving that gate's verdicts alone; an older walk
+with neither (`skip_no_ops=False`, the older verdicts served). Compared: the
 report's counts with mine.json, and every attempt of the walk (parent, child, mechanism,
 verdict, ratio, chosen, step) with the lineage in skills_out/lineages where that lineage is the
 walk the H200 recorded (`reextracted` on a CPU afterwards: an edge relabelled
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from klineage.gate.build import Builder
 from klineage.gate.log import GateLog, LogOnlyGate, VerdictMissing
 from klineage.kernel import KernelSource
 from klineage.lineage import AttemptStatus, LineageGraph
@@ -47,6 +50,7 @@ STATE = REPO / "bench" / "state"
 RESULTS = REPO / "bench" / "results"
 COUNTS = ["termination", "accepted", "rejected", "refusals", "remaining", "steps", "skills"]
 COUNTS += ["recall", "missed", "llm_attempts", "llm_accepted", "llm_rejections"]
+AUDITED_COUNTS = ["no_machine_code_change", "verified", "shared_verdicts"]
 RUN_FIELDS = ("action", "origin", "carrier", "gate_status", "outcome")
 EDGE_FIELDS = ("mechanism", "gate_status", "chosen", "step")
 CLOSE = 1e-9
@@ -94,7 +98,12 @@ def reproduce_mining(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
     rows = []
     for row in committed:
         started = time.monotonic()
-        gate = LogOnlyGate(None)  # no builder: no machine-code check, as on the H200 then
+        recorded = LineageGraph.load(REPO / "skills_out" / "lineages" / f"{row['problem']}.json")
+        # a walk of the audited gate ran with the machine-code check: nvcc builds each state
+        # to refuse the same no-ops, and only that gate's verdicts are served; an older walk
+        # ran with neither
+        audited = _audited(row)
+        gate = LogOnlyGate(Builder(cache_dir=out / "build") if audited else None)
         found: dict[str, Any] = {"problem": row["problem"]}
         try:
             report = mine(
@@ -102,8 +111,8 @@ def reproduce_mining(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
                 root,
                 gate=gate,
                 resume=True,
-                skip_no_ops=False,
-                reuse_unaudited=True,
+                skip_no_ops=audited,
+                reuse_unaudited=not audited,
             )
         except VerdictMissing as err:
             found.update(missing=str(err), reproduced=False)
@@ -115,9 +124,14 @@ def reproduce_mining(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
         found["differences"] = [
             f"{key}: {got[key]} vs {row.get(key)}" for key in COUNTS if got[key] != row.get(key)
         ]
+        if audited:
+            found["differences"] += [
+                f"{key}: {got[key]} vs {row.get(key)}"
+                for key in AUDITED_COUNTS
+                if got[key] != row.get(key)
+            ]
         lineage = LineageGraph.load(root / "lineages" / f"{row['problem']}.json")
-        recorded = LineageGraph.load(REPO / "skills_out" / "lineages" / f"{row['problem']}.json")
-        if recorded.meta.reextracted:
+        if recorded.meta.reextracted or audited:
             found["attempts"] = len(lineage.attempts())
             found["differences"] += _edge_differences(lineage, recorded)
         found["reproduced"] = not found["differences"] and found["gate_runs"] == 0
@@ -125,6 +139,11 @@ def reproduce_mining(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
         rows.append(found)
         print(json.dumps(found)[:400], flush=True)
     return rows
+
+
+def _audited(row: dict[str, Any]) -> bool:
+    """Whether mine.json's row is a walk of the audited gate (its report counts no-ops)."""
+    return "no_machine_code_change" in row
 
 
 def _h200_skills() -> list[Skill]:

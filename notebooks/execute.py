@@ -29,7 +29,7 @@ ROOT = HERE.parent
 NOTEBOOK_TIMEOUT_S = 900.0
 """Wall time one notebook may take here (GPU cells mine and replay for real)."""
 
-MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home|tmp|Users)/[^\s'\"]*")
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home|tmp|Users|opt|usr)/[^\s'\"]*")
 """An absolute path of this machine in an output: the notebooks print paths relative to the
 repository root (or to their scratch folder)."""
 
@@ -103,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=NOTEBOOK_TIMEOUT_S)
     args = parser.parse_args(argv)
     # the checkout's klineage, whatever is installed
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        # tqdm (imported by a dependency where it is installed) warns from its own file's path
+        # when ipywidgets is missing: a machine path in the output, and nothing about klineage
+        "PYTHONWARNINGS": "ignore:IProgress not found",
+    }
     failed = 0
     for path in args.paths or notebooks():
         started = time.monotonic()

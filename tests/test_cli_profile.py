@@ -3,11 +3,17 @@ and for a skipped one."""
 
 from __future__ import annotations
 
-from rich.console import Console
+from pathlib import Path
 
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from klineage.cli import app
 from klineage.cli.profile_view import print_profile
 from klineage.gate.bottleneck import classify, peaks_for
 from klineage.gate.profile import Profile
+from tests.conftest import REPO
 from tests.recorded_profiles import gelu_launch
 
 
@@ -39,3 +45,17 @@ def test_a_profile_prints_its_launches_traffic_and_bottleneck() -> None:
 def test_a_skipped_profile_prints_why() -> None:
     text = _printed(Profile.skip("ncu was not found (on PATH, or named by $KLINEAGE_NCU)"))
     assert text.strip() == "profile skipped: ncu was not found (on PATH, or named by $KLINEAGE_NCU)"
+
+
+@pytest.mark.parametrize("command", ["mine", "replay"])
+def test_profile_on_a_dask_cluster_is_refused_before_any_gate_run(
+    command: str, tmp_path: Path
+) -> None:
+    folder = "expert_kernels/topk" if command == "mine" else "heldout/gelu"
+    result = CliRunner().invoke(
+        app,
+        [command, str(REPO / folder), "--executor", "dask", "--profile", "--out", str(tmp_path)],
+    )
+    assert result.exit_code == 2
+    assert "--profile needs --executor local" in result.output
+    assert not any(tmp_path.iterdir()), "nothing was written"

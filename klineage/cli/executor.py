@@ -51,6 +51,21 @@ def open_cli_executor(
         raise typer.Exit(2) from None
 
 
+def refuse_profile_on_a_cluster(kind: ExecutorKind, profile: bool, errors: Console) -> None:
+    """`--profile` with `--executor dask`: a one-line error and exit 2, before any gate run.
+    A cluster's gates run on its workers, and the profile stage mining and replay ask for
+    (`profile_kernel`) has no task there yet: the run would end with no counters at all."""
+    if profile and kind == ExecutorKind.DASK:
+        errors.print(
+            Text(
+                "--profile needs --executor local: Nsight Compute profiles run on this "
+                "host's GPUs, and a Dask cluster's workers do not profile yet",
+                "red",
+            )
+        )
+        raise typer.Exit(2)
+
+
 class WorkerProgress:
     """A bar per worker: the gate runs it made (against the busiest), its builds, and the
     time its gate runs spent outside the task (scheduling, transfers). Re-read on every

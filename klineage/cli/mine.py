@@ -19,6 +19,7 @@ from klineage.cli.executor import (
     SchedulerOption,
     WorkerProgress,
     open_cli_executor,
+    refuse_profile_on_a_cluster,
 )
 from klineage.cli.gate_options import ProfileOption, optional_stages
 from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
@@ -157,6 +158,7 @@ def mine_command(
     from klineage.gate.gate import GateSetupError
 
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
+    refuse_profile_on_a_cluster(executor, profile, errors)
     running = open_cli_executor(executor, scheduler, devices, errors)
     limits = MiningBudget(gate_runs=budget, wall_seconds=wall)
     reports: list[MineReport] = []

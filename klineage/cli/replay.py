@@ -15,6 +15,7 @@ from klineage.cli.executor import (
     SchedulerOption,
     WorkerProgress,
     open_cli_executor,
+    refuse_profile_on_a_cluster,
 )
 from klineage.cli.gate_options import EnergyOption, ProfileOption, optional_stages
 from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, open_llm, usage_line
@@ -111,6 +112,7 @@ def replay_command(
         errors.print(Text(f"unknown baseline {unknown[0]!r}; choose from {choices}", "red"))
         raise typer.Exit(2)
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
+    refuse_profile_on_a_cluster(executor, profile, errors)
     running = open_cli_executor(executor, scheduler, devices, errors)
     workers = WorkerProgress(running.tally, f"tasks per worker ({running.describe()})")
 

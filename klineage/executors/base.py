@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.log import GateLike
+from klineage.gate.profile import Profile
 from klineage.gate.result import GateVerdict
 from klineage.kernel import KernelSource
 from klineage.problem import Problem, Workload
@@ -125,6 +126,35 @@ class TalliedGate:
         )
         self.tally.record(self.worker, "gate", time.perf_counter() - started)
         return verdict
+
+    def profile_kernel(
+        self,
+        problem: Problem,
+        kernel: KernelSource,
+        latency_ms: dict[str, float] | None = None,
+        *,
+        workloads: Sequence[Workload] | None = None,
+    ) -> Profile | None:
+        """The gate's profile stage alone (None where the gate does not profile). Mining and
+        replay find it by name: without it here, `--profile` profiled nothing."""
+        profile_kernel = getattr(self.gate, "profile_kernel", None)
+        if profile_kernel is None:
+            return None
+        if workloads is None:  # as mining and replay ask: the problem's own workloads
+            profile: Profile | None = profile_kernel(problem, kernel, latency_ms)
+        else:
+            profile = profile_kernel(problem, kernel, latency_ms, workloads=workloads)
+        return profile
+
+    def add_profile(
+        self, problem: Problem, kernel: KernelSource, verdict: GateVerdict
+    ) -> GateVerdict:
+        """`verdict` with the gate's profile of `kernel` (unchanged where it does not profile)."""
+        add_profile = getattr(self.gate, "add_profile", None)
+        if add_profile is None:
+            return verdict
+        profiled: GateVerdict = add_profile(problem, kernel, verdict)
+        return profiled
 
 
 class Executor(ABC):

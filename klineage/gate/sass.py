@@ -616,9 +616,11 @@ def delta(before: MachineCode, after: MachineCode) -> list[KernelDelta]:
 def short_name(name: str) -> str:
     """`void (anonymous namespace)::softmax_rows<256>(const float *, ...)` -> `softmax_rows<256>`
     (also from cu++filt's spelling, `<unnamed>::...`): what a card shows, and how kernels are
-    matched across demanglers."""
+    matched across demanglers. cu++filt casts template arguments (`f<(int)4, (bool)0>`): the
+    casts go and a `bool` reads as c++filt writes it (`f<4,false>`)."""
     for scope in ("(anonymous namespace)::", "<unnamed>::"):
         name = name.replace(scope, "")
+    name = re.sub(r"\(bool\)([01])\b", lambda m: ("false", "true")[int(m.group(1))], name)
     depth, cut = 0, len(name)
     for i, ch in enumerate(name):
         if ch == "<":

@@ -174,3 +174,18 @@ def test_build_only_prints_the_machine_code(monkeypatch: pytest.MonkeyPatch) -> 
     assert result.exit_code == 0, result.output
     assert "machine code" in result.output and "LDG.E.CONSTANT" in result.output
     assert "device " in result.output and ", host " in result.output
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "void (anonymous namespace)::rows<512, false>(const float *, float *, long)",
+        "void <unnamed>::rows<(int)512, (bool)0>(const float *, float *, long)",
+    ],
+)
+def test_a_kernel_reads_the_same_from_either_demangler(spelling: str) -> None:
+    assert sass.short_name(spelling) == "rows<512,false>"
+
+
+def test_a_true_template_argument_from_cu_filt() -> None:
+    assert sass.short_name("void <unnamed>::rows<(int)-4, (bool)1>(float *)") == "rows<-4,true>"

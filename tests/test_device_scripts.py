@@ -1,0 +1,41 @@
+"""The device scripts (bench/*.sh) start the modules they name: a `python3 -m X` whose X cannot
+run as a program fails at once on the device, after a machine start (`-m klineage.cli` did,
+once klineage.cli became a package). Each module is run here with `--help`, as the scripts'
+Python would find it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+MODULE = re.compile(r"python3? -m ([\w.]+)")
+
+
+def _modules() -> list[tuple[str, str]]:
+    found = set()
+    for script in sorted((REPO / "bench").glob("*.sh")):
+        for name in MODULE.findall(script.read_text(encoding="utf-8")):
+            found.add((script.name, name))
+    return sorted(found)
+
+
+def test_the_scripts_name_modules() -> None:
+    assert ("mine_chunk.sh", "klineage") in _modules()
+
+
+@pytest.mark.parametrize(("script", "module"), _modules())
+def test_a_module_a_device_script_runs_starts(script: str, module: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"{script}: python3 -m {module} --help\n{done.stderr[-2000:]}"
