@@ -176,7 +176,13 @@ def coarsening_forms(source: ParsedSource, skip: list[tuple[int, int]]) -> list[
                     f"the loop over {variable.name}{where}"
                 )
                 node = variable.loop if access.helper is None else access.node
-                add(node, function, form)
+                # a block's chunk read by a counted loop: the multi-pass removal may take it
+                chunk = (
+                    owner == "block"
+                    and access.helper is None
+                    and variable.loop.type == ("for_statement")
+                )
+                add(node, function, form, "chunk" if chunk else "")
         for access, count in unrolled_pairs(indices, accesses):
             loop = enclosing(access.node, function, ("for_statement", "while_statement"))
             form = (

@@ -62,7 +62,7 @@ def _index_loops(source: ParsedSource, function: Function) -> list[FoundForm]:
             f"a grid-stride `{keyword}` loop over gridDim.{dimension} (step {variable.step}, "
             f"from {variable.init}){barrier}"
         )
-        kind = "index_for" if keyword == "for" else ""
+        kind = "index_for" if keyword == "for" else "partials"
         found.append(FoundForm(variable.loop, function, form, _CANONICAL, kind))
     return found
 

@@ -27,7 +27,9 @@ dimension, a stride scaled by another block dimension, a persistent loop fed by 
 are found by the index analysis (:mod:`klineage.mechanisms._grid_stride_forms`). A ``for``
 loop from ``blockIdx.d * blockDim.e + threadIdx.e`` by ``gridDim.d * blockDim.e`` is removed
 by :mod:`klineage.mechanisms._grid_stride_index` (barriers inside allowed, the launch's grid
-along ``d`` resized); the others are refused with the form they are in. That removal has no
+along ``d`` resized); a ``while`` loop of a kernel writing one partial per block by
+:mod:`klineage.mechanisms._grid_stride_partials` (the host's partial count following); the
+others are refused with the form they are in. That removal has no
 forward rule: its skills are not transferable.
 """
 
@@ -45,6 +47,7 @@ from klineage.kernel import KernelSource
 from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._grid_stride_forms import grid_stride_forms
 from klineage.mechanisms._grid_stride_index import index_loop_removal
+from klineage.mechanisms._grid_stride_partials import partial_loop_removal
 from klineage.mechanisms._local_util import (
     ElementKernel,
     GlobalIndex,
@@ -319,6 +322,15 @@ class GridStrideLoop(Mechanism):
                 yield removable_form_site(
                     self, source, form, index_loop_removal, "index", "read by its index"
                 )
+            elif form.kind == "partials":
+                yield removable_form_site(
+                    self,
+                    source,
+                    form,
+                    partial_loop_removal,
+                    "partials",
+                    "as a loop writing one partial per block",
+                )
             else:
                 yield form_site(self, source, form)
         for loop in loops:
@@ -363,6 +375,11 @@ class GridStrideLoop(Mechanism):
             function = source.enclosing_function(node)
             assert function is not None
             return index_loop_removal(source, function, node)
+        if site.detail.get("form") == "partials":
+            node = self.node_at(source, site, "while_statement")
+            function = source.enclosing_function(node)
+            assert function is not None
+            return partial_loop_removal(source, function, node)
         loop = next(g for g in grid_loops(source) if g.node.start_byte == site.start_byte)
         try:
             grids = grid_edits(source, loop.function, loop.bound, 1)

@@ -46,6 +46,7 @@ from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._coarsening_chunks import chunk_loop_removal
 from klineage.mechanisms._coarsening_forms import coarsening_forms
 from klineage.mechanisms._coarsening_pairs import pair_loads_at
 from klineage.mechanisms._forms import form_site, removable_form_site
@@ -411,6 +412,10 @@ class ThreadCoarsening(Mechanism):
                 yield removable_form_site(
                     self, source, form, pair_loads_at, "pairs", "as loads per turn"
                 )
+            elif form.kind == "chunk":  # a block's chunk in a counted loop, one partial a block
+                yield removable_form_site(
+                    self, source, form, chunk_loop_removal, "chunk", "as a block's chunk"
+                )
             else:
                 yield form_site(self, source, form)
         for loop in handwritten_loops:
@@ -449,6 +454,11 @@ class ThreadCoarsening(Mechanism):
             function = source.enclosing_function(loop)
             assert function is not None
             return pair_loads_at(source, function, loop)
+        if site.detail.get("form") == "chunk":
+            loop = self.node_at(source, site, "for_statement")
+            function = source.enclosing_function(loop)
+            assert function is not None
+            return chunk_loop_removal(source, function, loop)
         found = next(
             c
             for c in self._canonical(source)

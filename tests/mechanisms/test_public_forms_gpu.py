@@ -31,6 +31,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "online_pairs": PROBLEMS / "row_logsumexp",
     "quad_columns": PROBLEMS / "column_totals",
     "loads_per_turn": PROBLEMS / "vector_total",
+    "chunk_partials": PROBLEMS / "vector_chunk_total",
+    "pair_partials": PROBLEMS / "vector_total",
     "transpose_once": PROBLEMS / "transpose",
     "helper_tiles": PROBLEMS / "sgemm_tiles",
 }
