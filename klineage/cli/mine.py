@@ -189,6 +189,8 @@ def mine_command(
                     )
                 reports.append(result)
                 _print_report(result)
+                if profile:
+                    _print_counters(out, folder, result)
                 if report is not None:  # after each problem: a killed run keeps what finished
                     _write_report(report, reports, provider)
     except GateSetupError as err:
@@ -231,6 +233,22 @@ def _print_report(r: MineReport) -> None:
             f"  LLM: {r.llm_attempts} proposals gated ({r.llm_accepted} accepted), "
             f"{r.llm_rejections} answers not used"
         )
+
+
+def _print_counters(out: Path, folder: Path, r: MineReport) -> None:
+    """How many of a problem's skills got counter deltas under --profile: a run whose gate made
+    no profile says so, instead of leaving cards without counters unexplained."""
+    if not r.skills:
+        return
+    mined = [s for s in SkillLibrary.load(out) if s.evidence.problem == r.problem]
+    counted = sum(s.profile is not None for s in mined)
+    if counted == len(mined):
+        return
+    console.print(
+        f"  [yellow]--profile: counters on {counted} of {len(mined)} skills; a state without "
+        f"them was not profiled (`klineage gate {folder} --profile` says why: ncu missing, "
+        "or not allowed to read the counters)[/yellow]"
+    )
 
 
 def _library(out: Path) -> SkillLibrary:

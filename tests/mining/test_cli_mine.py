@@ -94,3 +94,26 @@ def test_the_drawing_puts_the_main_path_down_the_left(mined_out: Path) -> None:
     side = [n for n in lineage.graph.nodes if n not in main]
     assert side and all(positions[n][0] >= 1.0 for n in side)
     assert set(positions) == set(lineage.graph.nodes)
+
+
+def test_mine_with_profile_says_when_the_gate_made_no_profile(
+    builder: Builder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GPU boundary: the labelled stand-in gate, here one that does not profile (as a gate whose
+    # ncu is missing): the skills come without counters, and the command says so
+    import contextlib
+
+    import klineage.gate.pool
+
+    @contextlib.contextmanager
+    def stand_in_gates(devices, **options):  # type: ignore[no-untyped-def]
+        assert options.get("profile") is not None
+        yield [_gate(builder)]
+
+    monkeypatch.setattr(klineage.gate.pool, "open_gates", stand_in_gates)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["mine", str(PROBLEM), "--out", str(out), "--profile"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "--profile: counters on 0 of 3 skills" in said
+    assert f"klineage gate {PROBLEM} --profile" in said
