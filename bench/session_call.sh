@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call of ten minutes that does the short, high-value GPU steps in order, each with
+# its own time limit, and packs everything into $OUT/results.tgz after every step (the tool
+# returns at most eight files, and a call cut short keeps what finished):
+#
+#   1. the GPU check of the public-form pairs (tests/mechanisms/test_public_forms_gpu.py);
+#   2. 01_gate.ipynb executed with the GPU (the only notebook not yet run on the H200);
+#   3. `mine --profile --resume` of the experts whose walks are all in the gate log: no gate
+#      run, only the profiles of each skill's two states (counter deltas on the cards).
+#
+# Needs the wheels of `../shared/tools/device-wheels tree-sitter tree-sitter-cuda pydantic
+# libcst bm25s distributed nbclient nbformat ipykernel docstring-parser` in .whl (carried),
+# and the mining log: copy bench/state/mine_gatelog.tar.xz's gatelog to .state/gatelog.tgz
+# (`tar xJf bench/state/mine_gatelog.tar.xz && tar czf .state/gatelog.tgz skills_out/gatelog`)
+# or carry the last chunk's. Step limits: PUBLIC_S, NOTEBOOK_S, PROFILE_S.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/klineage-session}
+work=$(mktemp -d)
+mkdir -p "$work/r" "$OUT"
+pack() { (cd "$work" && tar czf "$OUT/results.tgz" r); }
+step() {  # name, seconds, command...
+  local name=$1 seconds=$2
+  shift 2
+  local started=$SECONDS
+  timeout "$seconds" "$@" > "$work/r/$name.log" 2>&1
+  echo "$name: exit $? in $((SECONDS - started)) s" | tee -a "$work/r/steps.txt"
+  pack
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$work/r/smi.csv" 2>&1
+git rev-parse HEAD > "$work/r/commit.txt" 2>/dev/null || true
+
+step public_forms_gpu "${PUBLIC_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+  tests/mechanisms/test_public_forms_gpu.py
+step notebook_01 "${NOTEBOOK_S:-120}" python3 notebooks/execute.py notebooks/01_gate.ipynb
+cp notebooks/01_gate.ipynb "$work/r/" 2>/dev/null
+[ -f .state/gatelog.tgz ] && tar xzf .state/gatelog.tgz
+step profile_skills "${PROFILE_S:-240}" python3 -m klineage mine expert_kernels/softmax \
+  expert_kernels/topk expert_kernels/fused_add_rmsnorm --out skills_out --resume --profile \
+  --report "$work/r/mine_profile.json"
+tar czf "$work/r/skills_out.tgz" --exclude=skills_out/gatelog skills_out
+pack
+cat "$work/r/steps.txt"
