@@ -59,6 +59,7 @@ from klineage.cuda.tree import (
     template_arguments,
     walk,
 )
+from klineage.mechanisms._staging_helper_2d import is_2d_staging, tile_2d_removal
 from klineage.mechanisms._staging_once import is_written, orphan_deletions
 from klineage.mechanisms._tiles_util import fresh_name, function_names, statement_deletion
 
@@ -217,7 +218,7 @@ def _stores(source: ParsedSource, loader: Function, param: str) -> list[_Store]:
         if argument is not None and strip_parens(argument).type == "subscript_expression":
             raise _refuse(
                 f"a store `{source.snippet(pair[0], 60)}` into a tile of several dimensions "
-                "(its indices and the bounds-checked value need a rule of their own; this one "
+                "(a 1-D shared array stored through a parameter of several dimensions; this rule "
                 "reads 1-D tiles `S[slot]`)"
             )
         if target is None or source.text_of(target[1]) != param:
@@ -456,6 +457,9 @@ def helper_removal(source: ParsedSource, function: Function, loop: Node) -> list
     args = call_arguments(call)
     if len(args) != len(loader.params):
         raise _refuse(f"a call of {loader.name} with default arguments")
+    if is_2d_staging(source, call, shared):
+        edits, removed = tile_2d_removal(source, function, items, is_barrier, call, loader, shared)
+        return edits + _unused_deletions(source, function, call, loader, removed, edits)
     staged: list[_Staged] = []
     for position, arg in enumerate(args):
         text = source.text_of(strip_parens(arg))
@@ -557,19 +561,32 @@ def helper_removal(source: ParsedSource, function: Function, loop: Node) -> list
             if barrier:
                 edits.append(statement_deletion(source, statement))
                 removed.append(statement)
-    edits += [
+    return edits + _unused_deletions(source, function, call, loader, removed, edits)
+
+
+def _unused_deletions(
+    source: ParsedSource,
+    function: Function,
+    call: Node,
+    loader: Function,
+    removed: list[Node],
+    edits: list[Edit],
+) -> list[Edit]:
+    """Deletions of what the removal leaves unused: declarations, compile-time locals only
+    the loader's template arguments named, the loader (called once)."""
+    found = [
         e
         for e in orphan_deletions(source, function, removed)
         if not any(e.start_byte == d.start_byte for d in edits)
     ]
-    edits += [
+    found += [
         e
         for e in _template_orphans(source, function, call, removed)
-        if not any(e.start_byte == d.start_byte for d in edits)
+        if not any(e.start_byte == d.start_byte for d in edits + found)
     ]
-    if len(graph.call_sites(loader.name)) == 1:
-        edits.append(statement_deletion(source, loader.outer))
-    return edits
+    if len(analysis(source).call_graph.call_sites(loader.name)) == 1:
+        found.append(statement_deletion(source, loader.outer))
+    return found
 
 
 def _template_orphans(

@@ -35,6 +35,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "pair_partials": PROBLEMS / "vector_total",
     "transpose_once": PROBLEMS / "transpose",
     "helper_tiles": PROBLEMS / "sgemm_tiles",
+    "helper_tiles_2d": PROBLEMS / "sgemm_bounded",
 }
 
 

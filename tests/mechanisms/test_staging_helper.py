@@ -104,14 +104,14 @@ def test_a_conditional_store_is_refused() -> None:
     assert "is conditional" in _refusal(guarded)
 
 
-def test_a_tile_of_several_dimensions_is_refused() -> None:
+def test_tiles_of_one_and_two_dimensions_in_one_call_are_refused() -> None:
     two_d = (
         DIRECT.replace("float *Bs,", "float Bs[1][BK],")
         .replace("Bs[threadIdx.x] = B", "Bs[0][threadIdx.x] = B")
         .replace("__shared__ float Bs[BK];", "__shared__ float Bs[1][BK];")
         .replace("* Bs[k]", "* Bs[0][k]")
     )
-    assert "a tile of several dimensions" in _refusal(two_d)
+    assert "shared arrays of several dimensions in one call (As: 1, Bs: 2)" in _refusal(two_d)
 
 
 def test_a_slot_in_three_components_is_refused() -> None:
