@@ -45,10 +45,12 @@ from klineage.conditions import Condition
 from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._coarsening_chunks import chunk_loop_removal
 from klineage.mechanisms._coarsening_forms import coarsening_forms
 from klineage.mechanisms._coarsening_pairs import pair_loads_at
+from klineage.mechanisms._coarsening_rows import rows_loop_removal
 from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._local_util import (
     ElementKernel,
@@ -413,8 +415,24 @@ class ThreadCoarsening(Mechanism):
                     self, source, form, pair_loads_at, "pairs", "as loads per turn"
                 )
             elif form.kind == "chunk":  # a block's chunk in a counted loop, one partial a block
-                yield removable_form_site(
+                site = removable_form_site(
                     self, source, form, chunk_loop_removal, "chunk", "as a block's chunk"
+                )
+                if site.supported:
+                    yield site
+                    continue
+                # or a block's rows in a counted loop, one row at a turn
+                try:
+                    rows_loop_removal(source, form.function, form.node)
+                except NotInForm as why:
+                    refusal = (
+                        f"{site.refusal} (as rows per block, it is {why.form}; that removal "
+                        f"needs {why.needed})"
+                    )
+                    yield site.model_copy(update={"refusal": refusal})
+                    continue
+                yield site.model_copy(
+                    update={"refusal": None, "detail": {**site.detail, "form": "rows"}}
                 )
             else:
                 yield form_site(self, source, form)
@@ -459,6 +477,11 @@ class ThreadCoarsening(Mechanism):
             function = source.enclosing_function(loop)
             assert function is not None
             return chunk_loop_removal(source, function, loop)
+        if site.detail.get("form") == "rows":
+            loop = self.node_at(source, site, "for_statement")
+            function = source.enclosing_function(loop)
+            assert function is not None
+            return rows_loop_removal(source, function, loop)
         found = next(
             c
             for c in self._canonical(source)

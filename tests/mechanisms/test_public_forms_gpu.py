@@ -32,6 +32,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "quad_columns": PROBLEMS / "column_totals",
     "loads_per_turn": PROBLEMS / "vector_total",
     "chunk_partials": PROBLEMS / "vector_chunk_total",
+    "rows_per_block": PROBLEMS / "causal_center",
     "pair_partials": PROBLEMS / "vector_total",
     "transpose_once": PROBLEMS / "transpose",
     "helper_tiles": PROBLEMS / "sgemm_tiles",
