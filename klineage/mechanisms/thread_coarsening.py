@@ -33,6 +33,10 @@ and every launch's grid becomes ``(n + 4 * block - 1) / (4 * block)`` blocks.
 - apply: on a one-thread-per-element kernel whose element code reads no ``blockIdx``,
   ``threadIdx`` or ``gridDim`` and holds no barrier or warp collective; refused when a
   launch of the kernel is not in the file or its bound cannot be written at the launch.
+- apply, in two dimensions (``form=register_tile``): a one-output-per-thread shared-memory
+  tiled product (what smem_staging writes on a naive GEMM) gets a ``tm x tn`` register
+  micro-tile per thread, the block tile and the grid following
+  (:mod:`klineage.mechanisms._register_tile`, which says why the rule lives here).
 """
 
 from __future__ import annotations
