@@ -16,7 +16,11 @@ depth 1, its child (first site it wrote, default carrier) is tried with every me
 did not reach that kernel at depth 1; the first parent whose child it applies on is recorded.
 Where it reaches neither way, the first parent whose child holds more of its detected sites
 than the naive kernel is recorded too: the parent wrote the optimization itself (block_per_row
-writes its reduction with shuffles), so there is nothing left for the rule to apply.
+writes its reduction with shuffles), so there is nothing left for the rule to apply. A
+mechanism that reaches a kernel at depth 1 may still have a form of its rule that only a child
+offers (thread_coarsening's register micro-tile needs smem_staging's tiles): the first parent
+whose child it applies on at a site of a form (``Site.detail["form"]``) the naive kernel does
+not offer is recorded with that form.
 """
 
 from __future__ import annotations
@@ -109,6 +113,14 @@ class ChainedReach(BaseModel):
     parent: str = Field(description="the mechanism whose child it applies on (first in order)")
 
 
+class ChainedForm(BaseModel):
+    """A form of a mechanism's rule that applies on a kernel only after another's rewrite."""
+
+    problem: str = Field(description="the held-out folder's name")
+    parent: str = Field(description="the mechanism whose child it applies on (first in order)")
+    form: str = Field(description="the site's form (its detail's `form`)")
+
+
 class MechanismReach(BaseModel):
     """One mechanism over every held-out kernel."""
 
@@ -123,6 +135,11 @@ class MechanismReach(BaseModel):
         default_factory=list,
         description="held-out problems reached neither way whose depth-1 child holds new "
         "sites of it, with the parent that wrote them",
+    )
+    forms_after: list[ChainedForm] = Field(
+        default_factory=list,
+        description="held-out problems reached at depth 1 where a depth-1 child offers a form "
+        "of the rule the naive kernel does not, and it applies there",
     )
     kernels: list[Reach] = Field(description="one per held-out problem, in folder order")
 
@@ -179,6 +196,31 @@ def chained_parent(mechanism: Mechanism, children: dict[str, KernelSource]) -> s
     return None
 
 
+def _forms(mechanism: Mechanism, kernel: KernelSource) -> set[str]:
+    return {str(s.detail.get("form", "")) for s in mechanism.candidates(kernel) if s.supported}
+
+
+def new_form_parent(
+    mechanism: Mechanism, kernel: KernelSource, children: dict[str, KernelSource]
+) -> tuple[str, str] | None:
+    """(parent, form): the first parent on whose child `mechanism` writes a kernel at a site
+    of a form the naive `kernel` offers no site of."""
+    present = _forms(mechanism, kernel)
+    for parent, child in children.items():
+        if parent == mechanism.name:
+            continue
+        for site in mechanism.candidates(child):
+            form = str(site.detail.get("form", ""))
+            if not site.supported or not form or form in present:
+                continue
+            try:
+                mechanism.apply(child, site)
+            except MechanismRefused:
+                continue
+            return parent, form
+    return None
+
+
 def writing_parent(
     mechanism: Mechanism, kernel: KernelSource, children: dict[str, KernelSource]
 ) -> str | None:
@@ -229,9 +271,13 @@ def _add_chained_reach(
                 if child is not None:
                     children[row.mechanism] = child
         for row in table:
-            if problem in row.reaches:
-                continue
             mechanism = by_name[row.mechanism]
+            if problem in row.reaches:
+                found = new_form_parent(mechanism, kernel, children)
+                if found is not None:
+                    parent, form = found
+                    row.forms_after.append(ChainedForm(problem=problem, parent=parent, form=form))
+                continue
             parent = chained_parent(mechanism, children)
             if parent is not None:
                 row.reaches_after.append(ChainedReach(problem=problem, parent=parent))
@@ -264,6 +310,7 @@ def markdown(table: list[MechanismReach], total: int) -> str:
         after = ", ".join(
             [f"{c.problem} (after {c.parent})" for c in row.reaches_after]
             + [f"{c.problem} (written by {c.parent})" for c in row.written_by]
+            + [f"{c.problem} ({c.form} after {c.parent})" for c in row.forms_after]
         )
         lines.append(
             f"| `{row.mechanism}` | {len(row.reaches)}/{total} | {reached or '-'} | "
@@ -282,6 +329,7 @@ def main() -> None:
     reached = sum(bool(r.reaches) for r in table)
     chained = sum(bool(r.reaches or r.reaches_after) for r in table)
     written = sum(bool(r.written_by and not (r.reaches or r.reaches_after)) for r in table)
+    forms = sum(bool(r.forms_after) for r in table)
     payload = {
         "command": "python bench/forward_reach.py",
         "heldout_kernels": total,
@@ -289,6 +337,7 @@ def main() -> None:
         "mechanisms_reaching_a_kernel": reached,
         "mechanisms_reaching_a_kernel_by_depth_2": chained,
         "mechanisms_written_by_another_only": written,
+        "mechanisms_with_a_form_reached_only_at_depth_2": forms,
         "table": [json.loads(r.model_dump_json()) for r in table],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -300,6 +349,7 @@ def main() -> None:
     print(f"{reached} of {len(table)} mechanisms apply on at least one of {total} kernels")
     print(f"{chained} of {len(table)} do so at depth 1 or on a depth-1 child (depth 2)")
     print(f"{written} more reach no kernel but are written by another mechanism's rewrite")
+    print(f"{forms} have a form of their rule that applies only on a depth-1 child")
 
 
 if __name__ == "__main__":

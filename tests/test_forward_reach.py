@@ -84,3 +84,15 @@ def test_the_kept_table_has_the_depth_two_counts() -> None:
     by_depth_2 = sum(bool(r["reaches"] or r["reaches_after"]) for r in kept["table"])
     assert kept["mechanisms_reaching_a_kernel_by_depth_2"] == by_depth_2
     assert by_depth_2 > kept["mechanisms_reaching_a_kernel"]
+
+
+def test_depth_two_records_a_form_only_a_parents_child_offers() -> None:
+    table = {row.mechanism: row for row in reach.forward_reach()}
+    coarsening = table["thread_coarsening"]
+    assert "sgemm" in coarsening.reaches
+    assert {(c.problem, c.parent, c.form) for c in coarsening.forms_after} >= {
+        ("sgemm", "smem_staging", "register_tile"),
+        ("batched_hgemm", "smem_staging", "register_tile"),
+    }
+    for row in table.values():
+        assert {c.problem for c in row.forms_after} <= set(row.reaches)

@@ -33,6 +33,10 @@ and every launch's grid becomes ``(n + 4 * block - 1) / (4 * block)`` blocks.
 - apply: on a one-thread-per-element kernel whose element code reads no ``blockIdx``,
   ``threadIdx`` or ``gridDim`` and holds no barrier or warp collective; refused when a
   launch of the kernel is not in the file or its bound cannot be written at the launch.
+- apply, in two dimensions (``form=register_tile``): a one-output-per-thread shared-memory
+  tiled product (what smem_staging writes on a naive GEMM) gets a ``tm x tn`` register
+  micro-tile per thread, the block tile and the grid following
+  (:mod:`klineage.mechanisms._register_tile`, which says why the rule lives here).
 """
 
 from __future__ import annotations
@@ -74,11 +78,20 @@ from klineage.mechanisms._local_util import (
     unshift,
     walk,
 )
+from klineage.mechanisms._register_tile import (
+    register_tile_edits,
+    register_tile_of,
+    staged_loops,
+)
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 
 Layout = Literal["strided", "contiguous"]
 DEFAULT_COARSEN = 4
+DEFAULT_MICRO_TILE = 4
+DEFAULT_STAGE = 16
+REGISTER_TILE = "register_tile"
+"""``Site.detail["form"]`` of a staged tile product that takes a register micro-tile."""
 
 
 def _guard_text(source: ParsedSource, element: ElementKernel) -> str:
@@ -384,6 +397,9 @@ class ThreadCoarsening(Mechanism):
     carrier_keys: ClassVar[dict[str, str]] = {
         "coarsen": f"elements per thread (default {DEFAULT_COARSEN})",
         "layout": "strided (elements blockDim.x apart, coalesced; default) or contiguous",
+        "tm": f"register tile: output rows per thread (default {DEFAULT_MICRO_TILE})",
+        "tn": f"register tile: output columns per thread (default {DEFAULT_MICRO_TILE})",
+        "bk": f"register tile: k extent of a staged tile (default {DEFAULT_STAGE})",
     }
 
     def _canonical(self, source: ParsedSource) -> list[_Coarsened]:
@@ -453,6 +469,7 @@ class ThreadCoarsening(Mechanism):
             )
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        yield from self._register_tile_candidates(source)
         for element in element_kernels(source):
             refusal = element_refusal(source, element, returns="nested")
             if refusal is None and not source.launches_of(element.function.name):
@@ -465,6 +482,52 @@ class ThreadCoarsening(Mechanism):
                 detail={"kernel": element.function.name},
                 refusal=refusal,
             )
+
+    def _register_tile_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        """Staged tile products (one output a thread, ``T x T`` threads): a register micro-tile
+        a thread (:mod:`klineage.mechanisms._register_tile`)."""
+        for function in source.kernels:
+            for loop in staged_loops(source, function):
+                refusal = None
+                try:
+                    register_tile_of(source, function, loop)
+                except NotInForm as why:
+                    refusal = str(why)
+                body = loop.child_by_field_name("body")
+                end = body.start_byte if body is not None else loop.end_byte
+                yield self.site(
+                    source,
+                    loop,
+                    snippet=source.snippet((loop.start_byte, end)).rstrip(" {"),
+                    detail={"kernel": function.name, "form": REGISTER_TILE},
+                    refusal=refusal,
+                )
+
+    def _register_tile(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        sizes = {
+            key: carrier.get_int(key, DEFAULT_STAGE if key == "bk" else DEFAULT_MICRO_TILE)
+            for key in ("tm", "tn", "bk")
+        }
+        tm, tn, bk = (sizes[key] or 0 for key in ("tm", "tn", "bk"))
+        if min(tm, tn, bk) < 1 or tm * tn < 2:
+            raise self.refuse(
+                f"tm={tm}, tn={tn}, bk={bk}: each must be at least 1 and tm * tn at least 2",
+                site,
+                "apply",
+            )
+        loop = self.node_at(source, site, "for_statement")
+        function = source.enclosing_function(loop)
+        assert function is not None
+        tile = register_tile_of(source, function, loop)
+        shared = (tm + tn) * tile.tile * bk * 4
+        if shared > 49152:
+            raise self.refuse(
+                f"the tiles need {shared} bytes of shared memory, over the 48 KiB of static "
+                "shared memory a block may have",
+                site,
+                "apply",
+            )
+        return register_tile_edits(source, tile, tm, tn, bk)
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         if site.detail.get("form") == "pairs":
@@ -502,6 +565,8 @@ class ThreadCoarsening(Mechanism):
         return Carrier(coarsen=coarsen, layout=str(layout or "strided"))
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") == REGISTER_TILE:
+            return self._register_tile(source, site, carrier)
         coarsen = carrier.get_int("coarsen", DEFAULT_COARSEN)
         layout = carrier.get_str("layout", "strided")
         assert coarsen is not None

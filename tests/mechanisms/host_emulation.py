@@ -1,9 +1,12 @@
 """A naive kernel's threads run one after another on the host, to check a rewrite's arithmetic
 without a GPU.
 
-Only for kernels whose threads do not talk to each other (no shared memory, barriers, warp
-collectives or atomics): each thread of a one-dimensional launch is a call of the kernel
-function with ``blockIdx``/``threadIdx`` set. The ``extern "C" int run`` launcher is cut off;
+Each thread of a one-dimensional launch is a call of the kernel function with
+``blockIdx``/``threadIdx`` set, one after another, for kernels whose threads do not talk to
+each other. A case with a ``grid`` (a ``dim3``, with ``block_dims``) runs blocks one after
+another and the threads of a block as host threads, so ``__shared__`` arrays (static locals,
+one copy for the block running) and ``__syncthreads()`` (a barrier of the block's threads)
+work; warp collectives and atomics still do not. The ``extern "C" int run`` launcher is cut off;
 the driver allocates the buffers (filled with pseudo-random values, each at an element
 offset, to make rows unaligned on purpose), calls the kernel for every thread and prints the
 outputs' bytes. Two versions of a kernel agree when they print the same.
@@ -24,7 +27,11 @@ _PRELUDE = """\
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-static uint3 kl_block, kl_thread;
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+static thread_local uint3 kl_block, kl_thread;
 static dim3 kl_block_dim, kl_grid_dim;
 #define blockIdx kl_block
 #define threadIdx kl_thread
@@ -32,6 +39,23 @@ static dim3 kl_block_dim, kl_grid_dim;
 #define gridDim kl_grid_dim
 #undef __global__
 #define __global__ static
+#undef __shared__
+#define __shared__ static
+static std::mutex kl_mutex;
+static std::condition_variable kl_turn;
+static unsigned kl_waiting = 0, kl_generation = 0, kl_parties = 1;
+static void kl_sync() {
+  std::unique_lock<std::mutex> lock(kl_mutex);
+  const unsigned generation = kl_generation;
+  if (++kl_waiting == kl_parties) {
+    kl_waiting = 0;
+    ++kl_generation;
+    kl_turn.notify_all();
+    return;
+  }
+  kl_turn.wait(lock, [&] { return generation != kl_generation; });
+}
+#define __syncthreads() kl_sync()
 """
 
 _DRIVER = """\
@@ -67,6 +91,27 @@ static void kl_launch(int64_t threads, unsigned block, F kernel) {
     }
   }
 }
+template <typename F>
+static void kl_launch_grid(dim3 grid, dim3 block, F kernel) {
+  kl_grid_dim = grid;
+  kl_block_dim = block;
+  kl_parties = block.x * block.y * block.z;
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        std::vector<std::thread> threads;
+        for (unsigned tz = 0; tz < block.z; ++tz)
+          for (unsigned ty = 0; ty < block.y; ++ty)
+            for (unsigned tx = 0; tx < block.x; ++tx)
+              threads.emplace_back([=, &kernel] {
+                kl_block = make_uint3(bx, by, bz);
+                kl_thread = make_uint3(tx, ty, tz);
+                kernel();
+              });
+        for (std::thread& thread : threads) thread.join();
+      }
+  kl_parties = 1;
+}
 """
 
 
@@ -91,6 +136,10 @@ class Case:
     call: str
     threads: str
     block: int = 256
+    grid: str = ""
+    """A ``dim3`` expression: run this grid of ``block_dims`` blocks instead (``threads`` and
+    ``block`` unused), each block's threads as host threads."""
+    block_dims: str = "dim3(16, 16)"
 
 
 def _case_text(index: int, case: Case) -> str:
@@ -102,7 +151,11 @@ def _case_text(index: int, case: Case) -> str:
         )
         lines.append(f"    kl_fill({b.name}_all, {b.count} + 8);")
         lines.append(f"    {b.type}* {b.name} = {b.name}_all + {b.offset};")
-    lines.append(f"    kl_launch({case.threads}, {case.block}, [&] {{ {case.call}; }});")
+    if case.grid:
+        launch = f"kl_launch_grid({case.grid}, {case.block_dims}"
+    else:
+        launch = f"kl_launch({case.threads}, {case.block}"
+    lines.append(f"    {launch}, [&] {{ {case.call}; }});")
     for b in case.buffers:
         if b.output:
             lines.append(f'    kl_print("{index}:{b.name}", {b.name}, {b.count});')
@@ -125,7 +178,7 @@ def run_on_host(kernel_text: str, cases: list[Case]) -> str:
         binary = Path(tmp) / "emulate"
         source.write_text(program(kernel_text, cases))
         build = subprocess.run(
-            ["nvcc", "-std=c++17", "-O1", "-o", str(binary), str(source)],
+            ["nvcc", "-std=c++17", "-O1", "-o", str(binary), str(source), "-lpthread"],
             capture_output=True,
             text=True,
             check=False,

@@ -12,6 +12,7 @@ from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, get
 from klineage.mechanisms.recall import detection_recall
 from tests.conftest import REPO
+from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite, compile_ok
 from tests.mechanisms.test_vectorized_access import listing_experts
 
@@ -143,3 +144,164 @@ def test_an_unroll_pragma_with_a_count_is_still_the_canonical_form() -> None:
     assert len([s for s in mechanism.detect(counted) if s.supported]) == 2
     other = KernelSource(text.replace("#pragma unroll\n", "#pragma nounroll\n", 1))
     assert len([s for s in mechanism.detect(other) if s.supported]) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward on a staged tile product: a register micro-tile per thread
+# ---------------------------------------------------------------------------------------------
+
+FORWARD = FIXTURES / NAME / "forward"
+"""``<case>.naive.cu`` (smem_staging's child of a held-out GEMM) and ``<case>.applied.cu``."""
+TILED = {"sgemm_tiles": "sgemm", "batched_hgemm_tiles": "batched_hgemm"}
+SIZES = [Carrier(tm=2, tn=8, bk=8), Carrier(tm=1, tn=2, bk=32), Carrier(tm=3, tn=1, bk=5)]
+
+
+def _register_tile(kernel: KernelSource, carrier: Carrier | None = None) -> KernelSource:
+    (site,) = [s for s in mechanism.candidates(kernel) if s.detail.get("form") == "register_tile"]
+    return mechanism.apply(kernel, site, carrier)
+
+
+@pytest.mark.parametrize("case", sorted(TILED))
+def test_a_staged_tile_product_gets_a_register_tile_as_the_fixture(case: str) -> None:
+    naive = KernelSource.from_file(FORWARD / f"{case}.naive.cu")
+    applied = _register_tile(naive)
+    assert applied.text == (FORWARD / f"{case}.applied.cu").read_text()
+    assert not [s for s in mechanism.candidates(applied) if s.detail.get("form")]
+
+
+@pytest.mark.parametrize("case", sorted(TILED))
+def test_the_fixture_is_what_smem_staging_writes_on_the_heldout_gemm(case: str) -> None:
+    heldout = KernelSource.from_file(REPO / "heldout" / TILED[case] / "kernel.cu")
+    staging = get("smem_staging")
+    child = staging.apply(heldout, next(s for s in staging.candidates(heldout) if s.supported))
+    assert child.text == (FORWARD / f"{case}.naive.cu").read_text()
+
+
+SGEMM_TILES = (FORWARD / "sgemm_tiles.naive.cu").read_text()
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            ("acc += tile_a[ty][kk] * tile_b[kk][tx];", "acc += tile_a[ty][kk] + tile_b[kk][tx];"),
+            "not a plain sum of products",
+        ),
+        (
+            ("acc += tile_a[ty][kk] * tile_b[kk][tx];", "acc += tile_a[kk][ty] * tile_b[kk][tx];"),
+            "not `acc += SA[ty][kk] * SB[kk][tx]`",
+        ),
+        (
+            ("acc += tile_a[ty][kk] * tile_b[kk][tx];", "acc = tile_a[ty][kk] * tile_b[kk][tx];"),
+            "not `acc += ...`",
+        ),
+        (
+            (
+                "const int64_t row = tile_row < m ? tile_row : m - 1;",
+                "const int64_t row = tile_row < m ? tile_row : m;",
+            ),
+            "unclamped",
+        ),
+        (("A[row * k + (p0 + tx)] : 0.0f", "A[row * k + (p0 + tx)] : 1.0f"), "zero-filled"),
+        (("A[row * k + (p0 + tx)]", "A[row * k + (p0 + tx) + ty]"), "other than through"),
+        (("A[row * k + (p0 + tx)]", "A[row * k + p0 * 2 + tx]"), "other than in `p0 + t`"),
+        (
+            ("if (tile_row < m && tile_col < n) C[i] = acc;", "C[i] = acc;"),
+            "one guarded store",
+        ),
+        (
+            ("if (tile_row < m && tile_col < n) C[i] = acc;", "if (tile_row < m) C[i] = acc;"),
+            "over both coordinates",
+        ),
+        (
+            ("C[i] = acc;", "C[i] = acc + acc;"),
+            "read acc once",
+        ),
+        (("(m + 15) / 16", "(n + 15) / 16"), "grid y is not (m + 15) / 16"),
+        (("dim3(16, 16), 0", "dim3(16, 8), 0"), "block is not dim3(16, 16)"),
+        (
+            ("float acc = 0.0f;", "float acc = 0.0f;\n  if (tile_row >= m) return;"),
+            "not only declarations",
+        ),
+    ],
+)
+def test_staged_products_out_of_form_are_refused(change: tuple[str, str], reason: str) -> None:
+    assert change[0] in SGEMM_TILES
+    kernel = KernelSource(SGEMM_TILES.replace(change[0], change[1], 1), name="sgemm.cu")
+    (site,) = [s for s in mechanism.candidates(kernel) if s.detail.get("form") == "register_tile"]
+    assert reason in (site.refusal or ""), site.refusal
+    with pytest.raises(MechanismRefused):
+        mechanism.apply(kernel, site)
+
+
+@pytest.mark.parametrize(
+    ("carrier", "reason"),
+    [
+        (Carrier(tm=1, tn=1), r"tm \* tn at least 2"),
+        (Carrier(tm=0), "at least 1"),
+        (Carrier(tm=8, tn=8, bk=64), "48 KiB"),
+    ],
+)
+def test_register_tile_sizes_are_checked(carrier: Carrier, reason: str) -> None:
+    with pytest.raises(MechanismRefused, match=reason):
+        _register_tile(KernelSource(SGEMM_TILES, name="sgemm.cu"), carrier)
+
+
+@pytest.mark.nvcc
+def test_register_tiled_kernels_compile(mechanism_builder: Builder) -> None:
+    sources = []
+    for case in TILED:
+        naive = KernelSource.from_file(FORWARD / f"{case}.naive.cu")
+        sources += [naive, KernelSource.from_file(FORWARD / f"{case}.applied.cu")]
+        sources += [_register_tile(naive, carrier) for carrier in SIZES]
+    compile_ok(mechanism_builder, sources)
+
+
+def _gemm_cases(problem: str, tiles: tuple[int, int] | None) -> list[Case]:
+    """Odd sizes (none a multiple of a tile) and 1 x 1 x 1; with ``tiles`` (rows, columns of a
+    block) the 2-D launch of the tiled kernels, else the naive kernel's 1-D one."""
+    cases = []
+    batched = problem == "batched_hgemm"
+    for batch, m, n, k in [(3, 37, 45, 19), (1, 1, 1, 1), (2, 5, 70, 33)]:
+        if batched:
+            axes = {"batch": batch, "m": m, "n": n, "k": k}
+            kind, (a, b, c), lead = "__half", ("a", "b", "c"), "batch * "
+            call = "batched_hgemm(a, b, c, batch, m, n, k)"
+        else:
+            axes = {"m": m, "n": n, "k": k}
+            kind, (a, b, c), lead = "float", ("A", "B", "C"), ""
+            call = "sgemm(A, B, C, m, n, k)"
+        buffers = [
+            Buffer(a, kind, f"{lead}m * k"),
+            Buffer(b, kind, f"{lead}k * n", offset=1),
+            Buffer(c, kind, f"{lead}m * n", output=True),
+        ]
+        grid = ""
+        if tiles is not None:
+            rows, cols = tiles
+            z = ", (unsigned)batch" if batched else ""
+            x, y = f"(n + {cols - 1}) / {cols}", f"(m + {rows - 1}) / {rows}"
+            grid = f"dim3((unsigned)({x}), (unsigned)({y}){z})"
+        cases.append(Case(axes, buffers, call, f"{lead}m * n", grid=grid))
+    return cases
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("case", sorted(TILED))
+def test_the_register_tile_computes_the_naive_bits_on_the_host(case: str) -> None:
+    """The naive kernel, smem_staging's 16 x 16 tiles and the register tiles (default 4 x 4
+    with 16 columns a stage, and other sizes) run on the CPU (a block's threads as host
+    threads, barriers and shared tiles real): every output bit agrees, the sum per output
+    staying in ascending k with only zero products added or dropped past k."""
+    problem = TILED[case]
+    want = run_on_host(
+        (REPO / "heldout" / problem / "kernel.cu").read_text(), _gemm_cases(problem, None)
+    )
+    naive = KernelSource.from_file(FORWARD / f"{case}.naive.cu")
+    assert run_on_host(naive.text, _gemm_cases(problem, (16, 16))) == want
+    applied = (FORWARD / f"{case}.applied.cu").read_text()
+    assert run_on_host(applied, _gemm_cases(problem, (64, 64))) == want
+    for carrier in SIZES:
+        text = _register_tile(naive, carrier).text
+        rows, cols = 16 * (carrier.get_int("tm") or 0), 16 * (carrier.get_int("tn") or 0)
+        assert run_on_host(text, _gemm_cases(problem, (rows, cols))) == want
