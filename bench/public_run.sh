@@ -11,8 +11,11 @@
 #                                     time against the reference) of every expert, naive and
 #                                     alternate kernel, as OUT/<folder>.<role>.json; NO_TIME=1
 #                                     checks only
-#   bench/public_run.sh mine OUT      mine every expert on the GPU into OUT (skills, lineages,
-#                                     gate log) with OUT/report_<folder>.json, one after another
+#   bench/public_run.sh mine OUT [FOLDER...]
+#                                     mine every expert (or the folders named, in that order) on
+#                                     the GPU into OUT (skills, lineages, gate log) with
+#                                     OUT/report_<folder>.json, one after another; a rerun into
+#                                     the same OUT resumes from its gate log
 #
 # Then: python bench/public_lineages.py --builds DIR --mined OUT --references
 set -uo pipefail
@@ -63,6 +66,8 @@ case "$mode" in
   mine)
     out=${2:?usage: bench/public_run.sh mine OUT}
     mkdir -p "$out"
+    shift 2
+    [ $# -gt 0 ] && folders=("${@%/}")
     for d in "${folders[@]}"; do
       name=$(basename "$d")
       "${klineage[@]}" mine "$d" --out "$out" --budget "${BUDGET:-300}" \

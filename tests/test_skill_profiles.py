@@ -73,7 +73,8 @@ def test_the_card_shows_the_counter_deltas_and_what_the_step_relieved(
     assert "| tensor pipes (% of peak) | 0.3263 | 72.1 |" in section
     assert Skill.model_validate_json(profiled.model_dump_json()) == profiled
     # the same card without a profile has no such section and no such key
-    assert "## Counters" not in render_skill_md(skill) and "relieves" not in render_skill_md(skill)
+    bare = render_skill_md(skill.model_copy(update={"profile": None}))
+    assert "## Counters" not in bare and "relieves" not in bare
 
 
 def test_a_step_relieves_nothing_without_a_gain_or_a_common_workload() -> None:
@@ -97,14 +98,17 @@ def test_retrieval_ranks_a_skill_higher_where_it_relieved_the_targets_bottleneck
     library: SkillLibrary,
 ) -> None:
     problem = load_problem(REPO / "heldout" / "layernorm")
-    plain = retrieve(library, problem)
+    # the library without the H200's profiles, so only the one given below can move a rank
+    unprofiled = [s.model_copy(update={"profile": None}) for s in library]
+    plain = retrieve(unprofiled, problem)
     # the lowest-ranked skill that measured a gain (a step that gained nothing relieves
     # nothing, whatever its counters)
     last = [r for r in plain.ranked if r.measured == "gain"][-1]
     evidence = profile_evidence(_profile(gelu_launch()), _profile(gemm_launch()), Measured.GAIN)
     assert evidence is not None and evidence.relieves == Bottleneck.LAUNCH.value
     skills = [
-        s.model_copy(update={"profile": evidence}) if s.id == last.skill else s for s in library
+        s.model_copy(update={"profile": evidence}) if s.id == last.skill else s
+        for s in unprofiled
     ]
     launch_bound = retrieve(skills, problem, bottleneck=Bottleneck.LAUNCH)
     moved = next(r for r in launch_bound.ranked if r.skill == last.skill)
@@ -116,3 +120,16 @@ def test_retrieval_ranks_a_skill_higher_where_it_relieved_the_targets_bottleneck
         same = retrieve(skills, problem, bottleneck=other)
         assert [r.skill for r in same.ranked] == [r.skill for r in plain.ranked]
         assert all(r.bottleneck == 0.0 for r in same.ranked)
+
+
+def test_the_h200_profiles_on_the_committed_cards_move_memory_bound_targets(
+    library: SkillLibrary,
+) -> None:
+    relieved = {s.id for s in library if s.profile and s.profile.relieves == "memory-bound"}
+    assert relieved, "the re-mined softmax and top-k cards were profiled on the H200"
+    problem = load_problem(REPO / "heldout" / "layernorm")
+    memory_bound = retrieve(library, problem, bottleneck=Bottleneck.MEMORY)
+    moved = [r for r in memory_bound.ranked if r.skill in relieved]
+    assert moved and all(r.bottleneck == 1.0 for r in moved)
+    others = [r for r in memory_bound.ranked if r.skill not in relieved]
+    assert all(r.bottleneck == 0.0 for r in others)

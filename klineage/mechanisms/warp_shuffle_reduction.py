@@ -34,6 +34,7 @@ from typing import ClassVar
 
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import ParsedSource
+from klineage.kernel import KernelSource
 from klineage.mechanisms._cg_reduce import cg_reductions, removal_edits
 from klineage.mechanisms._reductions_exchange import DEFAULT_MASK, ExchangeMechanism
 from klineage.mechanisms._reductions_tree import TreeReduction, finish_by_shuffles, tree_reductions
@@ -87,6 +88,12 @@ class WarpShuffleReduction(ExchangeMechanism):
         if not mask.replace(":", "").replace("_", "").isalnum():
             raise self.refuse(f"mask={mask!r} is not a constant name or literal", site, "apply")
         return finish_by_shuffles(source, self._tree(source, site), mask)
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        # cg::reduce names no lane mask: its tile is the whole warp, the default apply writes
+        if site.detail.get("kind") == "cg_reduce":
+            return Carrier()
+        return super().carrier_of(kernel, site)
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         if site.detail.get("kind") != "cg_reduce":
