@@ -107,8 +107,7 @@ def test_retrieval_ranks_a_skill_higher_where_it_relieved_the_targets_bottleneck
     evidence = profile_evidence(_profile(gelu_launch()), _profile(gemm_launch()), Measured.GAIN)
     assert evidence is not None and evidence.relieves == Bottleneck.LAUNCH.value
     skills = [
-        s.model_copy(update={"profile": evidence}) if s.id == last.skill else s
-        for s in unprofiled
+        s.model_copy(update={"profile": evidence}) if s.id == last.skill else s for s in unprofiled
     ]
     launch_bound = retrieve(skills, problem, bottleneck=Bottleneck.LAUNCH)
     moved = next(r for r in launch_bound.ranked if r.skill == last.skill)

@@ -14,9 +14,7 @@ from tests.mechanisms.test_public_reductions import CG_ROWS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SOURCES = sorted(
-    p
-    for root in ("mechanisms", "public_forms")
-    for p in (FIXTURES / root).rglob("*.cu")
+    p for root in ("mechanisms", "public_forms") for p in (FIXTURES / root).rglob("*.cu")
 )
 
 
@@ -34,9 +32,7 @@ def _removable_sites(kernel: KernelSource):  # type: ignore[no-untyped-def]
 
 def test_cg_reduce_site_has_a_carrier() -> None:
     kernel = KernelSource(CG_ROWS)
-    found = [
-        (m, s) for m, s in _removable_sites(kernel) if s.detail.get("kind") == "cg_reduce"
-    ]
+    found = [(m, s) for m, s in _removable_sites(kernel) if s.detail.get("kind") == "cg_reduce"]
     assert found, "the cg::reduce sites are removable"
     for mechanism, site in found:
         assert mechanism.carrier_of(kernel, site) == Carrier()
