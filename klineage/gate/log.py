@@ -10,6 +10,11 @@ source differs from an earlier one's but whose machine code does not gets that v
 (recorded under its own key with `shared_from`), and the gate never times the same machine
 code twice. Lines logged before machine keys existed are indexed once their kernels' sources
 are known (:meth:`GateLog.learn_sources`, from the previous run's lineage).
+
+Each line also records what the verdict was judged against (:func:`problem_fingerprint`: the
+definition without its prose, the workloads asked about, the build options), and a line whose
+problem has changed since is not served: a fixed reference, a declared floor or a resized
+workload is judged again. Lines logged before this field existed are served as before.
 """
 
 from __future__ import annotations
@@ -65,6 +70,26 @@ def verdict_key(
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
+def problem_fingerprint(problem: Problem, workloads: Sequence[Workload]) -> str:
+    """What a verdict was judged against, less the prose: editing a description or a tag
+    leaves every logged verdict standing, editing anything the gate reads does not."""
+    definition = _without_prose(json.loads(problem.definition.model_dump_json()))
+    parts = [
+        json.dumps(definition, sort_keys=True),
+        *(w.model_dump_json() for w in workloads),
+        problem.compile_options.model_dump_json(),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _without_prose(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_prose(v) for k, v in value.items() if k not in ("description", "tags")}
+    if isinstance(value, list):
+        return [_without_prose(v) for v in value]
+    return value
+
+
 def machine_key(kernel: str, workloads: Sequence[str], time_it: bool, against: str | None) -> str:
     """`verdict_key` over machine-code fingerprints instead of source fingerprints."""
     parts = ["machine", kernel, against or "-", ",".join(workloads), str(time_it)]
@@ -97,6 +122,9 @@ class GateLog:
         """Gate runs made through this log (cache hits not counted)."""
         self.shared = 0
         """Verdicts served from another kernel's on the same machine code (not runs)."""
+        self.outdated = 0
+        """Logged verdicts not served because their problem changed since (judged again)."""
+        self._problems: dict[str, str] = {}
         self._by_machine: dict[str, str] = {}
         self._unindexed: list[str] = []
         self._sources: dict[str, str] = {}
@@ -121,6 +149,10 @@ class GateLog:
                 self.stale += 1  # timed before the audits: made again by the audited gate
                 continue
             self._verdicts[record["key"]] = verdict
+            if record.get("problem"):
+                self._problems[record["key"]] = record["problem"]
+            else:
+                self._problems.pop(record["key"], None)
             if record.get("machine"):
                 self._by_machine.setdefault(record["machine"], record["key"])
             else:
@@ -220,6 +252,11 @@ class GateLog:
         chosen = list(problem.workloads if workloads is None else workloads)
         key = verdict_key(kernel, chosen, time_it, against)
         judge = gate if gate is not None else self.gate
+        judged_on = problem_fingerprint(problem, chosen)
+        if key in self._verdicts and not self._current(key, judged_on):
+            with self._lock:
+                self.outdated += 1
+                del self._verdicts[key]
         if key in self._verdicts:
             if key in self._made_ahead:  # made by run_many for this very call: not a hit
                 self._made_ahead.discard(key)
@@ -232,8 +269,8 @@ class GateLog:
             with self._lock:
                 self._index_old_lines(options)
                 earlier = self._by_machine.get(mkey)
-            if earlier is not None:
-                return self._shared(key, mkey, earlier, kernel, against, options)
+            if earlier is not None and self._current(earlier, judged_on):
+                return self._shared(key, mkey, earlier, kernel, against, options, judged_on)
         judge = gate if gate is not None else self.gate
         if judge is None:
             raise RuntimeError(f"{self.path}: no verdict logged for {kernel.name} and no gate")
@@ -242,14 +279,21 @@ class GateLog:
             "key": key,
             "verdict": json.loads(verdict.model_dump_json()),
             "machine": mkey,
+            "problem": judged_on,
         }
         with self._lock:  # several gates (one per GPU) may report at once
             self.runs += 1
             self._verdicts[key] = verdict
+            self._problems[key] = judged_on
             if mkey is not None:
                 self._by_machine.setdefault(mkey, key)
             self._append(record)
         return verdict
+
+    def _current(self, key: str, judged_on: str) -> bool:
+        """Whether the logged verdict under `key` was judged against this problem (lines from
+        before the field existed are taken to be)."""
+        return self._problems.get(key, judged_on) == judged_on
 
     def _with_profile(
         self,
@@ -269,9 +313,12 @@ class GateLog:
         profiled: GateVerdict = add_profile(problem, kernel, verdict)
         if profiled.profile is None:
             return verdict
+        record: dict[str, Any] = {"key": key, "verdict": json.loads(profiled.model_dump_json())}
+        if key in self._problems:
+            record["problem"] = self._problems[key]
         with self._lock:
             self._verdicts[key] = profiled
-            self._append({"key": key, "verdict": json.loads(profiled.model_dump_json())})
+            self._append(record)
         return profiled
 
     def _shared(
@@ -282,6 +329,7 @@ class GateLog:
         kernel: KernelSource,
         against: KernelSource | None,
         options: CompileOptions,
+        judged_on: str,
     ) -> GateVerdict:
         """The verdict of `earlier` (the same machine code), as this kernel's, logged."""
         source = self._verdicts[earlier]
@@ -300,10 +348,12 @@ class GateLog:
             "verdict": json.loads(verdict.model_dump_json()),
             "machine": mkey,
             "shared_from": earlier,
+            "problem": judged_on,
         }
         with self._lock:
             self.shared += 1
             self._verdicts[key] = verdict
+            self._problems[key] = judged_on
             self._append(record)
         return verdict
 
@@ -323,10 +373,11 @@ class GateLog:
         `gates` (one per GPU: each paired timing runs whole on one device). `run` then serves
         them from the log."""
         chosen = list(problem.workloads)
+        judged_on = problem_fingerprint(problem, chosen)
         pending: dict[str, tuple[KernelSource, KernelSource | None]] = {}
         for kernel, against in pairs:
             key = verdict_key(kernel, chosen, True, against)
-            if key not in self._verdicts:
+            if key not in self._verdicts or not self._current(key, judged_on):
                 pending.setdefault(key, (kernel, against))
         todo = list(pending.values())
         if not todo:

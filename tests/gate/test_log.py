@@ -4,11 +4,17 @@ again, and verdicts timed before the audits are not served to an audited run."""
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from klineage.gate.build import BuildResult, BuildStatus
-from klineage.gate.log import GateLog
+from klineage.gate.log import GateLog, verdict_key
 from klineage.gate.result import GATE_PROTOCOL, GateVerdict
+from klineage.kernel import KernelSource
+from klineage.problem import load_problem
+from tests.conftest import REPO
 
 
 def _verdict(fingerprint: str, protocol: str) -> GateVerdict:
@@ -36,3 +42,72 @@ def test_verdicts_from_before_the_audits_are_not_served_to_an_audited_run(
     assert len(log) == 1 and log.stale == 1
     older = GateLog(path, None, accept_older=True)  # type: ignore[arg-type]
     assert len(older) == 2 and older.stale == 0
+
+
+class _CountingStandInGate:
+    """STAND-IN at the GPU boundary: answers every question with a fresh verdict, counted."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def run(self, problem, kernel, *, workloads=None, time_it=True, against=None):  # type: ignore[no-untyped-def]
+        self.runs += 1
+        return _verdict(kernel.fingerprint, GATE_PROTOCOL)
+
+
+def _problem_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "scale_rows"
+    shutil.copytree(REPO / "tests" / "fixtures" / "problems" / "scale_rows", folder)
+    return folder
+
+
+def _edit_definition(folder: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    path = folder / "definition.json"
+    definition = json.loads(path.read_text())
+    change(definition)
+    path.write_text(json.dumps(definition, indent=2))
+
+
+def test_a_verdict_judged_against_an_older_problem_is_judged_again(tmp_path: Path) -> None:
+    folder, path = _problem_copy(tmp_path), tmp_path / "log.jsonl"
+    kernel = KernelSource("__global__ void k(float* x) { x[0] = 1.f; }\n")
+    gate = _CountingStandInGate()
+    GateLog(path, gate).run(load_problem(folder), kernel)  # type: ignore[arg-type]
+    assert gate.runs == 1
+
+    # prose is not what the gate reads: editing it leaves the verdict standing
+    _edit_definition(folder, lambda d: d.update(description="reworded", tags=["other"]))
+    again = GateLog(path, gate)  # type: ignore[arg-type]
+    again.run(load_problem(folder), kernel)
+    assert (gate.runs, again.hits, again.outdated) == (1, 1, 0)
+
+    # a declared floor changes what the gate judges: made again, and the new line is served
+    _edit_definition(folder, lambda d: d.update(floor={"bytes": "rows*cols*4"}))
+    changed = GateLog(path, gate)  # type: ignore[arg-type]
+    changed.run(load_problem(folder), kernel)
+    assert (gate.runs, changed.outdated, changed.runs) == (2, 1, 1)
+    last = GateLog(path, gate)  # type: ignore[arg-type]
+    last.run(load_problem(folder), kernel)
+    assert (gate.runs, last.hits) == (2, 1)
+
+    # a resized workload under the same uuid is judged again too
+    workloads = folder / "workloads.jsonl"
+    rows = [json.loads(line) for line in workloads.read_text().splitlines() if line.strip()]
+    first_axes = rows[0]["axes"]
+    first_axes[next(iter(first_axes))] += 1
+    workloads.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    resized = GateLog(path, gate)  # type: ignore[arg-type]
+    resized.run(load_problem(folder), kernel)
+    assert (gate.runs, resized.outdated) == (3, 1)
+
+
+def test_lines_logged_before_the_problem_field_are_served(tmp_path: Path) -> None:
+    folder, path = _problem_copy(tmp_path), tmp_path / "log.jsonl"
+    problem = load_problem(folder)
+    kernel = KernelSource("__global__ void k(float* x) { x[0] = 1.f; }\n")
+    key = verdict_key(kernel, problem.workloads, True, None)
+    _write(path, [(key, _verdict(kernel.fingerprint, GATE_PROTOCOL))])
+    gate = _CountingStandInGate()
+    log = GateLog(path, gate)  # type: ignore[arg-type]
+    log.run(problem, kernel)
+    assert (gate.runs, log.hits, log.outdated) == (0, 1, 0)
