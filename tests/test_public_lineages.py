@@ -144,6 +144,14 @@ def test_build_verdicts_and_mined_skills_are_read_when_given(tmp_path: Path) -> 
         "verified_mechanisms": ["launch_bounds"],
         "verified_mapped": ["launch_bounds"],
     }
+    present = len(toy["expert"]["mapped_present"])
+    assert result["totals"]["mined_verified_mapped"] == {
+        "recovered": 1,
+        "mapped_present": present,
+        "share": round(1 / present, 4),
+        "experts_mined": 1,
+    }
+    assert f"| **1/{present} (" in bench.table(result["lineages"], result["totals"])
     assert "/somewhere" not in text
 
 
