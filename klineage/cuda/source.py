@@ -495,6 +495,13 @@ class ParsedSource:
         text = _normalize_space(self.text_of(node))
         return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
+    def header(self, node: Node) -> str:
+        """A loop's or branch's text up to its body, on one line (``for (int i = 0; i < n;
+        ++i)``): what a site shows of a statement whose body is long."""
+        body = node.child_by_field_name("body")
+        end = body.start_byte if body is not None else node.end_byte
+        return self.snippet((node.start_byte, end)).rstrip(" {")
+
     # -- edits that keep the layout tidy -----------------------------------------------------
 
     def deletion(

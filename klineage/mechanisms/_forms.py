@@ -43,12 +43,10 @@ class FoundForm:
 def form_site(mechanism: Mechanism, source: ParsedSource, form: FoundForm) -> Site:
     """The refused site of ``form``: its node, its header as the snippet (a loop without its
     body), the kernel and ``form=analysis`` in the detail."""
-    body = form.node.child_by_field_name("body")
-    end = body.start_byte if body is not None else form.node.end_byte
     return mechanism.site(
         source,
         form.node,
-        snippet=source.snippet((form.node.start_byte, end)).rstrip(" {"),
+        snippet=source.header(form.node),
         detail={"kernel": form.function.name, "form": "analysis"},
         refusal=form.refusal,
     )

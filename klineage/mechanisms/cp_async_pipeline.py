@@ -517,12 +517,10 @@ class CpAsyncPipeline(PtxEmulation):
                 refusal = None
             except NotStaged as why:
                 refusal = str(why)
-            body = loop.child_by_field_name("body")
-            end = body.start_byte if body is not None else loop.end_byte
             yield self.site(
                 source,
                 loop,
-                snippet=source.snippet((loop.start_byte, end)).rstrip(" {"),
+                snippet=source.header(loop),
                 detail={"form": "staged"},
                 refusal=refusal,
             )

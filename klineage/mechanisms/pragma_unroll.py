@@ -78,11 +78,7 @@ class PragmaUnroll(Mechanism):
                 continue  # `if (c) for (...)`: a pragma line there would change the parse
             if source.pragma_before(loop, "unroll") or _pragma_operator_before(source, loop):
                 continue
-            header_end = loop.child_by_field_name("body")
-            end = header_end.start_byte if header_end is not None else loop.end_byte
-            yield self.site(
-                source, loop, snippet=source.snippet((loop.start_byte, end)).rstrip(" {")
-            )
+            yield self.site(source, loop, snippet=source.header(loop))
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         node = self.node_at(source, site, "preproc_call")

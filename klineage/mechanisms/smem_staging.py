@@ -590,9 +590,7 @@ def _naive_gemm(source: ParsedSource, function: Function, loop: Node) -> _NaiveG
 
 
 def _header(source: ParsedSource, loop: Node) -> str:
-    body = loop.child_by_field_name("body")
-    end = body.start_byte if body is not None else loop.end_byte
-    return source.snippet((loop.start_byte, end)).rstrip(" {")
+    return source.header(loop)
 
 
 def _tile_names(source: ParsedSource, function: Function, carrier: Carrier) -> list[str]:

@@ -186,12 +186,10 @@ class TensorCoreMma(PtxEmulation):
             function = source.enclosing_function(loop.node)
             if function is None or not function.runs_on_device or not _scalar_fma(loop):
                 continue
-            body = loop.body
-            end = body.start_byte if body is not None else loop.node.end_byte
             yield self.site(
                 source,
                 loop.node,
-                snippet=source.snippet((loop.node.start_byte, end)).rstrip(" {"),
+                snippet=source.header(loop.node),
                 refusal="introducing tensor cores re-tiles the loop into warp-wide m16n8k16 "
                 "fragments, which only a person or an LLM does",
             )

@@ -453,12 +453,10 @@ class ThreadCoarsening(Mechanism):
             else:
                 yield form_site(self, source, form)
         for loop in handwritten_loops:
-            header = loop.loop.child_by_field_name("body")
-            end = header.start_byte if header is not None else loop.loop.end_byte
             yield self.site(
                 source,
                 loop.loop,
-                snippet=source.snippet((loop.loop.start_byte, end)).rstrip(" {"),
+                snippet=source.header(loop.loop),
                 detail={"coarsen": loop.limit},
                 refusal=(
                     f"each thread handles {loop.limit} elements through "
@@ -493,12 +491,10 @@ class ThreadCoarsening(Mechanism):
                     register_tile_of(source, function, loop)
                 except NotInForm as why:
                     refusal = str(why)
-                body = loop.child_by_field_name("body")
-                end = body.start_byte if body is not None else loop.end_byte
                 yield self.site(
                     source,
                     loop,
-                    snippet=source.snippet((loop.start_byte, end)).rstrip(" {"),
+                    snippet=source.header(loop),
                     detail={"kernel": function.name, "form": REGISTER_TILE},
                     refusal=refusal,
                 )
