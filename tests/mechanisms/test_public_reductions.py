@@ -7,6 +7,7 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismRefused, get
+from klineage.mining.removal import reapply, remove_mechanism
 from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
 
 warp_reduction = get("warp_shuffle_reduction")
@@ -149,3 +150,25 @@ def test_a_grid_stride_loop_over_z_rows_is_refused_outside_its_form(
     assert "read by its index, it is a grid-stride loop" in str(site.refusal)
     with pytest.raises(MechanismRefused):
         grid_stride.remove(kernel, site)
+
+
+def test_the_forward_rule_reapplies_cg_reduce_sites_that_share_one_helper() -> None:
+    # both cg::reduce calls were removed into one exchange helper: applying at its loop once
+    # re-applies both (the llm.c attention backward walk's round trip refused the second)
+    kernel = KernelSource(CG_ROWS)
+    removal = remove_mechanism(kernel, warp_reduction)
+    assert len(removal.sites) == 2
+    assert removal.simplified.text.count("__device__ float klineage_warp_reduce_sum") == 1
+    again = reapply(removal)
+    assert "__shfl_xor_sync" in again.text and "xchg[" not in again.text
+    assert again.text.count("klineage_warp_reduce_sum_float(") == 3  # definition + 2 calls
+    assert warp_reduction.candidates(again) == []
+
+
+def test_reapply_still_refuses_a_site_left_without_its_candidate() -> None:
+    kernel = KernelSource(CG_ROWS)
+    removal = remove_mechanism(kernel, warp_reduction)
+    # nothing applied yet and no candidate in the simplified state: refused, not taken as done
+    removal.states[-1] = KernelSource(kernel.text.replace("cg::reduce", "cg_reduce_elsewhere"))
+    with pytest.raises(MechanismRefused):
+        reapply(removal)
