@@ -292,17 +292,68 @@ def mined_skills(mined: Path | None) -> dict[str, list[dict]] | None:
     return by_problem
 
 
-def mined_facts(skills: dict[str, list[dict]] | None, problem: str, present: Sequence[str]):
+def mined_facts(
+    skills: dict[str, list[dict]] | None,
+    problem: str,
+    present: Sequence[str],
+    walk: dict[str, Any] | None = None,
+):
+    """What mining recovered for one expert: counts, then each skill's figures (no code: the
+    cards quote the public kernel, so they stay out of git) and the walk's report."""
     if skills is None:
         return None
     mine = skills.get(problem, [])
     verified = [s for s in mine if s.get("verified")]
-    return {
+    facts: dict[str, Any] = {
         "skills": len(mine),
         "verified": len(verified),
         "verified_mechanisms": sorted({s["mechanism"] for s in verified}),
         "verified_mapped": sorted({s["mechanism"] for s in verified} & set(present)),
     }
+    if any("effect" in s for s in mine):
+        facts["skill_figures"] = [_skill_figures(s) for s in mine]
+    if walk is not None:
+        facts["walk"] = walk
+    return facts
+
+
+def _skill_figures(skill: dict) -> dict[str, Any]:
+    effect = skill.get("effect") or {}
+    return {
+        "id": skill.get("id"),
+        "mechanism": skill["mechanism"],
+        "measured": effect.get("measured"),
+        "geomean_speedup": effect.get("geomean_speedup"),
+        "verified": skill.get("verified"),
+        "transferable": skill.get("transferable"),
+        "round_trip_ratio": skill.get("round_trip_ratio"),
+    }
+
+
+WALK_FIGURES = (
+    "termination",
+    "walk_gate_runs",
+    "probe_gate_runs",
+    "round_trip_gate_runs",
+    "accepted",
+    "rejected",
+    "steps",
+    "skills",
+    "verified",
+    "no_machine_code_change",
+    "remaining",
+    "wall_seconds",
+)
+
+
+def walk_report(mined: Path | None, folder: str) -> dict[str, Any] | None:
+    """The figures of ``klineage mine --report`` that bench/public_run.sh wrote for a folder
+    (the last run's; a resumed run counts only the gate runs it made itself)."""
+    path = mined / f"report_{folder}.json" if mined is not None else None
+    if path is None or not path.is_file():
+        return None
+    problems = json.loads(path.read_text(encoding="utf-8")).get("problems") or [{}]
+    return {k: problems[0][k] for k in WALK_FIGURES if k in problems[0]}
 
 
 def reference_on_cpu(folder: Path) -> dict[str, Any]:
@@ -351,7 +402,9 @@ def lineage_report(folder: Path, args: argparse.Namespace, skills, catalog: set[
         "mapped_any_branch": all_mapped(steps),
         "expert": expert,
         "build": {"expert": build_facts(args.builds, name, "expert")},
-        "mined": mined_facts(skills, problem, expert["mapped_present"]),
+        "mined": mined_facts(
+            skills, problem, expert["mapped_present"], walk_report(args.mined, name)
+        ),
     }
     naive = folder / "naive" / "kernel.cu"
     if naive.is_file():

@@ -125,14 +125,18 @@ def test_build_verdicts_and_mined_skills_are_read_when_given(tmp_path: Path) -> 
     }
     (builds / "toy_row_sum.expert.json").write_text(json.dumps(verdict), encoding="utf-8")
     evidence = {"problem": "toy_row_sum_f32"}
+    gain = {"measured": "gain", "geomean_speedup": 1.2, "workloads": [{"before_ms": 1.0}]}
     skills = [
-        {"mechanism": "launch_bounds", "verified": True, "evidence": evidence},
+        {"mechanism": "launch_bounds", "verified": True, "evidence": evidence, "effect": gain},
         {"mechanism": "fast_math", "verified": False, "evidence": evidence},
         {"mechanism": "fast_math", "verified": True, "evidence": {"problem": "other"}},
     ]
     (mined / "skills.jsonl").write_text(
         "".join(json.dumps(s) + "\n" for s in skills), encoding="utf-8"
     )
+    walk = {"termination": "stuck", "walk_gate_runs": 4, "steps": 1, "remaining": ["fast_math"]}
+    report = {"problems": [{**walk, "problem": "toy_row_sum_f32", "refusal_list": ["x"]}]}
+    (mined / "report_toy_row_sum.json").write_text(json.dumps(report), encoding="utf-8")
     result, text = _run(tmp_path, "--builds", str(builds), "--mined", str(mined))
     toy = result["lineages"]["toy_row_sum"]
     assert toy["build"]["expert"]["status"] == "OK"
@@ -143,6 +147,28 @@ def test_build_verdicts_and_mined_skills_are_read_when_given(tmp_path: Path) -> 
         "verified": 1,
         "verified_mechanisms": ["launch_bounds"],
         "verified_mapped": ["launch_bounds"],
+        # figures only: no workload timings, no code (the cards quote the public kernel)
+        "skill_figures": [
+            {
+                "id": None,
+                "mechanism": "launch_bounds",
+                "measured": "gain",
+                "geomean_speedup": 1.2,
+                "verified": True,
+                "transferable": None,
+                "round_trip_ratio": None,
+            },
+            {
+                "id": None,
+                "mechanism": "fast_math",
+                "measured": None,
+                "geomean_speedup": None,
+                "verified": False,
+                "transferable": None,
+                "round_trip_ratio": None,
+            },
+        ],
+        "walk": walk,
     }
     present = len(toy["expert"]["mapped_present"])
     assert result["totals"]["mined_verified_mapped"] == {
