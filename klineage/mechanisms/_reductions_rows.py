@@ -2260,10 +2260,18 @@ def _warp_layout(walker: _GroupWalker) -> _RowIndex:
         walker.require_1d()
     declared = _single_init(source, statement)
     bound = _bound_after(source, kernel, statement)
+    loose = _loose_bound_check(source, kernel, statement) if bound is None else None
+    if loose is not None:
+        # `if (row > rows) return;` lets a warp past the last row read and write row `rows`
+        # (out of bounds) wherever the grid has spare warps; a thread per row would have
+        # spare threads on every grid, so the rewrite returns at `>=` and keeps only the rows
+        test, bound = loose
+        operator = test.child_by_field_name("operator")
+        assert operator is not None
+        walker.edits.append(Edit.replace(operator, ">="))
     if declared is None or bound is None:
         raise NotCanonical(
             f"the warp row index at line {walker.line(statement)} has no bound check"
-            + _bound_check_off_by_one(source, kernel, statement)
         )
     walker.edits.append(Edit.replace(value, replacement))
     walker.handled.append(value)
@@ -2277,28 +2285,35 @@ def _warp_layout(walker: _GroupWalker) -> _RowIndex:
     return _RowIndex(statement, declared[0], value, replacement, bound)
 
 
-def _bound_check_off_by_one(source: ParsedSource, kernel: Function, statement: Node) -> str:
-    """What a check written ``if (row > rows) return;`` lets through, said when it is the one
-    there: a thread per row would read row ``rows`` wherever the grid holds more threads."""
+def _loose_bound_check(
+    source: ParsedSource, kernel: Function, statement: Node
+) -> tuple[Node, Node] | None:
+    """For a check written ``if (row > rows) return;`` right after the row index, its test
+    and ``rows``; None for any other statement."""
     assert kernel.body is not None
     statements = named_statements(kernel.body)
     declared = _single_init(source, statement)
     position = statements.index(statement) if statement in statements else -1
     if declared is None or position < 0 or position + 1 >= len(statements):
-        return ""
+        return None
     check = statements[position + 1]
-    condition = check.child_by_field_name("condition") if check.type == "if_statement" else None
+    if check.type != "if_statement" or check.child_by_field_name("alternative") is not None:
+        return None
+    condition = check.child_by_field_name("condition")
     value = condition.child_by_field_name("value") if condition is not None else None
     test = strip_parens(value) if value is not None else None
     if test is None or test.type != "binary_expression" or _op(test) != ">":
-        return ""
-    left = test.child_by_field_name("left")
-    if left is None or source.text_of(strip_parens(left)) != declared[0]:
-        return ""
-    return (
-        f" (line {source.line_of(check.start_byte)} returns only past `{source.text_of(test)}`, "
-        f"which lets the row equal to the count through; the rewrite needs `>=`)"
-    )
+        return None
+    left, right = test.child_by_field_name("left"), test.child_by_field_name("right")
+    if left is None or right is None or source.text_of(strip_parens(left)) != declared[0]:
+        return None
+    consequence = check.child_by_field_name("consequence")
+    if consequence is not None and consequence.type == "compound_statement":
+        inner = named_statements(consequence)
+        consequence = inner[0] if len(inner) == 1 else consequence
+    if consequence is None or " ".join(source.text_of(consequence).split()) != "return;":
+        return None
+    return test, right
 
 
 def _bound_after(source: ParsedSource, kernel: Function, statement: Node) -> Node | None:

@@ -144,13 +144,23 @@ def test_the_block_width_assert_may_name_the_warp_size_by_a_macro() -> None:
     assert refused.refusal is not None and "blockDim.x" in refused.refusal
 
 
-def test_a_row_check_that_lets_the_last_row_through_is_named_in_the_refusal() -> None:
-    text = _launched("dim3(32, 4)").replace("if (row >= rows) return;", "if (row > rows) return;")
+def test_a_row_check_that_lets_the_last_row_through_returns_at_the_row_count_after() -> None:
+    # llm.c fused_residual_forward k4 writes `if (idx > N) return;`: a spare warp would touch
+    # row N; a thread per row always has spare threads, so the rewrite returns at `>=`
+    strict = KernelSource(_launched("dim3(32, 4)"))
+    loose = KernelSource(strict.text.replace("if (row >= rows) return;", "if (row > rows) return;"))
+    (site,) = warp_per_row.detect(loose)
+    assert site.supported
+    (after,) = removal_chain(warp_per_row, loose).states[1:]
+    (want,) = removal_chain(warp_per_row, strict).states[1:]
+    assert after.text == want.text
+    assert "if (row >= rows) return;" in after.text and "row > rows" not in after.text
+
+
+def test_a_row_check_on_another_variable_is_no_bound_check() -> None:
+    text = _launched("dim3(32, 4)").replace("if (row >= rows) return;", "if (cols > rows) return;")
     (site,) = warp_per_row.detect(KernelSource(text))
-    assert site.refusal == (
-        "the warp row index at line 8 has no bound check (line 9 returns only past "
-        "`row > rows`, which lets the row equal to the count through; the rewrite needs `>=`)"
-    )
+    assert site.refusal == "the warp row index at line 8 has no bound check"
 
 
 # a block per row whose warp partials go through scratch under new names, a shuffle helper
