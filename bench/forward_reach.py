@@ -200,25 +200,26 @@ def _forms(mechanism: Mechanism, kernel: KernelSource) -> set[str]:
     return {str(s.detail.get("form", "")) for s in mechanism.candidates(kernel) if s.supported}
 
 
-def new_form_parent(
+def new_form_parents(
     mechanism: Mechanism, kernel: KernelSource, children: dict[str, KernelSource]
-) -> tuple[str, str] | None:
-    """(parent, form): the first parent on whose child `mechanism` writes a kernel at a site
-    of a form the naive `kernel` offers no site of."""
+) -> list[tuple[str, str]]:
+    """(parent, form) for each form of `mechanism`'s rule that the naive `kernel` offers no
+    site of and a depth-1 child does (it writes a kernel there), with the first such parent."""
     present = _forms(mechanism, kernel)
+    found: dict[str, str] = {}
     for parent, child in children.items():
         if parent == mechanism.name:
             continue
         for site in mechanism.candidates(child):
             form = str(site.detail.get("form", ""))
-            if not site.supported or not form or form in present:
+            if not site.supported or not form or form in present or form in found:
                 continue
             try:
                 mechanism.apply(child, site)
             except MechanismRefused:
                 continue
-            return parent, form
-    return None
+            found[form] = parent
+    return [(parent, form) for form, parent in found.items()]
 
 
 def writing_parent(
@@ -273,9 +274,7 @@ def _add_chained_reach(
         for row in table:
             mechanism = by_name[row.mechanism]
             if problem in row.reaches:
-                found = new_form_parent(mechanism, kernel, children)
-                if found is not None:
-                    parent, form = found
+                for parent, form in new_form_parents(mechanism, kernel, children):
                     row.forms_after.append(ChainedForm(problem=problem, parent=parent, form=form))
                 continue
             parent = chained_parent(mechanism, children)

@@ -48,7 +48,7 @@ from klineage.cuda.tree import (
 )
 from klineage.mechanisms._local_util import splice, statements, unshift
 
-__all__ = ["rows_loop_removal"]
+__all__ = ["rows_loop_removal", "rows_per_block_count"]
 
 _NEEDED = (
     "rows per block: a loop `for (r = 0; r < K; ++r)` (K fixed at compile time) at the top of "
@@ -317,6 +317,14 @@ def _unused_constant(
         if not any(r.start_byte <= n.start_byte < r.end_byte for r in [*removed, declarations[0]])
     ]
     return None if reads else source.deletion(declarations[0], whole_line=True)
+
+
+def rows_per_block_count(source: ParsedSource, function: Function, loop: Node) -> int | None:
+    """The loop's trip count ``K`` (rows a block), where it is fixed at compile time."""
+    variable = analysis(source).indices(function).loop_of(loop)
+    if variable is None or variable.bound is None:
+        return None
+    return analysis(source).indices(function).form(variable.bound).value
 
 
 def rows_loop_removal(source: ParsedSource, function: Function, loop: Node) -> list[Edit]:

@@ -37,6 +37,11 @@ and every launch's grid becomes ``(n + 4 * block - 1) / (4 * block)`` blocks.
   tiled product (what smem_staging writes on a naive GEMM) gets a ``tm x tn`` register
   micro-tile per thread, the block tile and the grid following
   (:mod:`klineage.mechanisms._register_tile`, which says why the rule lives here).
+- apply, rows per block (``form=rows``, carrier ``rows``): a kernel with a block per row and
+  the guard later rows also take gets ``rows`` rows a block in a counted loop, the grid
+  divided to match; checked by removing it again
+  (:mod:`klineage.mechanisms._coarsening_rows_forward`, the inverse of
+  :mod:`klineage.mechanisms._coarsening_rows`).
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ from klineage.kernel import KernelSource
 from klineage.mechanisms._coarsening_chunks import chunk_loop_removal
 from klineage.mechanisms._coarsening_forms import coarsening_forms
 from klineage.mechanisms._coarsening_pairs import pair_loads_at
-from klineage.mechanisms._coarsening_rows import rows_loop_removal
+from klineage.mechanisms._coarsening_rows import rows_loop_removal, rows_per_block_count
+from klineage.mechanisms._coarsening_rows_forward import block_rows_of, rows_per_block_edits
 from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._local_util import (
     ElementKernel,
@@ -91,6 +97,8 @@ DEFAULT_COARSEN = 4
 DEFAULT_MICRO_TILE = 4
 DEFAULT_STAGE = 16
 REGISTER_TILE = "register_tile"
+ROWS = "rows"
+DEFAULT_ROWS = 4
 """``Site.detail["form"]`` of a staged tile product that takes a register micro-tile."""
 
 
@@ -400,6 +408,7 @@ class ThreadCoarsening(Mechanism):
         "tm": f"register tile: output rows per thread (default {DEFAULT_MICRO_TILE})",
         "tn": f"register tile: output columns per thread (default {DEFAULT_MICRO_TILE})",
         "bk": f"register tile: k extent of a staged tile (default {DEFAULT_STAGE})",
+        "rows": f"rows a block handles, for a kernel with a block per row (default {DEFAULT_ROWS})",
     }
 
     def _canonical(self, source: ParsedSource) -> list[_Coarsened]:
@@ -448,7 +457,7 @@ class ThreadCoarsening(Mechanism):
                     yield site.model_copy(update={"refusal": refusal})
                     continue
                 yield site.model_copy(
-                    update={"refusal": None, "detail": {**site.detail, "form": "rows"}}
+                    update={"refusal": None, "detail": {**site.detail, "form": ROWS}}
                 )
             else:
                 yield form_site(self, source, form)
@@ -468,6 +477,7 @@ class ThreadCoarsening(Mechanism):
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         yield from self._register_tile_candidates(source)
+        yield from self._block_row_candidates(source)
         for element in element_kernels(source):
             refusal = element_refusal(source, element, returns="nested")
             if refusal is None and not source.launches_of(element.function.name):
@@ -498,6 +508,45 @@ class ThreadCoarsening(Mechanism):
                     detail={"kernel": function.name, "form": REGISTER_TILE},
                     refusal=refusal,
                 )
+
+    def _block_row_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        """Kernels with a block per row: several rows a block
+        (:mod:`klineage.mechanisms._coarsening_rows_forward`)."""
+        for function in source.kernels:
+            try:
+                form = block_rows_of(source, function)
+            except NotInForm as why:
+                first = function.body.named_children[0] if function.body else function.node
+                yield self.site(
+                    source,
+                    first,
+                    snippet=f"{function.name}: {why.form}",
+                    detail={"kernel": function.name, "form": ROWS},
+                    refusal=str(why),
+                )
+                continue
+            if form is not None:
+                yield self.site(
+                    source,
+                    form.row,
+                    detail={"kernel": function.name, "form": ROWS},
+                    refusal=None
+                    if source.launches_of(function.name)
+                    else (f"no launch of {function.name} in this file"),
+                )
+
+    def _rows_per_block(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        rows = carrier.get_int("rows", DEFAULT_ROWS) or 0
+        if rows < 2:
+            raise self.refuse(f"rows={rows}: a block must take at least 2 rows", site, "apply")
+        function = source.function(str(site.detail.get("kernel")))
+        form = block_rows_of(source, function) if function is not None else None
+        if form is None or form.row.start_byte != site.start_byte:
+            raise self.refuse("no block-per-row kernel at this site", site, "apply")
+        try:
+            return rows_per_block_edits(source, form, rows)
+        except NotInForm as why:
+            raise self.refuse(str(why), site, "apply") from why
 
     def _register_tile(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
         sizes = {
@@ -536,7 +585,7 @@ class ThreadCoarsening(Mechanism):
             function = source.enclosing_function(loop)
             assert function is not None
             return chunk_loop_removal(source, function, loop)
-        if site.detail.get("form") == "rows":
+        if site.detail.get("form") == ROWS:
             loop = self.node_at(source, site, "for_statement")
             function = source.enclosing_function(loop)
             assert function is not None
@@ -554,6 +603,11 @@ class ThreadCoarsening(Mechanism):
         return [region] + [Edit.replace(node, text) for node, text in grids]
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        if site.detail.get("form") == ROWS:
+            loop = self.node_at(kernel.parsed, site, "for_statement")
+            function = kernel.parsed.enclosing_function(loop)
+            rows = rows_per_block_count(kernel.parsed, function, loop) if function else None
+            return Carrier(rows=rows) if rows is not None else Carrier()
         coarsen = site.detail.get("coarsen")
         layout = site.detail.get("layout")
         if not isinstance(coarsen, int):
@@ -563,6 +617,8 @@ class ThreadCoarsening(Mechanism):
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
         if site.detail.get("form") == REGISTER_TILE:
             return self._register_tile(source, site, carrier)
+        if site.detail.get("form") == ROWS:
+            return self._rows_per_block(source, site, carrier)
         coarsen = carrier.get_int("coarsen", DEFAULT_COARSEN)
         layout = carrier.get_str("layout", "strided")
         assert coarsen is not None

@@ -12,9 +12,13 @@ from collections import Counter
 import pytest
 
 from klineage.cuda.analysis import IndexForm, analysis
+from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import get
-from tests.mechanisms.roundtrip import PUBLIC_FORMS
+from klineage.mechanisms import Carrier, get
+from klineage.mining.removal import reapply, remove_mechanism
+from klineage.problem import load_problem
+from tests.conftest import REPO
+from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok, removal_chain
 
 coarsening = get("thread_coarsening")
 BEFORE = PUBLIC_FORMS / "thread_coarsening" / "rows_per_block.before.cu"
@@ -121,3 +125,110 @@ def test_rows_whose_turns_depend_on_each_other_are_refused(case: str) -> None:
     assert not site.supported
     assert f"as rows per block, it is {why}" in str(site.refusal)
     assert "that removal needs rows per block: a loop" in str(site.refusal)
+
+
+# -- forward: a block per row becomes K rows a block ---------------------------------------
+
+ROW_SUMS = """\
+__global__ void row_sums(const float* x, float* y, int rows, int cols) {
+    int row = blockIdx.x;
+    if (row >= rows) return;
+    __shared__ float partial[128];
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += x[row * cols + c];
+    partial[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int i = 0; i < 128; ++i) total += partial[i];
+        y[row] = total;
+    }
+}
+extern "C" int run(const float* x, float* y, long long rows, long long cols, cudaStream_t s) {
+    row_sums<<<(unsigned)rows, 128, 0, s>>>(x, y, (int)rows, (int)cols);
+    return 0;
+}
+"""
+
+
+def _rows_candidate(kernel: KernelSource):  # type: ignore[no-untyped-def]
+    (site,) = [c for c in coarsening.candidates(kernel) if c.detail.get("form") == "rows"]
+    return site
+
+
+def test_the_removed_rows_per_block_come_back_by_the_forward_rule() -> None:
+    before = KernelSource(BEFORE.read_text())
+    removal = remove_mechanism(before, coarsening)
+    assert removal.carriers == [Carrier(rows=4)]
+    again = reapply(removal)
+    # the loop, the scaled base and the grid come back; the constant's name does not
+    assert "for (int row_turn = 0; row_turn < 4; ++row_turn) {" in again.text
+    assert "int t = last - row_turn;" in again.text
+    assert "int last = T - 1 - (4 * blockIdx.x);" in again.text
+    assert "dim3(t / 4, (unsigned)H)" in again.text
+    assert "__syncthreads();" not in again.text  # the turn already ends in block.sync()
+    # and removing it again gives the simplified kernel, but for a pair of parentheses
+    (back,) = removal_chain(coarsening, again).states[1:]
+    assert back.text == removal.simplified.text.replace(
+        "int last = T - 1 - blockIdx.x;", "int last = T - 1 - (blockIdx.x);"
+    )
+
+
+def test_a_block_per_row_with_an_upward_guard_takes_four_rows_a_block(
+    shared_builder: Builder,
+) -> None:
+    kernel = KernelSource(ROW_SUMS)
+    site = _rows_candidate(kernel)
+    assert site.supported and site.detail["kernel"] == "row_sums"
+    after = coarsening.apply(kernel, site, Carrier(rows=4))
+    text = after.text
+    assert "for (int row_turn = 0; row_turn < 4; ++row_turn) {" in text
+    assert "    int row_first = 4 * blockIdx.x;\n    for (int row_turn" in text
+    assert "int row = row_first + row_turn;" in text
+    assert "        if (row >= rows) return;" in text  # every later row takes it too
+    # thread 0 reads the partials last; the next turn must not overwrite them before
+    assert text.count("__syncthreads();") == 2
+    assert "row_sums<<<((unsigned)rows + 3) / 4, 128, 0, s>>>" in text
+    # the removal reads it back as one row a block over the same rows
+    (back,) = removal_chain(coarsening, after).states[1:]
+    assert "int row = row_first;" in back.text and "int row_first = blockIdx.x;" in back.text
+    compile_ok(shared_builder, [kernel, after])
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (("    if (row >= rows) return;\n", ""), "without the guard `if (row >= e) return;`"),
+        (("c += blockDim.x", "c += blockDim.x * gridDim.x"), "reading gridDim.x"),
+        (("y[row] = total", "y[blockIdx.x] = total"), "reading blockIdx.x 2 times"),
+    ],
+)
+def test_a_block_per_row_out_of_form_is_refused_with_the_reason(
+    change: tuple[str, str], refusal: str
+) -> None:
+    kernel = KernelSource(ROW_SUMS.replace(*change))
+    site = _rows_candidate(kernel)
+    assert site.refusal is not None and refusal in site.refusal
+
+
+def test_kernels_without_a_row_of_blocks_offer_no_rows_candidate() -> None:
+    elementwise = ROW_SUMS.replace("int row = blockIdx.x;", "int row = threadIdx.y;")
+    kernel = KernelSource(elementwise.replace("    if (row >= rows) return;\n", ""))
+    assert [c for c in coarsening.candidates(kernel) if c.detail.get("form") == "rows"] == []
+
+
+def test_rows_per_block_after_block_per_row_on_a_heldout_kernel(shared_builder: Builder) -> None:
+    # depth 2 in replay: block_per_row's rewrite of the naive row sum is a block per row
+    # with its guard, so several rows a block apply next
+    naive = load_problem(REPO / "heldout" / "row_sum").kernel_source()
+    block_per_row = get("block_per_row")
+    (site,) = [c for c in block_per_row.candidates(naive) if c.supported]
+    rows = block_per_row.apply(naive, site)
+    after = coarsening.apply(rows, _rows_candidate(rows), Carrier(rows=4))
+    text = after.text
+    assert "const int64_t r_first = (int64_t)(4 * blockIdx.x);" in text
+    assert "const int64_t r = r_first + row_turn;" in text  # the row keeps its type
+    # block_reduce_sum's scratch is shared: each turn closes with a barrier
+    assert "    __syncthreads();  // the next row writes what this one read\n  }" in text
+    assert "row_sum<<<((unsigned)rows + 3) / 4, 256, 0, stream>>>" in text
+    compile_ok(shared_builder, [after])
