@@ -48,7 +48,7 @@ from klineage.cuda.tree import (
 )
 from klineage.mechanisms._local_util import splice, statements, unshift
 
-__all__ = ["rows_loop_removal", "rows_per_block_count"]
+__all__ = ["grid_along_x", "rows_loop_removal", "rows_per_block_count"]
 
 _NEEDED = (
     "rows per block: a loop `for (r = 0; r < K; ++r)` (K fixed at compile time) at the top of "
@@ -268,21 +268,27 @@ def _guard(source: ParsedSource, node: Node, body: Node, row: str, down: bool) -
     )
 
 
-def _launch_edit(source: ParsedSource, launch: Launch, count: int) -> Edit:
-    grid = launch.grid
-    if grid is None:
-        raise _refuse("a launch without a grid")
+def grid_along_x(source: ParsedSource, grid: Node) -> Node:
+    """The expression of a launch's grid along x: the grid itself, or the first argument of
+    ``dim3(...)``; NotInForm for a grid held in a variable, which the edit cannot reach."""
     stripped = strip_parens(grid)
-    target = stripped
     if stripped.type == "call_expression" and source.text_of(
         stripped.child_by_field_name("function") or stripped
     ) in ("dim3", "::dim3"):
         args = call_arguments(stripped)
         if not args:
             raise _refuse(f"a launch with the grid `{source.snippet(grid, 40)}`")
-        target = args[0]
-    elif stripped.type == "identifier":
+        return args[0]
+    if stripped.type == "identifier":
         raise _refuse(f"a launch with the grid variable {source.text_of(stripped)}")
+    return stripped
+
+
+def _launch_edit(source: ParsedSource, launch: Launch, count: int) -> Edit:
+    grid = launch.grid
+    if grid is None:
+        raise _refuse("a launch without a grid")
+    target = grid_along_x(source, grid)
     text = " ".join(source.text_of(target).split())
     left = text if precedence(target) >= 13 else f"({text})"  # 13: multiplicative
     return Edit.replace(target, f"{left} * {count}")

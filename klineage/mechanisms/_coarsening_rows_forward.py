@@ -28,21 +28,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from klineage.cuda.analysis import IndexForm, analysis
+from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import precedence
 from klineage.cuda.edit import Edit, apply_edits
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import (
     NotInForm,
     builtin_of,
-    call_arguments,
     fresh_name,
     operator_of,
     strip_parens,
     walk,
 )
-from klineage.mechanisms._coarsening_rows import rows_loop_removal
-from klineage.mechanisms._local_util import shift, statements
+from klineage.mechanisms._coarsening_rows import grid_along_x, rows_loop_removal
+from klineage.mechanisms._local_util import index_declaration, shift, statements
 
 __all__ = ["BlockRows", "block_rows_of", "rows_per_block_edits"]
 
@@ -93,10 +92,10 @@ def block_rows_of(source: ParsedSource, function: Function) -> BlockRows | None:
     top = statements(body)
     unguarded = []
     for position, statement in enumerate(top[:-1]):
-        declared = _declared_row(source, statement)
+        declared = index_declaration(source, statement)
         if declared is None:
             continue
-        name, value = declared
+        name, _, value = declared
         form = indices.form(value)
         sign = form.coefficient("blockIdx.x").value
         if sign not in (1, -1) or indices.thread_atoms(form) - {"blockIdx.x"}:
@@ -115,19 +114,6 @@ def block_rows_of(source: ParsedSource, function: Function) -> BlockRows | None:
             f"{'<' if sign == -1 else '>='} e) return;` right after it"
         )
     return None
-
-
-def _declared_row(source: ParsedSource, statement: Node) -> tuple[str, Node] | None:
-    if statement.type != "declaration":
-        return None
-    declarators = statement.children_by_field_name("declarator")
-    if len(declarators) != 1 or declarators[0].type != "init_declarator":
-        return None
-    target = declarators[0].child_by_field_name("declarator")
-    value = declarators[0].child_by_field_name("value")
-    if target is None or value is None or target.type != "identifier":
-        return None
-    return source.text_of(target), value
 
 
 def _guard(source: ParsedSource, statement: Node, row: str, *, down: bool) -> bool:
@@ -192,15 +178,7 @@ def _touches_shared(source: ParsedSource, function: Function, start: int) -> boo
 
 
 def _grid_edit(source: ParsedSource, grid: Node, rows: int) -> Edit:
-    stripped = strip_parens(grid)
-    target = stripped
-    if stripped.type == "call_expression" and source.text_of(
-        stripped.child_by_field_name("function") or stripped
-    ) in ("dim3", "::dim3"):
-        args = call_arguments(stripped)
-        if not args:
-            raise _refuse(f"a launch with the grid `{source.snippet(grid, 40)}`")
-        target = args[0]
+    target = grid_along_x(source, grid)
     text = " ".join(source.text_of(target).split())
     inner = strip_parens(target)
     if inner.type == "binary_expression" and operator_of(inner) == "*":
@@ -224,12 +202,10 @@ def rows_per_block_edits(source: ParsedSource, form: BlockRows, rows: int) -> li
         raise _refuse(f"a launch of {function.name} without a grid")
     taken = {source.text_of(n) for n in walk(function.node) if n.type == "identifier"}
     turn = fresh_name(taken, "row_turn")
-    declared = _declared_row(source, form.row)
+    declared = index_declaration(source, form.row)
     assert declared is not None
-    name, value = declared
-    # the row keeps its declared type and qualifiers (`const int64_t r`)
-    (declarator,) = form.row.children_by_field_name("declarator")
-    kind = source.text_of((form.row.start_byte, declarator.start_byte))
+    name, specifiers, value = declared
+    kind = f"{specifiers} "  # the row keeps its type and qualifiers (`const int64_t r`)
     scaled = f"{rows} * {source.text_of(form.block)}"
     edits: list[Edit] = []
     indent = source.indent_of(form.row.start_byte)
@@ -287,18 +263,14 @@ def _check(source: ParsedSource, function: Function, edits: list[Edit], row: str
     function_back = back.function(function.name)
     assert function_back is not None
     after = analysis(back).indices(function_back).form(_row_value(back, function_back, row))
-    if _without_names(after) != _without_names(before):
+    if str(after) != str(before):
         raise _refuse(f"a row {row} = {before} the rewrite cannot keep ({after})")
 
 
 def _row_value(source: ParsedSource, function: Function, row: str) -> Node:
     assert function.body is not None
     for statement in walk(function.body):
-        declared = _declared_row(source, statement)
+        declared = index_declaration(source, statement)
         if declared is not None and declared[0] == row:
-            return declared[1]
+            return declared[2]
     raise _refuse(f"a row {row} the rewrite lost")
-
-
-def _without_names(form: IndexForm) -> str:
-    return str(form)
