@@ -77,3 +77,23 @@ def test_the_removal_keeps_the_kernel_correct(gate, pair: Pair) -> None:
         verdict = gate.run(problem, source, time_it=False)
         failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
         assert verdict.passed, (state, verdict.build.message, failing)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_rows_per_block_applied_forward_keeps_the_kernel_correct(gate) -> None:
+    # the forward of the rows-per-block removal, on its one-row-per-block fixture: 4 rows a
+    # block; also on an odd row count, where the last block's later turns take the guard
+    from klineage.mechanisms import Carrier, get
+
+    coarsening = get("thread_coarsening")
+    after = KernelSource(
+        (PUBLIC_FORMS / "thread_coarsening" / "rows_per_block.after.cu").read_text()
+    )
+    (site,) = [c for c in coarsening.candidates(after) if c.detail.get("form") == "rows"]
+    for rows in (2, 4, 8):
+        forward = coarsening.apply(after, site, Carrier(rows=rows))
+        source = KernelSource(forward.text, name=f"rows_per_block.forward{rows}.cu")
+        verdict = gate.run(load_problem(PROBLEMS / "causal_center"), source, time_it=False)
+        failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+        assert verdict.passed, (rows, verdict.build.message, failing)
