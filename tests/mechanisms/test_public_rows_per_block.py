@@ -14,7 +14,7 @@ import pytest
 from klineage.cuda.analysis import IndexForm, analysis
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Carrier, get
+from klineage.mechanisms import Carrier, MechanismRefused, get
 from klineage.mining.removal import reapply, remove_mechanism
 from klineage.problem import load_problem
 from tests.conftest import REPO
@@ -232,3 +232,15 @@ def test_rows_per_block_after_block_per_row_on_a_heldout_kernel(shared_builder: 
     assert "    __syncthreads();  // the next row writes what this one read\n  }" in text
     assert "row_sum<<<((unsigned)rows + 3) / 4, 256, 0, stream>>>" in text
     compile_ok(shared_builder, [after])
+
+
+def test_rows_that_would_carry_a_local_from_turn_to_turn_are_refused() -> None:
+    # a local declared before the row and written after it would accumulate across the rows
+    # of a block: the removal's reading of the result refuses it, so apply does too
+    carried = ROW_SUMS.replace(
+        "    int row = blockIdx.x;\n", "    float seen = 0.f;\n    int row = blockIdx.x;\n"
+    ).replace("y[row] = total;", "seen += total;\n        y[row] = seen;")
+    kernel = KernelSource(carried)
+    site = _rows_candidate(kernel)
+    with pytest.raises(MechanismRefused, match="carry seen"):
+        coarsening.apply(kernel, site, Carrier(rows=4))
