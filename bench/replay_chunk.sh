@@ -28,9 +28,11 @@ PY
 )
 # DEVICES (e.g. 0,1) spreads the problems over several GPUs; default: every visible GPU.
 # BASELINES (e.g. blind,memory,tree) picks the methods beside skills; default: the command's.
+# PROFILE=1 profiles (Nsight Compute) the states replay goes on from, which `profiled` needs:
+#   PROFILE=1 BASELINES=blind,memory,tree,profiled bash bench/replay_chunk.sh
 timeout "${CHUNK_SECONDS:-540}" python3 -m klineage replay $order --skills skills_out \
   --budget 30 --out replay_out --resume ${DEVICES:+--devices "$DEVICES"} \
-  ${BASELINES:+--baselines "$BASELINES"}
+  ${BASELINES:+--baselines "$BASELINES"} ${PROFILE:+--profile}
 status=$?
 tar czf "$OUT/replay_out.tgz" replay_out
 exit $status

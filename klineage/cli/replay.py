@@ -22,7 +22,7 @@ from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, ope
 from klineage.cli.tables import Column, print_rows
 from klineage.executors import ExecutorError, ExecutorKind
 from klineage.lineage import is_llm_origin
-from klineage.replay.methods import ALL_METHODS, BEAM_WIDTH
+from klineage.replay.methods import ALL_METHODS, BEAM_WIDTH, PROFILED
 from klineage.replay.results import GateRunRecord, ReplayBudget
 from klineage.replay.run import ReplayReport, replay
 
@@ -47,8 +47,9 @@ def replay_command(
     baselines: Annotated[
         str,
         typer.Option(
-            help="Comma-separated methods to run beside skills: blind,memory, and tree (the "
-            "skills under a beam search)."
+            help="Comma-separated methods to run beside skills: blind,memory, tree (the "
+            "skills under a beam search) and profiled (the skills ranked by the current "
+            "kernel's bottleneck; needs --profile)."
         ),
     ] = "blind,memory",
     beam_width: Annotated[
@@ -81,7 +82,9 @@ def replay_command(
     With --llm, the skills method asks the LLM to apply a retrieved skill when no rule can
     (the rule refused, or the catalog lacks the skill's mechanism); the baselines never do.
     With --profile, the skills method ranks first the skills that relieved the current
-    kernel's bottleneck on their expert.
+    kernel's bottleneck on their expert; with --profile and --baselines ...,profiled, the
+    profiled method does that and the skills method ranks without profiles, on the same
+    budget, so the report compares the two rankings.
 
     With --baselines tree (say blind,memory,tree), the same skills are also replayed under a
     beam search on the same budget: --beam-width states a level, that many kept skills gated
@@ -110,6 +113,9 @@ def replay_command(
     if unknown:
         choices = ", ".join(m for m in ALL_METHODS if m != "skills")
         errors.print(Text(f"unknown baseline {unknown[0]!r}; choose from {choices}", "red"))
+        raise typer.Exit(2)
+    if PROFILED in chosen and not profile:
+        errors.print(Text("--baselines profiled ranks by profiles: add --profile", "red"))
         raise typer.Exit(2)
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
     refuse_profile_on_a_cluster(executor, profile, errors)

@@ -89,7 +89,10 @@ METHODS = ("skills", "blind", "memory")
 """The experiment's methods: the skills, greedily, and the two baselines."""
 TREE = "tree"
 """The skills method under a beam search (:class:`TreeMethod`), run on request."""
-ALL_METHODS = (*METHODS, TREE)
+PROFILED = "profiled"
+"""The skills method ranking by the current state's bottleneck (:class:`ProfiledMethod`),
+run on request beside the greedy skills method, which then ranks without profiles."""
+ALL_METHODS = (*METHODS, TREE, PROFILED)
 BEAM_WIDTH = 2
 """The tree method's default beam width: two states a level, two kept skills a state."""
 KEEP_RATIO = 1.01
@@ -531,7 +534,10 @@ class SkillsMethod(ForwardSearch):
 
     def _bottleneck(self, current: KernelSource) -> Bottleneck | None:
         """The current state's bottleneck class, profiling it when the gate does so on
-        request (None when it does not profile)."""
+        request (None when it does not profile, or when the profiled method runs beside this
+        one and the ranking by profiles is its to compare)."""
+        if self.name == "skills" and not self.materializer.skills_rank_by_profile:
+            return None
         verdict = self._verdicts.get(current.fingerprint)
         if verdict is None:
             return None
@@ -660,8 +666,16 @@ class TreeMethod(SkillsMethod):
         return Beam(self, self.branching)
 
 
+class ProfiledMethod(SkillsMethod):
+    """The skills method, greedily, retrieval ranking first the skills that relieved the
+    current state's bottleneck on their expert (the gate must profile on request): run beside
+    `skills` on the same budget, it measures what the profiles add to the ranking."""
+
+    name = PROFILED
+
+
 METHOD_CLASSES: dict[str, type[ForwardSearch]] = {
-    m.name: m for m in (SkillsMethod, BlindMethod, MemoryMethod, TreeMethod)
+    m.name: m for m in (SkillsMethod, BlindMethod, MemoryMethod, TreeMethod, ProfiledMethod)
 }
 
 
@@ -680,10 +694,15 @@ class Materializer:
         skip_no_ops: bool = True,
         skill_folders: Mapping[str, str] | None = None,
         beam_width: int = BEAM_WIDTH,
+        skills_rank_by_profile: bool = True,
     ) -> None:
         if beam_width < 1:
             raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
         self.log = log
+        self.skills_rank_by_profile = skills_rank_by_profile
+        """Whether the `skills` method ranks by the current state's bottleneck where the gate
+        profiles (off when the `profiled` method runs beside it, so the two differ in that
+        alone)."""
         self.beam_width = beam_width
         """States a level of the tree method holds, and kept skills it gates at each."""
         self.skill_folders: Mapping[str, str] = skill_folders or {}

@@ -29,20 +29,20 @@ from klineage.gate.pool import spread
 from klineage.gate.result import geomean
 from klineage.llm.base import Provider
 from klineage.problem import Problem, load_problem
-from klineage.replay.methods import ALL_METHODS, BEAM_WIDTH, TREE, Materializer
+from klineage.replay.methods import ALL_METHODS, BEAM_WIDTH, PROFILED, TREE, Materializer
 from klineage.replay.misses import Miss, explain_misses
 from klineage.replay.results import GateRunRecord, MethodResult, ReplayBudget
 from klineage.replay.sources import SkillSources
 
 FAST_P = (1.0, 1.5)
-SKILLED = ("skills", TREE)
+SKILLED = ("skills", TREE, PROFILED)
 """The methods that replay skills (and may ask the LLM to apply one)."""
 
 
 class MethodSummary(BaseModel):
     """One method over all problems."""
 
-    method: str = Field(description="skills, blind, memory or tree")
+    method: str = Field(description="skills, blind, memory, tree or profiled")
     geomean_speedup: float = Field(description="over the naive kernels")
     geomean_vs_reference: float = Field(description="reference latency / best latency")
     fast_p: dict[str, float] = Field(
@@ -59,7 +59,7 @@ class MatchedRuns(BaseModel):
     """Gate runs a method and blind search each spent to reach the same speed: on each problem
     where both gained, the lower of their two final speedups."""
 
-    method: str = Field(description="skills, tree or memory")
+    method: str = Field(description="skills, tree, profiled or memory")
     problems: int = Field(description="problems where both this method and blind gained")
     runs: int = Field(description="this method's gate runs to that speed, summed")
     blind_runs: int = Field(description="blind search's gate runs to that speed, summed")
@@ -75,11 +75,11 @@ def runs_to_reach(result: MethodResult, speedup: float) -> int:
 
 
 def matched_runs(results: Sequence[MethodResult]) -> list[MatchedRuns]:
-    """For skills, tree and memory: the gate runs each and blind search spent to reach the
-    same speed."""
+    """For skills, tree, profiled and memory: the gate runs each and blind search spent to
+    reach the same speed."""
     blind = {r.problem: r for r in results if r.method == "blind"}
     out = []
-    for method in ("skills", TREE, "memory"):
+    for method in ("skills", TREE, PROFILED, "memory"):
         rows = [r for r in results if r.method == method and r.problem in blind]
         pairs = [(r, blind[r.problem]) for r in rows]
         pairs = [(a, b) for a, b in pairs if min(a.speedup, b.speedup) > 1.01]
@@ -192,11 +192,23 @@ def replay(
     `skip_no_ops` (the default), a move that changes no machine code is not gated, and a
     verdict on machine code already judged is shared. `gate_options` go to the gates opened
     here (`profile=ProfileConfig()`: the skills method ranks by the current kernel's
-    bottleneck; `energy=EnergyConfig()`: energy per call in the report). `beam_width` is the
-    tree method's (states a level, kept skills gated at each)."""
+    bottleneck, or, with the `profiled` method among `methods`, that method does and `skills`
+    ranks without profiles, so the two compare the ranking alone; `energy=EnergyConfig()`:
+    energy per call in the report). `beam_width` is the tree method's (states a level, kept
+    skills gated at each)."""
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; expected one of {', '.join(ALL_METHODS)}")
+    if (
+        PROFILED in methods
+        and gate is None
+        and not gates
+        and not (gate_options or {}).get("profile")
+    ):
+        raise ValueError(
+            "the profiled method ranks by profiles: open the gates with "
+            "gate_options={'profile': ProfileConfig()} (klineage replay --profile)"
+        )
     if beam_width < 1:
         raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
     sources = skills if isinstance(skills, SkillSources) else SkillSources.load(skills)
@@ -252,6 +264,7 @@ def replay(
                 skip_no_ops=skip_no_ops,
                 skill_folders=sources.folder_of,
                 beam_width=beam_width,
+                skills_rank_by_profile=PROFILED not in methods,
             )
             result, lineage = materializer.run(problem, naive, method)
             lineage.save(root / "lineages" / f"{problem.name}.{method}.json")

@@ -8,17 +8,20 @@ from typing import Any
 
 import pytest
 
+from klineage.gate.bottleneck import classify, peaks_for
 from klineage.gate.build import Builder
+from klineage.gate.profile import Profile
 from klineage.kernel import KernelSource
 from klineage.problem import load_problem
 from klineage.replay.results import GateRunRecord
 from klineage.replay.retrieve import retrieve
 from klineage.replay.run import ReplayBudget, load_replay
-from klineage.skills import SkillLibrary
+from klineage.skills import Measured, SkillLibrary, profile_evidence
 from tests.conftest import FIXTURES
 from tests.mining.conftest import Mined
 from tests.mining.stand_in_gate import StandInGate, replay_gated
 from tests.mining.test_mine import EXPERT, PROBLEM, _gate
+from tests.recorded_profiles import gelu_launch
 
 pytestmark = pytest.mark.nvcc
 
@@ -326,3 +329,89 @@ def test_each_used_skill_names_the_folder_it_came_from(
     assert folders["fast_math"] == str(theirs)
     assert folders["readonly_ldg"] == str(ours)
     assert load_replay(tmp_path / "out" / "replay.json").skills == [str(ours), str(theirs)]
+
+
+def _launch_bound(_present: set[str]) -> Profile:
+    """The stand-in gate's profile of every state: the recorded H200 counters of a tiny
+    launch-bound kernel."""
+    profile = Profile(
+        workload_uuid="w", label="rows=64,cols=512", launches=[gelu_launch()], minimum_bytes=47104
+    )
+    profile.bottleneck = classify(profile, peaks=peaks_for("NVIDIA H200"), operand_class="half")
+    return profile
+
+
+def test_the_profiled_method_ranks_by_the_bottleneck_and_skills_does_not_beside_it(
+    builder: Builder, skills: Path, tmp_path: Path
+) -> None:
+    library = list(SkillLibrary.load(skills))
+    # launch_bounds (ranked last by gain) "relieved launch-bound" on its expert
+    evidence = profile_evidence(
+        _launch_bound(set()), _launch_bound(set()).model_copy(deep=True), Measured.GAIN
+    )
+    relieving = [
+        s.model_copy(update={"profile": evidence.model_copy(update={"relieves": "launch-bound"})})
+        if s.mechanism == "launch_bounds"
+        else s
+        for s in library
+    ]
+    folder = tmp_path / "skills"
+    folder.mkdir()
+    (folder / "skills.jsonl").write_text("".join(s.model_dump_json() + "\n" for s in relieving))
+    gate = StandInGate(
+        builder,
+        cost={
+            "fast_math": 1.5,
+            "readonly_ldg": 1.1,
+            "restrict_pointers": 1.05,
+            "launch_bounds": 1.02,
+        },
+        expert_mechanisms=EXPERT,
+        profiles=_launch_bound,
+    )
+    report = replay_gated(
+        [TARGET],
+        folder,
+        tmp_path / "out",
+        gate=gate,
+        methods=["skills", "profiled"],
+        budget=ReplayBudget(gate_runs=4),
+    )
+    by_method = {r.method: r for r in report.results}
+    # beside the profiled method, skills ranks by gain alone: fast_math first
+    assert by_method["skills"].runs[0].action == "fast_math"
+    # the profiled method ranks the skill that relieved the state's bottleneck higher
+    skilled = [r.action for r in by_method["skills"].runs]
+    profiled = [r.action for r in by_method["profiled"].runs]
+    assert skilled == ["fast_math", "restrict_pointers", "readonly_ldg", "launch_bounds"]
+    assert profiled == ["fast_math", "launch_bounds", "restrict_pointers", "readonly_ldg"]
+    assert gate.profiled, "the profiled method profiled the states it went on from"
+    assert [s.method for s in report.summary] == ["skills", "profiled"]
+    # alone on a profiling gate, the skills method ranks by the bottleneck as before
+    alone = replay_gated(
+        [TARGET],
+        folder,
+        tmp_path / "alone",
+        gate=gate,
+        budget=ReplayBudget(gate_runs=4),
+        methods=["skills"],
+    )
+    assert [r.action for r in alone.results[0].runs] == profiled
+
+
+def test_the_profiled_method_needs_gates_that_profile(skills: Path, tmp_path: Path) -> None:
+    from klineage.replay.run import replay
+
+    with pytest.raises(ValueError, match="profiled method ranks by profiles"):
+        replay([TARGET], skills, tmp_path, methods=["skills", "profiled"])
+
+
+def test_replay_command_refuses_profiled_without_profile(skills: Path) -> None:
+    from typer.testing import CliRunner
+
+    from klineage.cli import app
+
+    result = CliRunner().invoke(
+        app, ["replay", str(TARGET), "--skills", str(skills), "--baselines", "profiled"]
+    )
+    assert result.exit_code == 2 and "add --profile" in result.output
