@@ -44,7 +44,7 @@ from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, to_size_expr, wra
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, template_bindings, template_values
 from klineage.cuda.source import Function, Launch, Loop, Node, ParsedSource, plain_assignment
-from klineage.cuda.tree import WARP_SIZE, declaration_names
+from klineage.cuda.tree import WARP_SIZE, declaration_names, walk
 from klineage.mechanisms._block_unrolled import UnrolledFormError, unrolled_loop
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
 from klineage.mechanisms._reductions_scratch import ScratchRun, scratch_runs
@@ -918,6 +918,29 @@ def _unit_step(source: ParsedSource, update: Node | None, variable: str) -> bool
     return text in (f"++{variable}", f"{variable}++", f"{variable}+=1")
 
 
+def _statement_before(node: Node) -> Node | None:
+    """The statement just before ``node`` in its block (comments skipped)."""
+    previous = node.prev_named_sibling
+    while previous is not None and previous.type == "comment":
+        previous = previous.prev_named_sibling
+    return previous
+
+
+def _statement_after(node: Node) -> Node | None:
+    """The statement just after ``node`` in its block (comments skipped)."""
+    following = node.next_named_sibling
+    while following is not None and following.type == "comment":
+        following = following.next_named_sibling
+    return following
+
+
+def _expression_of(statement: Node) -> Node | None:
+    """The expression of an expression statement."""
+    if statement.type != "expression_statement" or not statement.named_children:
+        return None
+    return statement.named_children[0]
+
+
 def _below(source: ParsedSource, condition: Node | None, variable: str) -> bool:
     if condition is None:
         return False
@@ -1615,6 +1638,99 @@ class _GroupWalker:
             self.removed.append((declared[1].start_byte, declared[1].end_byte))
             self.strided.append(loop.node)
 
+    def split_strided_loops(self, lane_name: str | None) -> None:
+        """The same walk with its start declared before the loop, ``T c = rank * u; for (;
+        c < n; c += size * u)`` (or ``rank``, ``size``), and a walk back down from where it
+        stopped, ``c -= size * u; for (; c >= 0; c -= size * u)`` (llm.c fused_residual k4):
+        each thread walks the whole row, ``u`` elements at a time, up and then down."""
+        for loop in self.source.loops:
+            if not within(loop.node, self.body) or loop.kind != "for" or loop.initializer:
+                continue
+            condition = strip_parens(loop.condition) if loop.condition is not None else None
+            left = condition.child_by_field_name("left") if condition is not None else None
+            if left is None or not _below(self.source, condition, self.source.text_of(left)):
+                continue
+            name = self.source.text_of(left)
+            start = _statement_before(loop.node)
+            declared = _single_init(self.source, start) if start is not None else None
+            if declared is None or declared[0] != name or loop.update is None:
+                continue
+            unit = (
+                None
+                if self.is_rank(declared[1], lane_name)
+                else (self.packed_rank(declared[1], lane_name))
+            )
+            if unit is None and not self.is_rank(declared[1], lane_name):
+                continue
+            if unit is None:
+                if self.stride(loop.update, name) is None:
+                    continue
+                step = "1"
+            elif self.packed_stride(loop.update, name, unit):
+                step = unit
+            else:
+                continue
+            self.edits += [
+                Edit.replace(declared[1], "0"),
+                Edit.replace(loop.update, f"{name} += {step}"),
+            ]
+            self.handled += [declared[1], loop.update]
+            self.removed.append((declared[1].start_byte, declared[1].end_byte))
+            self.strided.append(loop.node)
+            self._walk_back(loop.node, name, unit, step)
+
+    def _walk_back(self, up: Node, name: str, unit: str | None, step: str) -> None:
+        """After the loop ``up``, where the walk's variable stopped differs between a lane
+        and a thread: the only later use allowed is ``c -= size * u; for (; c >= 0; c -=
+        size * u)``, each then by ``u``; any other use is refused."""
+        later = []
+        node = _statement_after(up)
+        while node is not None:
+            later.append(node)
+            node = _statement_after(node)
+        uses = [i for i, st in enumerate(later) if self._names(st, name)]
+        if not uses:
+            return
+        first = uses[0]
+        adjust = later[first]
+        back = later[first + 1] if first + 1 < len(later) else None
+        moves = [_expression_of(adjust)]
+        if back is not None and back.type == "for_statement":
+            moves.append(back.child_by_field_name("update"))
+        test = back.child_by_field_name("condition") if back is not None else None
+        test = strip_parens(test) if test is not None else None
+        left = test.child_by_field_name("left") if test is not None else None
+        if (
+            back is None
+            or back.type != "for_statement"
+            or back.child_by_field_name("initializer") is not None
+            or left is None
+            or _op(test) != ">="
+            or self.source.text_of(left) != name
+            or any(m is None or not self._steps_down(m, name, unit) for m in moves)
+            or any(self._names(st, name) for st in later[first + 2 :])
+        ):
+            raise NotCanonical(
+                f"{name} at line {self.line(adjust)} is used after the loop at line "
+                f"{self.line(up)}, where a lane's walk stops elsewhere than a thread's; this "
+                f"rule needs only `{name} -= size * u; for (; {name} >= 0; {name} -= size * "
+                "u)` there"
+            )
+        for move in moves:
+            assert move is not None
+            self.edits.append(Edit.replace(move, f"{name} -= {step}"))
+            self.handled.append(move)
+        self.strided.append(back)
+
+    def _names(self, node: Node, name: str) -> bool:
+        return any(n.type == "identifier" and self.source.text_of(n) == name for n in walk(node))
+
+    def _steps_down(self, node: Node, name: str, unit: str | None) -> bool:
+        """``name -= size * unit`` (or ``name -= size``)."""
+        if unit is None:
+            return self.stride(node, name, "-=") is not None
+        return self.packed_stride(node, name, unit, "-=")
+
     def block_strided_left(self) -> None:
         """A loop that starts at the thread's rank and steps by the block, in none of the
         forms the rewrite maps (a start off the rank, a step that is not a multiple of the
@@ -1669,14 +1785,17 @@ class _GroupWalker:
             if rank is None or unit is None or not self.is_rank(rank, lane_name):
                 continue
             value = fold(self.source, unit)
+            if value is None:  # a member constant (`x128::size`) the analysis knows
+                value = analysis(self.source).indices(self.kernel).form(unit).value
             if value is not None and value > 0:
                 return self.source.text_of(unit)
         return None
 
-    def packed_stride(self, update: Node, variable: str, unit: str) -> bool:
-        """``c += size * u`` (either order), ``size`` the group's stride."""
+    def packed_stride(self, update: Node, variable: str, unit: str, op: str = "+=") -> bool:
+        """``c += size * u`` (either order; ``op`` ``-=`` for a walk down), ``size`` the
+        group's stride."""
         update = strip_parens(update)
-        if update.type != "assignment_expression" or _op(update) != "+=":
+        if update.type != "assignment_expression" or _op(update) != op:
             return False
         left, right = update.child_by_field_name("left"), update.child_by_field_name("right")
         if left is None or right is None or self.source.text_of(left) != variable:
@@ -1694,9 +1813,9 @@ class _GroupWalker:
                 return True
         return False
 
-    def stride(self, update: Node, variable: str) -> Node | None:
+    def stride(self, update: Node, variable: str, op: str = "+=") -> Node | None:
         update = strip_parens(update)
-        if update.type != "assignment_expression" or _op(update) != "+=":
+        if update.type != "assignment_expression" or _op(update) != op:
             return None
         left, right = update.child_by_field_name("left"), update.child_by_field_name("right")
         if left is None or right is None or self.source.text_of(left) != variable:
@@ -1713,6 +1832,10 @@ class _GroupWalker:
             text in ("32", "warpSize")
             or (self.lane_is_thread_x and text == "blockDim.x")
             or is_warp_query(self.source, node, "group_size")
+            or (  # a local constant (`constexpr int WarpSize = 32;`)
+                strip_parens(node).type == "identifier"
+                and analysis(self.source).indices(self.kernel).form(node).value == 32
+            )
         )
 
     def is_rank(self, node: Node, lane_name: str | None) -> bool:
@@ -2279,6 +2402,7 @@ def _warp_layout(walker: _GroupWalker) -> _RowIndex:
     walker.tile_reductions()
     lane_name, lane_statement = _lane_variable(source, kernel)
     walker.strided_loops(lane_name)
+    walker.split_strided_loops(lane_name)
     walker.guards(lane_name)
     if lane_statement is not None and lane_name is not None:
         _drop_lane(source, walker, lane_statement, lane_name)

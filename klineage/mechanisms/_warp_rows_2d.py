@@ -109,4 +109,11 @@ def block_width_asserts(source: ParsedSource, body: Node) -> list[Node]:
 
 
 def _is_warp_width(source: ParsedSource, node: Node) -> bool:
-    return _is(source, node, "warpSize") or fold(source, strip_casts(node)) == WARP_SIZE
+    if _is(source, node, "warpSize") or fold(source, strip_casts(node)) == WARP_SIZE:
+        return True
+    # a local constant of the kernel (`constexpr const int WarpSize = 32;`)
+    function = source.enclosing_function(node)
+    return (
+        function is not None
+        and analysis(source).indices(function).form(strip_casts(node)).value == WARP_SIZE
+    )

@@ -22,6 +22,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "persistent_rows": PROBLEMS / "centered_affine",
     "rows_by_z": PROBLEMS / "center_rows",
     "rows_2d": PROBLEMS / "center_rows",
+    "rows_2d_walk_back": PROBLEMS / "center_rows",
     "rows_cg": PROBLEMS / "center_rows",
     "scratch_pairs": PROBLEMS / "center_rows",
     "serial_unrolled": PROBLEMS / "row_softmax",

@@ -222,3 +222,24 @@ def test_blockdim_x_is_a_warp_stride_only_where_the_lane_is_threadidx_x() -> Non
     (refused,) = warp_per_row.detect(KernelSource(by_block))
     assert refused.refusal is not None
     assert refused.refusal.startswith("the lane variable lane at line 16 is not a group-strided")
+
+
+WALK_BACK = PUBLIC_FORMS / "warp_per_row" / "rows_2d_walk_back.before.cu"
+
+
+def test_a_walk_whose_end_is_read_after_its_loop_is_refused() -> None:
+    # where a lane's walk stops is not where a thread's stops: reading it is refused
+    text = WALK_BACK.read_text().replace(
+        "  c -= kLanes * kPack;\n", "  if (c == cols) y[0] = mean;\n  c -= kLanes * kPack;\n"
+    )
+    (site,) = warp_per_row.detect(KernelSource(text))
+    assert site.refusal is not None
+    assert "c at line 30 is used after the loop at line 24" in site.refusal
+
+
+def test_a_walk_back_by_another_step_is_refused() -> None:
+    text = WALK_BACK.read_text().replace(
+        "for (; c >= 0; c -= kLanes * kPack)", "for (; c >= 0; c -= kPack)"
+    )
+    (site,) = warp_per_row.detect(KernelSource(text))
+    assert site.refusal is not None and "is used after the loop" in site.refusal
