@@ -40,6 +40,7 @@ already produced) is kept in the graph's `llm_rejections`, and the walk goes on 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,8 @@ from klineage.mechanisms.base import FILE_SCOPE
 from klineage.mining.removal import Removal, remove_each_site, remove_mechanism
 from klineage.problem import Problem
 from klineage.search import Ending, GateRunBudget, Tried, search
+
+logger = logging.getLogger(__name__)
 
 
 class MiningBudget(BaseModel):
@@ -138,6 +141,8 @@ class Simplifier:
         self.gates = list(gates)
         """With two or more (one per GPU), each state's attempts are gated in parallel."""
         self.mechanisms = list(mechanisms) if mechanisms is not None else all_mechanisms()
+        self.rule_faults: dict[tuple[str, str], str] = {}
+        """(mechanism, state fingerprint) -> the fault of a rule that failed on that state."""
         self.on_event = on_event or (lambda event: None)
         self.llm = llm
         """Asked for one more removal at each state, after the catalog's; None: rules only."""
@@ -399,13 +404,40 @@ class Simplifier:
         return {name for name in kernels if reach[name] & holding}
 
     def _detected(self, kernel: KernelSource) -> list[str]:
-        return [m.name for m in self.mechanisms if any(s.supported for s in m.detect(kernel))]
+        return [m.name for m in self.mechanisms if any(s.supported for s in self._sites(m, kernel))]
+
+    def _sites(self, mechanism: Mechanism, kernel: KernelSource) -> list[Site]:
+        """`mechanism.detect(kernel)`; a rule that fails on this code is skipped, not fatal: a
+        walk on someone else's kernel goes on without it (the fault is kept and logged)."""
+        try:
+            return mechanism.detect(kernel)
+        except Exception as err:
+            self._fault(mechanism, kernel, "detect", err)
+            return []
+
+    def _fault(
+        self, mechanism: Mechanism, kernel: KernelSource, action: str, err: Exception
+    ) -> str:
+        reason = (
+            f"internal error in the rule's {action} ({type(err).__name__}: {err}); the walk "
+            "went on without it at this state (please report it with the kernel)"
+        )
+        key = (mechanism.name, kernel.fingerprint)
+        if key not in self.rule_faults:
+            self.rule_faults[key] = reason
+            logger.warning("%s at %s: %s", mechanism.name, kernel.fingerprint[:10], reason)
+        return reason
 
     def _removals(self, lineage: LineageGraph, current: KernelSource, step: int) -> list[Removal]:
         removals = []
         live = self._running(current)
         for mechanism in self.mechanisms:
-            removal = remove_mechanism(current, mechanism, live)
+            try:
+                removal = remove_mechanism(current, mechanism, live)
+            except Exception as err:
+                reason = self._fault(mechanism, current, "removal", err)
+                lineage.add_refusal(current.fingerprint, mechanism.name, reason, step)
+                continue
             for site, reason in removal.refused:
                 lineage.add_refusal(current.fingerprint, mechanism.name, f"{site}: {reason}", step)
             if removal.changed:
@@ -438,7 +470,7 @@ class Simplifier:
                 "function": site.function,
             }
             for m in self.mechanisms
-            for site in m.detect(current)
+            for site in self._sites(m, current)
         ]
         try:
             outcome = propose_removal(self.llm, current, problem, detected)
@@ -529,7 +561,7 @@ class Simplifier:
     def _choose(
         self, accepted: list[tuple[Attempt, KernelSource]], current: KernelSource
     ) -> tuple[Attempt, KernelSource]:
-        detected = {m.name: m.detect(current) for m in self.mechanisms}
+        detected = {m.name: self._sites(m, current) for m in self.mechanisms}
         present = {name for name, sites in detected.items() if sites}
         required = {need for m in self.mechanisms if m.name in present for need in m.requires}
         holding = self._kernels_with_sites(
@@ -562,7 +594,7 @@ class Simplifier:
         for mechanism in self.mechanisms:
             sites = [
                 s
-                for s in mechanism.detect(kernel)
+                for s in self._sites(mechanism, kernel)
                 if running is None or s.function == FILE_SCOPE or s.function in running
             ]
             if not sites:
