@@ -246,6 +246,8 @@ class Floor(BaseModel):
     """The memory rate allowed: measured copy bandwidth times COPY_BANDWIDTH_MARGIN."""
     flops_per_s: float | None
     """The arithmetic rate allowed, when the device's peak is known."""
+    declared: bool = False
+    """Whether the bytes are the definition's own (`floor.bytes`), not every input's."""
 
     def describe(self) -> str:
         parts = [f"{self.bytes / 1e6:.3g} MB at {self.bytes_per_s / 1e12:.3g} TB/s"]
@@ -305,6 +307,7 @@ def latency_floor(
         flops=flops,
         bytes_per_s=rate,
         flops_per_s=flop_rate,
+        declared=declared_bytes is not None,
     )
 
 
@@ -316,5 +319,11 @@ def floor_audit(latency_ms: float, floor: Floor | None) -> AuditFailure | None:
         Status.IMPOSSIBLE,
         "floor",
         f"measured {latency_ms * 1e3:.3g} us, below the physical floor of {floor.describe()}: "
-        "the timer did not see the work",
+        "the timer did not see the work"
+        + (
+            ""
+            if floor.declared
+            else " (or the kernel rightly reads less than every input byte, as under a causal "
+            "mask: then declare the bytes it must move as floor.bytes in definition.json)"
+        ),
     )

@@ -185,6 +185,12 @@ def test_a_latency_below_the_floor_is_impossible() -> None:
     failure = floor_audit(floor.ms * 0.5, floor)
     assert failure is not None and failure.status is Status.IMPOSSIBLE and failure.audit == "floor"
     assert "below the physical floor" in failure.message
+    # the default floor counts every input byte: the message says how to declare fewer
+    assert "declare the bytes it must move as floor.bytes in definition.json" in failure.message
+    declared = _floor(declared_bytes=32 * 10**6)
+    assert declared is not None and declared.declared
+    below = floor_audit(declared.ms * 0.5, declared)
+    assert below is not None and "floor.bytes" not in below.message
     assert floor_audit(1e-9, None) is None
 
 
