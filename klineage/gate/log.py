@@ -14,11 +14,13 @@ are known (:meth:`GateLog.learn_sources`, from the previous run's lineage).
 Each line also records what the verdict was judged against (:func:`problem_fingerprint`: the
 definition without its prose, the workloads asked about, the build options), and a line whose
 problem has changed since is not served: a fixed reference, a declared floor or a resized
-workload is judged again. Lines logged before this field existed are served as before.
+workload is judged again. Lines logged before this field existed are served as before, and
+logged again with the problem they are first served for, so later edits are noticed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -262,6 +264,8 @@ class GateLog:
                 self._made_ahead.discard(key)
             else:
                 self.hits += 1
+            if key not in self._problems:
+                self._adopt(key, judged_on)
             return self._with_profile(key, problem, kernel, self._verdicts[key], judge)
         options = problem.compile_options
         mkey = self._machine_key(kernel, chosen, time_it, against, options) if self.share else None
@@ -289,6 +293,19 @@ class GateLog:
                 self._by_machine.setdefault(mkey, key)
             self._append(record)
         return verdict
+
+    def _adopt(self, key: str, judged_on: str) -> None:
+        """A line logged before the problem field, served now: logged again with the problem
+        it is served for, so an edit of that problem from here on is noticed."""
+        record = {
+            "key": key,
+            "verdict": json.loads(self._verdicts[key].model_dump_json()),
+            "problem": judged_on,
+        }
+        with self._lock:
+            self._problems[key] = judged_on
+            with contextlib.suppress(OSError):  # a log read where it cannot be written
+                self._append(record)
 
     def _current(self, key: str, judged_on: str) -> bool:
         """Whether the logged verdict under `key` was judged against this problem (lines from

@@ -111,3 +111,8 @@ def test_lines_logged_before_the_problem_field_are_served(tmp_path: Path) -> Non
     log = GateLog(path, gate)  # type: ignore[arg-type]
     log.run(problem, kernel)
     assert (gate.runs, log.hits, log.outdated) == (0, 1, 0)
+    # served once, the line is logged again with its problem: a later edit is noticed
+    _edit_definition(folder, lambda d: d.update(floor={"bytes": "rows*cols*4"}))
+    edited = GateLog(path, gate)  # type: ignore[arg-type]
+    edited.run(load_problem(folder), kernel)
+    assert (gate.runs, edited.outdated) == (1, 1)
