@@ -97,6 +97,22 @@ def statements(block: Node | None) -> list[Node]:
     return [c for c in block.named_children if c.type != "comment"]
 
 
+def statement_after(node: Node) -> Node | None:
+    """The statement right after ``node`` in its block, comments skipped (None at the end)."""
+    following = node.next_named_sibling
+    while following is not None and following.type == "comment":
+        following = following.next_named_sibling
+    return following
+
+
+def statement_before(node: Node) -> Node | None:
+    """The statement right before ``node`` in its block, comments skipped (None first)."""
+    previous = node.prev_named_sibling
+    while previous is not None and previous.type == "comment":
+        previous = previous.prev_named_sibling
+    return previous
+
+
 def operator_of(node: Node) -> str | None:
     """The operator token of a binary, unary, update or assignment expression."""
     operator = node.child_by_field_name("operator")

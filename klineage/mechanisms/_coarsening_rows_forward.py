@@ -152,29 +152,19 @@ def _touches_shared(source: ParsedSource, function: Function, start: int) -> boo
     ):
         return True
     assert function.body is not None
-    seen: set[str] = set()
-    todo = [
-        source.text_of(callee)
-        for call in walk(function.body)
-        if call.type == "call_expression"
-        and call.start_byte >= start
-        and (callee := call.child_by_field_name("function")) is not None
-    ]
-    while todo:
-        name = todo.pop()
-        helper = source.function(name) if name not in seen else None
-        seen.add(name)
-        if helper is None or helper.body is None:
-            continue
-        if "__shared__" in source.text_of(helper.body):
-            return True
-        todo += [
-            source.text_of(callee)
-            for call in walk(helper.body)
-            if call.type == "call_expression"
-            and (callee := call.child_by_field_name("function")) is not None
-        ]
-    return False
+    body = function.body
+    graph = analysis(source).call_graph
+    called = {
+        name
+        for call in source.calls
+        if start <= call.node.start_byte < body.end_byte
+        for name in (call.name, *graph.reachable(call.name))
+    }
+    return any(
+        helper.body is not None and "__shared__" in source.text_of(helper.body)
+        for name in called
+        for helper in graph.functions_named(name)
+    )
 
 
 def _grid_edit(source: ParsedSource, grid: Node, rows: int) -> Edit:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Node, ParsedSource
+from klineage.cuda.tree import statement_after
 from klineage.mechanisms._reductions_util import (
     call_name,
     inside,
@@ -41,13 +42,6 @@ _DECLARATION = re.compile(r"float\s+(\w+)\s*;")
 
 def _normal(text: str) -> str:
     return " ".join(text.split())
-
-
-def _next_statement(node: Node) -> Node | None:
-    following = node.next_named_sibling
-    while following is not None and following.type == "comment":
-        following = following.next_named_sibling
-    return following
 
 
 @dataclass(frozen=True)
@@ -71,7 +65,7 @@ def two_pass_pair(
     """The form starting at ``declaration``; ``pushes`` maps a pair struct to its (push
     function, max field, sum field)."""
     found = _DECLARATION.fullmatch(_normal(source.text_of(declaration)))
-    block = _next_statement(declaration)
+    block = statement_after(declaration)
     if found is None or block is None or block.type != "compound_statement":
         return None
     if not any(c.type == "comment" and FIRST_PASS in source.text_of(c) for c in block.children):
@@ -82,9 +76,9 @@ def two_pass_pair(
     if last is None:
         return None
     name, max_field = last.groups()
-    statement = _next_statement(block)
+    statement = statement_after(block)
     if statement is not None and _normal(source.text_of(statement)) == "__syncthreads();":
-        statement = _next_statement(statement)
+        statement = statement_after(statement)
     if statement is None:
         return None
     reset = re.fullmatch(rf"{name} = (\w+)\{{.*\}};", _normal(source.text_of(statement)))
@@ -98,10 +92,10 @@ def two_pass_pair(
         maxes += 1
     combine = inner[maxes:-1]
     following: list[Node] = []
-    node = _next_statement(statement)
+    node = statement_after(statement)
     while node is not None and len(following) < maxes + len(combine):
         following.append(node)
-        node = _next_statement(node)
+        node = statement_after(node)
     sums, copy = following[:maxes], following[maxes:]
     if not maxes or len(sums) != maxes:
         return None

@@ -44,7 +44,13 @@ from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, to_size_expr, wra
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, template_bindings, template_values
 from klineage.cuda.source import Function, Launch, Loop, Node, ParsedSource, plain_assignment
-from klineage.cuda.tree import WARP_SIZE, declaration_names, walk
+from klineage.cuda.tree import (
+    WARP_SIZE,
+    declaration_names,
+    statement_after,
+    statement_before,
+    walk,
+)
 from klineage.mechanisms._block_unrolled import UnrolledFormError, unrolled_loop
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
 from klineage.mechanisms._reductions_scratch import ScratchRun, scratch_runs
@@ -463,8 +469,10 @@ def _single_init(source: ParsedSource, node: Node) -> tuple[str, Node] | None:
     return source.text_of(name), value
 
 
-def _bound_check(source: ParsedSource, node: Node | None, index: str) -> Node | None:
-    """For ``if (index >= bound) return;``, the ``bound`` node."""
+def _bound_check(
+    source: ParsedSource, node: Node | None, index: str, op: str = ">="
+) -> Node | None:
+    """For ``if (index >= bound) return;`` (``op`` another comparison), the ``bound`` node."""
     if node is None or node.type != "if_statement":
         return None
     if node.child_by_field_name("alternative") is not None:
@@ -475,7 +483,7 @@ def _bound_check(source: ParsedSource, node: Node | None, index: str) -> Node | 
         return None
     value = condition.child_by_field_name("value")
     test = strip_parens(value) if value is not None else None
-    if test is None or test.type != "binary_expression" or _op(test) != ">=":
+    if test is None or test.type != "binary_expression" or _op(test) != op:
         return None
     left = test.child_by_field_name("left")
     if left is None or source.text_of(strip_parens(left)) != index:
@@ -916,22 +924,6 @@ def _unit_step(source: ParsedSource, update: Node | None, variable: str) -> bool
         return False
     text = source.text_of(update).replace(" ", "")
     return text in (f"++{variable}", f"{variable}++", f"{variable}+=1")
-
-
-def _statement_before(node: Node) -> Node | None:
-    """The statement just before ``node`` in its block (comments skipped)."""
-    previous = node.prev_named_sibling
-    while previous is not None and previous.type == "comment":
-        previous = previous.prev_named_sibling
-    return previous
-
-
-def _statement_after(node: Node) -> Node | None:
-    """The statement just after ``node`` in its block (comments skipped)."""
-    following = node.next_named_sibling
-    while following is not None and following.type == "comment":
-        following = following.next_named_sibling
-    return following
 
 
 def _expression_of(statement: Node) -> Node | None:
@@ -1651,7 +1643,7 @@ class _GroupWalker:
             if left is None or not _below(self.source, condition, self.source.text_of(left)):
                 continue
             name = self.source.text_of(left)
-            start = _statement_before(loop.node)
+            start = statement_before(loop.node)
             declared = _single_init(self.source, start) if start is not None else None
             if declared is None or declared[0] != name or loop.update is None:
                 continue
@@ -1684,10 +1676,10 @@ class _GroupWalker:
         and a thread: the only later use allowed is ``c -= size * u; for (; c >= 0; c -=
         size * u)``, each then by ``u``; any other use is refused."""
         later = []
-        node = _statement_after(up)
+        node = statement_after(up)
         while node is not None:
             later.append(node)
-            node = _statement_after(node)
+            node = statement_after(node)
         uses = [i for i, st in enumerate(later) if self._names(st, name)]
         if not uses:
             return
@@ -2420,24 +2412,10 @@ def _loose_bound_check(
     position = statements.index(statement) if statement in statements else -1
     if declared is None or position < 0 or position + 1 >= len(statements):
         return None
-    check = statements[position + 1]
-    if check.type != "if_statement" or check.child_by_field_name("alternative") is not None:
+    bound = _bound_check(source, statements[position + 1], declared[0], op=">")
+    if bound is None or bound.parent is None:
         return None
-    condition = check.child_by_field_name("condition")
-    value = condition.child_by_field_name("value") if condition is not None else None
-    test = strip_parens(value) if value is not None else None
-    if test is None or test.type != "binary_expression" or _op(test) != ">":
-        return None
-    left, right = test.child_by_field_name("left"), test.child_by_field_name("right")
-    if left is None or right is None or source.text_of(strip_parens(left)) != declared[0]:
-        return None
-    consequence = check.child_by_field_name("consequence")
-    if consequence is not None and consequence.type == "compound_statement":
-        inner = named_statements(consequence)
-        consequence = inner[0] if len(inner) == 1 else consequence
-    if consequence is None or " ".join(source.text_of(consequence).split()) != "return;":
-        return None
-    return test, right
+    return bound.parent, bound
 
 
 def _bound_after(source: ParsedSource, kernel: Function, statement: Node) -> Node | None:

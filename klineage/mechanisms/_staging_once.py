@@ -36,6 +36,7 @@ from klineage.cuda.tree import (
     NotInForm,
     assigned_names,
     binary_operands,
+    statement_after,
     statements,
     strip_parens,
     walk,
@@ -228,9 +229,7 @@ def _slot_value(
 
 def _barrier_after(source: ParsedSource, function: Function, loop: Node) -> Node | None:
     """The ``__syncthreads();`` statement right after the loop, if it is one."""
-    following = loop.next_named_sibling
-    while following is not None and following.type == "comment":
-        following = following.next_named_sibling
+    following = statement_after(loop)
     if following is None or following.type != "expression_statement":
         return None
     barriers = analysis(source).shared(function).barriers

@@ -37,6 +37,7 @@ from klineage.conditions import Condition, Prose
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import statement_after
 from klineage.kernel import KernelSource
 from klineage.mechanisms._selection_util import (
     block_statements,
@@ -362,7 +363,5 @@ def _ends_function(source: ParsedSource, guard: Node) -> bool:
 
 def _after(statement: Node) -> Node:
     """The statement after ``statement`` (the general path's ``return;``)."""
-    following = statement.next_named_sibling
-    while following is not None and following.type == "comment":
-        following = following.next_named_sibling
+    following = statement_after(statement)
     return following if following is not None else statement

@@ -47,7 +47,7 @@ from klineage.conditions import Condition, Prose
 from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, variable_of
-from klineage.cuda.tree import declaration_names
+from klineage.cuda.tree import declaration_names, statement_before
 from klineage.kernel import KernelSource
 from klineage.mechanisms._online_pair_apply import single_pass, two_pass_pair
 from klineage.mechanisms._reductions_exchange import shuffle_steps
@@ -455,9 +455,7 @@ def _scalar(source: ParsedSource, loop: Node) -> ScalarOnline:
     match = _SCALAR.match(" ".join(source.text_of(body).split())) if body is not None else None
     if body is None or match is None or match["exp"] not in EXPS:
         raise _Refused("the loop is not in the canonical online form (see online_softmax)")
-    previous = loop.prev_named_sibling
-    while previous is not None and previous.type == "comment":
-        previous = previous.prev_named_sibling
+    previous = statement_before(loop)
     if previous is None or not _zero_declaration(source, previous, match["s"]):
         raise _Refused(f"float {match['s']} = 0.0f; does not come right before the loop")
     header = source.text_of((loop.start_byte, body.start_byte)).rstrip()

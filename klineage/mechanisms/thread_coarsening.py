@@ -97,9 +97,11 @@ DEFAULT_COARSEN = 4
 DEFAULT_MICRO_TILE = 4
 DEFAULT_STAGE = 16
 REGISTER_TILE = "register_tile"
-ROWS = "rows"
-DEFAULT_ROWS = 4
 """``Site.detail["form"]`` of a staged tile product that takes a register micro-tile."""
+ROWS = "rows"
+"""``Site.detail["form"]`` of rows per block: a block's counted loop over its rows (removal)
+or a kernel with a block per row (apply)."""
+DEFAULT_ROWS = 4
 
 
 def _guard_text(source: ParsedSource, element: ElementKernel) -> str:
