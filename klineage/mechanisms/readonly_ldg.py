@@ -9,7 +9,10 @@ streaming reads out of the way of L1 write traffic. Modern compilers often emit 
 - apply: ``p[i]`` -> ``__ldg(&p[i])`` for a read of a ``const T*`` pointer (parameter or
   local) of a type ``__ldg`` supports, in device-only code; likewise ``*cast(e)`` ->
   ``__ldg(cast(e))`` for a read through a cast to such a pointer
-  (``*reinterpret_cast<const uint4*>(p)``, the form the removal writes for other loads).
+  (``*reinterpret_cast<const uint4*>(p)``, the form the removal writes for other loads), and
+  ``*(p + i + j)`` -> ``__ldg(p + i + j)``. A read whose pointer may point into shared or
+  local memory (``&x`` of a local, a ``__shared__`` array; see
+  :mod:`klineage.cuda.analysis.spaces`) is refused: ``__ldg`` there faults on the GPU.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from klineage.conditions import ArchAtLeast, Condition, Prose
+from klineage.cuda.analysis import PointerSpaces, analysis
 from klineage.cuda.cexpr import PRIMARY, UNARY, operand, precedence, wrap_at
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Node, ParsedSource, call_name, strip_parens
+from klineage.cuda.source import Function, Node, ParsedSource, call_name, strip_parens
+from klineage.cuda.tree import operator_of
 from klineage.kernel import KernelSource
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -119,6 +124,7 @@ class ReadonlyLdg(Mechanism):
             yield self.site(source, call.node, detail=detail, refusal=refusal)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        spaces = analysis(source).spaces
         for function in source.functions:
             if not function.device_only or function.body is None:
                 continue
@@ -132,14 +138,29 @@ class ReadonlyLdg(Mechanism):
                     continue
                 element = _readonly_element(types.get(source.text_of(base), ""))
                 if element is not None:
-                    yield self.site(source, node, detail={"pointer": source.text_of(base)})
+                    pointer = source.text_of(base)
+                    yield self.site(
+                        source,
+                        node,
+                        detail={"pointer": pointer},
+                        refusal=_not_global(spaces, function, base, pointer),
+                    )
             for node in source.iter_nodes("pointer_expression", within=function.body):
                 address = node.child_by_field_name("argument")
                 if address is None or not source.text_of(node).startswith("*"):
                     continue
-                cast = _const_pointer_cast(source, address)
-                if cast is not None and _is_rvalue(node):
-                    yield self.site(source, node, detail={"pointer": cast})
+                if not _is_rvalue(node):
+                    continue
+                pointer = _const_pointer_cast(source, address) or _const_pointer_sum(
+                    source, address, types
+                )
+                if pointer is not None:
+                    yield self.site(
+                        source,
+                        node,
+                        detail={"pointer": pointer},
+                        refusal=_not_global(spaces, function, address, pointer),
+                    )
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         call = self.node_at(source, site, "call_expression")
@@ -180,6 +201,33 @@ class ReadonlyLdg(Mechanism):
             ),
             ArchAtLeast(sm=35, why="__ldg needs sm_35"),
         ]
+
+
+def _not_global(
+    spaces: PointerSpaces, function: Function, address: Node, pointer: str
+) -> str | None:
+    """Why ``__ldg`` cannot read through ``address``, or None when nothing shows it is not
+    global memory (``__ldg`` on a shared or local address faults on the GPU)."""
+    found = spaces.of(function, address) & {"shared", "local"}
+    if not found:
+        return None
+    where = " and ".join(sorted(found))
+    return f"{pointer} may point into {where} memory, where __ldg faults (it reads global only)"
+
+
+def _const_pointer_sum(source: ParsedSource, address: Node, types: dict[str, str]) -> str | None:
+    """``p``, ``p + i`` or ``p + i + j`` (``p`` a ``const T*`` of an ``__ldg`` type, the form
+    the removal writes for ``__ldg(p + i + j)``): the pointer; None for anything else."""
+    node = strip_parens(address)
+    while node.type == "binary_expression" and operator_of(node) in ("+", "-"):
+        left = node.child_by_field_name("left")
+        if left is None:
+            return None
+        node = strip_parens(left)
+    if node.type != "identifier":
+        return None
+    pointer = source.text_of(node)
+    return pointer if _readonly_element(types.get(pointer, "")) is not None else None
 
 
 def _is_pointer_plus_index(source: ParsedSource, node: Node, types: dict[str, str]) -> bool:

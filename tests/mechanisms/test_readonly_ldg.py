@@ -6,7 +6,8 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import MechanismRefused, get, remove_all
+from klineage.mechanisms import Carrier, MechanismRefused, get, remove_all
+from klineage.mining.removal import apply_everywhere
 from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok
 
 mechanism = get("readonly_ldg")
@@ -88,3 +89,54 @@ def test_a_read_through_a_const_pointer_cast_is_a_candidate() -> None:
     assert "return __ldg(reinterpret_cast<const uint4*>(p));" in applied
     applied = mechanism.apply(source, candidates[0]).text
     assert "float a = __ldg((const float*)q) + *(float*)q;" in applied
+
+
+# ids read in groups through pointer sums, values reinterpreted through a local's address, and a
+# helper handed a shared tile: only the global reads may take __ldg
+GATHER = """\
+#include <cuda_bf16.h>
+#include <stdint.h>
+__device__ float widen(uint4 packed) {
+  const __nv_bfloat162* halves = reinterpret_cast<const __nv_bfloat162*>(&packed);
+  return __low2float(halves[0]) + __high2float(halves[3]);
+}
+__device__ float pick(const float* values, int i) { return values[i]; }
+__global__ void gather(const uint4* __restrict__ table, const int64_t* __restrict__ ids,
+                       float* __restrict__ out, int bag) {
+  __shared__ float tile[32];
+  const int64_t* own = ids + blockIdx.x * bag;
+  float acc = 0.f;
+  for (int j = 0; j + 2 <= bag; j += 2) {
+    const int64_t a = __ldg(own + j + 0), b = __ldg(own + j + 1);
+    acc += widen(__ldg(table + a)) + widen(__ldg(table + b));
+  }
+  tile[threadIdx.x % 32] = acc;
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = pick(tile, threadIdx.x % 32);
+}
+"""
+
+
+def test_reads_through_local_or_shared_addresses_are_refused() -> None:
+    source = KernelSource(GATHER)
+    plain = remove_all(source, mechanism)
+    refused = {c.snippet: c.refusal for c in mechanism.candidates(plain) if not c.supported}
+    assert set(refused) == {"halves[0]", "halves[3]", "values[i]"}
+    assert "local memory, where __ldg faults" in refused["halves[0]"]
+    assert "shared memory, where __ldg faults" in refused["values[i]"]
+
+
+def test_a_read_through_a_pointer_sum_takes_ldg_back_unchanged() -> None:
+    source = KernelSource(GATHER)
+    plain = remove_all(source, mechanism)
+    assert "const int64_t a = *(own + j + 0), b = *(own + j + 1);" in plain.text
+    again = apply_everywhere(plain, mechanism, Carrier())
+    # `table + a` came back as `table[a]` and goes forward as `&table[a]`: the same address
+    expected = source.text.replace("table + a", "&table[a]").replace("table + b", "&table[b]")
+    assert again.text == expected
+
+
+@pytest.mark.nvcc
+def test_the_gather_compiles_both_ways(mechanism_builder: Builder) -> None:
+    source = KernelSource(GATHER)
+    compile_ok(mechanism_builder, [source, remove_all(source, mechanism)])

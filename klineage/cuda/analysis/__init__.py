@@ -13,7 +13,9 @@
 - :meth:`~SourceAnalysis.indices`: the index forms and memory accesses of a function
   (:mod:`~klineage.cuda.analysis.indices`), a helper's accesses seen at its call sites;
 - :meth:`~SourceAnalysis.shared`: shared memory however it is reached, and the copies from
-  global memory into it (:mod:`~klineage.cuda.analysis.shared`).
+  global memory into it (:mod:`~klineage.cuda.analysis.shared`);
+- :attr:`~SourceAnalysis.spaces`: which memory a pointer may point into
+  (:mod:`~klineage.cuda.analysis.spaces`).
 
 Mechanisms ask these models what the code *does* (which index is a row, what is contiguous
 across lanes, which buffer is shared) instead of matching how one kernel spells it.
@@ -31,6 +33,7 @@ from klineage.cuda.analysis.forms import IndexForm
 from klineage.cuda.analysis.indices import Access, Buffer, FunctionIndices, LoopVariable, is_buffer
 from klineage.cuda.analysis.ptx import PtxModel
 from klineage.cuda.analysis.shared import Copy, SharedMemory
+from klineage.cuda.analysis.spaces import PointerSpace, PointerSpaces
 from klineage.cuda.analysis.vectors import VectorModel
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import callee_name, integer_literal, strip_parens, template_arguments
@@ -42,6 +45,8 @@ __all__ = [
     "FunctionIndices",
     "IndexForm",
     "LoopVariable",
+    "PointerSpace",
+    "PointerSpaces",
     "SharedMemory",
     "SourceAnalysis",
     "analysis",
@@ -83,6 +88,10 @@ class SourceAnalysis:
     @cached_property
     def call_graph(self) -> CallGraph:
         return CallGraph(self.source, self.cooperative_groups, self.ptx)
+
+    @cached_property
+    def spaces(self) -> PointerSpaces:
+        return PointerSpaces(self)
 
     @cached_property
     def constants(self) -> dict[str, int]:
