@@ -198,6 +198,8 @@ def _carried_state(
         raise _refuse("rows whose loop calls a helper that touches memory")
     by_buffer: dict[tuple[str, str], list] = {}
     for access in accesses:
+        if access.direction == "both":
+            raise _refuse(f"rows that read and update {access.buffer.name} in one access")
         if access.direction not in ("load", "store"):
             raise _refuse(f"rows that {access.direction} {access.buffer.name}")
         by_buffer.setdefault((access.buffer.space, access.buffer.name), []).append(access)

@@ -29,9 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from klineage.cuda.analysis import analysis
+from klineage.cuda.analysis.callgraph import BLOCK_BARRIERS
 from klineage.cuda.cexpr import precedence
 from klineage.cuda.edit import Edit, apply_edits
-from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource, call_name
 from klineage.cuda.tree import (
     NotInForm,
     builtin_of,
@@ -223,16 +224,27 @@ def rows_per_block_edits(source: ParsedSource, form: BlockRows, rows: int) -> li
         f"{indent}{step}{kind}{name} = {first_row} {'-' if form.down else '+'} {turn};",
         f"{indent}{step}{shift(code, len(step))}",
     ]
-    ends_in_barrier = any(
-        b.start_byte >= last.start_byte for b in analysis(source).shared(function).barriers
-    )
-    if _touches_shared(source, function, form.row.end_byte) and not ends_in_barrier:
+    if _touches_shared(source, function, form.row.end_byte) and not _is_barrier(source, last):
         lines.append(f"{indent}{step}__syncthreads();  // the next row writes what this one read")
     lines.append(f"{indent}}}")
     edits.append(Edit(form.row.start_byte, last.end_byte, "\n".join(lines)))
     edits += [_grid_edit(source, grid, rows) for grid in grids if grid is not None]
     _check(source, function, edits, name)
     return edits
+
+
+def _is_barrier(source: ParsedSource, statement: Node) -> bool:
+    """Whether ``statement`` is itself a block barrier (``__syncthreads();``, ``block.sync();``).
+    A loop or a helper that holds one does not count: shared memory written after its barrier
+    is still being read when the next row starts writing."""
+    if statement.type != "expression_statement" or not statement.named_children:
+        return False
+    call = strip_parens(statement.named_children[0])
+    if call.type != "call_expression":
+        return False
+    barrier = analysis(source).cooperative_groups.barrier_at(call)
+    block_barrier = barrier is not None and barrier.scope == "block"
+    return block_barrier or (call_name(source, call) or "") in BLOCK_BARRIERS
 
 
 def _check(source: ParsedSource, function: Function, edits: list[Edit], row: str) -> None:

@@ -195,6 +195,35 @@ def test_a_block_per_row_with_an_upward_guard_takes_four_rows_a_block(
     compile_ok(shared_builder, [kernel, after])
 
 
+def test_a_turn_whose_last_loop_holds_a_barrier_still_closes_with_one() -> None:
+    # thread 0 reads partial after the loop's barrier: the next row's first store to partial
+    # would race with it, so a barrier inside the last statement does not end the turn
+    looped = ROW_SUMS.replace(
+        """    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int i = 0; i < 128; ++i) total += partial[i];
+        y[row] = total;
+    }
+""",
+        """    for (int pass = 0; pass < 2; ++pass) {
+        __syncthreads();
+        if (threadIdx.x == pass) y[row] = partial[0] + partial[127];
+    }
+""",
+    )
+    kernel = KernelSource(looped)
+    after = coarsening.apply(kernel, _rows_candidate(kernel), Carrier(rows=4))
+    assert (
+        "        __syncthreads();  // the next row writes what this one read\n    }" in after.text
+    )
+    # a turn whose last statement is the barrier itself needs none more
+    ended = KernelSource(
+        looped.replace("partial[127];\n    }\n", "partial[127];\n    }\n    __syncthreads();\n")
+    )
+    again = coarsening.apply(ended, _rows_candidate(ended), Carrier(rows=4))
+    assert "// the next row writes" not in again.text
+
+
 @pytest.mark.parametrize(
     ("change", "refusal"),
     [
