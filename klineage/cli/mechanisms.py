@@ -47,7 +47,25 @@ mechanisms_app = typer.Typer(
 console = Console()
 errors = Console(stderr=True, soft_wrap=True)
 
-KernelArg = Annotated[Path, typer.Argument(metavar="KERNEL", help="A CUDA kernel source (.cu).")]
+
+def _kernel_file(path: Path) -> Path:
+    """A problem folder stands for its kernel.cu (``expert_kernels/softmax``)."""
+    if path.is_dir():
+        kernel = path / "kernel.cu"
+        if not kernel.is_file():
+            raise typer.BadParameter(f"{path} is a folder without kernel.cu; pass a .cu file")
+        return kernel
+    return path
+
+
+KernelArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="KERNEL",
+        help="A CUDA kernel source (.cu), or a problem folder (its kernel.cu).",
+        callback=_kernel_file,
+    ),
+]
 MechanismArg = Annotated[
     str, typer.Argument(metavar="MECHANISM", help="A mechanism name (see `list`).")
 ]

@@ -231,6 +231,12 @@ def _tile_copy(source: ParsedSource, function: Function, array: StagedArray) -> 
         )
     if SIZEOF.get(array.element) not in _VECTOR:
         raise NotStaged(f"{array.element} is not 4, 8 or 16 bytes, the sizes cp.async copies")
+    elsewhere = analysis(source).spaces.of(function, base) & {"shared", "local"}
+    if elsewhere:
+        raise NotStaged(
+            f"{source.text_of(base)} may point into {' and '.join(sorted(elsewhere))} memory; "
+            "cp.async copies from global memory only"
+        )
     return _TileCopy(array, predicate, value, base)
 
 

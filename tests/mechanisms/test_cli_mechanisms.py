@@ -42,6 +42,16 @@ def test_detect_prints_a_table_of_sites(kernel: Path) -> None:
     assert "__launch_bounds__(128, 4)" in result.output and "add_one" in result.output
 
 
+def test_a_problem_folder_stands_for_its_kernel(kernel: Path, tmp_path: Path) -> None:
+    folder = runner.invoke(app, ["mechanisms", "detect", str(kernel.parent), "--json"])
+    file = runner.invoke(app, ["mechanisms", "detect", str(kernel), "--json"])
+    assert folder.exit_code == 0 and folder.output == file.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = runner.invoke(app, ["mechanisms", "detect", str(empty)])
+    assert result.exit_code == 2 and "folder without kernel.cu" in result.output
+
+
 def test_detect_and_candidates_as_json(kernel: Path) -> None:
     result = runner.invoke(app, ["mechanisms", "detect", str(kernel), "--json"])
     sites = json.loads(result.output)

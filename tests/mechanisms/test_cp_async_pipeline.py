@@ -68,6 +68,25 @@ def test_a_staged_tile_loop_becomes_a_two_stage_ring() -> None:
         mechanism.apply(staged, candidate, Carrier(stages=3))
 
 
+def test_a_tile_copied_from_shared_or_local_memory_is_refused() -> None:
+    # cp.async reads global memory only: a source that may be another shared array (or a
+    # local one) would fault on the GPU
+    text = (
+        _staged()
+        .text.replace(
+            "  __shared__ float Bs[TILE][TILE];\n",
+            "  __shared__ float Bs[TILE][TILE];\n  __shared__ float cache[4096];\n"
+            "  const float* source = K > 64 ? A : cache;\n",
+        )
+        .replace("A[row * K + t * TILE + tx]", "source[row * K + t * TILE + tx]")
+    )
+    (candidate,) = [
+        c for c in mechanism.candidates(KernelSource(text)) if c.detail.get("form") == "staged"
+    ]
+    assert "source may point into shared memory" in (candidate.refusal or "")
+    assert "global memory only" in (candidate.refusal or "")
+
+
 def test_a_converting_tile_load_is_refused() -> None:
     halves = KernelSource(_staged().text.replace("A[row * K + t * TILE + tx]", "(float)(A[0])"))
     (candidate,) = [c for c in mechanism.candidates(halves) if c.detail.get("form") == "staged"]
