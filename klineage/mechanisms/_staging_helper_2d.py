@@ -49,6 +49,7 @@ from klineage.cuda.tree import (
     walk,
 )
 from klineage.mechanisms._staging_once import is_written
+from klineage.mechanisms._staging_reader_2d import RowRead, reader_copy_edits
 from klineage.mechanisms._tiles_util import name_of, statement_deletion, substitute
 
 __all__ = ["Tile2d", "tile_2d_removal", "tile_of"]
@@ -332,6 +333,16 @@ def _index_text(source: ParsedSource, index: Node) -> str:
     return text if precedence(strip_parens(index)) == PRIMARY else f"({text})"
 
 
+def _row_of(use: Node, name: Node) -> Node | None:
+    """The index ``a`` of a row ``S[a]`` (``use``, with ``name`` its array), else None."""
+    if use.type != "subscript_expression" or use.child_by_field_name("argument") != name:
+        return None
+    indices = use.child_by_field_name("indices")
+    if indices is None or len(indices.named_children) != 1:
+        return None
+    return indices.named_children[0]
+
+
 def tile_2d_removal(
     source: ParsedSource,
     function: Function,
@@ -401,6 +412,7 @@ def tile_2d_removal(
     assert loop_body is not None
     edits: list[Edit] = []
     last_read = items[0]
+    row_reads: list[RowRead] = []
     for node in walk(function.body) if function.body is not None else []:
         if node.type != "identifier" or source.text_of(node) not in tiles:
             continue
@@ -433,6 +445,14 @@ def tile_2d_removal(
             last_read = max(last_read, outer, key=lambda n: n.end_byte)
             continue
         use = inner if inner is not None and inner.type == "subscript_expression" else node
+        row = _row_of(use, node)
+        if row is not None and use.parent is not None and use.parent.type == "argument_list":
+            call = use.parent.parent
+            assert call is not None
+            position = [a.start_byte for a in call_arguments(call)].index(use.start_byte)
+            row_reads.append(RowRead(call, position, name, row))
+            last_read = max(last_read, call, key=lambda n: n.end_byte)
+            continue
         if use.parent is not None and use.parent.type == "argument_list":
             callee = use.parent.parent
             raise _refuse(
@@ -447,6 +467,8 @@ def tile_2d_removal(
         raise _refuse(
             f"{name} used as `{source.snippet(use.parent or use, 60)}`, not read as `{name}[a][b]`"
         )
+    if row_reads:
+        edits += reader_copy_edits(source, function, loader, names, tiles, row_reads)
     between = [s for s in items[1:] if s.start_byte < last_read.end_byte]
     written = assigned_names(source, between)
     kernel_names = {w for name in needed for w in re.findall(r"\w+", names[name])}

@@ -38,6 +38,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "transpose_once": PROBLEMS / "transpose",
     "helper_tiles": PROBLEMS / "sgemm_tiles",
     "helper_tiles_2d": PROBLEMS / "sgemm_bounded",
+    "helper_tiles_2d_reader": PROBLEMS / "sgemm_bounded",
 }
 
 

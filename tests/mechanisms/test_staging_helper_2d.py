@@ -47,28 +47,76 @@ def test_the_fixture_is_removable_and_reads_the_bounds_checked_loads() -> None:
     assert "load_tiles_transposed" not in removed and "NUM_THREADS{" not in removed
 
 
-def test_rows_passed_on_to_a_reader_helper_are_refused_by_name() -> None:
-    reader = (
-        "template <typename T, size_t N>\n"
-        "__device__ void copy_row(T const row[N], T *out) { for (size_t i{0U}; i < N; ++i) "
-        "out[i] = row[i]; }\n\n"
+READER = PUBLIC_FORMS / "smem_staging" / "helper_tiles_2d_reader.before.cu"
+COPY_ROW = (
+    "template <typename T, size_t N>\n"
+    "__device__ void copy_row(T const row[N], T *out) { for (size_t i{0U}; i < N; ++i) "
+    "out[i] = row[i]; }\n\n"
+)
+KERNEL_TEMPLATE = (
+    "template <typename T, size_t BLOCK_TILE_SIZE_X, size_t BLOCK_TILE_SIZE_Y,\n"
+    "          size_t BLOCK_TILE_SIZE_K, size_t THREAD_TILE_SIZE_X"
+)
+
+
+def _with_copy_row(call: str) -> str:
+    text = TEXT.replace(KERNEL_TEMPLATE, COPY_ROW + KERNEL_TEMPLATE, 1)
+    return text.replace(
+        "        A_vals[y] = A_tile_T[k_i][thread_row_idx * THREAD_TILE_SIZE_Y + y];\n", call
     )
-    text = TEXT.replace(
-        "template <typename T, size_t BLOCK_TILE_SIZE_X, size_t BLOCK_TILE_SIZE_Y,\n"
-        "          size_t BLOCK_TILE_SIZE_K, size_t THREAD_TILE_SIZE_X",
-        reader + "template <typename T, size_t BLOCK_TILE_SIZE_X, size_t "
-        "BLOCK_TILE_SIZE_Y,\n          size_t BLOCK_TILE_SIZE_K, size_t "
-        "THREAD_TILE_SIZE_X",
+
+
+def test_rows_read_through_a_reader_helper_read_the_loads_the_kernel_form_reads() -> None:
+    reader = KernelSource(READER.read_text())
+    (site,) = staging.detect(reader)
+    assert site.supported, site.refusal
+    removed = staging.remove(reader, site).text
+    # one copy per tile, reading the load that filled slot [k_i][e], the original gone
+    assert "__device__ void slice_to_registers(" not in removed
+    assert "slice_to_registers_from_A<T, BLOCK_TILE_SIZE_Y, THREAD_TILE_SIZE_Y>(k_i, A_vals," in (
+        removed
+    )
+    assert "size_t tile_row_index, T values[SLICE]" in removed
+    assert "__shared__" not in removed and "__syncthreads" not in removed
+    # the same load the 2-D rule writes for the read in the kernel (helper_tiles_2d, whose
+    # pair passed the gate's GPU check), with the helper's names for the kernel's
+    in_kernel = staging.remove(KernelSource(TEXT), _site(TEXT)).text
+    (kernel_read,) = [
+        line.split(" = ", 1)[1] for line in in_kernel.splitlines() if "A_vals[y] = " in line
+    ]
+    (helper_read,) = [
+        line.split(" = ", 1)[1]
+        for line in removed.splitlines()
+        if "values[i] = " in line and "A[" in line
+    ]
+    as_kernel = (
+        helper_read.replace("TILE_WIDTH", "BLOCK_TILE_SIZE_Y")
+        .replace("(thread_idx * SLICE + i)", "(thread_row_idx * THREAD_TILE_SIZE_Y + y)")
+        .replace("tile_row_index", "k_i")
+    )
+    assert as_kernel == kernel_read
+
+
+def test_a_reader_helper_called_elsewhere_is_kept_beside_its_copy() -> None:
+    text = _with_copy_row("        copy_row<T, BLOCK_TILE_SIZE_Y>(A_tile_T[k_i], A_vals);\n")
+    text = text.replace(
+        "  for (size_t y{0U}; y < THREAD_TILE_SIZE_Y; ++y) {\n    for (size_t x",
+        "  copy_row<T, THREAD_TILE_SIZE_Y>(A_vals, B_vals);\n"
+        "  for (size_t y{0U}; y < THREAD_TILE_SIZE_Y; ++y) {\n    for (size_t x",
         1,
     )
-    text = text.replace(
-        "        A_vals[y] = A_tile_T[k_i][thread_row_idx * THREAD_TILE_SIZE_Y + y];\n",
-        "        copy_row<T, BLOCK_TILE_SIZE_Y>(A_tile_T[k_i], A_vals);\n",
-    )
-    assert text.count("copy_row") == 2
+    assert text.count("copy_row<") == 2
+    removed = staging.remove(KernelSource(text), _site(text)).text
+    assert "__device__ void copy_row(T const row[N], T *out)" in removed
+    assert "__device__ void copy_row_from_A(size_t row_index, T *out, T const* A" in removed
+    assert "copy_row_from_A<T, BLOCK_TILE_SIZE_Y>(k_i, A_vals, A, " in removed
+
+
+def test_a_reader_helper_that_writes_its_row_is_refused() -> None:
+    text = _with_copy_row("        copy_row<T, BLOCK_TILE_SIZE_Y>(A_tile_T[k_i], A_vals);\n")
+    text = text.replace("out[i] = row[i]; }", "out[i] = row[i]; row[0] = out[0]; }")
     refusal = _refusal(text)
-    assert "A_tile_T passed on as `A_tile_T[k_i]` to `copy_row<T, BLOCK_TILE_SIZE_Y>`" in refusal
-    assert "a reader helper needs a copy per tile" in refusal
+    assert "copy_row uses row as `row[0] = out[0]`, not read as `row[e]`" in refusal
 
 
 def test_a_value_that_names_the_turn_directly_is_refused() -> None:
