@@ -1479,6 +1479,18 @@ class _GroupWalker:
         self.edits.append(Edit.replace(node, wrap_at(node, name, precedence(value))))
         self.handled.append(node)
         self.removed.append((node.start_byte, node.end_byte))
+        # `v = reduce(v) / n`: the statement that combines v also sets it, target included
+        around = node.parent
+        while around is not None and around.type not in ("expression_statement", "declaration"):
+            around = around.parent
+        target = around.named_children[0] if around is not None and around.named_children else None
+        if (
+            target is not None
+            and target.type == "assignment_expression"
+            and _op(target) == "="
+            and self.source.text_of(target.child_by_field_name("left") or node) == name
+        ):
+            self.reduced.append((target.start_byte, name))
 
     def delete(self, statement: Node) -> None:
         edit = line_deletion(self.source, statement)

@@ -51,7 +51,7 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
-from klineage.mechanisms._forms import form_site, removable_form_site
+from klineage.mechanisms._forms import FoundForm, form_site, removable_form_site
 from klineage.mechanisms._staging import (
     NotStaged,
     StagedLoop,
@@ -65,6 +65,8 @@ from klineage.mechanisms._staging import (
 from klineage.mechanisms._staging_forms import staging_forms
 from klineage.mechanisms._staging_helper import helper_removal
 from klineage.mechanisms._staging_once import once_removal
+from klineage.mechanisms._staging_row_cache import NEEDED as ROW_NEEDED
+from klineage.mechanisms._staging_row_cache import cached_rows, row_cache_removal
 from klineage.mechanisms._staging_tile import stores_tile, tile_once_removal
 from klineage.mechanisms._tiles_util import (
     STATIC_SHARED_LIMIT,
@@ -679,6 +681,14 @@ class SmemStaging(Mechanism):
                 )
             else:
                 yield form_site(self, source, form)
+        for function in source.kernels:
+            for store in cached_rows(source, function):
+                form = FoundForm(
+                    store, function, "a row each thread caches in shared memory", ROW_NEEDED
+                )
+                yield removable_form_site(
+                    self, source, form, row_cache_removal, "row_cache", "as a cached row"
+                )
 
     def _async_sites(self, source: ParsedSource, seen: set[int]) -> Iterator[Site]:
         """Tile loops fed by cp.async copies (directly or through helpers)."""
@@ -762,6 +772,11 @@ class SmemStaging(Mechanism):
             raise self.refuse(str(why), site) from None
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") == "row_cache":
+            store = self.node_at(source, site)
+            function = source.enclosing_function(store)
+            assert function is not None
+            return row_cache_removal(source, function, store)
         if site.detail.get("form") in ("once", "helper"):
             loop = self.node_at(source, site)
             function = source.enclosing_function(loop)
@@ -788,7 +803,7 @@ class SmemStaging(Mechanism):
         return edits
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
-        if site.detail.get("form") in ("once", "helper"):
+        if site.detail.get("form") in ("once", "helper", "row_cache"):
             return Carrier()  # no forward rule for these forms: nothing to carry
         staged = self._staged(kernel.parsed, site)
         ordered = sorted(staged.arrays, key=lambda a: a.reads[0].start_byte)
