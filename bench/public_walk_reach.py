@@ -1,0 +1,100 @@
+"""How far a walk can go on the public experts without a GPU: which mapped mechanisms some
+order of removals takes out of each expert, and why the others stay.
+
+    python bench/public_walk_reach.py [--public DIR] [--out FILE]
+
+(defaults: --public bench/public, --out bench/results/public_walk_reach.json)
+
+CPU only (parsing and rewriting, nothing is built or timed). Per expert whose git-ignored
+``kernel.cu`` is present, the walk removes, round after round, every detected mechanism whose
+removal takes at least one site, from the state the last removal left, until a round removes
+nothing. That is an upper bound on what mining can recover: mining gates each step, keeps
+only what the gate accepts, and a verified skill also needs a measured gain. The mapped
+mechanisms come from ``bench/results/public_lineages.json`` (run ``bench/public_lineages.py``
+first). For each mapped mechanism no round removed, the refusal of its site in the last state
+is kept (or that it is no longer detected there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from klineage.kernel import KernelSource
+from klineage.mechanisms import MechanismError, detect_all, get
+from klineage.mining.removal import remove_mechanism
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUNDS = 12
+
+
+def walk(kernel: KernelSource) -> tuple[KernelSource, list[str]]:
+    """The state no round changes any more, and the mechanisms removed, in order."""
+    removed: list[str] = []
+    for _ in range(ROUNDS):
+        progress = False
+        for name in sorted({site.mechanism for site in detect_all(kernel)}):
+            try:
+                removal = remove_mechanism(kernel, get(name))
+            except MechanismError:
+                continue  # a rule that fails on this state takes nothing (mining logs it)
+            if removal.sites:
+                kernel = removal.simplified
+                removed.append(name)
+                progress = True
+        if not progress:
+            break
+    return kernel, removed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--public", type=Path, default=ROOT / "bench" / "public")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results" / "public_walk_reach.json"
+    )
+    args = parser.parse_args()
+    lineages = json.loads((ROOT / "bench" / "results" / "public_lineages.json").read_text())
+    rows = []
+    for name, lineage in lineages["lineages"].items():
+        path = args.public / name / "kernel.cu"
+        if not path.is_file():
+            continue
+        mapped = sorted(lineage["expert"]["mapped_present"])
+        started = time.process_time()
+        final, removed = walk(KernelSource.from_file(path))
+        left = {}
+        for site in detect_all(final):
+            left.setdefault(site.mechanism, site.refusal or "removable, but no round took it")
+        rows.append(
+            {
+                "expert": name,
+                "mapped": mapped,
+                "removed_in_order": removed,
+                "mapped_removed": sorted(set(mapped) & set(removed)),
+                "mapped_left": {
+                    m: left.get(m, "not detected in the last state")
+                    for m in mapped
+                    if m not in removed
+                },
+                "cpu_s": round(time.process_time() - started, 2),
+            }
+        )
+        print(f"{name}: {len(rows[-1]['mapped_removed'])} of {len(mapped)} mapped removed")
+    total = sum(len(r["mapped"]) for r in rows)
+    reached = sum(len(r["mapped_removed"]) for r in rows)
+    payload = {
+        "command": "python bench/public_walk_reach.py",
+        "note": "CPU only: an upper bound on what mining recovers (no gate, no timing)",
+        "mapped": total,
+        "mapped_removed": reached,
+        "experts": rows,
+    }
+    args.out.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    print(f"{reached} of {total} mapped mechanisms removed by some walk; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
