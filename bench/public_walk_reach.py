@@ -1,7 +1,7 @@
 """How far a walk can go on the public experts without a GPU: which mapped mechanisms some
 order of removals takes out of each expert, and why the others stay.
 
-    python bench/public_walk_reach.py [--public DIR] [--out FILE]
+    python bench/public_walk_reach.py [--public DIR] [--out FILE] [--build]
 
 (defaults: --public bench/public, --out bench/results/public_walk_reach.json)
 
@@ -12,7 +12,9 @@ nothing. That is an upper bound on what mining can recover: mining gates each st
 only what the gate accepts, and a verified skill also needs a measured gain. The mapped
 mechanisms come from ``bench/results/public_lineages.json`` (run ``bench/public_lineages.py``
 first). For each mapped mechanism no round removed, the refusal of its site in the last state
-is kept (or that it is no longer detected there).
+is kept (or that it is no longer detected there). With ``--build``, each expert's last state
+is built with nvcc under its problem's compile options (no GPU): every removal of the walk
+must leave code that compiles, or mining would spend a gate run on a compile error.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import json
 import time
 from pathlib import Path
 
+from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismError, detect_all, get
 from klineage.mining.removal import remove_mechanism
+from klineage.problem import load_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 12
@@ -55,6 +59,7 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results" / "public_walk_reach.json"
     )
+    parser.add_argument("--build", action="store_true", help="build each last state (nvcc)")
     args = parser.parse_args()
     lineages = json.loads((ROOT / "bench" / "results" / "public_lineages.json").read_text())
     rows = []
@@ -68,6 +73,11 @@ def main() -> None:
         left = {}
         for site in detect_all(final):
             left.setdefault(site.mechanism, site.refusal or "removable, but no round took it")
+        built = None
+        if args.build:
+            options = load_problem(args.public / name).compile_options
+            result = Builder().with_options(options).build(final.text, f"{name}/walk.cu")
+            built = "OK" if result.ok else result.message[:400]
         rows.append(
             {
                 "expert": name,
@@ -80,13 +90,14 @@ def main() -> None:
                     if m not in removed
                 },
                 "cpu_s": round(time.process_time() - started, 2),
+                "last_state_build": built,
             }
         )
         print(f"{name}: {len(rows[-1]['mapped_removed'])} of {len(mapped)} mapped removed")
     total = sum(len(r["mapped"]) for r in rows)
     reached = sum(len(r["mapped_removed"]) for r in rows)
     payload = {
-        "command": "python bench/public_walk_reach.py",
+        "command": "python bench/public_walk_reach.py" + (" --build" if args.build else ""),
         "note": "CPU only: an upper bound on what mining recovers (no gate, no timing)",
         "mapped": total,
         "mapped_removed": reached,
