@@ -23,12 +23,13 @@ __global__ void k(const float* __restrict__ x, float* y, const float* const* tab
   const float* staged = reinterpret_cast<const float*>(dynamic) + threadIdx.x;
   const float* either = n > 4 ? row : tile;
   const float* loaded = tables[blockIdx.x];
+  const float* back = static_cast<const float*>(__cvta_shared_to_generic((size_t)threadIdx.x));
   float value = row[threadIdx.x];
   const float* mine = &value;
   tile[threadIdx.x] = *(row + threadIdx.x + 1);
   __syncthreads();
   y[threadIdx.x] = first(row) + second(tile) + both(x) + both(scratch) + staged[0] + *mine
-                 + either[0] + loaded[0] + scratch[1] + sum_pairs(uint4{});
+                 + either[0] + loaded[0] + scratch[1] + sum_pairs(uint4{}) + back[0];
 }
 """
 
@@ -52,6 +53,7 @@ def test_pointers_are_placed_by_where_their_values_come_from() -> None:
     assert _spaces(source, "k", "mine") == {"local"}  # &value: a variable's address
     assert _spaces(source, "k", "either") == {"global", "shared"}
     assert _spaces(source, "k", "loaded") == {"unknown"}  # a pointer read from memory
+    assert _spaces(source, "k", "back") == {"shared"}  # a shared-space address made generic
     assert _spaces(source, "k", "n") == set()  # not an address
 
 

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 PointerSpace = Literal["global", "shared", "local", "unknown"]
 CASTS = frozenset({"reinterpret_cast", "static_cast", "const_cast"})
+SHARED_ADDRESSES = frozenset({"__cvta_shared_to_generic"})
+"""Calls that turn a shared-space address (``cvta``) back into a pointer to shared memory."""
 CALLER_DEPTH = 4
 """How many helpers up a parameter's space is followed before it is called unknown."""
 
@@ -62,7 +64,7 @@ class PointerSpaces:
             args = call_arguments(node)
             if name in CASTS and len(args) == 1:
                 return self._expression(function, args[0], seen, depth)
-            if self.analysis.shared_factory(name) is not None:
+            if self.analysis.shared_factory(name) is not None or name in SHARED_ADDRESSES:
                 return {"shared"}
             return {"unknown"}
         if kind == "identifier":
