@@ -43,7 +43,14 @@ from klineage.cuda.tree import (
 )
 from klineage.mechanisms._tiles_util import orphaned_declarations
 
-__all__ = ["is_written", "no_shared_left", "once_removal", "orphan_deletions"]
+__all__ = [
+    "is_written",
+    "loop_store",
+    "multiple_of",
+    "no_shared_left",
+    "once_removal",
+    "orphan_deletions",
+]
 
 _NEEDED = (
     "a loop that only stores `S[i]` or `S[i / V]` (i a multiple of V) values computed from i "
@@ -66,7 +73,7 @@ def _refuse(form: str) -> NotInForm:
     return NotInForm(form, _NEEDED)
 
 
-def _store(source: ParsedSource, statement: Node, variable: str) -> _Store:
+def loop_store(source: ParsedSource, statement: Node, variable: str) -> _Store:
     pair = plain_assignment(statement)
     target = strip_parens(pair[0]) if pair is not None else None
     if pair is None or target is None or target.type != "subscript_expression":
@@ -90,7 +97,7 @@ def _store(source: ParsedSource, statement: Node, variable: str) -> _Store:
     return _Store(statement, source.text_of(base), divisor, pair[1])
 
 
-def _multiple_of(
+def multiple_of(
     indices: FunctionIndices, form: IndexForm, divisor: IndexForm, depth: int = 0
 ) -> bool:
     """Whether every term of ``form`` is a multiple of ``divisor`` (an integer or one atom); a
@@ -108,8 +115,8 @@ def _multiple_of(
         if depth > 3 or not any(
             v is not None
             and v.step is not None
-            and _multiple_of(indices, v.init, divisor, depth + 1)
-            and _multiple_of(indices, v.step, divisor, depth + 1)
+            and multiple_of(indices, v.init, divisor, depth + 1)
+            and multiple_of(indices, v.step, divisor, depth + 1)
             for v in loops
         ):
             return False
@@ -213,7 +220,7 @@ def _slot_value(
         iteration = f"({source.text_of(slot)}) * {divisor}"
         if operands is not None and source.text_of(operands[1]) == divisor:
             whole = strip_parens(operands[0])
-            if _multiple_of(indices, indices.form(whole), indices.form(store.divisor)):
+            if multiple_of(indices, indices.form(whole), indices.form(store.divisor)):
                 text = source.text_of(whole)
                 iteration = text if precedence(whole) == PRIMARY else f"({text})"
     pieces = []
@@ -247,7 +254,7 @@ def once_removal(source: ParsedSource, function: Function, loop: Node) -> list[E
             f"a tile staged once by `{source.snippet(loop, 60)}`, not by a counted for loop"
         )
     body = loop.child_by_field_name("body")
-    stores = [_store(source, s, variable.name) for s in statements(body)]
+    stores = [loop_store(source, s, variable.name) for s in statements(body)]
     if variable.name in assigned_names(source, [s.value for s in stores]):
         raise _refuse(f"a staging loop that writes its index {variable.name}")
     edits: list[Edit] = []
@@ -257,8 +264,8 @@ def once_removal(source: ParsedSource, function: Function, loop: Node) -> list[E
         if store.divisor is not None:
             divisor = indices.form(store.divisor)
             if not (
-                _multiple_of(indices, variable.init, divisor)
-                and _multiple_of(indices, variable.step, divisor)
+                multiple_of(indices, variable.init, divisor)
+                and multiple_of(indices, variable.step, divisor)
             ):
                 raise _refuse(
                     f"a staging loop whose index {variable.name} (from {variable.init}, step "

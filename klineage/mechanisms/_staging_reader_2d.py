@@ -1,18 +1,18 @@
-"""Rows of a helper-staged 2-D tile read through a reader helper (leimao's V06 idiom).
+"""Rows of a helper-staged 2-D tile read through a reader helper.
 
-A block-tiled GEMM may hand one row of a staged tile to a helper that copies a thread's slice
-of it into registers::
+A kernel may hand one row ``S[r]`` of a staged 2-D tile to a helper that reads it, whatever
+the helper is called or does with the values::
 
-    copy_slice<T, BLOCK_TILE_SIZE_Y, THREAD_TILE_SIZE_Y>(A_tile_T[k_i], A_vals, thread_row);
+    reader<T, W, N>(S[r], out, t);
 
-    template <typename T, size_t WIDTH, size_t SLICE>
-    __device__ void copy_slice(T const row[WIDTH], T values[SLICE], size_t thread) {
-      for (size_t i{0U}; i < SLICE; ++i) values[i] = row[thread * SLICE + i];
+    template <typename T, size_t W, size_t N>
+    __device__ void reader(T const row[W], T out[N], size_t t) {
+      for (size_t i = 0; i < N; ++i) out[i] = row[t * N + i];
     }
 
 With the staging removed there is no row to hand over: each call gets a copy of the helper
 that reads global memory instead. The copy takes the row's index where the row was, reads
-``row[e]`` as the load that filled slot ``[k_i][e]`` (:meth:`Tile2d.value`, bounds check and
+``row[e]`` as the load that filled slot ``[r][e]`` (:meth:`Tile2d.value`, bounds check and
 zero included), and takes the values that load names as parameters appended to its list (a
 name the call already passes as a template argument is read from that template parameter).
 The original helper goes when every call of it was rewritten. Valid when the helper reads the

@@ -34,9 +34,9 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, call_name
 from klineage.cuda.tree import NotInForm, assigned_names, statements, walk
 from klineage.mechanisms._staging_once import (
-    _multiple_of,
-    _store,
     is_written,
+    loop_store,
+    multiple_of,
     no_shared_left,
     orphan_deletions,
 )
@@ -119,13 +119,13 @@ def row_cache_removal(source: ParsedSource, function: Function, node: Node) -> l
     variable = next((v for v in indices.loops if v.loop == loop), None)
     if variable is None:
         raise _refuse(f"a loop `{source.snippet(loop, 50)}` with no induction variable")
-    store = _store(source, node, variable.name)
+    store = loop_store(source, node, variable.name)
     if store.divisor is not None:
         divisor = indices.form(store.divisor)
         if not (
-            _multiple_of(indices, variable.init, divisor)
+            multiple_of(indices, variable.init, divisor)
             and variable.step is not None
-            and _multiple_of(indices, variable.step, divisor)
+            and multiple_of(indices, variable.step, divisor)
         ):
             raise _refuse(
                 f"a store at `{variable.name} / {source.text_of(store.divisor)}` with "

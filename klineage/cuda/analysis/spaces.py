@@ -45,10 +45,6 @@ class PointerSpaces:
         expression that is not an address (an integer index)."""
         return frozenset(self._expression(function, node, set(), 0))
 
-    def may_be_global_only(self, function: Function, node: Node) -> bool:
-        """Whether nothing shows the address ``node`` to be shared or local memory."""
-        return not self.of(function, node) & {"shared", "local"}
-
     # -- expressions ------------------------------------------------------------------------
 
     def _expression(
