@@ -29,7 +29,7 @@ def eighty_columns(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_skills_show_into_a_file_is_the_card_unchanged(tmp_path: Path) -> None:
-    skill_id = "cp_async_pipeline--gemm_bf16_nt--946a636f"
+    skill_id = "cp_async_pipeline--gemm_bf16_nt--1a8d67e8"
     card = (SKILLS / skill_id / "SKILL.md").read_text(encoding="utf-8")
     assert max(len(line) for line in card.splitlines()) > 80  # long lines survive as they are
     for extra in ([], ["--raw"]):
@@ -58,7 +58,7 @@ def test_skills_list_keeps_ids_gain_and_verified_at_80_columns() -> None:
     assert max(len(line) for line in lines) <= 80
     for skill in SkillLibrary.load(SKILLS):
         assert skill.id in lines, skill.id  # whole, on a line of its own
-    assert "gain: 0.62x, measured: slower, verified: no" in listed.output
+    assert "gain: 0.93x, measured: slower, verified: no" in listed.output
 
 
 @pytest.mark.usefixtures("eighty_columns")
