@@ -12,11 +12,14 @@ and a small kernel (or atomics) sums the partials.
 - remove: the canonical host-side choice ``int splits = 1; ... if (tiles < sms) splits =
   ...;`` is deleted, so ``splits`` stays 1: one block owns K. This is semantics-preserving
   because the code already handles ``splits == 1`` (it is the initial value), and the split
-  kernels become dead code. The kernel-side sites are refused (they follow the host's
-  choice);
+  kernels become dead code. A count computed to fill the GPU and clamped below at one
+  (``const int n = max(1, threads_per_sm * sms / (block * blocks_x));``, llm.c's spelling)
+  becomes ``= 1``: the clamp says the code already handles a single split. The kernel-side
+  sites are refused (they follow the host's choice);
 - apply: a choice a removal carried goes back after the split count's ``= 1`` declaration,
   where the code after it still branches on the count (the workspace, the split kernels and
-  the reduction are all still there; only the choice was deleted). A new split is refused:
+  the reduction are all still there; only the choice was deleted); a carried clamp replaces
+  the ``1`` again, when every name it reads is declared before it. A new split is refused:
   it needs a partial-sum workspace or atomics and a reduction kernel, which only a person or
   an LLM writes, and a heuristic for when to split.
 """
@@ -29,6 +32,7 @@ from typing import ClassVar
 from klineage.conditions import Condition, Prose
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import call_arguments, strip_parens
 from klineage.kernel import KernelSource
 from klineage.mechanisms._split_forms import (
     grid_split_counts,
@@ -86,6 +90,66 @@ def _host_choices(
                 "deleting the choice is not known to leave a single split"
             )
         yield node, refusal
+
+
+_MAX_CALLS = frozenset({"max", "std::max", "::max"})
+
+
+def _clamp_at_one(source: ParsedSource, value: Node) -> bool:
+    """Whether ``value`` is ``max(1, E)`` or ``max(E, 1)``: never below one."""
+    value = strip_parens(value)
+    if value.type != "call_expression":
+        return False
+    callee = value.child_by_field_name("function")
+    if callee is None or "".join(source.text_of(callee).split()) not in _MAX_CALLS:
+        return False
+    arguments = call_arguments(value)
+    return len(arguments) == 2 and any(source.text_of(a).strip() == "1" for a in arguments)
+
+
+def _clamped_counts(source: ParsedSource, function: Function) -> Iterator[tuple[Node, Node]]:
+    """``n = max(1, ...)`` declarators of a host function where ``n`` is a split count, with
+    their declaration: the count is computed (to fill the GPU, say) and clamped at one."""
+    if function.body is None or function.runs_on_device:
+        return
+    counts = grid_split_counts(source)
+    for statement in source.iter_nodes("declaration", within=function.body):
+        for declarator in statement.children_by_field_name("declarator"):
+            inner = declarator.child_by_field_name("declarator")
+            value = declarator.child_by_field_name("value")
+            if inner is None or value is None or source.text_of(inner) not in counts:
+                continue
+            if _clamp_at_one(source, value):
+                yield statement, value
+
+
+def _clamped_counts_of(source: ParsedSource) -> Iterator[tuple[Node, Node]]:
+    """Every ``max(1, ...)`` declarator of a parsed snippet, whatever its name."""
+    for statement in source.iter_nodes("declaration"):
+        for declarator in statement.children_by_field_name("declarator"):
+            value = declarator.child_by_field_name("value")
+            if value is not None and _clamp_at_one(source, value):
+                yield statement, value
+
+
+def _declared_before(source: ParsedSource, function: Function, at: int) -> set[str]:
+    """Names the file's constants and macros, the function's parameters and its declarations
+    before byte ``at`` define."""
+    names = {p.name for p in function.params}
+    scopes = [source.root] if function.body is None else [source.root, function.body]
+    for scope in scopes:
+        for statement in scope.named_children:
+            if statement.start_byte >= at:
+                break
+            if statement.type == "preproc_def":
+                name = statement.child_by_field_name("name")
+                names |= {source.text_of(name)} if name is not None else set()
+            if statement.type != "declaration":
+                continue
+            for declarator in statement.children_by_field_name("declarator"):
+                inner = declarator.child_by_field_name("declarator")
+                names |= names_in(source, inner) if inner is not None else set()
+    return names
 
 
 def _assigned(source: ParsedSource, statement: Node) -> str | None:
@@ -185,6 +249,8 @@ class SplitK(Mechanism):
     carrier_keys: ClassVar[dict[str, str]] = {
         "choice": "the host's `if (...) splits = ...;` a removal carried, as written; it goes "
         "back after the count's `= 1` declaration (a new choice is refused)",
+        "clamp": "the count's `max(1, ...)` initializer a removal carried, as written; it "
+        "replaces the `1` of the count's declaration again",
     }
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
@@ -198,6 +264,13 @@ class SplitK(Mechanism):
                     snippet=source.snippet((node.start_byte, end)) + " splits = ...",
                     detail={"side": "host"},
                     refusal=refusal,
+                )
+            for declaration, _ in _clamped_counts(source, function):
+                yield self.site(
+                    source,
+                    declaration,
+                    snippet=source.snippet(declaration),
+                    detail={"side": "host", "form": "clamp"},
                 )
         for function in source.kernels:
             for node in _kernel_sites(source, function):
@@ -229,6 +302,8 @@ class SplitK(Mechanism):
                 yield self.site(source, launch.node, refusal=APPLY_REFUSAL)
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") == "clamp":
+            return [Edit.replace(self._clamp(source, site), "1")]
         node = self.node_at(source, site, "if_statement")
         function = source.enclosing_function(node)
         if function is None:
@@ -240,14 +315,29 @@ class SplitK(Mechanism):
                 return [statement_deletion(source, node)]
         raise self.refuse("the split choice is not found", site)
 
+    def _clamp(self, source: ParsedSource, site: Site) -> Node:
+        """The ``max(1, ...)`` initializer of a clamped count's declaration at ``site``."""
+        declaration = self.node_at(source, site, "declaration")
+        function = source.enclosing_function(declaration)
+        if function is not None:
+            for found, value in _clamped_counts(source, function):
+                if found == declaration:
+                    return value
+        raise self.refuse("the count's `max(1, ...)` initializer is not found", site)
+
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         if site.detail.get("side") != "host":
             return Carrier()
+        if site.detail.get("form") == "clamp":
+            return Carrier(clamp=kernel.parsed.text_of(self._clamp(kernel.parsed, site)))
         node = self.node_at(kernel.parsed, site, "if_statement")
         return Carrier(choice=kernel.parsed.text_of(node))
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
         name = site.detail.get("split")
+        clamp = carrier.as_dict().get("clamp")
+        if isinstance(name, str) and isinstance(clamp, str):
+            return [self._clamp_back(source, site, clamp)]
         choice = carrier.as_dict().get("choice")
         if not isinstance(name, str) or not isinstance(choice, str):
             raise self.refuse(APPLY_REFUSAL, site, "apply")
@@ -262,6 +352,44 @@ class SplitK(Mechanism):
         at = len(source.data) if end < 0 else end + 1
         indent = source.indent_of(declaration.start_byte)
         return [Edit.insert(at, f"{indent}{choice}\n")]
+
+    def _clamp_back(self, source: ParsedSource, site: Site, clamp: str) -> Edit:
+        """The count's ``1`` replaced by the carried ``max(1, ...)``, whose names must all be
+        declared before the count."""
+        probe = KernelSource(f"void count() {{\n  const int n = {clamp};\n}}\n", name="carried")
+        parsed = probe.parsed
+        values = [v for _, v in _clamped_counts_of(parsed)]
+        if parsed.errors or len(values) != 1:
+            raise self.refuse(
+                f"the carried count `{clamp}` is not one `max(1, ...)` expression", site, "apply"
+            )
+        declaration = self.node_at(source, site, "declaration")
+        function = source.enclosing_function(declaration)
+        value = next(
+            (
+                d.child_by_field_name("value")
+                for d in declaration.children_by_field_name("declarator")
+                if d.child_by_field_name("value") is not None
+            ),
+            None,
+        )
+        if function is None or value is None or source.text_of(value).strip() != "1":
+            raise self.refuse("the split count is not declared `= 1` here", site, "apply")
+        callee = values[0].child_by_field_name("function")
+        called = names_in(parsed, callee) if callee is not None else set()
+        missing = sorted(
+            names_in(parsed, values[0])
+            - called
+            - _declared_before(source, function, declaration.start_byte)
+        )
+        if missing:
+            raise self.refuse(
+                f"the carried count reads {', '.join(missing)}, which this function does not "
+                "declare before the count",
+                site,
+                "apply",
+            )
+        return Edit.replace(value, clamp)
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None

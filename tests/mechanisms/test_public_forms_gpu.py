@@ -40,6 +40,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "helper_tiles_2d": PROBLEMS / "sgemm_bounded",
     "helper_tiles_2d_reader": PROBLEMS / "sgemm_bounded",
     "row_cache": PROBLEMS / "center_rows",
+    "clamped_count": PROBLEMS / "column_totals",
 }
 
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
+from klineage.mechanisms.base import Carrier, MechanismRefused
+from tests.mechanisms.roundtrip import PUBLIC_FORMS
 
 split_k = get("split_k")
 
@@ -99,3 +105,42 @@ def test_a_dispatch_on_a_derived_size_keeps_its_general_branch() -> None:
     removed = dispatch.remove(kernel, site)
     assert "std::bool_constant<false>" not in removed.text
     assert "add_rows<<<" in removed.text
+
+
+CLAMPED = PUBLIC_FORMS / "split_k" / "clamped_count.before.cu"
+
+
+def test_a_count_clamped_at_one_goes_to_one_and_comes_back() -> None:
+    before = KernelSource(CLAMPED.read_text(encoding="utf-8"))
+    (site,) = [s for s in split_k.detect(before) if s.supported]
+    assert site.function == "run" and site.snippet.startswith("const int stripes = max(1, ")
+    after = split_k.remove(before, site)
+    assert "const int stripes = 1;" in after.text
+    carrier = split_k.carrier_of(before, site)
+    assert carrier.as_dict()["clamp"] == "max(1, per_sm * sms / (kThreads * blocks_x))"
+    (candidate,) = [c for c in split_k.candidates(after) if c.supported]
+    assert split_k.apply(after, candidate, carrier).text == before.text
+
+
+@pytest.mark.parametrize(
+    ("clamp", "why"),
+    [
+        ("max(1, occupancy * sms)", "reads occupancy, which this function does not declare"),
+        ("per_sm * sms", "is not one `max(1, ...)` expression"),
+        ("max(2, per_sm)", "is not one `max(1, ...)` expression"),
+    ],
+)
+def test_a_carried_clamp_that_does_not_fit_is_refused(clamp: str, why: str) -> None:
+    after = split_k.remove(
+        KernelSource(CLAMPED.read_text(encoding="utf-8")),
+        next(s for s in split_k.detect(KernelSource(CLAMPED.read_text())) if s.supported),
+    )
+    (candidate,) = [c for c in split_k.candidates(after) if c.supported]
+    with pytest.raises(MechanismRefused, match=re.escape(why)):
+        split_k.apply(after, candidate, Carrier(clamp=clamp))
+
+
+def test_an_unclamped_count_is_no_clamp_site() -> None:
+    text = CLAMPED.read_text(encoding="utf-8").replace("max(1, per_sm * sms", "(per_sm * sms")
+    assert text != CLAMPED.read_text(encoding="utf-8")
+    assert not [s for s in split_k.detect(KernelSource(text)) if s.supported]
