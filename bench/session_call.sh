@@ -3,10 +3,12 @@
 # its own time limit, and packs everything into $OUT/results.tgz after every step (the tool
 # returns at most eight files, and a call cut short keeps what finished):
 #
-#   1. the GPU check of the public-form pairs (tests/mechanisms/test_public_forms_gpu.py);
-#   2. 01_gate.ipynb executed with the GPU (the only notebook not yet run on the H200);
-#   3. `mine --profile --resume` of the experts whose walks are all in the gate log: no gate
-#      run, only the profiles of each skill's two states (counter deltas on the cards).
+#   1. the GPU check of the public-form pairs (tests/mechanisms/test_public_forms_gpu.py;
+#      PUBLIC_K, a pytest -k expression, picks some, e.g. PUBLIC_K=clamped_count);
+#   2. 01_gate.ipynb executed with the GPU (NOTEBOOK=0 skips it);
+#   3. `mine --profile --resume` of the experts whose walks are all in the gate log
+#      (PROFILE_EXPERTS, default RMSNorm; the five newer experts' cards lack them too): no
+#      gate run, only the profiles of each skill's two states (counter deltas on the cards).
 #
 # Needs the wheels of `../shared/tools/device-wheels tree-sitter tree-sitter-cuda pydantic
 # libcst bm25s distributed nbclient nbformat ipykernel docstring-parser` in .whl (carried),
@@ -30,13 +32,16 @@ step() {  # name, seconds, command...
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$work/r/smi.csv" 2>&1
 git rev-parse HEAD > "$work/r/commit.txt" 2>/dev/null || true
 
-step public_forms_gpu "${PUBLIC_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-  tests/mechanisms/test_public_forms_gpu.py
-step notebook_01 "${NOTEBOOK_S:-120}" python3 notebooks/execute.py notebooks/01_gate.ipynb
-cp notebooks/01_gate.ipynb "$work/r/" 2>/dev/null
-[ -f .state/gatelog.tgz ] && tar xzf .state/gatelog.tgz
-step profile_skills "${PROFILE_S:-240}" python3 -m klineage mine expert_kernels/softmax \
-  expert_kernels/topk expert_kernels/fused_add_rmsnorm --out skills_out --resume --profile \
+step public_forms_gpu "${PUBLIC_S:-150}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider \
+  tests/mechanisms/test_public_forms_gpu.py ${PUBLIC_K:+-k "$PUBLIC_K"}
+if [ "${NOTEBOOK:-1}" != 0 ]; then
+  step notebook_01 "${NOTEBOOK_S:-120}" python3 notebooks/execute.py notebooks/01_gate.ipynb
+  cp notebooks/01_gate.ipynb "$work/r/" 2>/dev/null
+fi
+source bench/mine_state.sh
+# shellcheck disable=SC2086  # a list of folders
+step profile_skills "${PROFILE_S:-240}" python3 -m klineage mine \
+  ${PROFILE_EXPERTS:-expert_kernels/fused_add_rmsnorm} --out skills_out --resume --profile \
   --report "$work/r/mine_profile.json"
 tar czf "$work/r/skills_out.tgz" --exclude=skills_out/gatelog skills_out
 pack
