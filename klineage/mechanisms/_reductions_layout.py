@@ -14,6 +14,7 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.facts import block_size_of
 from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._block_rows_cg import cg_block_rows
 from klineage.mechanisms._reductions_rows import (
     Group,
     MergeReduction,
@@ -71,12 +72,38 @@ class RowLayoutMechanism(Mechanism):
             seen.add(kernel.name)
             refusal = None
             try:
-                group_rows(source, kernel, self.group)
+                self._group_rows(source, kernel)
             except NotCanonical as why:
                 refusal = str(why)
             yield self._site(source, kernel, refusal)
         for form in row_layout_forms(source, self.group, seen):
-            yield self._site(source, form.function, form.refusal)
+            seen.add(form.function.name)
+            refusal = form.refusal if self._cg_form(source, form.function) is None else None
+            yield self._site(source, form.function, refusal)
+        for kernel in source.kernels:
+            if kernel.name not in seen and self._cg_form(source, kernel) is not None:
+                yield self._site(source, kernel, None)
+
+    def _cg_form(self, source: ParsedSource, kernel: Function) -> list[Edit] | None:
+        """The removal of a block per row in the cooperative-groups spelling, if ``kernel``
+        is one (:mod:`klineage.mechanisms._block_rows_cg`)."""
+        if self.group != "block" or kernel.body is None:
+            return None
+        try:
+            return cg_block_rows(source, kernel)
+        except NotCanonical:
+            return None
+
+    def _group_rows(self, source: ParsedSource, kernel: Function) -> list[Edit]:
+        """The canonical removal, else the cooperative-groups one, else the canonical rule's
+        refusal."""
+        try:
+            return group_rows(source, kernel, self.group).edits
+        except NotCanonical:
+            edits = self._cg_form(source, kernel)
+            if edits is None:
+                raise
+            return edits
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for kernel in source.kernels:
@@ -99,7 +126,7 @@ class RowLayoutMechanism(Mechanism):
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
         try:
-            return group_rows(source, self._kernel(source, site), self.group).edits
+            return self._group_rows(source, self._kernel(source, site))
         except NotCanonical as why:
             raise self.refuse(str(why), site) from None
 

@@ -16,7 +16,10 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   :mod:`klineage.mechanisms._block_unrolled`), block reductions finished by thread 0 walking
   per-warp scratch, with an early exit for threads past the row's end (see
   :mod:`klineage.mechanisms._reductions_serial`; the launch then passes no dynamic shared
-  memory), and a row count the kernel never checks but the launch passes as the grid size.
+  memory), and a row count the kernel never checks but the launch passes as the grid size;
+  and the cooperative-groups spelling of llm.c's attention backward (rows counted down from
+  the grid's end, loops by a template block size, per-warp sums reloaded from zeroed slots;
+  see :mod:`klineage.mechanisms._block_rows_cg`).
   Refused when anything else ties the kernel to the block (a row held in registers across
   block-strided slots, shared memory beyond the reductions, barriers, helpers that use
   ``threadIdx``), with the line.

@@ -41,6 +41,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "helper_tiles_2d_reader": PROBLEMS / "sgemm_bounded",
     "row_cache": PROBLEMS / "center_rows",
     "clamped_count": PROBLEMS / "column_totals",
+    "rows_cg_causal": PROBLEMS / "causal_center",
 }
 
 
