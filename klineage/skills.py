@@ -136,7 +136,11 @@ class Effect(BaseModel):
 class Risk(BaseModel):
     """Something the gate rejected near this skill."""
 
-    kind: str = Field(description="'rejected_sibling' or 'failing_probe'")
+    kind: str = Field(
+        description="'rejected_sibling' (another removal from the same state), "
+        "'rejected_elsewhere' (this mechanism's removal from another state of the lineage) "
+        "or 'failing_probe'"
+    )
     mechanism: str = Field(default="", description="the mechanism involved")
     workload: str = Field(default="", description="the workload or probe, when there is one")
     status: str = Field(description="the gate's status")

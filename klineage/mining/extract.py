@@ -9,7 +9,10 @@ trip need a rule, so they come only when the mechanism the LLM named is in the c
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
+
+import networkx as nx
 
 from klineage.conditions import Prose, conditions_to_json, merge_conditions, parse_condition
 from klineage.gate.build import specific_arch_for
@@ -120,6 +123,42 @@ def skill_id(attempt: Attempt, problem: Problem) -> str:
     return f"{name}--{problem.name}--{attempt.parent[:8]}"
 
 
+def _rejected_elsewhere(lineage: LineageGraph, attempt: Attempt) -> list[Risk]:
+    """The gate's rejections of this mechanism's removal from other states, each with what
+    the walk had removed on the way there: a removal that is correct from the expert can be
+    wrong once another step is gone (an expert's fault that one removal alone hides)."""
+    accepted = nx.DiGraph(
+        [
+            (a.parent, a.child, {"mechanism": a.mechanism})
+            for a in lineage.attempts()
+            if a.status is AttemptStatus.ACCEPTED
+        ]
+    )
+    found = []
+    for other in lineage.attempts():
+        if (
+            other.status is not AttemptStatus.REJECTED
+            or other.mechanism != attempt.mechanism
+            or other.parent == attempt.parent
+        ):
+            continue
+        try:
+            path = nx.shortest_path(accepted, attempt.parent, other.parent)
+        except (nx.NetworkXNoPath, nx.NodeNotFound):
+            path = []
+        gone = [accepted.edges[u, v]["mechanism"] for u, v in pairwise(path)]
+        where = f"after {', '.join(gone)} went" if gone else f"from state {other.parent[:10]}"
+        found.append(
+            Risk(
+                kind="rejected_elsewhere",
+                mechanism=other.mechanism,
+                status=other.gate_status,
+                message=f"removing it {where}: {other.message}"[:RISK_MESSAGE_KEPT],
+            )
+        )
+    return found
+
+
 def skill_of(
     problem: Problem,
     lineage: LineageGraph,
@@ -183,6 +222,7 @@ def skill_of(
                     message=(where + sibling.message)[:RISK_MESSAGE_KEPT],
                 )
             )
+    risks += _rejected_elsewhere(lineage, attempt)
     first: Site | None = removal.sites[0] if removal is not None and removal.sites else None
     before, after = anchor_of(child.source, parent.source, None)
     effect = effect_of(

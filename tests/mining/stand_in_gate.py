@@ -7,6 +7,8 @@ mining logic (walk, graph, conditions, skills, persistence, resume) runs on a CP
 - latency = base * product of `cost[m]` over catalog mechanisms NOT present in the kernel
   (removing mechanism m makes the kernel `cost[m]` times slower);
 - `breaks`: mechanisms whose removal makes the kernel wrong (INCORRECT_NUMERICAL);
+- `breaks_together`: sets of mechanisms whose removal makes the kernel wrong only when every
+  one of a set is gone (an expert's latent fault that one removal alone leaves hidden);
 - `needed_text`: source texts whose absence makes the kernel wrong (one site of a mechanism
   that cannot go while its others can);
 - `probe_failures`: mechanism -> predicate over axis values; while the mechanism is present,
@@ -50,6 +52,7 @@ class StandInGate:
         *,
         cost: dict[str, float] | None = None,
         breaks: Sequence[str] = (),
+        breaks_together: Sequence[Sequence[str]] = (),
         probe_failures: dict[str, Callable[[dict[str, int]], bool]] | None = None,
         expert_mechanisms: Sequence[str] = (),
         needed_text: Sequence[str] = (),
@@ -58,6 +61,7 @@ class StandInGate:
         self.builder = builder
         self.cost = cost or {}
         self.breaks = set(breaks)
+        self.breaks_together = [frozenset(s) for s in breaks_together]
         self.probe_failures = probe_failures or {}
         self.expert_mechanisms = set(expert_mechanisms)
         self.needed_text = tuple(needed_text)
@@ -133,7 +137,9 @@ class StandInGate:
         result = WorkloadVerdict(
             workload_uuid=workload.uuid, label=workload.label, status=Status.PASSED
         )
-        broken = (self.expert_mechanisms - present) & self.breaks
+        gone = self.expert_mechanisms - present
+        broken = gone & self.breaks
+        broken |= {m for s in self.breaks_together if s <= gone for m in s}
         failing_probe = [
             m for m, rule in self.probe_failures.items() if m in present and rule(workload.axes)
         ]

@@ -477,3 +477,28 @@ def test_a_form_without_a_forward_rule_is_restored_verified_and_not_transferable
 
 def test_skills_with_a_forward_rule_are_transferable(mined: Mined) -> None:
     assert all(skill.transferable is True for skill in SkillLibrary.load(mined.out))
+
+
+def test_a_removal_wrong_only_after_another_says_so_on_its_card(
+    builder: Builder, tmp_path: Path
+) -> None:
+    # the expert is wrong without both __restrict__ and __expf (a fault one removal alone
+    # hides): fast_math is correct to remove from the expert, and wrong once restrict is gone
+    gate = _gate(builder, breaks_together=[["restrict_pointers", "fast_math"]])
+    report = mine_gated(PROBLEM, tmp_path, gate=gate)
+    assert report.termination == "stuck"  # fast_math stays: every later state rejects it
+    lineage = LineageGraph.load(tmp_path / "lineages" / "exp_scale_f32.json")
+    later = [
+        a
+        for a in lineage.attempts()
+        if a.mechanism == "fast_math" and a.status is AttemptStatus.REJECTED
+    ]
+    assert later and all(a.parent != lineage.root for a in later)
+    skill = next(s for s in SkillLibrary.load(tmp_path) if s.mechanism == "fast_math")
+    assert skill.evidence.optimized == lineage.root  # the expert's own removal, accepted
+    elsewhere = [r for r in skill.risks if r.kind == "rejected_elsewhere"]
+    assert len(elsewhere) == len(later)
+    assert elsewhere[0].message.startswith("removing it after restrict_pointers went: ")
+    assert elsewhere[0].status == "INCORRECT_NUMERICAL"
+    card = (tmp_path / skill.id / "SKILL.md").read_text()
+    assert "- rejected_elsewhere: fast_math -> INCORRECT_NUMERICAL: removing it after" in card
