@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from klineage.cuda.analysis import analysis
-from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.source import Function, Launch, Node, ParsedSource, strip_casts
 from klineage.cuda.tree import call_arguments, statements, strip_parens
 
 __all__ = ["grid_split_counts", "k_range_declarations", "partial_loops", "partial_sums"]
@@ -22,14 +22,41 @@ _SPLIT_DIMENSIONS = ("y", "z")
 
 
 def _grid_components(source: ParsedSource, launch: Launch) -> list[str]:
-    """The y and z extents of a launch's grid, as written (``dim3(x, y, z)``)."""
+    """The y and z extents of a launch's grid, casts left out: ``dim3(x, y, z)`` written in
+    the launch, or a ``dim3`` local it names (``const dim3 grid(x, (unsigned)y);``)."""
     grid = launch.grid
     if grid is None:
         return []
     grid = strip_parens(grid)
+    if grid.type == "identifier":
+        grid = _dim3_value(source, launch, source.text_of(grid)) or grid
     if grid.type == "call_expression":
-        return [source.text_of(a).strip() for a in call_arguments(grid)[1:]]
-    return []
+        extents = call_arguments(grid)
+    elif grid.type in ("argument_list", "initializer_list"):
+        extents = [a for a in grid.named_children if a.type != "comment"]
+    else:
+        return []
+    return [source.text_of(strip_parens(strip_casts(a))).strip() for a in extents[1:]]
+
+
+def _dim3_value(source: ParsedSource, launch: Launch, name: str) -> Node | None:
+    """The initializer of the ``dim3`` local ``name`` declared before ``launch`` in its
+    function: ``(x, y)``, ``{x, y}`` or ``dim3(x, y)``."""
+    function = source.enclosing_function(launch.node)
+    if function is None or function.body is None:
+        return None
+    found = None
+    for declaration in source.iter_nodes("declaration", within=function.body):
+        if declaration.start_byte >= launch.node.start_byte:
+            break
+        kind = declaration.child_by_field_name("type")
+        if kind is None or source.text_of(kind).strip() != "dim3":
+            continue
+        for declarator in declaration.children_by_field_name("declarator"):
+            inner = declarator.child_by_field_name("declarator")
+            if inner is not None and source.text_of(inner) == name:
+                found = declarator.child_by_field_name("value")
+    return found
 
 
 def grid_split_counts(source: ParsedSource) -> set[str]:

@@ -144,3 +144,28 @@ def test_an_unclamped_count_is_no_clamp_site() -> None:
     text = CLAMPED.read_text(encoding="utf-8").replace("max(1, per_sm * sms", "(per_sm * sms")
     assert text != CLAMPED.read_text(encoding="utf-8")
     assert not [s for s in split_k.detect(KernelSource(text)) if s.supported]
+
+
+# the grid a dim3 local, its extents cast: the count is still found, and its choice removable
+DIM3_LOCAL = COLUMN_SUMS.replace(
+    "  partial_cols<<<dim3((unsigned)cols / 32, ways), dim3(32, 8), 0, stream>>>(",
+    "  const dim3 grid((unsigned)cols / 32, (unsigned)ways);\n"
+    "  partial_cols<<<grid, dim3(32, 8), 0, stream>>>(",
+)
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "grid((unsigned)cols / 32, (unsigned)ways)",
+        "grid{(unsigned)cols / 32, (unsigned)ways}",
+        "grid = dim3((unsigned)cols / 32, (unsigned)ways)",
+    ],
+)
+def test_a_grid_declared_as_a_dim3_local_names_its_split_count(spelling: str) -> None:
+    text = DIM3_LOCAL.replace("grid((unsigned)cols / 32, (unsigned)ways)", spelling)
+    assert text != COLUMN_SUMS and spelling in text
+    host = [s for s in split_k.detect(KernelSource(text)) if s.function == "run"]
+    assert [s.supported for s in host] == [True]
+    removed = split_k.remove(KernelSource(text), host[0])
+    assert "if (cols < 2048) ways = 8;" not in removed.text and "int ways = 1;" in removed.text
