@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from klineage.cuda.analysis import analysis
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
-from klineage.cuda.tree import call_arguments, statements, strip_parens, walk
+from klineage.cuda.tree import call_arguments, declaration_names, statements, strip_parens, walk
 from klineage.mechanisms._reductions_rows import NotCanonical, warp_reduce_functions
 from klineage.mechanisms._reductions_util import call_name, line_deletion
 
@@ -112,9 +112,9 @@ def _block_size_names(source: ParsedSource, kernel: Function, block: str) -> set
     return names
 
 
-def _is_warp_sum(form: _Form, node: Node | None, value: str | None = None) -> Node | None:
+def _is_warp_sum(form: _Form, node: Node | None) -> Node | None:
     """The summed argument when ``node`` is a warp sum (``cg::reduce(warp, x, cg::plus<..>{})``
-    or a call to a warp-sum helper), optionally only when that argument is ``value``."""
+    or a call to a warp-sum helper)."""
     if node is None:
         return None
     node = strip_parens(node)
@@ -129,8 +129,6 @@ def _is_warp_sum(form: _Form, node: Node | None, value: str | None = None) -> No
     arguments = call_arguments(node)
     if found is None and call_name(source, node) in warp_reduce_functions(source):
         found = arguments[0] if len(arguments) == 1 else None
-    if found is not None and value is not None and form.text(found) != value:
-        return None
     return found
 
 
@@ -225,7 +223,7 @@ def _zeroing(form: _Form, statement: Node, scratch: set[str]) -> bool:
     return (
         store is not None
         and _scratch_slot(form, store[0], "thread_rank") in scratch
-        and form.text(store[1]).rstrip("f") in {"0", "0.0", "0.", "0.0f"}
+        and form.text(store[1]).rstrip("f") in {"0", "0.0", "0."}
     )
 
 
@@ -268,9 +266,9 @@ def _start_value(initializer: Node | None) -> Node | None:
     return None
 
 
-def _row(form: _Form, body: list[Node]) -> None:
-    """The one ``blockIdx.x`` of the kernel, in a row ``N - 1 - blockIdx.x`` or
-    ``blockIdx.x`` checked by an early exit, becomes the thread's global index."""
+def _row(form: _Form, body: list[Node], scratch: set[str]) -> None:
+    """The one ``blockIdx.x`` of the kernel, in a row ``N - 1 - blockIdx.x`` checked by an
+    early ``if (r < 0) return;`` before any store, becomes the thread's global index."""
     assert form.kernel.body is not None
     uses = [
         n
@@ -280,7 +278,7 @@ def _row(form: _Form, body: list[Node]) -> None:
     if len(uses) != 1:
         raise NotCanonical(
             f"{form.kernel.name} reads blockIdx.x {len(uses)} times; this form takes one row "
-            "index `r = blockIdx.x` or `r = N - 1 - blockIdx.x`"
+            "index `r = N - 1 - blockIdx.x`"
         )
     (use,) = uses
     declaration = use.parent
@@ -303,7 +301,7 @@ def _row(form: _Form, body: list[Node]) -> None:
     aliases = {form.source.text_of(name)}
     checked = False
     for statement in body[body.index(declaration) + 1 :]:
-        if _stores(form, statement):
+        if not _zeroing(form, statement, scratch) and _stores(statement):
             raise NotCanonical(
                 f"line {form.line(statement)} writes memory before the row's exit check; the "
                 "threads past the last row would write too"
@@ -327,14 +325,8 @@ def _row(form: _Form, body: list[Node]) -> None:
     form.handled.append(use)
 
 
-def _stores(form: _Form, statement: Node) -> bool:
-    """Whether ``statement`` writes through a subscript or a pointer (the scratch's zeroing,
-    which the removal deletes, aside)."""
-    if statement.type == "if_statement" and statement.child_by_field_name("alternative") is None:
-        body = statements(statement.child_by_field_name("consequence"))
-        store = _assignment(body[0]) if len(body) == 1 else None
-        if store is not None and _scratch_slot(form, store[0], "thread_rank") is not None:
-            return False
+def _stores(statement: Node) -> bool:
+    """Whether ``statement`` writes through a subscript or a pointer."""
     return any(
         n.type in ("assignment_expression", "update_expression")
         and (n.child_by_field_name("left") or n.child_by_field_name("argument") or n).type
@@ -394,11 +386,7 @@ def _leftovers(form: _Form, scratch: set[str]) -> None:
         if _zeroing(form, statement, scratch) or _is_barrier(form, statement):
             form.delete(statement)
         elif statement.type == "declaration" and "__shared__" in form.source.text_of(statement):
-            names = {
-                form.source.text_of(d.child_by_field_name("declarator") or d).strip()
-                for d in statement.children_by_field_name("declarator")
-            }
-            if not {n.split("[")[0] for n in names} <= scratch:
+            if not set(declaration_names(form.source, statement)) <= scratch:
                 raise NotCanonical(
                     f"the block shares memory beyond its reductions (line {form.line(statement)})"
                 )
@@ -478,7 +466,7 @@ def cg_block_rows(source: ParsedSource, kernel: Function) -> list[Edit]:
             "barrier; v = sum(S[warp.thread_rank()]);`"
         )
     _loops(form, _block_size_names(source, kernel, block))
-    _row(form, body)
+    _row(form, body, scratch)
     _leftovers(form, scratch)
     _unused_groups(form)
     _launches(form)

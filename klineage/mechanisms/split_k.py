@@ -32,7 +32,7 @@ from typing import ClassVar
 from klineage.conditions import Condition, Prose
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import call_arguments, strip_parens
+from klineage.cuda.tree import call_arguments, declaration_names, strip_parens
 from klineage.kernel import KernelSource
 from klineage.mechanisms._split_forms import (
     grid_split_counts,
@@ -107,29 +107,26 @@ def _clamp_at_one(source: ParsedSource, value: Node) -> bool:
     return len(arguments) == 2 and any(source.text_of(a).strip() == "1" for a in arguments)
 
 
-def _clamped_counts(source: ParsedSource, function: Function) -> Iterator[tuple[Node, Node]]:
-    """``n = max(1, ...)`` declarators of a host function where ``n`` is a split count, with
-    their declaration: the count is computed (to fill the GPU, say) and clamped at one."""
-    if function.body is None or function.runs_on_device:
-        return
-    counts = grid_split_counts(source)
-    for statement in source.iter_nodes("declaration", within=function.body):
+def _clamps(
+    source: ParsedSource, within: Node | None = None, counts: set[str] | None = None
+) -> Iterator[tuple[Node, Node]]:
+    """``n = max(1, ...)`` declarators under ``within`` (the whole source by default), with
+    their declaration; only those whose ``n`` is in ``counts`` when it is given."""
+    for statement in source.iter_nodes("declaration", within=within):
         for declarator in statement.children_by_field_name("declarator"):
             inner = declarator.child_by_field_name("declarator")
             value = declarator.child_by_field_name("value")
-            if inner is None or value is None or source.text_of(inner) not in counts:
+            if inner is None or value is None or not _clamp_at_one(source, value):
                 continue
-            if _clamp_at_one(source, value):
+            if counts is None or source.text_of(inner) in counts:
                 yield statement, value
 
 
-def _clamped_counts_of(source: ParsedSource) -> Iterator[tuple[Node, Node]]:
-    """Every ``max(1, ...)`` declarator of a parsed snippet, whatever its name."""
-    for statement in source.iter_nodes("declaration"):
-        for declarator in statement.children_by_field_name("declarator"):
-            value = declarator.child_by_field_name("value")
-            if value is not None and _clamp_at_one(source, value):
-                yield statement, value
+def _clamped_counts(source: ParsedSource, function: Function) -> Iterator[tuple[Node, Node]]:
+    """The clamps of a host function's split counts: each count computed (to fill the GPU,
+    say) and clamped at one."""
+    if function.body is not None and not function.runs_on_device:
+        yield from _clamps(source, function.body, grid_split_counts(source))
 
 
 def _declared_before(source: ParsedSource, function: Function, at: int) -> set[str]:
@@ -144,11 +141,8 @@ def _declared_before(source: ParsedSource, function: Function, at: int) -> set[s
             if statement.type == "preproc_def":
                 name = statement.child_by_field_name("name")
                 names |= {source.text_of(name)} if name is not None else set()
-            if statement.type != "declaration":
-                continue
-            for declarator in statement.children_by_field_name("declarator"):
-                inner = declarator.child_by_field_name("declarator")
-                names |= names_in(source, inner) if inner is not None else set()
+            if statement.type == "declaration":
+                names |= set(declaration_names(source, statement))
     return names
 
 
@@ -358,7 +352,7 @@ class SplitK(Mechanism):
         declared before the count."""
         probe = KernelSource(f"void count() {{\n  const int n = {clamp};\n}}\n", name="carried")
         parsed = probe.parsed
-        values = [v for _, v in _clamped_counts_of(parsed)]
+        values = [v for _, v in _clamps(parsed)]
         if parsed.errors or len(values) != 1:
             raise self.refuse(
                 f"the carried count `{clamp}` is not one `max(1, ...)` expression", site, "apply"

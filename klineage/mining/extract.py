@@ -127,12 +127,11 @@ def _rejected_elsewhere(lineage: LineageGraph, attempt: Attempt) -> list[Risk]:
     """The gate's rejections of this mechanism's removal from other states, each with what
     the walk had removed on the way there: a removal that is correct from the expert can be
     wrong once another step is gone (an expert's fault that one removal alone hides)."""
-    accepted = nx.DiGraph(
-        [
-            (a.parent, a.child, {"mechanism": a.mechanism})
-            for a in lineage.attempts()
-            if a.status is AttemptStatus.ACCEPTED
-        ]
+    graph = lineage.graph
+    accepted = graph.edge_subgraph(
+        (u, v)
+        for u, v, status in graph.edges(data="status")
+        if status == AttemptStatus.ACCEPTED.value
     )
     found = []
     for other in lineage.attempts():
@@ -146,7 +145,7 @@ def _rejected_elsewhere(lineage: LineageGraph, attempt: Attempt) -> list[Risk]:
             path = nx.shortest_path(accepted, attempt.parent, other.parent)
         except (nx.NetworkXNoPath, nx.NodeNotFound):
             path = []
-        gone = [accepted.edges[u, v]["mechanism"] for u, v in pairwise(path)]
+        gone = [graph.edges[u, v]["mechanism"] for u, v in pairwise(path)]
         where = f"after {', '.join(gone)} went" if gone else f"from state {other.parent[:10]}"
         found.append(
             Risk(
