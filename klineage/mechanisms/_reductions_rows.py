@@ -41,6 +41,7 @@ from typing import Literal
 from klineage.conditions import evaluate_size
 from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, to_size_expr, wrap_at
+from klineage.cuda.constexpr_branches import emptied_branches
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, template_bindings, template_values
 from klineage.cuda.source import Function, Launch, Loop, Node, ParsedSource, plain_assignment
@@ -1341,7 +1342,9 @@ class _GroupWalker:
     """Recognizes the group-layout forms of one kernel and collects their thread-per-row
     rewrites; anything left tied to the layout is refused."""
 
-    def __init__(self, source: ParsedSource, kernel: Function, group: Group) -> None:
+    def __init__(
+        self, source: ParsedSource, kernel: Function, group: Group, left_out: list[Node]
+    ) -> None:
         if kernel.body is None:
             raise NotCanonical(f"{kernel.name} has no body")
         self.source = source
@@ -1351,8 +1354,10 @@ class _GroupWalker:
         self.graph = graph(source)
         self.launches = source.launches_of(kernel.name)
         self.edits: list[Edit] = []
-        self.handled: list[Node] = []  # nodes whose built-ins are accounted for
-        self.removed: list[tuple[int, int]] = []
+        # nodes whose built-ins are accounted for; `if constexpr` branches no instantiation
+        # takes are (they are emptied: their code never runs)
+        self.handled: list[Node] = list(left_out)
+        self.removed: list[tuple[int, int]] = [(n.start_byte, n.end_byte) for n in left_out]
         self.reduced: list[tuple[int, str]] = []  # (end of a reduction, the variable it sets)
         self.strided: list[Node] = []  # the group-strided loops
         self.inline = _InlineReductions(source, kernel.body)
@@ -2337,14 +2342,20 @@ def is_warp_per_row(source: ParsedSource, kernel: Function) -> bool:
 def group_rows(source: ParsedSource, kernel: Function, group: Group) -> GroupRows:
     """The edits that turn a block- (or warp-) per-row kernel into a thread-per-row one;
     :class:`NotCanonical` says why not."""
-    walker = _GroupWalker(source, kernel, group)
+    emptied, untaken = emptied_branches(source, kernel)
+    walker = _GroupWalker(source, kernel, group, untaken)
     index = _block_layout(walker) if group == "block" else _warp_layout(walker)
     walker.leftovers()
     walker.partials()
     walker.edits += _thread_launches(source, walker, index)
     walker.edits += _no_dynamic_shared(source, walker)
     walker.edits += helper_deletions(source, walker.removed)
-    return GroupRows(kernel, group, walker.edits, walker.removed)
+    kept = [e for e in walker.edits if not any(_inside_node(e, n) for n in untaken)]
+    return GroupRows(kernel, group, kept + emptied, walker.removed)
+
+
+def _inside_node(edit: Edit, node: Node) -> bool:
+    return node.start_byte <= edit.start_byte and edit.end_byte <= node.end_byte
 
 
 def _block_layout(walker: _GroupWalker) -> _RowIndex:

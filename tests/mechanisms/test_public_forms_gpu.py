@@ -42,6 +42,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "row_cache": PROBLEMS / "center_rows",
     "clamped_count": PROBLEMS / "column_totals",
     "rows_cg_causal": PROBLEMS / "causal_center",
+    "rows_untaken_path": PROBLEMS / "center_rows",
 }
 
 
