@@ -179,7 +179,9 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
         if problems and problem.name not in problems:
             continue
         path = out / "replay_out" / "gatelog" / f"{problem.name}.jsonl"
-        log = GateLog(path, LogOnlyGate(None), resume=True, accept_older=True)
+        # replay.json was made by the gate before the audits; the audited rerun's verdicts,
+        # logged since in the same files, would serve other decisions
+        log = GateLog(path, LogOnlyGate(None), resume=True, only_older=True)
         naive = KernelSource.from_file(folder / "kernel.cu")
         for method in METHODS:
             want = by_run.get((problem.name, method))

@@ -109,6 +109,7 @@ class GateLog:
         resume: bool = True,
         share: bool = False,
         accept_older: bool = False,
+        only_older: bool = False,
     ) -> None:
         """`gate` makes the verdicts the log lacks; without one the log is only read."""
         self.path = Path(path)
@@ -118,6 +119,10 @@ class GateLog:
         self.accept_older = accept_older
         """Serve verdicts made before the gate's current protocol (to re-read old results
         without a GPU); a run that measures anew leaves this off."""
+        self.only_older = only_older
+        """Serve only verdicts made before the gate's current protocol: a log that goes on
+        growing under the audited gate still re-reads, verdict for verdict, what the older
+        gate decided (its results were made from those)."""
         self.stale = 0
         """Verdicts in the file that were not served because an older gate made them."""
         self.runs = 0
@@ -147,8 +152,10 @@ class GateLog:
                 verdict = GateVerdict.model_validate(record["verdict"])
             except (json.JSONDecodeError, KeyError, ValueError):
                 continue  # a line torn by a kill: that verdict is simply made again
-            if verdict.protocol != GATE_PROTOCOL and not self.accept_older:
+            if verdict.protocol != GATE_PROTOCOL and not (self.accept_older or self.only_older):
                 self.stale += 1  # timed before the audits: made again by the audited gate
+                continue
+            if verdict.protocol == GATE_PROTOCOL and self.only_older:
                 continue
             self._verdicts[record["key"]] = verdict
             if record.get("problem"):

@@ -37,6 +37,7 @@ from klineage.mechanisms._tiles_util import (
     kernel_block_dims,
     name_of,
     names_in,
+    rename,
     statements,
 )
 
@@ -322,7 +323,9 @@ def thread_names(locals_: Locals, component: str) -> set[str]:
 def _read_mapping(
     source: ParsedSource, locals_: Locals, array: StagedArray, read: Node, loop_var: str
 ) -> dict[str, str]:
-    """The renaming that turns the stored value into the value at a read ``S[a][b]``."""
+    """The renaming that turns the stored value into the value at a read ``S[a][b]``. A
+    local the value reads that is itself computed from a thread index (``w_row = blockIdx.x
+    * T + ty``, the row a thread loads) is written out, renamed the same way."""
     chain = subscript_chain(read)
     if chain is None or len(chain[1]) != 2:
         raise NotStaged(
@@ -330,23 +333,41 @@ def _read_mapping(
             f"{array.name}[i][j]"
         )
     mapping: dict[str, str] = {}
+    through: dict[str, Node] = {}  # locals to write out: name -> initializer
     for stored, wanted, component in zip(array.indices, chain[1], array.components, strict=True):
         if source.text_of(stored) == source.text_of(wanted):
             continue
         name = name_of(source, stored) or ""
         spellings = thread_names(locals_, component)
-        if (spellings - {name}) & names_in(source, array.value) or any(
-            locals_.depends_on(n, spellings, {loop_var})
-            for n in _name_nodes(source, array.value, name)
-        ):
-            raise NotStaged(
-                f"the value stored into {array.name} depends on threadIdx.{component} through "
-                f"something other than {name}, so the element another thread stored is not "
-                "the same expression with the index replaced"
-            )
+        if (spellings - {name}) & names_in(source, array.value):
+            raise NotStaged(_other_spelling(array, component, name))
+        for node in _name_nodes(source, array.value, name):
+            local = source.text_of(node)
+            if local in through or not locals_.depends_on(node, spellings, {loop_var}):
+                continue
+            value = locals_.initializer(local)
+            # written out only where it reads the index as the store does, by its name
+            if value is None or (spellings - {name}) & names_in(source, value):
+                raise NotStaged(_other_spelling(array, component, name))
+            if any(
+                locals_.depends_on(n, spellings, {loop_var})
+                for n in _name_nodes(source, value, name)
+            ):
+                raise NotStaged(_other_spelling(array, component, name))
+            through[local] = value
         text = source.text_of(wanted)
         mapping[name] = text if precedence(wanted) >= PRIMARY else f"({text})"
+    for local, value in through.items():
+        mapping[local] = f"({rename(source, value, mapping)})"
     return mapping
+
+
+def _other_spelling(array: StagedArray, component: str, name: str) -> str:
+    return (
+        f"the value stored into {array.name} depends on threadIdx.{component} through "
+        f"something other than {name} or a local computed from it, so the element another "
+        "thread stored is not the same expression with the index replaced"
+    )
 
 
 def _name_nodes(source: ParsedSource, node: Node, skip: str) -> list[Node]:

@@ -133,6 +133,65 @@ def _computed_from(source: ParsedSource, function: Function, name: str, sizes: s
     return False
 
 
+def _shape_test(source: ParsedSource, function: Function, condition: Node) -> bool:
+    """Whether a condition tests the arguments' divisibility or alignment (``k % 4 == 0``, a
+    pointer's low bits), itself or through the locals it reads: ``if (vectors)`` after
+    ``const bool vectors = k % 4 == 0 && aligned16(x);``."""
+    arguments = {p.name for p in function.params if p.name}
+    for node in _with_initializers(source, function, condition):
+        if _tests_low_bits(source, node, arguments):
+            return True
+        for call in source.iter_nodes("call_expression", within=node):
+            # `aligned16(x)`: a helper handed an argument, which tests its own parameter's bits
+            callee = call.child_by_field_name("function")
+            helper = source.function(source.text_of(callee)) if callee is not None else None
+            args = call.child_by_field_name("arguments")
+            passed = {source.text_of(n) for n in args.named_children} if args else set()
+            if helper is None or helper.body is None or not passed & arguments:
+                continue
+            own = {p.name for p in helper.params if p.name}
+            if _tests_low_bits(source, helper.body, own):
+                return True
+    return False
+
+
+def _tests_low_bits(source: ParsedSource, node: Node, names: set[str]) -> bool:
+    """Whether ``node`` holds ``e % C`` or ``e & C`` (C constant) with ``e`` reading `names`."""
+    for test in source.iter_nodes("binary_expression", within=node):
+        op = test.child_by_field_name("operator")
+        left, right = test.child_by_field_name("left"), test.child_by_field_name("right")
+        if op is None or op.type not in ("%", "&") or left is None or right is None:
+            continue
+        if fold_int(source, right) is None:
+            continue
+        if {source.text_of(n) for n in source.iter_nodes("identifier", within=left)} & names:
+            return True
+    return False
+
+
+def _with_initializers(source: ParsedSource, function: Function, condition: Node) -> list[Node]:
+    """The condition and the initializers of the locals it reads, followed through locals."""
+    found = [condition]
+    seen: set[str] = set()
+    pending = [source.text_of(n) for n in source.iter_nodes("identifier", within=condition)]
+    while pending and function.body is not None:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for declaration in source.iter_nodes("declaration", within=function.body):
+            for declarator in declaration.children_by_field_name("declarator"):
+                inner = declarator.child_by_field_name("declarator")
+                value = declarator.child_by_field_name("value")
+                if inner is None or value is None or source.text_of(inner) != name:
+                    continue
+                found.append(value)
+                pending.extend(
+                    source.text_of(n) for n in source.iter_nodes("identifier", within=value)
+                )
+    return found
+
+
 def _launching_functions(source: ParsedSource) -> set[str]:
     """Host functions that launch a kernel (directly, or through another such function)."""
     launching = {
@@ -282,6 +341,12 @@ class LaunchSizeDispatch(Mechanism):
                 # a choice on a size derived from the arguments, with a general else
                 sized = [
                     c for c, _ in links if c is not None and _derived_size(source, function, c)
+                ] or [
+                    # `if (vectors) tiled<<<..>>> else plain<<<..>>>`: a choice on the shape's
+                    # divisibility or alignment, with a general else
+                    c
+                    for c, _ in links
+                    if c is not None and _shape_test(source, function, c)
                 ]
             if (
                 not sized
@@ -385,8 +450,18 @@ class LaunchSizeDispatch(Mechanism):
                 end = source.line_start(start.start_byte)
                 return [Edit(_blank_lines_above(source, end), end, block)]
             return [Edit.insert(start.start_byte, f"{text}\n\n{indent}")]
+        written = " ".join(chain.split())
+        block = statement.parent
+        if (
+            block is not None
+            and block.type == "compound_statement"
+            and block.parent is not None
+            and block.parent.type == "compound_statement"
+            and written.endswith("else " + " ".join(source.text_of(block).split()))
+        ):
+            statement = block  # the braced final else the removal left in the chain's place
         general = " ".join(source.text_of(statement).split())
-        if not " ".join(chain.split()).endswith(general):
+        if not written.endswith(general):
             raise self.refuse(
                 "the chain's final else is not this launch, so it would not stand where the "
                 "general path is",

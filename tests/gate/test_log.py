@@ -42,6 +42,11 @@ def test_verdicts_from_before_the_audits_are_not_served_to_an_audited_run(
     assert len(log) == 1 and log.stale == 1
     older = GateLog(path, None, accept_older=True)  # type: ignore[arg-type]
     assert len(older) == 2 and older.stale == 0
+    # re-reading the older gate's results from a log the audited gate has grown since
+    _write(path, [("same", _verdict("a", "")), ("same", _verdict("b", GATE_PROTOCOL))])
+    before = GateLog(path, None, only_older=True)  # type: ignore[arg-type]
+    assert before._verdicts["same"].fingerprint == "a"
+    assert GateLog(path, None)._verdicts["same"].fingerprint == "b"  # type: ignore[arg-type]
 
 
 class _CountingStandInGate:

@@ -98,3 +98,31 @@ def test_guards_are_not_dispatches() -> None:
 def test_the_continuation_lines_of_the_fallback_move_with_it() -> None:
     after = fixture_pairs("launch_size_dispatch")[0].after.text
     assert "\n  scale_block_rows<1024><<<(unsigned)rows, 1024, 0, stream>>>(x, y, cols);\n" in after
+
+
+def test_a_choice_on_divisibility_and_alignment_is_a_dispatch_that_goes_back() -> None:
+    """``if (packed)`` with ``packed = K % 4 == 0 && is_aligned(x) && ...``: the scalar else
+    stands for every shape; the chain and its bool local go back byte for byte, and a braced
+    else (linear_relu's, with its own grid) is put back where the removal left it."""
+    from klineage.mining.removal import reapply, remove_mechanism
+    from tests.conftest import REPO
+    from tests.mechanisms.roundtrip import PUBLIC_FORMS
+
+    (pair,) = fixture_pairs("launch_size_dispatch", PUBLIC_FORMS)
+    removal = remove_mechanism(pair.before, mechanism)
+    assert removal.simplified.text == pair.after.text
+    assert reapply(removal).text == pair.before.text
+    expert = KernelSource.from_file(REPO / "expert_kernels" / "linear_relu" / "kernel.cu")
+    removal = remove_mechanism(expert, mechanism)
+    assert "linear_relu_tiled<<<" not in removal.simplified.text.split('extern "C"')[1]
+    back = reapply(removal).text
+    assert " ".join(back.split()) == " ".join(expert.text.split())
+
+
+def test_a_remainder_guard_alone_is_not_a_dispatch() -> None:
+    source = KernelSource(
+        "__global__ void a(float* y) {}\n"
+        'extern "C" int run(float* y, long n, void* s) {\n  if (n % 4 == 0) a<<<1, 32>>>(y);\n'
+        "  return 0;\n}\n"
+    )
+    assert mechanism.detect(source) == []

@@ -43,6 +43,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "clamped_count": PROBLEMS / "column_totals",
     "rows_cg_causal": PROBLEMS / "causal_center",
     "rows_untaken_path": PROBLEMS / "center_rows",
+    "row_loader": PROBLEMS / "linear_nt",
+    "aligned_vectors": PROBLEMS / "linear_nt",
 }
 
 

@@ -12,7 +12,7 @@ from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from tests.conftest import REPO
-from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok, fixture_pairs
+from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok, fixture_pairs, removal_chain
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 
 mechanism = get("smem_staging")
@@ -48,11 +48,24 @@ def test_reads_become_the_stored_value_of_the_thread_that_stored_them() -> None:
     assert "((t * TILE + k < K && col < N) ? B[(t * TILE + k) * N + col] : 0.0f)" in after
 
 
-def test_a_value_depending_on_the_substituted_thread_index_is_refused() -> None:
+def test_a_value_reading_the_thread_index_by_another_spelling_is_refused() -> None:
+    before = fixture_pairs("smem_staging")[0].before
+    shifted = KernelSource(
+        before.text.replace("A[row * K + t * TILE + tx]", "A[threadIdx.x * K + t]")
+    )
+    (site,) = mechanism.detect(shifted)
+    assert "depends on threadIdx.x through something other than tx" in (site.refusal or "")
+
+
+def test_a_local_computed_from_the_thread_index_is_written_out_renamed() -> None:
+    """``col = blockIdx.x * TILE + tx`` in the stored value: the element thread (ty, k) stored
+    reads ``blockIdx.x * TILE + k`` there (the fixture row_loader is the public form)."""
     before = fixture_pairs("smem_staging")[0].before
     shifted = KernelSource(before.text.replace("A[row * K + t * TILE + tx]", "A[col * K + t]"))
     (site,) = mechanism.detect(shifted)
-    assert "depends on threadIdx.x through something other than tx" in (site.refusal or "")
+    assert site.supported, site.refusal
+    after = removal_chain(mechanism, shifted).states[-1].text
+    assert "A[(blockIdx.x * TILE + k) * K + t]" in after
 
 
 def test_the_block_must_cover_the_tile() -> None:
