@@ -122,15 +122,21 @@ def _computed_from(source: ParsedSource, function: Function, name: str, sizes: s
         if current in seen or function.body is None:
             continue
         seen.add(current)
-        for declaration in source.iter_nodes("declaration", within=function.body):
-            for declarator in declaration.children_by_field_name("declarator"):
-                inner = declarator.child_by_field_name("declarator")
-                value = declarator.child_by_field_name("value")
-                if inner is not None and value is not None and source.text_of(inner) == current:
-                    pending.extend(
-                        source.text_of(n) for n in source.iter_nodes("identifier", within=value)
-                    )
+        for value in _initializers(source, function, current):
+            pending.extend(source.text_of(n) for n in source.iter_nodes("identifier", within=value))
     return False
+
+
+def _initializers(source: ParsedSource, function: Function, name: str) -> list[Node]:
+    """The initializers of the declarations of local ``name`` in `function`."""
+    found = []
+    for declaration in source.iter_nodes("declaration", within=function.body):
+        for declarator in declaration.children_by_field_name("declarator"):
+            inner = declarator.child_by_field_name("declarator")
+            value = declarator.child_by_field_name("value")
+            if inner is not None and value is not None and source.text_of(inner) == name:
+                found.append(value)
+    return found
 
 
 def _shape_test(source: ParsedSource, function: Function, condition: Node) -> bool:
@@ -179,16 +185,9 @@ def _with_initializers(source: ParsedSource, function: Function, condition: Node
         if name in seen:
             continue
         seen.add(name)
-        for declaration in source.iter_nodes("declaration", within=function.body):
-            for declarator in declaration.children_by_field_name("declarator"):
-                inner = declarator.child_by_field_name("declarator")
-                value = declarator.child_by_field_name("value")
-                if inner is None or value is None or source.text_of(inner) != name:
-                    continue
-                found.append(value)
-                pending.extend(
-                    source.text_of(n) for n in source.iter_nodes("identifier", within=value)
-                )
+        for value in _initializers(source, function, name):
+            found.append(value)
+            pending.extend(source.text_of(n) for n in source.iter_nodes("identifier", within=value))
     return found
 
 
