@@ -99,14 +99,14 @@ def test_a_card_within_the_noise_says_no_measurable_gain(library: SkillLibrary) 
 def test_the_committed_library_follows_the_current_rules(library: SkillLibrary) -> None:
     skills = list(library)
     # every expert mined under the audited gate, with the machine-code check
-    assert len(skills) == 78
+    assert len(skills) == 82
     for skill in skills:
         again = skill.model_copy()
         again.settle_verified()
         assert again.verified is skill.verified, skill.id
     counts = {m: sum(s.effect.measured is m for s in skills) for m in Measured}
-    assert counts == {Measured.GAIN: 39, Measured.NO_GAIN: 36, Measured.SLOWER: 3}
-    assert sum(bool(s.verified) for s in skills) == 39
+    assert counts == {Measured.GAIN: 42, Measured.NO_GAIN: 37, Measured.SLOWER: 3}
+    assert sum(bool(s.verified) for s in skills) == 42
     # __ldg re-applied at a pointer into a local variable: the gate's address-space fault
     failed = [s.id for s in skills if not s.round_trip_reproduced]
     assert failed == ["readonly_ldg--embedding_bag_sum_bf16--1de977ab"]

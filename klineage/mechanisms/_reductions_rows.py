@@ -560,6 +560,7 @@ def _check_thread_local(source: ParsedSource, kernel: Function, index_statement:
 
 
 _SUM_OPS = frozenset({"+="})
+_FMA_FUNCS = frozenset({"fmaf", "fma", "__fmaf_rn"})
 _MAX_FUNCS: dict[str, Op] = {
     "fmaxf": "max",
     "max": "max",
@@ -813,6 +814,16 @@ class _ThreadWalker:
         if operator == "=" and value.type == "call_expression":
             function = call_name(self.source, value)
             args = arguments_of(value)
+            if function in _FMA_FUNCS and len(args) == 3:
+                # acc = fmaf(a, b, acc): a sum of products, acc read only as the addend
+                own = [
+                    n
+                    for arg in args[:2]
+                    for n in inside(self.source, arg, "identifier")
+                    if self.source.text_of(n) == name
+                ]
+                if self.source.text_of(strip_parens(args[2])) == name and not own:
+                    return "sum", args[2]
             if function in _MAX_FUNCS and len(args) == 2:
                 for arg in args:
                     if self.source.text_of(strip_parens(arg)) == name:

@@ -136,13 +136,16 @@ def _binary(node: Node | None) -> tuple[str, Node, Node] | None:
 
 
 def _accumulation(body: Node | None) -> tuple[Node, Node, Node]:
-    """``acc += X * Y;`` (braced or not) -> (acc, X, Y)."""
+    """``acc += X * Y;`` or ``acc = fmaf(X, Y, acc);`` (braced or not) -> (acc, X, Y)."""
     if body is not None and body.type == "compound_statement":
         inner = statements(body)
         body = inner[0] if len(inner) == 1 else None
     if body is None or body.type != "expression_statement" or not body.named_children:
         raise _NoForm("the loop body is not one statement 'acc += x * y;'")
     assignment = body.named_children[0]
+    fused = _fused(assignment)
+    if fused is not None:
+        return fused
     op = assignment.child_by_field_name("operator")
     target = assignment.child_by_field_name("left")
     product = _binary(assignment.child_by_field_name("right"))
@@ -154,6 +157,28 @@ def _accumulation(body: Node | None) -> tuple[Node, Node, Node]:
     ):
         raise _NoForm("the loop body is not 'acc += x * y;'")
     return target, product[1], product[2]
+
+
+def _fused(assignment: Node) -> tuple[Node, Node, Node] | None:
+    """(acc, X, Y) of ``acc = fmaf(X, Y, acc)`` (``fma``, ``__fmaf_rn``), else None."""
+    op = assignment.child_by_field_name("operator")
+    target = assignment.child_by_field_name("left")
+    call = assignment.child_by_field_name("right")
+    if assignment.type != "assignment_expression" or op is None or op.type != "=":
+        return None
+    if target is None or call is None or call.type != "call_expression":
+        return None
+    callee = call.child_by_field_name("function")
+    arguments = call.child_by_field_name("arguments")
+    args = [a for a in arguments.named_children if a.type != "comment"] if arguments else []
+    if callee is None or callee.text is None or len(args) != 3:
+        return None
+    if callee.text.decode() not in ("fmaf", "fma", "__fmaf_rn") or target.text is None:
+        return None
+    addend = _strip(args[2])
+    if addend.text != target.text:
+        return None
+    return target, args[0], args[1]
 
 
 def _counting_loop(source: ParsedSource, loop: Node) -> tuple[str, str, Node]:

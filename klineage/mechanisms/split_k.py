@@ -19,9 +19,10 @@ and a small kernel (or atomics) sums the partials.
 - apply: a choice a removal carried goes back after the split count's ``= 1`` declaration,
   where the code after it still branches on the count (the workspace, the split kernels and
   the reduction are all still there; only the choice was deleted); a carried clamp replaces
-  the ``1`` again, when every name it reads is declared before it. A new split is refused:
-  it needs a partial-sum workspace or atomics and a reduction kernel, which only a person or
-  an LLM writes, and a heuristic for when to split.
+  the ``1`` again, when every name it reads is declared before it. On naive code, a
+  thread-per-output sum is split over ``blockIdx.y`` with atomics
+  (:mod:`klineage.mechanisms._split_loops`). Any other new split is refused: it needs a
+  partial-sum workspace and a reduction kernel, which only a person or an LLM writes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ from klineage.mechanisms._split_forms import (
     k_range_declarations,
     partial_loops,
     partial_sums,
+)
+from klineage.mechanisms._split_loops import (
+    BLOCKS_PER_SM,
+    MIN_ROWS,
+    NotSplittable,
+    match,
+    split_edits,
+    split_loops,
 )
 from klineage.mechanisms._tiles_util import (
     names_in,
@@ -245,6 +254,10 @@ class SplitK(Mechanism):
         "back after the count's `= 1` declaration (a new choice is refused)",
         "clamp": "the count's `max(1, ...)` initializer a removal carried, as written; it "
         "replaces the `1` of the count's declaration again",
+        "blocks_per_sm": "for a naive sum split anew: blocks per SM the split count aims at "
+        f"(default {BLOCKS_PER_SM})",
+        "min_rows": "for a naive sum split anew: reduction steps each split keeps at least "
+        f"(default {MIN_ROWS})",
     }
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
@@ -290,9 +303,22 @@ class SplitK(Mechanism):
                     snippet=f"{source.snippet(declaration)} (no choice raises {name})",
                     detail={"side": "host", "split": name},
                 )
+        split = set()
+        for kernel, loop, refusal in split_loops(source):
+            if _kernel_sites(source, kernel):
+                continue  # a kernel of a split already (its K range, its partials' sum)
+            if refusal is None:
+                split.add(kernel.name)
+            yield self.site(
+                source,
+                loop,
+                snippet=f"{kernel.name}: {source.snippet(loop)}",
+                detail={"side": "kernel", "form": "loop"},
+                refusal=refusal and f"{refusal}; {APPLY_REFUSAL}",
+            )
         for launch in source.launches:
             function = source.enclosing_function(launch.node)
-            if function is not None and function.extern_c:
+            if function is not None and function.extern_c and launch.kernel not in split:
                 yield self.site(source, launch.node, refusal=APPLY_REFUSAL)
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
@@ -328,6 +354,8 @@ class SplitK(Mechanism):
         return Carrier(choice=kernel.parsed.text_of(node))
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") == "loop":
+            return self._split_loop(source, site, carrier)
         name = site.detail.get("split")
         clamp = carrier.as_dict().get("clamp")
         if isinstance(name, str) and isinstance(clamp, str):
@@ -346,6 +374,23 @@ class SplitK(Mechanism):
         at = len(source.data) if end < 0 else end + 1
         indent = source.indent_of(declaration.start_byte)
         return [Edit.insert(at, f"{indent}{choice}\n")]
+
+    def _split_loop(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        """A naive thread-per-output sum split over ``blockIdx.y`` (`_split_loops`)."""
+        loop = self.node_at(source, site, "for_statement")
+        kernel = source.enclosing_function(loop)
+        if kernel is None:
+            raise self.refuse("the loop is not in a kernel", site, "apply")
+        try:
+            found = match(source, kernel, loop)
+        except NotSplittable as why:
+            raise self.refuse(f"{why}; {APPLY_REFUSAL}", site, "apply") from why
+        values = carrier.as_dict()
+        per_sm = values.get("blocks_per_sm", BLOCKS_PER_SM)
+        least = values.get("min_rows", MIN_ROWS)
+        if not isinstance(per_sm, int) or not isinstance(least, int) or per_sm < 1 or least < 1:
+            raise self.refuse("blocks_per_sm and min_rows must be positive integers", site, "apply")
+        return split_edits(source, found, per_sm, least)
 
     def _clamp_back(self, source: ParsedSource, site: Site, clamp: str) -> Edit:
         """The count's ``1`` replaced by the carried ``max(1, ...)``, whose names must all be
@@ -388,9 +433,18 @@ class SplitK(Mechanism):
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None
     ) -> list[Condition]:
-        return [
+        found = [
             Prose(
                 text="the partial sums of every split are added before the output is read",
                 why="split-K trades one more pass over an fp32 workspace for more blocks",
             )
         ]
+        if site.detail.get("form") == "loop":
+            found.append(
+                Prose(
+                    text="the output tolerates float sums added in no fixed order",
+                    why="the splits' partials meet through atomicAdd, so the last bits of "
+                    "a sum can differ from one run to the next",
+                )
+            )
+        return found

@@ -128,3 +128,28 @@ def test_the_tiled_heldout_gemms_compile(mechanism_builder: Builder) -> None:
         tiled = mechanism.apply(naive, mechanism.candidates(naive)[0])
         sources += [tiled, mechanism.remove(tiled, mechanism.detect(tiled)[0])]
     compile_ok(mechanism_builder, sources)
+
+
+def test_a_blocked_loop_summing_through_fmaf_is_staged_again() -> None:
+    """The staged fixture's removed loop written ``acc = fmaf(x, y, acc)`` (an expert's
+    spelling): the forward rule stages it as it does ``acc += x * y``."""
+    before = fixture_pairs("smem_staging")[0].before
+    blocked = removal_chain(mechanism, before).states[-1].text
+    summed = (
+        "acc += ((row < M && t * TILE + k < K) ? A[row * K + t * TILE + k] : 0.0f) * "
+        "((t * TILE + k < K && col < N) ? B[(t * TILE + k) * N + col] : 0.0f);"
+    )
+    assert summed in blocked
+    fused = KernelSource(
+        blocked.replace(
+            summed,
+            "acc = fmaf((row < M && t * TILE + k < K) ? A[row * K + t * TILE + k] : 0.0f, "
+            "(t * TILE + k < K && col < N) ? B[(t * TILE + k) * N + col] : 0.0f, acc);",
+        )
+    )
+    (candidate,) = mechanism.candidates(fused)
+    assert candidate.detail["form"] == "blocked" and candidate.supported, candidate.refusal
+    staged = mechanism.apply(fused, candidate).text
+    assert "__syncthreads();" in staged
+    (loop,) = [line for line in staged.splitlines() if "for (int k = 0; k < TILE" in line]
+    assert "acc = fmaf(" in loop and "A[" not in loop and "B[" not in loop

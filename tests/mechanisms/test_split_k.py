@@ -9,6 +9,7 @@ from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, get
 from klineage.mining.removal import reapply, remove_each_site, remove_mechanism
+from tests.conftest import REPO
 from tests.mechanisms.roundtrip import RoundTripSuite, removal_chain
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 
@@ -91,3 +92,98 @@ def test_a_carried_choice_that_assigns_something_else_is_refused() -> None:
 def test_a_count_nothing_reads_is_no_candidate() -> None:
     source = KernelSource('extern "C" int run(long n) {\n  int splits = 1;\n  return 0;\n}\n')
     assert [c for c in mechanism.candidates(source) if c.supported] == []
+
+
+HELDOUT_COLUMNS = REPO / "heldout" / "column_sum" / "kernel.cu"
+
+NAIVE_MAX = """\
+#include <cuda_runtime.h>
+#include <stdint.h>
+__global__ void column_top(const float* x, float* y, int64_t rows, int64_t cols) {
+  const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float acc = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) acc += x[r * cols + c];
+  y[c] = acc;
+}
+extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t s) {
+  column_top<<<(unsigned)((cols + 127) / 128), 128, 0, s>>>(x, y, rows, cols);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def _loop_candidate(kernel: KernelSource):  # type: ignore[no-untyped-def]
+    (candidate,) = [c for c in mechanism.candidates(kernel) if c.detail.get("form") == "loop"]
+    return candidate
+
+
+def test_a_naive_column_sum_is_split_over_block_rows() -> None:
+    """One thread per column walking every row: each block row takes a range of rows and adds
+    its partials atomically into the output, zeroed on the launch's stream; the host's choice
+    is in the form the removal deletes, so the split comes out again."""
+    naive = KernelSource.from_file(HELDOUT_COLUMNS)
+    candidate = _loop_candidate(naive)
+    assert candidate.supported and candidate.function == "column_sum"
+    split = mechanism.apply(naive, candidate)
+    text = split.text
+    assert "int64_t cols, long long split_rows)" in text
+    assert (
+        "for (int64_t r = (long long)blockIdx.y * split_rows; r < rows && "
+        "r < ((long long)blockIdx.y + 1) * split_rows; ++r)" in text
+    )
+    assert "atomicAdd(&y[c], acc);" in text and "y[c] = acc;" not in text
+    assert "cudaMemsetAsync(y, 0, (size_t)(cols) * sizeof(float), stream);" in text
+    assert "const long long split_wanted = (long long)split_sms * 8;" in text
+    assert "((long long)(rows) + 128 - 1) / 128" in text
+    assert "<<<dim3((unsigned)split_blocks, (unsigned)splits), 256, 0, stream>>>" in text
+    assert "(x, y, rows, cols, rows_per_split);" in text
+    (site,) = [s for s in mechanism.detect(split) if s.supported]
+    assert site.detail == {"side": "host"}
+    unsplit = remove_mechanism(split, mechanism).simplified.text
+    assert "long long splits = 1;" in unsplit and "if (split_blocks < split_wanted" not in unsplit
+    conditions = " ".join(c.text for c in mechanism.conditions(split, candidate))
+    assert "no fixed order" in conditions
+
+
+def test_a_carrier_sets_the_split_heuristic() -> None:
+    naive = KernelSource.from_file(HELDOUT_COLUMNS)
+    carried = Carrier.model_validate({"blocks_per_sm": 4, "min_rows": 64})
+    text = mechanism.apply(naive, _loop_candidate(naive), carried).text
+    assert "(long long)split_sms * 4;" in text and "+ 64 - 1) / 64" in text
+    with pytest.raises(MechanismRefused, match="positive integers"):
+        mechanism.apply(naive, _loop_candidate(naive), Carrier.model_validate({"min_rows": 0}))
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (("acc += x[r * cols + c];", "acc = fmaxf(acc, x[r * cols + c]);"), None),
+        (("float acc = 0.0f;", "float acc = 1.0f;"), "does not start at 0"),
+        (("y[c] = acc;", "y[c] = acc;\n  y[0] = 0.0f;"), "statements follow the loop"),
+        (("y[c] = acc;", "y[c] = acc / rows;"), "is not stored as `y[i] = acc;`"),
+        (("r < rows; ++r", "r < rows; r += 2"), "does not step r by one"),
+        (("threadIdx.x;\n  if", "threadIdx.x + threadIdx.y;\n  if"), "is not `blockIdx.x"),
+        (("float* y, int64_t rows", "double* y, int64_t rows"), "is not a float* parameter"),
+    ],
+)
+def test_other_forms_are_refused_with_what_differs(edit: tuple[str, str], why: str | None) -> None:
+    kernel = KernelSource(NAIVE_MAX.replace(*edit))
+    candidates = [c for c in mechanism.candidates(kernel) if c.detail.get("form") == "loop"]
+    if why is None:  # a max is no `acc += value` loop: no candidate at all
+        assert candidates == []
+        return
+    (candidate,) = candidates
+    assert not candidate.supported and why in (candidate.refusal or ""), candidate.refusal
+    assert "reduction kernel" in (candidate.refusal or "")
+
+
+@pytest.mark.nvcc
+def test_split_sums_compile(mechanism_builder: Builder) -> None:
+    from tests.mechanisms.roundtrip import compile_ok
+
+    sources = []
+    for name in ("column_sum", "row_sum"):
+        naive = KernelSource.from_file(REPO / "heldout" / name / "kernel.cu")
+        sources.append(mechanism.apply(naive, _loop_candidate(naive)))
+    compile_ok(mechanism_builder, sources)

@@ -94,3 +94,36 @@ def test_expert_removals_compile_or_refuse(mechanism_builder: Builder) -> None:
 def test_apply_on_heldout_row_reductions_compiles(mechanism_builder: Builder) -> None:
     names = ["row_sum", "layernorm", "mean_pool"]  # row_max, cross_entropy: the fixtures
     compile_ok(mechanism_builder, heldout_applications("warp_per_row", names))
+
+
+THREAD_ROWS_FMA = """#include <cuda_runtime.h>
+#include <stdint.h>
+
+__global__ void row_squares(const float* x, float* y, int64_t rows, int64_t cols) {
+  const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float s = 0.0f;
+  for (int64_t c = 0; c < cols; ++c) s = fmaf(x[r * cols + c], x[r * cols + c], s);
+  y[r] = sqrtf(s);
+}
+
+extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+  row_squares<<<(unsigned)((rows + 255) / 256), 256, 0, stream>>>(x, y, rows, cols);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def test_a_sum_of_products_through_fmaf_is_a_sum() -> None:
+    """``s = fmaf(a, b, s)``: the lanes' partial sums of products meet in a warp sum; an fmaf
+    that also reads ``s`` in a product is no sum."""
+    source = KernelSource(THREAD_ROWS_FMA)
+    (candidate,) = mechanism.candidates(source)
+    assert candidate.supported, candidate.refusal
+    applied = mechanism.apply(source, candidate).text
+    assert "for (int64_t c = threadIdx.x & 31; c < cols; c += 32)" in applied
+    assert "s = warp_reduce_sum(s);" in applied
+    assert "if ((threadIdx.x & 31) == 0) y[r] = sqrtf(s);" in applied
+    squared = KernelSource(THREAD_ROWS_FMA.replace("x[r * cols + c], s)", "s, s)"))
+    (refused,) = mechanism.candidates(squared)
+    assert "which is not a sum, a max or a min of it" in (refused.refusal or "")

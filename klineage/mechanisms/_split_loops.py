@@ -1,0 +1,428 @@
+"""split_k forward on naive code: a thread-per-output sum split over ``blockIdx.y``.
+
+The naive form is one thread per output, walking the whole reduction dimension:
+
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float acc = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) acc += x[r * cols + c];
+    y[c] = acc;
+
+When the outputs are too few to fill the GPU (a tall column sum, a short GEMV), most SMs sit
+idle. The rewrite gives each block row (``blockIdx.y``) a range of ``r`` and adds the partial
+sums with ``atomicAdd`` into the output, zeroed on the launch's stream first; ``run`` picks
+the split count to fill the GPU (blocks per SM times the SM count, over the blocks the outputs
+need), with at least ``min_rows`` values of ``r`` per split, so short reductions stay one
+split. The host choice is written in the canonical form the removal deletes (``splits = 1``
+raised by one ``if``), so a forward split is also a removable one.
+
+Everything else is refused, with the form found: other accumulators (a max needs an atomic
+max and a -inf fill), a loop that is not ``for (r = 0; r < n; ++r)`` over a parameter, an
+output written other than once at the thread's index, a kernel using ``blockIdx.y`` or shared
+memory, several launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Launch, Node, ParsedSource, strip_casts, strip_parens
+from klineage.mechanisms._tiles_util import fresh_name, names_in, statements
+
+__all__ = ["NotSplittable", "SplitLoop", "split_edits", "split_loops"]
+
+BLOCKS_PER_SM = 8
+"""Blocks per SM the split count aims at (a full wave of 256-thread blocks)."""
+MIN_ROWS = 128
+"""Reduction steps a split keeps at least, so that its atomics stay a small share."""
+
+
+class NotSplittable(Exception):
+    """The kernel is not in the naive thread-per-output sum form (the message says why)."""
+
+
+@dataclass(frozen=True)
+class SplitLoop:
+    """A thread-per-output sum and its one launch."""
+
+    kernel: Function
+    loop: Node
+    start: Node
+    """The loop variable's initial ``0``."""
+    condition: Node
+    """``r < n``."""
+    store: Node
+    """The ``y[i] = acc;`` statement."""
+    target: Node
+    """``y[i]``."""
+    accumulator: str
+    launch: Launch
+    steps: str
+    """The launch argument bound to the loop's bound ``n``."""
+    outputs: str
+    """The launch argument bound to the guard's bound (how many outputs are written)."""
+    output: str
+    """The launch argument bound to the output pointer."""
+
+
+def split_loops(source: ParsedSource) -> list[tuple[Function, Node, str | None]]:
+    """Each kernel's top-level reduction loops ``for (r = 0; r < n; ++r) acc += ...;``, with
+    None where the split rewrite applies or why not."""
+    found: list[tuple[Function, Node, str | None]] = []
+    for kernel in source.kernels:
+        if kernel.body is None:
+            continue
+        for loop in statements(kernel.body):
+            if loop.type != "for_statement" or _summed(source, loop) is None:
+                continue
+            try:
+                match(source, kernel, loop)
+            except NotSplittable as why:
+                found.append((kernel, loop, str(why)))
+            else:
+                found.append((kernel, loop, None))
+    return found
+
+
+def match(source: ParsedSource, kernel: Function, loop: Node) -> SplitLoop:
+    """The split form of ``loop`` in ``kernel``; :class:`NotSplittable` says why not."""
+    assert kernel.body is not None
+    if kernel.template_params:
+        raise NotSplittable(f"{kernel.name} is a template (its launches are not followed)")
+    accumulator = _summed(source, loop)
+    if accumulator is None:
+        raise NotSplittable("the loop body is not one `acc += value;`")
+    start, bound, condition = _counted(source, kernel, loop)
+    body = statements(kernel.body)
+    after = [s for s in body if s.start_byte >= loop.end_byte]
+    if len(after) != 1:
+        raise NotSplittable(
+            f"{len(after)} statements follow the loop; the form ends with the one store "
+            f"`y[i] = {accumulator};`"
+        )
+    store, target, pointer, index = _store(source, kernel, after[0], accumulator)
+    _declared_zero(source, kernel, body, loop, accumulator)
+    outputs = _guard(source, kernel, body, loop, index)
+    _one_thread_per_output(source, kernel, store)
+    launch = _only_launch(source, kernel)
+    arguments = _arguments(source, kernel, launch)
+    return SplitLoop(
+        kernel=kernel,
+        loop=loop,
+        start=start,
+        condition=condition,
+        store=store,
+        target=target,
+        accumulator=accumulator,
+        launch=launch,
+        steps=arguments[bound],
+        outputs=arguments[outputs],
+        output=arguments[pointer],
+    )
+
+
+def split_edits(
+    source: ParsedSource, found: SplitLoop, blocks_per_sm: int, min_rows: int
+) -> list[Edit]:
+    """The kernel takes a range of the loop per ``blockIdx.y`` and adds into the output; the
+    launch is preceded by the host's split choice and the output's zeroing."""
+    kernel, launch = found.kernel, found.launch
+    used = names_in(source, kernel.outer) | names_in(source, _host(source, launch))
+    per_split = fresh_name(used, "split_rows")
+    parameters = kernel.declarator.child_by_field_name("parameters")
+    assert parameters is not None
+    close = parameters.end_byte - 1  # before `)`
+    bound = source.text_of(found.condition)
+    edits = [
+        Edit.insert(close, f", long long {per_split}"),
+        Edit.replace(found.start, f"(long long)blockIdx.y * {per_split}"),
+        Edit.replace(
+            found.condition,
+            f"{bound} && {_variable(source, found)} < ((long long)blockIdx.y + 1) * {per_split}",
+        ),
+        Edit.replace(
+            found.store, f"atomicAdd(&{source.text_of(found.target)}, {found.accumulator});"
+        ),
+    ]
+    statement = launch.node
+    while statement.parent is not None and statement.type != "expression_statement":
+        statement = statement.parent
+    indent = source.indent_of(statement.start_byte)
+    names = {n: fresh_name(used, n) for n in _HOST_NAMES}
+    config = [source.text_of(part) for part in launch.config]
+    stream = config[3] if len(config) > 3 else "0"
+    shared = config[2] if len(config) > 2 else "0"
+    arguments = ", ".join([*(source.text_of(a) for a in launch.args), names["rows_per_split"]])
+    template = _HOST.format(
+        grid=config[0],
+        steps=found.steps,
+        outputs=found.outputs,
+        output=found.output,
+        stream=stream,
+        blocks_per_sm=blocks_per_sm,
+        min_rows=min_rows,
+        launch=f"{launch.kernel}<<<dim3((unsigned){names['split_blocks']}, "
+        f"(unsigned){names['splits']}), {config[1]}, {shared}, {stream}>>>({arguments});",
+        **names,
+    )
+    lines = template.strip("\n").splitlines()
+    text = lines[0] + "".join(f"\n{indent}{line}" for line in lines[1:])
+    return [*edits, Edit.replace(statement, text)]
+
+
+_HOST_NAMES = (
+    "split_device",
+    "split_sms",
+    "split_blocks",
+    "split_wanted",
+    "split_fill",
+    "split_most",
+    "splits",
+    "rows_per_split",
+    "split_zeroed",
+)
+# the first line goes where the launch was; the others follow at its indent
+_HOST = """
+int {split_device} = 0, {split_sms} = 1;
+cudaGetDevice(&{split_device});
+cudaDeviceGetAttribute(&{split_sms}, cudaDevAttrMultiProcessorCount, {split_device});
+const long long {split_blocks} = (long long)({grid});
+const long long {split_wanted} = (long long){split_sms} * {blocks_per_sm};
+const long long {split_fill} =
+    ({split_wanted} + {split_blocks} - 1) / ({split_blocks} > 0 ? {split_blocks} : 1);
+const long long {split_most} = ((long long)({steps}) + {min_rows} - 1) / {min_rows};
+long long {splits} = 1;
+if ({split_blocks} < {split_wanted} && {split_most} > 1)
+  {splits} = {split_fill} < {split_most} ? {split_fill} : {split_most};
+const long long {rows_per_split} = ((long long)({steps}) + {splits} - 1) / {splits};
+const cudaError_t {split_zeroed} =
+    cudaMemsetAsync({output}, 0, (size_t)({outputs}) * sizeof(float), {stream});
+if ({split_zeroed} != cudaSuccess) return (int){split_zeroed};
+{launch}
+"""
+
+
+def _host(source: ParsedSource, launch: Launch) -> Node:
+    function = source.enclosing_function(launch.node)
+    assert function is not None
+    return function.outer
+
+
+def _variable(source: ParsedSource, found: SplitLoop) -> str:
+    left = found.condition.child_by_field_name("left")
+    assert left is not None
+    return source.text_of(left)
+
+
+def _summed(source: ParsedSource, loop: Node) -> str | None:
+    """``acc`` when the loop body is one ``acc += value;`` (value without side effects)."""
+    body = loop.child_by_field_name("body")
+    if body is None:
+        return None
+    inner = statements(body) if body.type == "compound_statement" else [body]
+    if len(inner) != 1 or inner[0].type != "expression_statement" or not inner[0].named_children:
+        return None
+    assignment = inner[0].named_children[0]
+    operator = assignment.child_by_field_name("operator")
+    left = assignment.child_by_field_name("left")
+    right = assignment.child_by_field_name("right")
+    if (
+        assignment.type != "assignment_expression"
+        or operator is None
+        or operator.type != "+="
+        or left is None
+        or left.type != "identifier"
+        or right is None
+    ):
+        return None
+    if any(
+        True for _ in source.iter_nodes("assignment_expression", "update_expression", within=right)
+    ):
+        return None
+    for call in source.iter_nodes("call_expression", within=right):
+        callee = call.child_by_field_name("function")
+        if callee is not None and source.text_of(callee).startswith("atomic"):
+            return None
+    return source.text_of(left)
+
+
+def _counted(source: ParsedSource, kernel: Function, loop: Node) -> tuple[Node, str, Node]:
+    """(the initial 0, the bound parameter, the condition) of ``for (r = 0; r < n; ++r)``."""
+    initializer = loop.child_by_field_name("initializer")
+    condition = loop.child_by_field_name("condition")
+    update = loop.child_by_field_name("update")
+    declarators = initializer.children_by_field_name("declarator") if initializer else []
+    value = declarators[0].child_by_field_name("value") if len(declarators) == 1 else None
+    if value is None or fold_int(source, value) != 0:
+        raise NotSplittable("the loop does not declare its variable from 0")
+    inner = declarators[0].child_by_field_name("declarator")
+    variable = source.text_of(inner) if inner is not None else ""
+    operator, left, right = _parts(condition, "operator", "left", "right")
+    if condition is None or condition.type != "binary_expression" or operator is None:
+        raise NotSplittable(f"the loop condition is not `{variable} < n`")
+    if operator.type != "<" or left is None or source.text_of(left) != variable or not right:
+        raise NotSplittable(f"the loop condition is not `{variable} < n`")
+    bound = source.text_of(strip_parens(strip_casts(right)))
+    if bound not in {p.name for p in kernel.params if p.name and not p.pointer_depth}:
+        raise NotSplittable(f"the loop bound {source.text_of(right)} is not a kernel parameter")
+    steps = {f"++{variable}", f"{variable}++", f"{variable}+=1"}
+    if update is None or source.text_of(update).replace(" ", "") not in steps:
+        raise NotSplittable(f"the loop does not step {variable} by one")
+    return value, bound, condition
+
+
+def _parts(node: Node | None, *fields: str) -> list[Node | None]:
+    """The named fields of ``node`` (all None without a node)."""
+    return [node.child_by_field_name(f) if node is not None else None for f in fields]
+
+
+def _store(
+    source: ParsedSource, kernel: Function, statement: Node, accumulator: str
+) -> tuple[Node, Node, str, str]:
+    """(statement, target, pointer, index) of ``y[i] = acc;`` into a float pointer."""
+    assignment = statement.named_children[0] if statement.type == "expression_statement" else None
+    operator, target, value = _parts(assignment, "operator", "left", "right")
+    stored = (
+        assignment is not None
+        and assignment.type == "assignment_expression"
+        and operator is not None
+        and operator.type == "="
+        and value is not None
+        and source.text_of(strip_parens(value)) == accumulator
+    )
+    if not stored or target is None or target.type != "subscript_expression":
+        raise NotSplittable(f"the loop's sum is not stored as `y[i] = {accumulator};`")
+    pointer = target.child_by_field_name("argument")
+    index = target.child_by_field_name("indices") or target.child_by_field_name("index")
+    if pointer is None or index is None:
+        raise NotSplittable("the store's target is not `y[i]`")
+    name = source.text_of(pointer)
+    params = {p.name: p for p in kernel.params if p.name}
+    param = params.get(name)
+    if param is None or param.pointer_depth != 1 or param.base_type != "float" or param.is_const:
+        raise NotSplittable(f"{name} is not a float* parameter (atomicAdd of a float partial)")
+    text = source.text_of(index).strip("[] ")
+    return statement, target, name, text
+
+
+def _declared_zero(
+    source: ParsedSource, kernel: Function, body: list[Node], loop: Node, accumulator: str
+) -> None:
+    for statement in body:
+        if statement.start_byte >= loop.start_byte or statement.type != "declaration":
+            continue
+        for declarator in statement.children_by_field_name("declarator"):
+            inner = declarator.child_by_field_name("declarator")
+            value = declarator.child_by_field_name("value")
+            if inner is None or source.text_of(inner) != accumulator:
+                continue
+            kind = statement.child_by_field_name("type")
+            if kind is None or source.text_of(kind) != "float":
+                raise NotSplittable(f"{accumulator} is not a float (atomicAdd of a float)")
+            if value is None or source.text_of(value).rstrip("fF") not in ("0", "0.0", "0.", ".0"):
+                raise NotSplittable(f"{accumulator} does not start at 0 (a sum's identity)")
+            return
+    raise NotSplittable(f"{accumulator} is not declared before the loop")
+
+
+def _guard(source: ParsedSource, kernel: Function, body: list[Node], loop: Node, index: str) -> str:
+    """The parameter ``n`` of ``if (i >= n) return;`` guarding the thread's index ``i``,
+    which must be ``blockIdx.x * blockDim.x + threadIdx.x``."""
+    declared = None
+    guard = None
+    for statement in body:
+        if statement.start_byte >= loop.start_byte:
+            break
+        if statement.type == "declaration":
+            for declarator in statement.children_by_field_name("declarator"):
+                inner = declarator.child_by_field_name("declarator")
+                if inner is not None and source.text_of(inner) == index:
+                    declared = declarator.child_by_field_name("value")
+        if statement.type == "if_statement":
+            guard = statement
+    if declared is None or _flat(source, declared) not in _GLOBAL_INDEX:
+        raise NotSplittable(
+            f"the output index {index} is not `blockIdx.x * blockDim.x + threadIdx.x`"
+        )
+    condition = guard.child_by_field_name("condition") if guard is not None else None
+    consequence = guard.child_by_field_name("consequence") if guard is not None else None
+    text = _flat(source, condition) if condition is not None else ""
+    params = {p.name for p in kernel.params if p.name and not p.pointer_depth}
+    bound = text.removeprefix(f"({index}>=").removesuffix(")")
+    if (
+        consequence is None
+        or source.text_of(consequence).replace(" ", "") not in ("return;", "{return;}")
+        or not text.startswith(f"({index}>=")
+        or bound not in params
+    ):
+        raise NotSplittable(f"the kernel has no guard `if ({index} >= n) return;` over a parameter")
+    return bound
+
+
+_GLOBAL_INDEX = {
+    "blockIdx.x*blockDim.x+threadIdx.x",
+    "threadIdx.x+blockIdx.x*blockDim.x",
+    "blockDim.x*blockIdx.x+threadIdx.x",
+}
+
+
+def _flat(source: ParsedSource, node: Node) -> str:
+    """The expression's text without casts and spaces."""
+    text = source.text_of(node)
+    for cast in source.iter_nodes("cast_expression", within=node):
+        kind = cast.child_by_field_name("type")
+        if kind is not None:
+            text = text.replace(f"({source.text_of(kind)})", "")
+    return text.replace(" ", "").replace("\n", "")
+
+
+def _one_thread_per_output(source: ParsedSource, kernel: Function, store: Node) -> None:
+    assert kernel.body is not None
+    text = source.text_of(kernel.body)
+    for used in ("blockIdx.y", "gridDim.y", "threadIdx.y", "__syncthreads", "__shared__", "atomic"):
+        if used in text:
+            raise NotSplittable(f"the kernel uses {used}; the split takes blockIdx.y for itself")
+    for node in source.iter_nodes("assignment_expression", within=kernel.body):
+        left = node.child_by_field_name("left")
+        writes = left is not None and left.type in ("subscript_expression", "pointer_expression")
+        if writes and not store.start_byte <= node.start_byte < store.end_byte:
+            raise NotSplittable(
+                f"the kernel also writes {source.text_of(left)}; the form stores once"
+            )
+
+
+def _only_launch(source: ParsedSource, kernel: Function) -> Launch:
+    launches = source.launches_of(kernel.name)
+    if len(launches) != 1:
+        raise NotSplittable(f"{kernel.name} is launched {len(launches)} times, not once")
+    (launch,) = launches
+    host = source.enclosing_function(launch.node)
+    if host is None or not host.extern_c or launch.grid is None or launch.block is None:
+        raise NotSplittable("the launch is not in the entry `run` with a grid and a block")
+    grid = source.text_of(launch.grid)
+    if "dim3" in grid or "," in grid:
+        raise NotSplittable(f"the grid {grid} is not one-dimensional")
+    types = source.local_types(host)
+    if launch.grid.type == "identifier" and "dim3" in types.get(grid, ""):
+        raise NotSplittable(f"the grid {grid} is a dim3")
+    return launch
+
+
+def _arguments(source: ParsedSource, kernel: Function, launch: Launch) -> dict[str, str]:
+    """Kernel parameter -> the launch's argument, each free of side effects."""
+    names = [p.name for p in kernel.params]
+    if len(names) != len(launch.args) or None in names:
+        raise NotSplittable("the launch's arguments do not match the kernel's parameters")
+    found: dict[str, str] = {}
+    for name, argument in zip(names, launch.args, strict=True):
+        if any(
+            True
+            for _ in source.iter_nodes(
+                "assignment_expression", "update_expression", "call_expression", within=argument
+            )
+        ):
+            raise NotSplittable(f"the argument {source.text_of(argument)} is not a plain value")
+        found[str(name)] = source.text_of(argument)
+    return found
