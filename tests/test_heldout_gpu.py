@@ -29,3 +29,18 @@ def test_naive_kernel_passes_its_gate(gate, folder: Path) -> None:
     problem = load_problem(folder)
     verdict = gate.run(problem, KernelSource.from_file(problem.kernel_path), time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
+
+
+@pytest.mark.parametrize("name", ["column_sum", "row_sum"])
+def test_split_sums_pass_their_gate(gate, name: str) -> None:
+    """split_k's forward form on the naive thread-per-output sums: partials added with
+    atomics into the zeroed output, on every workload (the gate's audits included)."""
+    from klineage.mechanisms import get
+
+    problem = load_problem(REPO / "heldout" / name)
+    naive = KernelSource.from_file(problem.kernel_path)
+    split_k = get("split_k")
+    (candidate,) = [c for c in split_k.candidates(naive) if c.detail.get("form") == "loop"]
+    split = split_k.apply(naive, candidate)
+    verdict = gate.run(problem, split, time_it=False)
+    assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]

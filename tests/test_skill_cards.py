@@ -168,3 +168,34 @@ def test_the_committed_cards_are_what_the_library_renders(library: SkillLibrary)
     for skill in library:
         card = (REPO / "skills_out" / skill.id / "SKILL.md").read_text(encoding="utf-8")
         assert card == render_skill_md(skill), skill.id
+
+
+@pytest.mark.parametrize(
+    ("skill_id", "written"),
+    [
+        ("warp_per_row--l2_pool_rows_f16--e06074e6", "s = warp_reduce_sum(s);"),
+        (
+            "smem_staging--linear_relu_f32--189385b0",
+            "acc = fmaf(xs[ty][kk], ws[kk][tx], acc);",
+        ),
+    ],
+)
+def test_two_untransferable_cards_have_forward_rules_for_their_forms_now(
+    library: SkillLibrary, skill_id: str, written: str
+) -> None:
+    """Their round trips restored the edge's source (the rules then refused `s = fmaf(f, f,
+    s)` and a blocked `acc = fmaf(x, y, acc)`); the removal from the committed optimized state
+    now re-applies by rule, so a re-mine makes them transferable."""
+    from klineage.kernel import KernelSource
+    from klineage.lineage import LineageGraph
+    from klineage.mechanisms import get
+    from klineage.mining.removal import reapply, remove_mechanism
+
+    skill = library.get(skill_id)
+    assert skill.transferable is False  # as committed: the re-mine is owed
+    lineage = LineageGraph.load(REPO / "skills_out" / "lineages" / f"{skill.evidence.problem}.json")
+    optimized = KernelSource(lineage.state(skill.evidence.optimized).source)
+    removal = remove_mechanism(optimized, get(skill.mechanism))
+    assert removal.simplified.fingerprint == skill.evidence.simplified
+    again = reapply(removal).text
+    assert written in again and written not in removal.simplified.text
