@@ -31,10 +31,11 @@ def test_naive_kernel_passes_its_gate(gate, folder: Path) -> None:
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
 
 
-@pytest.mark.parametrize("name", ["column_sum", "row_sum"])
+@pytest.mark.parametrize("name", ["column_sum", "row_sum", "mean_pool", "gemv"])
 def test_split_sums_pass_their_gate(gate, name: str) -> None:
     """split_k's forward form on the naive thread-per-output sums: partials added with
-    atomics into the zeroed output, on every workload (the gate's audits included)."""
+    atomics into the zeroed output (column_sum, row_sum) or into a float workspace that a
+    second kernel stores (mean_pool, gemv), on every workload."""
     from klineage.mechanisms import get
 
     problem = load_problem(REPO / "heldout" / name)

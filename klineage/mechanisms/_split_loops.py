@@ -10,16 +10,20 @@ The naive form is one thread per output, walking the whole reduction dimension:
 
 When the outputs are too few to fill the GPU (a tall column sum, a short GEMV), most SMs sit
 idle. The rewrite gives each block row (``blockIdx.y``) a range of ``r`` and adds the partial
-sums with ``atomicAdd`` into the output, zeroed on the launch's stream first; ``run`` picks
-the split count to fill the GPU (blocks per SM times the SM count, over the blocks the outputs
-need), with at least ``min_rows`` values of ``r`` per split, so short reductions stay one
-split. The host choice is written in the canonical form the removal deletes (``splits = 1``
-raised by one ``if``), so a forward split is also a removable one.
+sums with ``atomicAdd``: into the output itself, zeroed on the launch's stream first, when the
+sum is stored as it is into a float output; otherwise (``y[i] = __float2half(acc / n)``, an
+epilogue that reads only the sum and parameters) into a float workspace allocated and zeroed
+on the stream, which a second kernel (the thread index, the guard and the store as written)
+turns into the output before the workspace is freed. ``run`` picks the split count to fill the
+GPU (blocks per SM times the SM count, over the blocks the outputs need), with at least
+``min_rows`` values of ``r`` per split, so short reductions stay one split. The host choice is
+written in the canonical form the removal deletes (``splits = 1`` raised by one ``if``), so a
+forward split is also a removable one.
 
 Everything else is refused, with the form found: other accumulators (a max needs an atomic
-max and a -inf fill), a loop that is not ``for (r = 0; r < n; ++r)`` over a parameter, an
-output written other than once at the thread's index, a kernel using ``blockIdx.y`` or shared
-memory, several launches.
+max and a -inf fill), a loop that is not ``for (r = 0; r < n; ++r)`` over a parameter, more
+than the one store after the loop, an epilogue reading locals, a kernel using ``blockIdx.y``
+or shared memory, several launches.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Launch, Node, ParsedSource, strip_casts, strip_parens
-from klineage.mechanisms._tiles_util import fresh_name, names_in, statements
+from klineage.mechanisms._tiles_util import fresh_name, names_in, rename, statements
 
 __all__ = ["NotSplittable", "SplitLoop", "split_edits", "split_loops"]
 
@@ -65,6 +69,13 @@ class SplitLoop:
     """The launch argument bound to the guard's bound (how many outputs are written)."""
     output: str
     """The launch argument bound to the output pointer."""
+    direct: bool
+    """The sum is stored as it is into a float output (atomics into it); otherwise the
+    partials meet in a float workspace that a second kernel stores through the epilogue."""
+    declaration: Node
+    """The thread index's declaration."""
+    guard: Node
+    """``if (i >= n) return;``."""
 
 
 def split_loops(source: ParsedSource) -> list[tuple[Function, Node, str | None]]:
@@ -102,9 +113,9 @@ def match(source: ParsedSource, kernel: Function, loop: Node) -> SplitLoop:
             f"{len(after)} statements follow the loop; the form ends with the one store "
             f"`y[i] = {accumulator};`"
         )
-    store, target, pointer, index = _store(source, kernel, after[0], accumulator)
+    store, target, pointer, index, direct = _store(source, kernel, after[0], accumulator)
     _declared_zero(source, kernel, body, loop, accumulator)
-    outputs = _guard(source, kernel, body, loop, index)
+    guard, declaration, outputs = _guard(source, kernel, body, loop, index)
     _one_thread_per_output(source, kernel, store)
     launch = _only_launch(source, kernel)
     arguments = _arguments(source, kernel, launch)
@@ -118,33 +129,44 @@ def match(source: ParsedSource, kernel: Function, loop: Node) -> SplitLoop:
         accumulator=accumulator,
         launch=launch,
         steps=arguments[bound],
-        outputs=arguments[outputs],
+        outputs=rename(
+            source, outputs, {n: a if a.isidentifier() else f"({a})" for n, a in arguments.items()}
+        ),
         output=arguments[pointer],
+        direct=direct,
+        declaration=declaration,
+        guard=guard,
     )
 
 
 def split_edits(
     source: ParsedSource, found: SplitLoop, blocks_per_sm: int, min_rows: int
 ) -> list[Edit]:
-    """The kernel takes a range of the loop per ``blockIdx.y`` and adds into the output; the
-    launch is preceded by the host's split choice and the output's zeroing."""
+    """The kernel takes a range of the loop per ``blockIdx.y`` and adds its partial with
+    ``atomicAdd``: into the zeroed output when the sum is stored as it is, else into a zeroed
+    float workspace that a second kernel stores through the epilogue. The launch is preceded
+    by the host's split choice (and the workspace's allocation, freed after)."""
     kernel, launch = found.kernel, found.launch
     used = names_in(source, kernel.outer) | names_in(source, _host(source, launch))
+    used |= {f.name for f in source.functions}
     per_split = fresh_name(used, "split_rows")
+    sums = fresh_name(used, "split_sums")
     parameters = kernel.declarator.child_by_field_name("parameters")
     assert parameters is not None
     close = parameters.end_byte - 1  # before `)`
     bound = source.text_of(found.condition)
+    into = source.text_of(found.target) if found.direct else f"{sums}[{_index(source, found)}]"
+    added = f", long long {per_split}"
+    if not found.direct:
+        added = f", float* {sums}{added}"
     edits = [
-        Edit.insert(close, f", long long {per_split}"),
+        Edit.insert(close, added),
         Edit.replace(found.start, f"(long long)blockIdx.y * {per_split}"),
         Edit.replace(
             found.condition,
             f"{bound} && {_variable(source, found)} < ((long long)blockIdx.y + 1) * {per_split}",
         ),
-        Edit.replace(
-            found.store, f"atomicAdd(&{source.text_of(found.target)}, {found.accumulator});"
-        ),
+        Edit.replace(found.store, f"atomicAdd(&{into}, {found.accumulator});"),
     ]
     statement = launch.node
     while statement.parent is not None and statement.type != "expression_statement":
@@ -154,22 +176,57 @@ def split_edits(
     config = [source.text_of(part) for part in launch.config]
     stream = config[3] if len(config) > 3 else "0"
     shared = config[2] if len(config) > 2 else "0"
-    arguments = ", ".join([*(source.text_of(a) for a in launch.args), names["rows_per_split"]])
-    template = _HOST.format(
-        grid=config[0],
-        steps=found.steps,
-        outputs=found.outputs,
-        output=found.output,
-        stream=stream,
-        blocks_per_sm=blocks_per_sm,
-        min_rows=min_rows,
-        launch=f"{launch.kernel}<<<dim3((unsigned){names['split_blocks']}, "
-        f"(unsigned){names['splits']}), {config[1]}, {shared}, {stream}>>>({arguments});",
-        **names,
+    args = [source.text_of(a) for a in launch.args]
+    passed = (
+        [*args, names["rows_per_split"]] if found.direct else [*args, sums, names["rows_per_split"]]
     )
+    launched = (
+        f"{launch.kernel}<<<dim3((unsigned){names['split_blocks']}, "
+        f"(unsigned){names['splits']}), {config[1]}, {shared}, {stream}>>>({', '.join(passed)});"
+    )
+    fields = {
+        "grid": config[0],
+        "steps": found.steps,
+        "outputs": found.outputs,
+        "stream": stream,
+        "blocks_per_sm": blocks_per_sm,
+        "min_rows": min_rows,
+        **names,
+    }
+    if found.direct:
+        template = _HOST.format(output=found.output, launch=launched, **fields)
+    else:
+        finish = fresh_name(used, f"{kernel.name}_finish")
+        launched += (
+            f"\n{finish}<<<{config[0]}, {config[1]}, 0, {stream}>>>({', '.join([*args, sums])});"
+        )
+        template = _WORKSPACE.format(sums=sums, launch=launched, **fields)
+        finisher = _finisher(source, found, finish, sums)
+        edits.append(Edit.insert(kernel.outer.end_byte, f"\n\n{finisher}"))
     lines = template.strip("\n").splitlines()
     text = lines[0] + "".join(f"\n{indent}{line}" for line in lines[1:])
     return [*edits, Edit.replace(statement, text)]
+
+
+def _index(source: ParsedSource, found: SplitLoop) -> str:
+    """``i`` of the store ``y[i] = ...``."""
+    return source.text_of(found.target).split("[", 1)[1].rsplit("]", 1)[0]
+
+
+def _finisher(source: ParsedSource, found: SplitLoop, name: str, sums: str) -> str:
+    """A kernel of the original's parameters and the workspace: the thread's index and guard
+    as written, then the store as written with the sum read from the workspace."""
+    parameters = found.kernel.declarator.child_by_field_name("parameters")
+    assert parameters is not None
+    signature = source.text_of(parameters)[:-1] + f", const float* {sums})"
+    body = [
+        source.text_of(found.declaration),
+        source.text_of(found.guard),
+        f"const float {found.accumulator} = {sums}[{_index(source, found)}];",
+        source.text_of(found.store),
+    ]
+    lines = "".join(f"\n  {line}" for line in body)
+    return f"__global__ void {name}{signature} {{{lines}\n}}"
 
 
 _HOST_NAMES = (
@@ -184,7 +241,7 @@ _HOST_NAMES = (
     "split_zeroed",
 )
 # the first line goes where the launch was; the others follow at its indent
-_HOST = """
+_CHOICE = """
 int {split_device} = 0, {split_sms} = 1;
 cudaGetDevice(&{split_device});
 cudaDeviceGetAttribute(&{split_sms}, cudaDevAttrMultiProcessorCount, {split_device});
@@ -197,11 +254,30 @@ long long {splits} = 1;
 if ({split_blocks} < {split_wanted} && {split_most} > 1)
   {splits} = {split_fill} < {split_most} ? {split_fill} : {split_most};
 const long long {rows_per_split} = ((long long)({steps}) + {splits} - 1) / {splits};
-const cudaError_t {split_zeroed} =
+"""
+# the partials added into the output, zeroed first
+_HOST = (
+    _CHOICE
+    + """const cudaError_t {split_zeroed} =
     cudaMemsetAsync({output}, 0, (size_t)({outputs}) * sizeof(float), {stream});
 if ({split_zeroed} != cudaSuccess) return (int){split_zeroed};
 {launch}
 """
+)
+# the partials met in a float workspace allocated on the stream
+_WORKSPACE = (
+    _CHOICE
+    + """float* {sums} = nullptr;
+cudaError_t {split_zeroed} =
+    cudaMallocAsync((void**)&{sums}, (size_t)({outputs}) * sizeof(float), {stream});
+if ({split_zeroed} != cudaSuccess) return (int){split_zeroed};
+{split_zeroed} = cudaMemsetAsync({sums}, 0, (size_t)({outputs}) * sizeof(float), {stream});
+if ({split_zeroed} != cudaSuccess) return (int){split_zeroed};
+{launch}
+{split_zeroed} = cudaFreeAsync({sums}, {stream});
+if ({split_zeroed} != cudaSuccess) return (int){split_zeroed};
+"""
+)
 
 
 def _host(source: ParsedSource, launch: Launch) -> Node:
@@ -280,8 +356,10 @@ def _parts(node: Node | None, *fields: str) -> list[Node | None]:
 
 def _store(
     source: ParsedSource, kernel: Function, statement: Node, accumulator: str
-) -> tuple[Node, Node, str, str]:
-    """(statement, target, pointer, index) of ``y[i] = acc;`` into a float pointer."""
+) -> tuple[Node, Node, str, str, bool]:
+    """(statement, target, pointer, index, direct) of ``y[i] = value;``: direct when the value
+    is the sum itself into a float pointer; otherwise the value is an epilogue of it
+    (``__float2half(acc / (float)seq)``) that reads only the sum and parameters."""
     assignment = statement.named_children[0] if statement.type == "expression_statement" else None
     operator, target, value = _parts(assignment, "operator", "left", "right")
     stored = (
@@ -290,9 +368,8 @@ def _store(
         and operator is not None
         and operator.type == "="
         and value is not None
-        and source.text_of(strip_parens(value)) == accumulator
     )
-    if not stored or target is None or target.type != "subscript_expression":
+    if not stored or target is None or target.type != "subscript_expression" or value is None:
         raise NotSplittable(f"the loop's sum is not stored as `y[i] = {accumulator};`")
     pointer = target.child_by_field_name("argument")
     index = target.child_by_field_name("indices") or target.child_by_field_name("index")
@@ -301,10 +378,21 @@ def _store(
     name = source.text_of(pointer)
     params = {p.name: p for p in kernel.params if p.name}
     param = params.get(name)
-    if param is None or param.pointer_depth != 1 or param.base_type != "float" or param.is_const:
-        raise NotSplittable(f"{name} is not a float* parameter (atomicAdd of a float partial)")
+    if param is None or param.pointer_depth != 1 or param.is_const:
+        raise NotSplittable(f"{name} is not a parameter the kernel writes through")
+    direct = source.text_of(strip_parens(value)) == accumulator and param.base_type == "float"
+    called = {
+        source.text_of(c.child_by_field_name("function") or c)
+        for c in source.iter_nodes("call_expression", within=value)
+    }
+    read = names_in(source, value) - called - {accumulator}
+    if accumulator not in names_in(source, value) or not read <= set(params):
+        raise NotSplittable(
+            f"the stored value {source.text_of(value)} reads more than {accumulator} and the "
+            "kernel's parameters"
+        )
     text = source.text_of(index).strip("[] ")
-    return statement, target, name, text
+    return statement, target, name, text, direct
 
 
 def _declared_zero(
@@ -327,10 +415,14 @@ def _declared_zero(
     raise NotSplittable(f"{accumulator} is not declared before the loop")
 
 
-def _guard(source: ParsedSource, kernel: Function, body: list[Node], loop: Node, index: str) -> str:
-    """The parameter ``n`` of ``if (i >= n) return;`` guarding the thread's index ``i``,
-    which must be ``blockIdx.x * blockDim.x + threadIdx.x``."""
+def _guard(
+    source: ParsedSource, kernel: Function, body: list[Node], loop: Node, index: str
+) -> tuple[Node, Node, Node]:
+    """(the guard, the index's declaration, the bound) of ``if (i >= n) return;`` guarding
+    the thread's index ``i``, which must be ``blockIdx.x * blockDim.x + threadIdx.x``; ``n``
+    reads only integer parameters (``batch * hidden``)."""
     declared = None
+    declaration = None
     guard = None
     for statement in body:
         if statement.start_byte >= loop.start_byte:
@@ -339,26 +431,29 @@ def _guard(source: ParsedSource, kernel: Function, body: list[Node], loop: Node,
             for declarator in statement.children_by_field_name("declarator"):
                 inner = declarator.child_by_field_name("declarator")
                 if inner is not None and source.text_of(inner) == index:
-                    declared = declarator.child_by_field_name("value")
-        if statement.type == "if_statement":
+                    declared, declaration = declarator.child_by_field_name("value"), statement
+        if statement.type == "if_statement" and guard is None:
             guard = statement
-    if declared is None or _flat(source, declared) not in _GLOBAL_INDEX:
+    if declared is None or declaration is None or _flat(source, declared) not in _GLOBAL_INDEX:
         raise NotSplittable(
             f"the output index {index} is not `blockIdx.x * blockDim.x + threadIdx.x`"
         )
+    refusal = f"the kernel has no guard `if ({index} >= n) return;` over its parameters"
     condition = guard.child_by_field_name("condition") if guard is not None else None
     consequence = guard.child_by_field_name("consequence") if guard is not None else None
-    text = _flat(source, condition) if condition is not None else ""
-    params = {p.name for p in kernel.params if p.name and not p.pointer_depth}
-    bound = text.removeprefix(f"({index}>=").removesuffix(")")
-    if (
-        consequence is None
-        or source.text_of(consequence).replace(" ", "") not in ("return;", "{return;}")
-        or not text.startswith(f"({index}>=")
-        or bound not in params
-    ):
-        raise NotSplittable(f"the kernel has no guard `if ({index} >= n) return;` over a parameter")
-    return bound
+    named = [c for c in condition.named_children if c.type != "comment"] if condition else []
+    test = strip_parens(named[0]) if len(named) == 1 else None
+    operator, left, bound = _parts(test, "operator", "left", "right")
+    if guard is None or consequence is None or operator is None or operator.type != ">=":
+        raise NotSplittable(refusal)
+    if source.text_of(consequence).replace(" ", "") not in ("return;", "{return;}"):
+        raise NotSplittable(refusal)
+    if left is None or source.text_of(strip_parens(left)) != index or bound is None:
+        raise NotSplittable(refusal)
+    integers = {p.name for p in kernel.params if p.name and not p.pointer_depth}
+    if not names_in(source, bound) <= integers:
+        raise NotSplittable(refusal)
+    return guard, declaration, bound
 
 
 _GLOBAL_INDEX = {

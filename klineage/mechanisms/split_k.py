@@ -20,9 +20,10 @@ and a small kernel (or atomics) sums the partials.
   where the code after it still branches on the count (the workspace, the split kernels and
   the reduction are all still there; only the choice was deleted); a carried clamp replaces
   the ``1`` again, when every name it reads is declared before it. On naive code, a
-  thread-per-output sum is split over ``blockIdx.y`` with atomics
-  (:mod:`klineage.mechanisms._split_loops`). Any other new split is refused: it needs a
-  partial-sum workspace and a reduction kernel, which only a person or an LLM writes.
+  thread-per-output sum is split over ``blockIdx.y`` with atomics, into the output or a
+  float workspace a second kernel stores (:mod:`klineage.mechanisms._split_loops`). Any
+  other new split is refused: it needs a partial-sum workspace and a reduction kernel, which
+  only a person or an LLM writes.
 """
 
 from __future__ import annotations

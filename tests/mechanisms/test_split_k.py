@@ -102,6 +102,7 @@ NAIVE_MAX = """\
 __global__ void column_top(const float* x, float* y, int64_t rows, int64_t cols) {
   const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
+  float* out = y;
   float acc = 0.0f;
   for (int64_t r = 0; r < rows; ++r) acc += x[r * cols + c];
   y[c] = acc;
@@ -161,10 +162,14 @@ def test_a_carrier_sets_the_split_heuristic() -> None:
         (("acc += x[r * cols + c];", "acc = fmaxf(acc, x[r * cols + c]);"), None),
         (("float acc = 0.0f;", "float acc = 1.0f;"), "does not start at 0"),
         (("y[c] = acc;", "y[c] = acc;\n  y[0] = 0.0f;"), "statements follow the loop"),
-        (("y[c] = acc;", "y[c] = acc / rows;"), "is not stored as `y[i] = acc;`"),
+        (("y[c] = acc;", "y[c] = acc * c;"), "reads more than acc and the kernel's parameters"),
         (("r < rows; ++r", "r < rows; r += 2"), "does not step r by one"),
         (("threadIdx.x;\n  if", "threadIdx.x + threadIdx.y;\n  if"), "is not `blockIdx.x"),
-        (("float* y, int64_t rows", "double* y, int64_t rows"), "is not a float* parameter"),
+        (
+            ("y[c] = acc;", "out[c] = acc;"),
+            "out is not a parameter the kernel writes through",
+        ),
+        (("y[c] = acc;", "*(y + c) = acc;"), "is not stored as `y[i] = acc;`"),
     ],
 )
 def test_other_forms_are_refused_with_what_differs(edit: tuple[str, str], why: str | None) -> None:
@@ -183,7 +188,28 @@ def test_split_sums_compile(mechanism_builder: Builder) -> None:
     from tests.mechanisms.roundtrip import compile_ok
 
     sources = []
-    for name in ("column_sum", "row_sum"):
+    for name in ("column_sum", "row_sum", "mean_pool", "gemv", "batched_hgemm", "sgemm"):
         naive = KernelSource.from_file(REPO / "heldout" / name / "kernel.cu")
         sources.append(mechanism.apply(naive, _loop_candidate(naive)))
     compile_ok(mechanism_builder, sources)
+
+
+def test_a_sum_stored_through_an_epilogue_meets_in_a_workspace() -> None:
+    """mean_pool stores ``__float2half(acc / (float)seq)``: the splits add into a float
+    workspace allocated on the stream, and a second kernel (the index, the guard and the store
+    as written) stores the epilogue of each sum; the workspace is freed on the stream."""
+    naive = KernelSource.from_file(REPO / "heldout" / "mean_pool" / "kernel.cu")
+    text = mechanism.apply(naive, _loop_candidate(naive)).text
+    assert "int64_t hidden, float* split_sums, long long split_rows)" in text
+    assert "atomicAdd(&split_sums[i], acc);" in text
+    finish = text.split("__global__ void mean_pool_finish(")[1].split("\n}")[0]
+    assert "int64_t hidden, const float* split_sums)" in finish
+    assert "if (i >= batch * hidden) return;" in finish
+    assert "const float acc = split_sums[i];" in finish
+    assert "y[i] = __float2half(acc / (float)seq);" in finish
+    host = text.split('extern "C"')[1]
+    assert "(size_t)(batch * hidden) * sizeof(float), stream);" in host
+    assert host.index("mean_pool<<<dim3(") < host.index("mean_pool_finish<<<(unsigned)blocks")
+    assert host.index("mean_pool_finish<<<") < host.index("cudaFreeAsync(split_sums, stream);")
+    (site,) = [s for s in mechanism.detect(KernelSource(text)) if s.supported]
+    assert site.detail == {"side": "host"}
