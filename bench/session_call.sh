@@ -4,7 +4,9 @@
 # returns at most eight files, and a call cut short keeps what finished):
 #
 #   1. the GPU check of the public-form pairs (tests/mechanisms/test_public_forms_gpu.py;
-#      PUBLIC_K, a pytest -k expression, picks some, e.g. PUBLIC_K=clamped_count);
+#      PUBLIC_K, a pytest -k expression, picks some, e.g. PUBLIC_K=clamped_count), then any
+#      other GPU tests GPU_TESTS names (pytest arguments, e.g. "tests/test_heldout_gpu.py -k
+#      split");
 #   2. 01_gate.ipynb executed with the GPU (NOTEBOOK=0 skips it);
 #   3. `mine --profile --resume` of the experts whose walks are all in the gate log
 #      (PROFILE_EXPERTS, default RMSNorm; the five newer experts' cards lack them too): no
@@ -34,6 +36,10 @@ git rev-parse HEAD > "$work/r/commit.txt" 2>/dev/null || true
 
 step public_forms_gpu "${PUBLIC_S:-150}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider \
   tests/mechanisms/test_public_forms_gpu.py ${PUBLIC_K:+-k "$PUBLIC_K"}
+if [ -n "${GPU_TESTS:-}" ]; then  # more GPU tests, pytest arguments: "tests/test_heldout_gpu.py -k split"
+  # shellcheck disable=SC2086  # a list of pytest arguments
+  step gpu_tests "${GPU_TESTS_S:-150}" python3 -m pytest -q -rA -m gpu -p no:cacheprovider $GPU_TESTS
+fi
 if [ "${NOTEBOOK:-1}" != 0 ]; then
   step notebook_01 "${NOTEBOOK_S:-120}" python3 notebooks/execute.py notebooks/01_gate.ipynb
   cp notebooks/01_gate.ipynb "$work/r/" 2>/dev/null
