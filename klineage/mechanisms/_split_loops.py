@@ -117,6 +117,7 @@ def match(source: ParsedSource, kernel: Function, loop: Node) -> SplitLoop:
     _declared_zero(source, kernel, body, loop, accumulator)
     guard, declaration, outputs = _guard(source, kernel, body, loop, index)
     _one_thread_per_output(source, kernel, store)
+    _written_only(source, kernel, store, pointer)
     launch = _only_launch(source, kernel)
     arguments = _arguments(source, kernel, launch)
     return SplitLoop(
@@ -485,6 +486,20 @@ def _one_thread_per_output(source: ParsedSource, kernel: Function, store: Node) 
         if writes and not store.start_byte <= node.start_byte < store.end_byte:
             raise NotSplittable(
                 f"the kernel also writes {source.text_of(left)}; the form stores once"
+            )
+
+
+def _written_only(source: ParsedSource, kernel: Function, store: Node, pointer: str) -> None:
+    """The output is named only by its store: partials land in it while other blocks run."""
+    assert kernel.body is not None
+    for node in source.iter_nodes("identifier", within=kernel.body):
+        if (
+            source.text_of(node) == pointer
+            and not store.start_byte <= node.start_byte < store.end_byte
+        ):
+            raise NotSplittable(
+                f"the kernel reads {pointer} at line {source.line_of(node.start_byte)}; the "
+                "partials are added into it while other blocks run"
             )
 
 

@@ -102,7 +102,6 @@ NAIVE_MAX = """\
 __global__ void column_top(const float* x, float* y, int64_t rows, int64_t cols) {
   const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
-  float* out = y;
   float acc = 0.0f;
   for (int64_t r = 0; r < rows; ++r) acc += x[r * cols + c];
   y[c] = acc;
@@ -166,10 +165,11 @@ def test_a_carrier_sets_the_split_heuristic() -> None:
         (("r < rows; ++r", "r < rows; r += 2"), "does not step r by one"),
         (("threadIdx.x;\n  if", "threadIdx.x + threadIdx.y;\n  if"), "is not `blockIdx.x"),
         (
-            ("y[c] = acc;", "out[c] = acc;"),
-            "out is not a parameter the kernel writes through",
+            ("if (c >= cols) return;", "if (c >= cols) return;\n  float* out = y;"),
+            "the kernel reads y at line 6",
         ),
         (("y[c] = acc;", "*(y + c) = acc;"), "is not stored as `y[i] = acc;`"),
+        (("acc += x[r * cols + c];", "acc += x[r * cols + c] + y[r];"), "reads y at line 7"),
     ],
 )
 def test_other_forms_are_refused_with_what_differs(edit: tuple[str, str], why: str | None) -> None:
