@@ -47,9 +47,9 @@ from klineage.mechanisms._split_loops import (
     MIN_ROWS,
     NotSplittable,
     match,
-    split_edits,
     split_loops,
 )
+from klineage.mechanisms._split_rewrite import split_edits
 from klineage.mechanisms._tiles_util import (
     names_in,
     statement_deletion,
