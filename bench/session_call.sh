@@ -9,8 +9,10 @@
 #      split");
 #   2. 01_gate.ipynb executed with the GPU (NOTEBOOK=0 skips it);
 #   3. `mine --profile --resume` of the experts whose walks are all in the gate log
-#      (PROFILE_EXPERTS, default RMSNorm; the five newer experts' cards lack them too): no
-#      gate run, only the profiles of each skill's two states (counter deltas on the cards).
+#      (PROFILE_EXPERTS, default RMSNorm; the five newer experts' cards lack them too): the
+#      profiles of each skill's two states (counter deltas on the cards), and the gate runs
+#      of whatever the log lacks (a walk cut at its wall, a round trip a rule now writes
+#      differently); results.tgz holds skills_out.tgz and the grown gatelog.tgz.
 #
 # Needs the wheels of `../shared/tools/device-wheels tree-sitter tree-sitter-cuda pydantic
 # libcst bm25s distributed nbclient nbformat ipykernel docstring-parser` in .whl (carried),
@@ -50,5 +52,8 @@ step profile_skills "${PROFILE_S:-240}" python3 -m klineage mine \
   ${PROFILE_EXPERTS:-expert_kernels/fused_add_rmsnorm} --out skills_out --resume --profile \
   --report "$work/r/mine_profile.json"
 tar czf "$work/r/skills_out.tgz" --exclude=skills_out/gatelog skills_out
+# the gate log too: a resumed walk or a round trip a rule now writes differently is a new
+# verdict, which the next call (and bench/state/mine_gatelog.tar.xz) must keep
+tar czf "$work/r/gatelog.tgz" skills_out/gatelog
 pack
 cat "$work/r/steps.txt"
