@@ -19,6 +19,7 @@ from klineage.cuda.source import Node, ParsedSource, strip_casts, strip_parens
 
 __all__ = [
     "BUILTINS",
+    "FMA_CALLS",
     "FULL_WARP_MASK",
     "FULL_WARP_MASK_TEXT",
     "WARP_SIZE",
@@ -48,6 +49,9 @@ FULL_WARP_MASK_TEXT = "0xffffffffu"
 """How rewrites spell the full mask."""
 BUILTINS = frozenset({"threadIdx", "blockIdx", "blockDim", "gridDim"})
 """The CUDA built-in index variables (each has ``.x``, ``.y``, ``.z``)."""
+
+FMA_CALLS = frozenset({"fmaf", "fma", "__fmaf_rn"})
+"""Fused multiply-adds, ``fmaf(a, b, c) = a * b + c``: ``acc = fmaf(a, b, acc)`` is a sum."""
 
 _INTEGER = re.compile(r"^(0[xX][0-9a-fA-F]+|\d+)[uUlL]*$")
 

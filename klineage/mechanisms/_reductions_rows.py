@@ -46,6 +46,7 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, template_bindings, template_values
 from klineage.cuda.source import Function, Launch, Loop, Node, ParsedSource, plain_assignment
 from klineage.cuda.tree import (
+    FMA_CALLS,
     WARP_SIZE,
     declaration_names,
     statement_after,
@@ -560,7 +561,6 @@ def _check_thread_local(source: ParsedSource, kernel: Function, index_statement:
 
 
 _SUM_OPS = frozenset({"+="})
-_FMA_FUNCS = frozenset({"fmaf", "fma", "__fmaf_rn"})
 _MAX_FUNCS: dict[str, Op] = {
     "fmaxf": "max",
     "max": "max",
@@ -814,7 +814,7 @@ class _ThreadWalker:
         if operator == "=" and value.type == "call_expression":
             function = call_name(self.source, value)
             args = arguments_of(value)
-            if function in _FMA_FUNCS and len(args) == 3:
+            if function in FMA_CALLS and len(args) == 3:
                 # acc = fmaf(a, b, acc): a sum of products, acc read only as the addend
                 own = [
                     n

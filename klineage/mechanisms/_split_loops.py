@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.source import Function, Launch, Node, ParsedSource, strip_casts, strip_parens
+from klineage.mechanisms._local_util import element_kernels
 from klineage.mechanisms._tiles_util import names_in, rename, statements
 
 __all__ = ["BLOCKS_PER_SM", "MIN_ROWS", "NotSplittable", "SplitLoop", "match", "split_loops"]
@@ -62,6 +63,8 @@ class SplitLoop:
     target: Node
     """``y[i]``."""
     accumulator: str
+    index: str
+    """``i`` of the store ``y[i] = ...`` (the thread's index)."""
     launch: Launch
     steps: str
     """The launch argument bound to the loop's bound ``n``."""
@@ -115,7 +118,7 @@ def match(source: ParsedSource, kernel: Function, loop: Node) -> SplitLoop:
         )
     store, target, pointer, index, direct = _store(source, kernel, after[0], accumulator)
     _declared_zero(source, kernel, body, loop, accumulator)
-    guard, declaration, outputs = _guard(source, kernel, body, loop, index)
+    guard, declaration, outputs = _guard(source, kernel, index)
     _one_thread_per_output(source, kernel, store)
     _written_only(source, kernel, store, pointer)
     launch = _only_launch(source, kernel)
@@ -128,6 +131,7 @@ def match(source: ParsedSource, kernel: Function, loop: Node) -> SplitLoop:
         store=store,
         target=target,
         accumulator=accumulator,
+        index=index,
         launch=launch,
         steps=arguments[bound],
         outputs=rename(
@@ -263,62 +267,30 @@ def _declared_zero(
     raise NotSplittable(f"{accumulator} is not declared before the loop")
 
 
-def _guard(
-    source: ParsedSource, kernel: Function, body: list[Node], loop: Node, index: str
-) -> tuple[Node, Node, Node]:
-    """(the guard, the index's declaration, the bound) of ``if (i >= n) return;`` guarding
-    the thread's index ``i``, which must be ``blockIdx.x * blockDim.x + threadIdx.x``; ``n``
-    reads only integer parameters (``batch * hidden``)."""
-    declared = None
-    declaration = None
-    guard = None
-    for statement in body:
-        if statement.start_byte >= loop.start_byte:
-            break
-        if statement.type == "declaration":
-            for declarator in statement.children_by_field_name("declarator"):
-                inner = declarator.child_by_field_name("declarator")
-                if inner is not None and source.text_of(inner) == index:
-                    declared, declaration = declarator.child_by_field_name("value"), statement
-        if statement.type == "if_statement" and guard is None:
-            guard = statement
-    if declared is None or declaration is None or _flat(source, declared) not in _GLOBAL_INDEX:
+def _guard(source: ParsedSource, kernel: Function, index: str) -> tuple[Node, Node, Node]:
+    """(the guard, the index's declaration, the bound) of the one-thread-per-element opening
+    ``i = blockIdx.x * blockDim.x + threadIdx.x; if (i >= n) return;`` for the store's index
+    ``i``, with ``n`` reading only integer parameters (``batch * hidden``)."""
+    opening = next(
+        (
+            e
+            for e in element_kernels(source)
+            if e.function.name == kernel.name and e.name == index and e.form == "return"
+        ),
+        None,
+    )
+    if opening is None:
         raise NotSplittable(
-            f"the output index {index} is not `blockIdx.x * blockDim.x + threadIdx.x`"
+            f"the output index {index} is not `blockIdx.x * blockDim.x + threadIdx.x` guarded "
+            f"by `if ({index} >= n) return;`"
         )
-    refusal = f"the kernel has no guard `if ({index} >= n) return;` over its parameters"
-    condition = guard.child_by_field_name("condition") if guard is not None else None
-    consequence = guard.child_by_field_name("consequence") if guard is not None else None
-    named = [c for c in condition.named_children if c.type != "comment"] if condition else []
-    test = strip_parens(named[0]) if len(named) == 1 else None
-    operator, left, bound = _parts(test, "operator", "left", "right")
-    if guard is None or consequence is None or operator is None or operator.type != ">=":
-        raise NotSplittable(refusal)
-    if source.text_of(consequence).replace(" ", "") not in ("return;", "{return;}"):
-        raise NotSplittable(refusal)
-    if left is None or source.text_of(strip_parens(left)) != index or bound is None:
-        raise NotSplittable(refusal)
     integers = {p.name for p in kernel.params if p.name and not p.pointer_depth}
-    if not names_in(source, bound) <= integers:
-        raise NotSplittable(refusal)
-    return guard, declaration, bound
-
-
-_GLOBAL_INDEX = {
-    "blockIdx.x*blockDim.x+threadIdx.x",
-    "threadIdx.x+blockIdx.x*blockDim.x",
-    "blockDim.x*blockIdx.x+threadIdx.x",
-}
-
-
-def _flat(source: ParsedSource, node: Node) -> str:
-    """The expression's text without casts and spaces."""
-    text = source.text_of(node)
-    for cast in source.iter_nodes("cast_expression", within=node):
-        kind = cast.child_by_field_name("type")
-        if kind is not None:
-            text = text.replace(f"({source.text_of(kind)})", "")
-    return text.replace(" ", "").replace("\n", "")
+    if not names_in(source, opening.bound) <= integers:
+        raise NotSplittable(
+            f"the guard's bound {source.text_of(opening.bound)} reads more than the kernel's "
+            "parameters"
+        )
+    return opening.guard, opening.decl, opening.bound
 
 
 def _one_thread_per_output(source: ParsedSource, kernel: Function, store: Node) -> None:

@@ -28,7 +28,7 @@ def split_edits(
     assert parameters is not None
     close = parameters.end_byte - 1  # before `)`
     bound = source.text_of(found.condition)
-    into = source.text_of(found.target) if found.direct else f"{sums}[{_index(source, found)}]"
+    into = source.text_of(found.target) if found.direct else f"{sums}[{found.index}]"
     added = f", long long {per_split}"
     if not found.direct:
         added = f", float* {sums}{added}"
@@ -81,11 +81,6 @@ def split_edits(
     return [*edits, Edit.replace(statement, text)]
 
 
-def _index(source: ParsedSource, found: SplitLoop) -> str:
-    """``i`` of the store ``y[i] = ...``."""
-    return source.text_of(found.target).split("[", 1)[1].rsplit("]", 1)[0]
-
-
 def _finisher(source: ParsedSource, found: SplitLoop, name: str, sums: str) -> str:
     """A kernel of the original's parameters and the workspace: the thread's index and guard
     as written, then the store as written with the sum read from the workspace."""
@@ -95,7 +90,7 @@ def _finisher(source: ParsedSource, found: SplitLoop, name: str, sums: str) -> s
     body = [
         source.text_of(found.declaration),
         source.text_of(found.guard),
-        f"const float {found.accumulator} = {sums}[{_index(source, found)}];",
+        f"const float {found.accumulator} = {sums}[{found.index}];",
         source.text_of(found.store),
     ]
     lines = "".join(f"\n  {line}" for line in body)

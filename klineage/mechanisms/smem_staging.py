@@ -50,6 +50,7 @@ from klineage.cuda.cexpr import PRIMARY, SIZEOF, UNARY, fold_int, precedence, wr
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.tree import FMA_CALLS
 from klineage.kernel import KernelSource
 from klineage.mechanisms._forms import FoundForm, form_site, removable_form_site
 from klineage.mechanisms._staging import (
@@ -173,7 +174,7 @@ def _fused(assignment: Node) -> tuple[Node, Node, Node] | None:
     args = [a for a in arguments.named_children if a.type != "comment"] if arguments else []
     if callee is None or callee.text is None or len(args) != 3:
         return None
-    if callee.text.decode() not in ("fmaf", "fma", "__fmaf_rn") or target.text is None:
+    if callee.text.decode() not in FMA_CALLS or target.text is None:
         return None
     addend = _strip(args[2])
     if addend.text != target.text:
