@@ -11,6 +11,7 @@
 #
 # Problems go fastest first (naive latencies in bench/results/heldout_baseline.json), so the
 # slow naive kernels (log_softmax, cross_entropy, cumsum: ~30 s per paired gate run) come last.
+# bench/state/replay_gatelog.tar.xz also holds the lineages and replay_out/finished.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}
@@ -19,23 +20,27 @@ if [ -f .state/replay_out.tgz ]; then
 elif [ -f bench/state/replay_gatelog.tar.xz ] && [ ! -d replay_out/gatelog ]; then
   tar xJf bench/state/replay_gatelog.tar.xz  # the verdicts of the last committed experiment
 fi
-order=$(python3 - <<'PY'
-import json
-from pathlib import Path
-data = json.load(open("bench/results/heldout_baseline.json"))["problems"]
-cost = {p["folder"]: sum(w["latency_ms"] or 0 for w in p["workloads"]) for p in data.values()}
-# Every held-out folder runs; one the baseline file does not know (renamed since) goes last.
-folders = [str(d) for d in Path("heldout").iterdir() if (d / "definition.json").is_file()]
-print(" ".join(sorted(folders, key=lambda f: (f not in cost, cost.get(f, 0.0), f))))
-PY
-)
+# Problems go fastest first; those a chunk already finished with this skill library and
+# these methods are skipped (bench/replay_finished.py), so a chunk on a fresh machine does not
+# rebuild every logged candidate of the cheap problems before reaching new work. ALL=1 runs
+# every problem (the last chunk, which writes replay_out/replay.json over all of them).
+methods="skills,${BASELINES:-blind,memory}"
+order=$(python3 bench/replay_finished.py order "$methods")
+if [ -z "$order" ]; then
+  echo "every held-out problem is finished with this library; ALL=1 writes the whole report"
+  tar czf "$OUT/replay_out.tgz" replay_out
+  exit 0
+fi
+started=$(date +%s)
 # DEVICES (e.g. 0,1) spreads the problems over several GPUs; default: every visible GPU.
 # BASELINES (e.g. blind,memory,tree) picks the methods beside skills; default: the command's.
 # PROFILE=1 profiles (Nsight Compute) the states replay goes on from, which `profiled` needs:
 #   PROFILE=1 BASELINES=blind,memory,tree,profiled bash bench/replay_chunk.sh
+# shellcheck disable=SC2086  # a list of folders
 timeout "${CHUNK_SECONDS:-540}" python3 -m klineage replay $order --skills skills_out \
   --budget 30 --out replay_out --resume ${DEVICES:+--devices "$DEVICES"} \
   ${BASELINES:+--baselines "$BASELINES"} ${PROFILE:+--profile}
 status=$?
+python3 bench/replay_finished.py mark "$methods" "$started"
 tar czf "$OUT/replay_out.tgz" replay_out
 exit $status

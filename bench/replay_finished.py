@@ -1,0 +1,93 @@
+"""Which held-out problems a chunked replay has finished, so the next chunk skips them.
+
+    python bench/replay_finished.py order   METHODS    # the problems still to run, cheapest first
+    python bench/replay_finished.py mark    METHODS SINCE   # after a chunk: record what it ended
+
+A problem is finished when every method's lineage (`replay_out/lineages/P.METHOD.json`) was
+written by a chunk that ran with the same skill library (the sha256 of skills_out/skills.jsonl)
+and the same methods; `replay_out/finished.json` keeps that. A chunk replays an unfinished
+problem from its gate log first (verdicts served, nothing re-timed), so skipping finished ones
+saves the builds of every logged candidate, minutes on a fresh machine. A changed library runs
+every problem again (the new skills gated, the rest served from the log): one experiment, one
+library. `order` with ALL=1 lists every problem (the final chunk, which writes replay.json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def library_hash(skills: Path) -> str:
+    """The skill library's identity: the sha256 of its skills.jsonl."""
+    return hashlib.sha256((skills / "skills.jsonl").read_bytes()).hexdigest()[:16]
+
+
+def held_out_by_cost(repo: Path) -> list[str]:
+    """Held-out folders, cheapest naive kernel first; one the baseline file lacks goes last."""
+    data = json.loads((repo / "bench/results/heldout_baseline.json").read_text())["problems"]
+    cost = {p["folder"]: sum(w["latency_ms"] or 0 for w in p["workloads"]) for p in data.values()}
+    folders = [
+        f"heldout/{d.name}"
+        for d in (repo / "heldout").iterdir()
+        if (d / "definition.json").is_file()
+    ]
+    return sorted(folders, key=lambda f: (f not in cost, cost.get(f, 0.0), f))
+
+
+def problem_name(repo: Path, folder: str) -> str:
+    """The problem's name as its lineages are saved (the definition's `name`)."""
+    return json.loads((repo / folder / "definition.json").read_text())["name"]
+
+
+def to_run(repo: Path, out: Path, methods: list[str], everything: bool = False) -> list[str]:
+    """The folders a chunk should replay: those not finished with this library and methods."""
+    folders = held_out_by_cost(repo)
+    if everything:
+        return folders
+    finished = _load(out)
+    key = {"library": library_hash(repo / "skills_out"), "methods": sorted(methods)}
+    return [f for f in folders if finished.get(problem_name(repo, f)) != key]
+
+
+def mark(repo: Path, out: Path, methods: list[str], since: float) -> list[str]:
+    """Record as finished each problem whose every method's lineage was written after `since`
+    (a Unix time: the chunk's start); return their names."""
+    finished = _load(out)
+    key = {"library": library_hash(repo / "skills_out"), "methods": sorted(methods)}
+    done = []
+    for folder in held_out_by_cost(repo):
+        name = problem_name(repo, folder)
+        paths = [out / "lineages" / f"{name}.{m}.json" for m in methods]
+        if all(p.is_file() and p.stat().st_mtime >= since for p in paths):
+            finished[name] = key
+            done.append(name)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "finished.json").write_text(json.dumps(finished, indent=1, sort_keys=True) + "\n")
+    return done
+
+
+def _load(out: Path) -> dict[str, dict[str, object]]:
+    path = out / "finished.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2 or argv[0] not in ("order", "mark"):
+        sys.exit(__doc__)
+    methods = [m.strip() for m in argv[1].split(",") if m.strip()]
+    out = REPO / "replay_out"
+    if argv[0] == "order":
+        print(" ".join(to_run(REPO, out, methods, everything=os.environ.get("ALL") == "1")))
+    else:
+        done = mark(REPO, out, methods, float(argv[2]))
+        print(f"finished this chunk: {', '.join(done) or 'none'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
