@@ -35,13 +35,14 @@ def test_the_three_memory_bound_experts_exist() -> None:
 
 # Experts for the idioms the held-out set needs (issue 18), each on an op no held-out problem
 # has: a SIMT GEMM, a padded tiled transpose, a column reduction, a vectorized gather, a
-# warp-per-row pooling.
+# warp-per-row pooling, thread coarsening.
 IDIOM_EXPERTS = [
     "linear_relu",
     "batched_transpose_scale",
     "column_max",
     "embedding_bag_sum",
     "l2_pool",
+    "dropout_apply",
 ]
 MAX_TENSOR_BYTES = 512 * 2**20
 
@@ -98,3 +99,19 @@ def test_expert_passes_its_gate_on_every_workload(folder: Path, tmp_path: Path) 
     with Gate(Builder(cache_dir=tmp_path)) as gate:
         verdict = gate.run(problem, KernelSource.from_file(problem.kernel_path), time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
+
+
+def test_the_coarsening_expert_is_written_in_the_form_the_forward_rule_writes() -> None:
+    """dropout_apply teaches thread coarsening: its removal re-applies by rule to the same
+    source (so the skill transfers), and the rule offers sites on naive held-out kernels."""
+    from klineage.kernel import KernelSource
+    from klineage.mechanisms import get
+    from klineage.mining.removal import reapply, remove_mechanism
+
+    expert = KernelSource.from_file(REPO / "expert_kernels" / "dropout_apply" / "kernel.cu")
+    removal = remove_mechanism(expert, get("thread_coarsening"))
+    assert "i_step" not in removal.simplified.text
+    assert reapply(removal).text == expert.text
+    for folder in ("gelu", "embedding_gather", "cast_f32_to_bf16"):
+        naive = KernelSource.from_file(REPO / "heldout" / folder / "kernel.cu")
+        assert list(get("thread_coarsening").candidates(naive)), folder

@@ -307,14 +307,17 @@ def loop_bound_jumps(root: Node, kinds: tuple[str, ...]) -> list[Node]:
 
 
 def shift(text: str, spaces: int) -> str:
-    """Indent every line after the first by ``spaces`` (blank lines are left alone)."""
+    """Indent every line after the first by ``spaces`` (blank lines, and preprocessor lines at
+    column 0, are left alone)."""
     lines = text.split("\n")
     pad = " " * spaces
-    return "\n".join([lines[0]] + [pad + line if line.strip() else line for line in lines[1:]])
+    kept = [line if not line.strip() or line.startswith("#") else pad + line for line in lines[1:]]
+    return "\n".join([lines[0], *kept])
 
 
 def unshift(text: str, spaces: int) -> str | None:
-    """The inverse of :func:`shift`; None when a line is not indented that far."""
+    """The inverse of :func:`shift`; None when a line is not indented that far. A preprocessor
+    line indented less stays where it is: formatters put `#pragma` at column 0 inside a body."""
     lines = text.split("\n")
     pad = " " * spaces
     out = [lines[0]]
@@ -323,6 +326,8 @@ def unshift(text: str, spaces: int) -> str | None:
             out.append(line)
         elif line.startswith(pad):
             out.append(line[spaces:])
+        elif line.lstrip().startswith("#"):
+            out.append(line)
         else:
             return None
     return "\n".join(out)
