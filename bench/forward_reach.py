@@ -89,7 +89,8 @@ FORWARD_FORMS: dict[str, str] = {
     "warp_per_row": "a thread-per-row kernel whose loops reduce a float (sum, max, min)",
     "warp_shuffle_reduction": "a shared-memory tree-reduction step in the exchange form, or a "
     "block halving loop over a shared buffer",
-    "warp_shuffle_scan": "a shared-memory scan step in the exchange form",
+    "warp_shuffle_scan": "a shared-memory scan step in the exchange form, or a thread-per-row "
+    "running sum stored every turn",
     "warp_tiling": "none: no forward rule",
 }
 

@@ -45,3 +45,16 @@ def test_split_sums_pass_their_gate(gate, name: str) -> None:
     split = split_k.apply(naive, candidate)
     verdict = gate.run(problem, split, time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
+
+
+def test_the_warp_scan_of_cumsum_passes_its_gate(gate) -> None:
+    """warp_shuffle_scan's forward form on the naive row scan: a warp per row, 32 elements a
+    turn, on every workload (one row of 32,000 to 16,384 rows of 2,048)."""
+    from klineage.mechanisms import get
+
+    problem = load_problem(REPO / "heldout" / "cumsum_rows")
+    naive = KernelSource.from_file(problem.kernel_path)
+    scan = get("warp_shuffle_scan")
+    (candidate,) = [c for c in scan.candidates(naive) if c.detail.get("form") == "rows"]
+    verdict = gate.run(problem, scan.apply(naive, candidate), time_it=False)
+    assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]

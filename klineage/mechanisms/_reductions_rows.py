@@ -519,14 +519,22 @@ def thread_rows_shape(
     return name, value, block, bound
 
 
-def thread_rows(source: ParsedSource, kernel: Function) -> ThreadRows:
-    """The canonical thread-per-row analysis of a kernel; :class:`NotCanonical` says why not."""
+def thread_row_start(source: ParsedSource, kernel: Function) -> tuple[Node, Node, Node, list[Node]]:
+    """(index value, blockIdx operand, bound, body statements) of a kernel that starts like a
+    thread-per-row kernel and ties nothing else to the thread layout; :class:`NotCanonical`
+    otherwise."""
     shape = thread_rows_shape(source, kernel)
     if shape is None or kernel.body is None:
         raise NotCanonical(f"{kernel.name} does not start with a thread row index and its check")
     _, value, block, bound = shape
     statements = named_statements(kernel.body)
     _check_thread_local(source, kernel, statements[0])
+    return value, block, bound, statements
+
+
+def thread_rows(source: ParsedSource, kernel: Function) -> ThreadRows:
+    """The canonical thread-per-row analysis of a kernel; :class:`NotCanonical` says why not."""
+    value, block, bound, statements = thread_row_start(source, kernel)
     walker = _ThreadWalker(source, kernel)
     for statement in statements[2:]:
         walker.statement(statement)

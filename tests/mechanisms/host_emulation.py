@@ -5,8 +5,9 @@ Each thread of a one-dimensional launch is a call of the kernel function with
 ``blockIdx``/``threadIdx`` set, one after another, for kernels whose threads do not talk to
 each other. A case with a ``grid`` (a ``dim3``, with ``block_dims``) runs blocks one after
 another and the threads of a block as host threads, so ``__shared__`` arrays (static locals,
-one copy for the block running) and ``__syncthreads()`` (a barrier of the block's threads)
-work; warp collectives and atomics still do not. The ``extern "C" int run`` launcher is cut off;
+one copy for the block running), ``__syncthreads()`` (a barrier of the block's threads) and
+the ``__shfl_*_sync`` shuffles (a barrier of the warp's threads, every lane taking part) work;
+atomics and other warp collectives do not. The ``extern "C" int run`` launcher is cut off;
 the driver allocates the buffers (filled with pseudo-random values, each at an element
 offset, to make rows unaligned on purpose), calls the kernel for every thread and prints the
 outputs' bytes. Two versions of a kernel agree when they print the same.
@@ -27,6 +28,7 @@ _PRELUDE = """\
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -56,6 +58,52 @@ static void kl_sync() {
   kl_turn.wait(lock, [&] { return generation != kl_generation; });
 }
 #define __syncthreads() kl_sync()
+// Warp shuffles, for a `grid` case (a block's threads are host threads): each lane posts its
+// value in its warp's row, the warp's threads meet, each reads its source lane, and meet again
+// before the row is reused. Every lane of a warp must reach the same shuffles (as with a full
+// mask on the GPU); a warp whose lanes all returned takes no part.
+static unsigned kl_warp_waiting[32], kl_warp_generation[32];
+static unsigned long long kl_warp_row[32][32];
+static void kl_warp_sync(unsigned warp) {
+  const unsigned threads = kl_block_dim.x * kl_block_dim.y * kl_block_dim.z;
+  const unsigned parties = threads - warp * 32 < 32 ? threads - warp * 32 : 32;
+  std::unique_lock<std::mutex> lock(kl_mutex);
+  const unsigned generation = kl_warp_generation[warp];
+  if (++kl_warp_waiting[warp] == parties) {
+    kl_warp_waiting[warp] = 0;
+    ++kl_warp_generation[warp];
+    kl_turn.notify_all();
+    return;
+  }
+  kl_turn.wait(lock, [&] { return generation != kl_warp_generation[warp]; });
+}
+static unsigned kl_linear() {
+  return kl_thread.x + kl_block_dim.x * (kl_thread.y + kl_block_dim.y * kl_thread.z);
+}
+template <typename T>
+static T kl_exchange(T value, unsigned source_lane) {
+  const unsigned warp = kl_linear() / 32, lane = kl_linear() % 32;
+  memcpy(&kl_warp_row[warp][lane], &value, sizeof(T));
+  kl_warp_sync(warp);
+  T out;
+  memcpy(&out, &kl_warp_row[warp][source_lane & 31], sizeof(T));
+  kl_warp_sync(warp);
+  return out;
+}
+template <typename T>
+static T kl_shfl_up(T v, unsigned d) {
+  const unsigned lane = kl_linear() % 32;
+  return kl_exchange(v, lane >= d ? lane - d : lane);
+}
+template <typename T>
+static T kl_shfl_down(T v, unsigned d) {
+  const unsigned lane = kl_linear() % 32;
+  return kl_exchange(v, lane + d < 32 ? lane + d : lane);
+}
+#define __shfl_sync(mask, v, src) kl_exchange((v), (unsigned)(src))
+#define __shfl_up_sync(mask, v, d) kl_shfl_up((v), (unsigned)(d))
+#define __shfl_down_sync(mask, v, d) kl_shfl_down((v), (unsigned)(d))
+#define __shfl_xor_sync(mask, v, m) kl_exchange((v), (kl_linear() % 32) ^ (unsigned)(m))
 """
 
 _DRIVER = """\

@@ -8,11 +8,13 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismRefused, get, remove_all
+from tests.conftest import REPO
+from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.reductions_experts import (
     assert_detected_where_listed,
     check_expert_removals_compile,
 )
-from tests.mechanisms.roundtrip import RoundTripSuite
+from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok
 
 mechanism = get("warp_shuffle_scan")
 
@@ -72,3 +74,96 @@ def test_the_expert_is_detected_where_listed() -> None:
 def test_every_expert_removal_compiles(mechanism_builder: Builder) -> None:
     refusals = check_expert_removals_compile("warp_shuffle_scan", mechanism_builder)
     assert refusals == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward on a naive row scan (form=rows): a warp per row, 32 elements a turn
+# ---------------------------------------------------------------------------------------------
+
+ROW_SCAN = """#include <cuda_runtime.h>
+#include <stdint.h>
+
+__global__ void running_max_sum(const float* x, float* y, int64_t rows, int64_t cols) {
+  const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float total = 0.0f;
+  for (int c = 0; c < cols; ++c) {
+    total += 2.0f * x[r * cols + c];
+    y[r * cols + c] = total;
+  }
+}
+
+extern "C" int run(const float* x, float* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+  running_max_sum<<<(unsigned)((rows + 127) / 128), 128, 0, stream>>>(x, y, rows, cols);
+  return 0;
+}
+"""
+
+
+def _scan_cases(kernel: str, warp_per_row: bool) -> list[Case]:
+    cases = []
+    for rows, cols in ((1, 1), (3, 31), (5, 70), (9, 33)):
+        buffers = [Buffer("x", "float", "rows * cols"), Buffer("y", "float", "rows * cols", True)]
+        call = f"{kernel}(x, y, rows, cols)"
+        grid = "dim3((unsigned)((rows + 7) / 8))" if warp_per_row else ""
+        cases.append(
+            Case({"rows": rows, "cols": cols}, buffers, call, "rows", grid=grid,
+                 block_dims="dim3(256)")
+        )  # fmt: skip
+    return cases
+
+
+def _floats(printed: str) -> dict[str, list[float]]:
+    import struct
+
+    out = {}
+    for line in printed.split():
+        name, data = line.split(":", 2)[0:2], line.split(":")[-1]
+        raw = bytes.fromhex(data)
+        out[":".join(name)] = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    return out
+
+
+def _assert_close(got: dict[str, list[float]], want: dict[str, list[float]]) -> None:
+    assert got.keys() == want.keys()
+    for name, values in want.items():
+        assert len(got[name]) == len(values), name
+        for a, b in zip(got[name], values, strict=True):
+            assert abs(a - b) <= 1e-4 + 1e-5 * abs(b), (name, a, b)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(
+    ("text", "kernel"),
+    [
+        (ROW_SCAN, "running_max_sum"),
+        ((REPO / "heldout" / "cumsum_rows" / "kernel.cu").read_text(), "cumsum_rows"),
+    ],
+    ids=["fixture", "cumsum_rows"],
+)
+def test_a_naive_row_scan_becomes_a_warp_scan_with_the_same_sums(text: str, kernel: str) -> None:
+    """The warp's chunked scan gives the serial loop's sums (in another order: within float
+    rounding), with the row check, the lane and the launch's warps per block written."""
+    naive = KernelSource(text, name=f"{kernel}.cu")
+    [site] = [s for s in mechanism.candidates(naive) if s.detail.get("form") == "rows"]
+    applied = mechanism.apply(naive, site, mechanism.default_carrier(naive, site))
+    assert "__shfl_up_sync(0xffffffffu" in applied.text and ") >> 5;" in applied.text
+    assert "/ 8), 256, 0, stream>>>" in applied.text  # 8 warps, 8 rows a block
+    want = _floats(run_on_host(naive.text, _scan_cases(kernel, warp_per_row=False)))
+    got = _floats(run_on_host(applied.text, _scan_cases(kernel, warp_per_row=True)))
+    _assert_close(got, want)
+    compile_ok(Builder(device_only=True), [applied])
+
+
+def test_a_row_scan_in_another_form_is_no_candidate() -> None:
+    """A loop that reads the running sum (or stores something else) is no row scan."""
+    for body in (
+        "total += x[r * cols + c];\n    y[r * cols + c] = total * 0.5f;",
+        "total += x[r * cols + c] + total;\n    y[r * cols + c] = total;",
+    ):
+        text = ROW_SCAN.replace(
+            "total += 2.0f * x[r * cols + c];\n    y[r * cols + c] = total;", body
+        )
+        assert text != ROW_SCAN
+        sites = mechanism.candidates(KernelSource(text))
+        assert not [s for s in sites if s.detail.get("form") == "rows"], body
