@@ -58,3 +58,16 @@ def test_the_warp_scan_of_cumsum_passes_its_gate(gate) -> None:
     (candidate,) = [c for c in scan.candidates(naive) if c.detail.get("form") == "rows"]
     verdict = gate.run(problem, scan.apply(naive, candidate), time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
+
+
+def test_the_staged_transpose_passes_its_gate(gate) -> None:
+    """smem_staging's forward form on the naive transpose: 32 x 32 tiles through a padded
+    shared tile, a 2-D grid of 32 x 8 blocks, on every workload."""
+    from klineage.mechanisms import get
+
+    problem = load_problem(REPO / "heldout" / "transpose_2d")
+    naive = KernelSource.from_file(problem.kernel_path)
+    staging = get("smem_staging")
+    (candidate,) = [c for c in staging.candidates(naive) if c.detail.get("form") == "transpose"]
+    verdict = gate.run(problem, staging.apply(naive, candidate), time_it=False)
+    assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]

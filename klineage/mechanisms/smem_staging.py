@@ -30,7 +30,11 @@ of once per thread that needs it.
     a loop over K in steps of T that stages bounds-checked tiles (zero past K), threads
     outside the output clamp their row and column (they still load tiles for the others) and
     do not store, and ``run`` launches a 2-D (3-D) grid of T x T blocks. Carrier
-    ``tile_size`` (8, 16 or 32; default 16).
+    ``tile_size`` (8, 16 or 32; default 16);
+  * the *naive transpose*, one thread per output element ``y[i]`` reading ``x`` transposed
+    (``x[f * Q + s]`` with ``s = i / D``, ``f = i % D``): 32 x 32 tiles read along the rows of
+    ``x`` into a padded shared tile and written along the rows of ``y``, on a 2-D grid of
+    32 x 8 blocks (``form=transpose``, :mod:`klineage.mechanisms._staging_transpose`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.cuda.tree import FMA_CALLS
 from klineage.kernel import KernelSource
 from klineage.mechanisms._forms import FoundForm, form_site, removable_form_site
+from klineage.mechanisms._reductions_rows import NotCanonical
 from klineage.mechanisms._staging import (
     NotStaged,
     StagedLoop,
@@ -69,6 +74,7 @@ from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._staging_row_cache import NEEDED as ROW_NEEDED
 from klineage.mechanisms._staging_row_cache import cached_rows, row_cache_removal
 from klineage.mechanisms._staging_tile import stores_tile, tile_once_removal
+from klineage.mechanisms._staging_transpose import transpose_edits, transpose_kernels
 from klineage.mechanisms._tiles_util import (
     STATIC_SHARED_LIMIT,
     Locals,
@@ -86,6 +92,8 @@ from klineage.mechanisms._tiles_util import (
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
+
+TRANSPOSE = "transpose"
 
 TILE_SIZES = (8, 16, 32)
 DEFAULT_TILE = 16
@@ -743,6 +751,15 @@ class SmemStaging(Mechanism):
                     )
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for transpose in transpose_kernels(source):
+            element = transpose.element
+            yield self.site(
+                source,
+                element.decl,
+                span=(element.start_byte, transpose.store.end_byte),
+                snippet=f"{element.function.name}: {source.snippet(element.decl)}",
+                detail={"form": TRANSPOSE, "kernel": element.function.name},
+            )
         for function in source.kernels:
             if function.body is None:
                 continue
@@ -842,6 +859,16 @@ class SmemStaging(Mechanism):
     # -- application ------------------------------------------------------------------------
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") == TRANSPOSE:
+            found = [
+                t for t in transpose_kernels(source) if t.element.start_byte == site.start_byte
+            ]
+            if not found:
+                raise self.refuse(f"no transpose kernel at line {site.start_line}", site, "apply")
+            try:
+                return transpose_edits(source, found[0])
+            except NotCanonical as why:
+                raise self.refuse(str(why), site, "apply") from None
         loop = self.node_at(source, site, "for_statement")
         function = source.enclosing_function(loop)
         if function is None:
@@ -870,8 +897,8 @@ class SmemStaging(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         function = source.enclosing_function(site.start_byte)
-        if function is None:
-            return []
+        if function is None or site.detail.get("form") == TRANSPOSE:
+            return []  # the transpose form sets its own block (32 x 8) and 4.2 KB of tile
         if site.detail.get("form") == "naive":
             return self._naive_conditions(source, function, site)
         block = block_threads(source, function.name)

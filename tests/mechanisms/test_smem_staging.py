@@ -12,6 +12,7 @@ from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from tests.conftest import REPO
+from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok, fixture_pairs, removal_chain
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 
@@ -153,3 +154,78 @@ def test_a_blocked_loop_summing_through_fmaf_is_staged_again() -> None:
     assert "__syncthreads();" in staged
     (loop,) = [line for line in staged.splitlines() if "for (int k = 0; k < TILE" in line]
     assert "acc = fmaf(" in loop and "A[" not in loop and "B[" not in loop
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward on a naive transpose (form=transpose): 32 x 32 tiles through a padded shared tile
+# ---------------------------------------------------------------------------------------------
+
+SCALED_TRANSPOSE = """#include <cuda_fp16.h>
+#include <stdint.h>
+
+__global__ void flip(const __half* a, __half* b, float s, int64_t m, int64_t n) {
+  const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n * m) return;
+  const int64_t col = t / m;
+  const int64_t row = t % m;
+  b[t] = __float2half(__half2float(a[row * n + col]) * s);
+}
+
+extern "C" int run(const __half* a, __half* b, float s, int64_t m, int64_t n, cudaStream_t st) {
+  const int64_t blocks = (m * n + 127) / 128;
+  flip<<<(unsigned)blocks, 128, 0, st>>>(a, b, s, m, n);
+  return 0;
+}
+"""
+
+
+def _transpose_cases(call: str, element: str, tiled: bool) -> list[Case]:
+    cases = []
+    for m, n in ((1, 1), (3, 70), (33, 5), (40, 64)):
+        buffers = [Buffer("a", element, "m * n", offset=1), Buffer("b", element, "m * n", True)]
+        grid = "dim3((unsigned)((n + 31) / 32), (unsigned)((m + 31) / 32))" if tiled else ""
+        cases.append(
+            Case({"m": m, "n": n}, buffers, call, "m * n", grid=grid, block_dims="dim3(32, 8)")
+        )
+    return cases
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(
+    ("text", "call", "element"),
+    [
+        (SCALED_TRANSPOSE, "flip(a, b, 1.5f, m, n)", "__half"),
+        (
+            (REPO / "heldout" / "transpose_2d" / "kernel.cu").read_text(),
+            "transpose_2d(a, b, m, n)",
+            "float",
+        ),
+    ],
+    ids=["scaled_half", "transpose_2d"],
+)
+def test_a_naive_transpose_is_staged_through_a_padded_tile(
+    text: str, call: str, element: str
+) -> None:
+    """The tiled kernel writes the naive kernel's bytes (edges of partial tiles included, the
+    input at an unaligned offset) when a block's threads run on the CPU."""
+    naive = KernelSource(text)
+    [site] = [s for s in mechanism.candidates(naive) if s.detail.get("form") == "transpose"]
+    tiled = mechanism.apply(naive, site, mechanism.default_carrier(naive, site))
+    assert "[32][33];" in tiled.text and "__syncthreads();" in tiled.text
+    assert ", dim3(32, 8), 0, " in tiled.text and "blocks" not in tiled.text.split("run(")[1]
+    want = run_on_host(naive.text, _transpose_cases(call, element, tiled=False))
+    assert run_on_host(tiled.text, _transpose_cases(call, element, tiled=True)) == want
+    compile_ok(Builder(device_only=True), [tiled])
+
+
+def test_a_kernel_reading_straight_or_twice_is_no_transpose() -> None:
+    """A copy that reads x[i] (no transpose), or a value reading the index outside its one
+    read, offers no transpose site."""
+    for before, after in (
+        ("a[row * n + col]", "a[col * m + row]"),
+        ("__half2float(a[row * n + col]) * s", "__half2float(a[row * n + col]) * (float)row"),
+    ):
+        text = SCALED_TRANSPOSE.replace(before, after)
+        assert text != SCALED_TRANSPOSE
+        sites = mechanism.candidates(KernelSource(text))
+        assert not [s for s in sites if s.detail.get("form") == "transpose"], after
