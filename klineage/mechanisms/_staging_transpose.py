@@ -13,9 +13,10 @@ column, the input read with the two swapped)::
 Consecutive threads write consecutive ``y`` but read ``x`` a row (``Q`` elements) apart. What
 it writes: 32 x 32 tiles, blocks of 32 x 8 threads on a 2-D grid (``blockIdx.x`` over ``s``,
 ``blockIdx.y`` over ``f``); each block reads its tile of ``x`` along rows into a padded
-``[32][33]`` shared array (the 33rd column keeps a warp's column reads in 32 banks), waits
-at a barrier, then writes ``y`` along its rows from the tile's columns, each element's code as
-it was with the read of ``x`` taken from the tile.
+``[32][32 + 1]`` shared array (the padding column keeps a warp's column reads in 32 banks;
+written as ``32 + 1`` so that smem_padding reads it as padding), waits at a barrier, then
+writes ``y`` along its rows from the tile's columns, each element's code as it was with the
+read of ``x`` taken from the tile.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def transpose_edits(source: ParsedSource, kernel: TransposeKernel) -> list[Edit]
     offset = kernel.load.start_byte - kernel.store.start_byte
     written = store[:offset] + f"{tile}[threadIdx.x][{k}]" + store[offset + len(load) :]
     lines = [
-        f"__shared__ {kernel.element_type} {tile}[{TILE}][{TILE + 1}];",
+        f"__shared__ {kernel.element_type} {tile}[{TILE}][{TILE} + 1];",
         f"{indent}const {index_type} {slow_tile} = ({index_type})blockIdx.x * {TILE};",
         f"{indent}const {index_type} {fast_tile} = ({index_type})blockIdx.y * {TILE};",
         f"{indent}for (int {k} = threadIdx.y; {k} < {TILE}; {k} += {ROWS_PER_TURN}) {{",

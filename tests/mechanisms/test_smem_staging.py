@@ -211,7 +211,7 @@ def test_a_naive_transpose_is_staged_through_a_padded_tile(
     naive = KernelSource(text)
     [site] = [s for s in mechanism.candidates(naive) if s.detail.get("form") == "transpose"]
     tiled = mechanism.apply(naive, site, mechanism.default_carrier(naive, site))
-    assert "[32][33];" in tiled.text and "__syncthreads();" in tiled.text
+    assert "[32][32 + 1];" in tiled.text and "__syncthreads();" in tiled.text
     assert ", dim3(32, 8), 0, " in tiled.text and "blocks" not in tiled.text.split("run(")[1]
     want = run_on_host(naive.text, _transpose_cases(call, element, tiled=False))
     assert run_on_host(tiled.text, _transpose_cases(call, element, tiled=True)) == want
