@@ -77,7 +77,7 @@ FORWARD_FORMS: dict[str, str] = {
     "smem_padding": "a multi-dimensional static __shared__ array (or a pitch constant) "
     "without padding",
     "smem_staging": "a blocked dot-product loop without staging, a naive one-thread-per-"
-    "output GEMM, or a naive transpose (y[i] from x read with the index's halves swapped)",
+    "output GEMM, or a naive transpose (y[i] from one read of x that scales i % D)",
     "smem_swizzle": "a swizzle helper without its XOR, or a wgmma descriptor tile",
     "split_k": "a split count's '= 1' declaration whose choice a removal deleted (a new split "
     "needs a workspace only a person writes)",

@@ -1,30 +1,36 @@
 """A naive transpose staged through a shared-memory tile: the forward rule of smem_staging on
 one-thread-per-element kernels that write ``y[i]`` from ``x`` read transposed.
 
-The form it takes (one thread per output element, the output's index split into its row and
-column, the input read with the two swapped)::
+The form it takes (one thread per output element, the output's index split into digits, the
+input read with its fastest digit ``i % D`` scaled, so a warp's reads are far apart)::
 
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= D * Q) return;              // or Q * D
-    const int64_t s = i / D;             // the output's row, 0..Q-1
-    const int64_t f = i - s * D;         // its column, 0..D-1 (or i % D)
-    y[i] = EXPR(x[f * Q + s]);           // one read of x; the rest reads no index
+    if (i >= D * Q) return;              // the bound a product with D among its factors
+    const int64_t f = i % D;             // or i - (i / D) * D, or through a copy of i
+    ...index arithmetic: locals of i, no memory read, no call...
+    y[i] = EXPR(x[INDEX]);               // one read of x; INDEX scales f (it is not ... + f)
 
-Consecutive threads write consecutive ``y`` but read ``x`` a row (``Q`` elements) apart. What
-it writes: 32 x 32 tiles, blocks of 32 x 8 threads on a 2-D grid (``blockIdx.x`` over ``s``,
-``blockIdx.y`` over ``f``); each block reads its tile of ``x`` along rows into a padded
-``[32][32 + 1]`` shared array (the padding column keeps a warp's column reads in 32 banks;
-written as ``32 + 1`` so that smem_padding reads it as padding), waits at a barrier, then
-writes ``y`` along its rows from the tile's columns, each element's code as it was with the
-read of ``x`` taken from the tile.
+as a 2-D transpose (``f = i % rows``, ``x[f * cols + i / rows]``) or NCHW -> NHWC (``ci = i %
+c``, ``x[((n * c + ci) * h + hi) * w + wi]``) write it. ``Q`` is the bound's other factors.
+Consecutive threads write consecutive ``y`` but read ``x`` far apart. What it writes: 32 x 32
+tiles of ``y`` seen as ``Q`` rows of ``D`` (``i = row * D + col``), blocks of 32 x 8 threads on
+a 2-D grid (``blockIdx.x`` over the rows, ``blockIdx.y`` over the columns). Each block reads
+its tile with ``threadIdx.x`` along the rows, where ``x`` is contiguous when the read is a
+transpose, into a ``[32][32 + 1]`` shared array (the padding column keeps a warp's column
+reads in 32 banks; written ``32 + 1`` so that smem_padding reads it as padding), waits at a
+barrier, then writes each row of the tile with ``threadIdx.x`` along ``y``'s columns, running
+the index arithmetic again for each element, with the read of ``x`` taken from the tile. The
+element's code is kept as it was, so the result is the naive kernel's whatever ``x``'s layout;
+the layout decides only whether it is faster.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Node, ParsedSource
+from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.cuda.tree import fresh_name
 from klineage.mechanisms._local_util import (
     ElementKernel,
@@ -35,6 +41,7 @@ from klineage.mechanisms._local_util import (
     names_in_function,
     strip_casts,
     strip_parens,
+    walk,
 )
 from klineage.mechanisms._reductions_rows import NotCanonical, _row_count
 from klineage.mechanisms._tiles_util import orphaned_declarations
@@ -48,14 +55,14 @@ class TransposeKernel:
     """A naive transpose in the form above."""
 
     element: ElementKernel
-    slow: str
-    fast: str
+    steps: tuple[Node, ...]
+    """The index arithmetic before the store, run again for each element of a tile."""
     divisor: Node
-    """``D``: the output's row length, the input's row count."""
-    other: Node
-    """``Q``: the bound's other factor, the input's row length."""
+    """``D``: the output's fastest extent, its index ``i % D``."""
+    others: tuple[Node, ...]
+    """The bound's other factors: their product ``Q`` counts the output's rows."""
     load: Node
-    """``x[f * Q + s]``."""
+    """The one read of ``x``."""
     store: Node
     """The statement ``y[i] = EXPR;``."""
     element_type: str
@@ -97,40 +104,68 @@ def _remainder(source: ParsedSource, value: Node, i: str, slow: str, divisor: st
     )
 
 
-def _transposed_read(source: ParsedSource, index: Node, fast: str, slow: str, other: str) -> bool:
-    """``fast * other + slow`` (either order of the sum and of the product)."""
-    total = binary(strip_parens(index), "+")
-    if total is None:
-        return False
-    for scaled, offset in (total, total[::-1]):
-        if _text(source, offset) == slow and _product(source, scaled, fast, other):
-            return True
-    return False
+def _factors(source: ParsedSource, node: Node) -> list[Node]:
+    """The factors of a product ``a * b * c`` (a single node for anything else)."""
+    sides = binary(strip_parens(node), "*")
+    if sides is None:
+        return [strip_parens(node)]
+    return _factors(source, sides[0]) + _factors(source, sides[1])
+
+
+def _fast_digit(source: ParsedSource, steps: tuple[Node, ...], i: str) -> tuple[str, Node] | None:
+    """(name, D) of the output's fastest index: a local set to ``i % D`` (``i`` or a copy of
+    it not yet changed), or to ``i - q * D`` after ``q = i / D``."""
+    copies, quotients = {i}, {}
+    for statement in steps:
+        declared = index_declaration(source, statement)
+        if declared is None:
+            copies.clear()  # an assignment (``rest /= c``) may change a copy: stop at it
+            copies.add(i)
+            continue
+        name, _, value = declared
+        if _text(source, value) in copies:
+            copies.add(name)
+            continue
+        for op in ("%", "/"):
+            sides = binary(strip_parens(value), op)
+            if sides is None or _text(source, sides[0]) not in copies:
+                continue
+            if op == "%":
+                return name, sides[1]
+            quotients[name] = sides[1]
+        for quotient, divisor in quotients.items():
+            if _remainder(source, value, i, quotient, _text(source, divisor)):
+                return name, divisor
+    return None
+
+
+def _last_addend(node: Node) -> Node:
+    sides = binary(strip_parens(node), "+")
+    return _last_addend(sides[1]) if sides is not None else strip_parens(node)
 
 
 def transpose_kernel(source: ParsedSource, element: ElementKernel) -> TransposeKernel:
     """The transpose form of ``element``; :class:`NotCanonical` says what differs."""
     kernel = element.function.name
-    if element.form != "return" or len(element.body) != 3:
-        raise NotCanonical(f"{kernel}'s element code is not two index declarations and a store")
     i = element.name
-    first, second, store = element.body
-    split = index_declaration(source, first)
-    rest = index_declaration(source, second)
-    if split is None or rest is None:
-        raise NotCanonical(f"{kernel} does not split its index into a row and a column")
-    quotient = binary(strip_parens(split[2]), "/")
-    if quotient is None or _text(source, quotient[0]) != i:
-        raise NotCanonical(f"{kernel}'s row is not {i} / D")
-    slow, fast, divisor = split[0], rest[0], quotient[1]
+    if element.form != "return" or len(element.body) < 2:
+        raise NotCanonical(f"{kernel}'s element code is not index arithmetic and a store")
+    *steps, store = element.body
+    for step in steps:
+        if _subscripts(step) or any(n.type == "call_expression" for n in walk(step)):
+            raise NotCanonical(f"line {source.line_of(step.start_byte)} reads memory or calls")
+    fast = _fast_digit(source, tuple(steps), i)
+    if fast is None:
+        raise NotCanonical(f"{kernel} does not split {i} into a fastest index i % D")
+    digit, divisor = fast
     d = _text(source, divisor)
-    if not _remainder(source, rest[2], i, slow, d):
-        raise NotCanonical(f"{kernel}'s column is not {i} - {slow} * {d} or {i} % {d}")
-    factors = binary(strip_parens(element.bound), "*")
-    if factors is None or d not in {_text(source, f) for f in factors}:
-        raise NotCanonical(f"{kernel}'s bound is not {d} times the row count")
-    other = factors[1] if _text(source, factors[0]) == d else factors[0]
-    q = _text(source, other)
+    factors = _factors(source, element.bound)
+    texts = [_text(source, f) for f in factors]
+    if d not in texts:
+        raise NotCanonical(f"{kernel}'s bound is not {d} times a count")
+    others = [f for f, text in zip(factors, texts, strict=True) if f is not factors[texts.index(d)]]
+    if not others:
+        raise NotCanonical(f"{kernel}'s bound has nothing beside {d}")
     assignment = store.named_children[0] if store.type == "expression_statement" else None
     if assignment is None or assignment.type != "assignment_expression":
         raise NotCanonical(f"{kernel}'s last statement is not a store")
@@ -149,19 +184,23 @@ def transpose_kernel(source: ParsedSource, element: ElementKernel) -> TransposeK
     array = load.child_by_field_name("argument")
     if read_index is None or array is None or array.type != "identifier":
         raise NotCanonical(f"{kernel}'s read is not of a parameter array")
-    if not _transposed_read(source, read_index, fast, slow, q):
-        raise NotCanonical(f"{kernel} does not read {source.text_of(array)}[{fast} * {q} + {slow}]")
+    read_names = {source.text_of(n) for n in identifiers(source, read_index)}
+    if digit not in read_names or _text(source, _last_addend(read_index)) == digit:
+        raise NotCanonical(f"{kernel} reads {source.text_of(array)} along {digit}: no transpose")
     param = element.function.param(source.text_of(array))
     if param is None or param.pointer_depth != 1:
         raise NotCanonical(f"{source.text_of(array)} is not a pointer parameter of {kernel}")
+    locals_ = {i} | {d[0] for s in steps if (d := index_declaration(source, s)) is not None}
     outside = [n for n in identifiers(source, value) if not _inside(n, load)]
-    if any(source.text_of(n) in (i, slow, fast) for n in outside):
+    if any(source.text_of(n) in locals_ for n in outside):
         raise NotCanonical(f"{kernel}'s stored value uses the index outside its read")
-    for bound in (divisor, other):
-        names = {source.text_of(n) for n in identifiers(source, bound)}
-        if names - {p.name for p in element.function.params}:
+    params = {p.name for p in element.function.params}
+    for bound in (divisor, *others):
+        if {source.text_of(n) for n in identifiers(source, bound)} - params:
             raise NotCanonical(f"{source.text_of(bound)} is not written with parameters")
-    return TransposeKernel(element, slow, fast, divisor, other, load, store, param.base_type)
+    return TransposeKernel(
+        element, tuple(steps), divisor, tuple(others), load, store, param.base_type
+    )
 
 
 def _subscripts(node: Node) -> list[Node]:
@@ -191,35 +230,44 @@ def transpose_edits(source: ParsedSource, kernel: TransposeKernel) -> list[Edit]
     element = kernel.element
     function = element.function
     taken = names_in_function(source, function)
-    tile = fresh_name(taken, f"{source.text_of(kernel.load.child_by_field_name('argument'))}_tile")
-    s, f, i = kernel.slow, kernel.fast, element.name
-    slow_tile, fast_tile, k = (fresh_name(taken, n) for n in (f"{s}_tile", f"{f}_tile", "k"))
+    array = kernel.load.child_by_field_name("argument")
+    assert array is not None
+    tile = fresh_name(taken, f"{source.text_of(array)}_tile")
+    i = element.name
+    row, col, k = (fresh_name(taken, n) for n in (f"{i}_row", f"{i}_col", "k"))
+    row_tile, col_tile = fresh_name(taken, f"{row}0"), fresh_name(taken, f"{col}0")
     index_type = element.index_type
-    d, q = source.text_of(kernel.divisor), source.text_of(kernel.other)
+    d = source.text_of(kernel.divisor)
+    q = " * ".join(operand_text(source, f) for f in kernel.others)
     indent = source.indent_of(element.decl.start_byte)
-    step = indent + "  "
-    value = kernel.store.named_children[0].child_by_field_name("right")
-    assert value is not None
-    store = source.text_of(kernel.store)
-    load = source.text_of(kernel.load)
+    inner = indent + "    "
+    steps = [inner + line.strip() for s in kernel.steps for line in _lines(source, s)]
+    store, load = source.text_of(kernel.store), source.text_of(kernel.load)
     offset = kernel.load.start_byte - kernel.store.start_byte
     written = store[:offset] + f"{tile}[threadIdx.x][{k}]" + store[offset + len(load) :]
+    turn = f"for (int {k} = threadIdx.y; {k} < {TILE}; {k} += {ROWS_PER_TURN}) {{"
     lines = [
         f"__shared__ {kernel.element_type} {tile}[{TILE}][{TILE} + 1];",
-        f"{indent}const {index_type} {slow_tile} = ({index_type})blockIdx.x * {TILE};",
-        f"{indent}const {index_type} {fast_tile} = ({index_type})blockIdx.y * {TILE};",
-        f"{indent}for (int {k} = threadIdx.y; {k} < {TILE}; {k} += {ROWS_PER_TURN}) {{",
-        f"{step}const {index_type} {f} = {fast_tile} + {k};",
-        f"{step}const {index_type} {s} = {slow_tile} + threadIdx.x;",
-        f"{step}if ({f} < {d} && {s} < {q}) {tile}[{k}][threadIdx.x] = {load};",
+        f"{indent}const {index_type} {row_tile} = ({index_type})blockIdx.x * {TILE};",
+        f"{indent}const {index_type} {col_tile} = ({index_type})blockIdx.y * {TILE};",
+        f"{indent}{turn}",  # read along the rows of x: threadIdx.x walks y's rows
+        f"{indent}  const {index_type} {row} = {row_tile} + threadIdx.x;",
+        f"{indent}  const {index_type} {col} = {col_tile} + {k};",
+        f"{indent}  if ({row} < {q} && {col} < {d}) {{",
+        f"{inner}const {index_type} {i} = {row} * {d} + {col};",
+        *steps,
+        f"{inner}{tile}[{k}][threadIdx.x] = {load};",
+        f"{indent}  }}",
         f"{indent}}}",
         f"{indent}__syncthreads();",
-        f"{indent}for (int {k} = threadIdx.y; {k} < {TILE}; {k} += {ROWS_PER_TURN}) {{",
-        f"{step}const {index_type} {s} = {slow_tile} + {k};",
-        f"{step}const {index_type} {f} = {fast_tile} + threadIdx.x;",
-        f"{step}if ({s} >= {q} || {f} >= {d}) continue;",
-        f"{step}const {index_type} {i} = {s} * {d} + {f};",
-        f"{step}{written}",
+        f"{indent}{turn}",  # write along the rows of y: threadIdx.x walks its columns
+        f"{indent}  const {index_type} {row} = {row_tile} + {k};",
+        f"{indent}  const {index_type} {col} = {col_tile} + threadIdx.x;",
+        f"{indent}  if ({row} < {q} && {col} < {d}) {{",
+        f"{inner}const {index_type} {i} = {row} * {d} + {col};",
+        *steps,
+        f"{inner}{written}",
+        f"{indent}  }}",
         f"{indent}}}",
     ]
     edits = [Edit(element.start_byte, kernel.store.end_byte, "\n".join(lines))]
@@ -229,11 +277,11 @@ def transpose_edits(source: ParsedSource, kernel: TransposeKernel) -> list[Edit]
     for launch in launches:
         if launch.grid is None or launch.block is None:
             raise NotCanonical(f"the launch at line {source.line_of(launch.node.start_byte)}")
-        rows = _row_count(source, function, launch, kernel.divisor)
-        cols = _row_count(source, function, launch, kernel.other)
+        rows = " * ".join(_at_launch(source, function, launch, f) for f in kernel.others)
+        cols = _at_launch(source, function, launch, kernel.divisor)
         grid = (
-            f"dim3((unsigned)(({cols} + {TILE - 1}) / {TILE}), "
-            f"(unsigned)(({rows} + {TILE - 1}) / {TILE}))"
+            f"dim3((unsigned)(({rows} + {TILE - 1}) / {TILE}), "
+            f"(unsigned)(({cols} + {TILE - 1}) / {TILE}))"
         )
         edits += [
             Edit.replace(launch.grid, grid),
@@ -241,3 +289,18 @@ def transpose_edits(source: ParsedSource, kernel: TransposeKernel) -> list[Edit]
         ]
     grids = [launch.grid for launch in launches if launch.grid]
     return edits + orphaned_declarations(source, grids)
+
+
+def _lines(source: ParsedSource, statement: Node) -> list[str]:
+    return source.text_of(statement).split("\n")
+
+
+def operand_text(source: ParsedSource, node: Node) -> str:
+    """A factor's text, parenthesized unless it is a name or a number."""
+    text = source.text_of(node)
+    return text if re.match(r"^[\w.]+$", text) else f"({text})"
+
+
+def _at_launch(source: ParsedSource, function: Function, launch: Launch, node: Node) -> str:
+    text = _row_count(source, function, launch, node)
+    return text if re.match(r"^[\w.]+$", text) else f"({text})"

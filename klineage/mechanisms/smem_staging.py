@@ -31,10 +31,11 @@ of once per thread that needs it.
     outside the output clamp their row and column (they still load tiles for the others) and
     do not store, and ``run`` launches a 2-D (3-D) grid of T x T blocks. Carrier
     ``tile_size`` (8, 16 or 32; default 16);
-  * the *naive transpose*, one thread per output element ``y[i]`` reading ``x`` transposed
-    (``x[f * Q + s]`` with ``s = i / D``, ``f = i % D``): 32 x 32 tiles read along the rows of
-    ``x`` into a padded shared tile and written along the rows of ``y``, on a 2-D grid of
-    32 x 8 blocks (``form=transpose``, :mod:`klineage.mechanisms._staging_transpose`).
+  * the *naive transpose*, one thread per output element ``y[i]`` reading ``x`` with the
+    output's fastest index ``i % D`` scaled (a 2-D transpose, NCHW -> NHWC): 32 x 32 tiles
+    read along the rows of ``x`` into a padded shared tile and written along the rows of
+    ``y``, on a 2-D grid of 32 x 8 blocks (``form=transpose``,
+    :mod:`klineage.mechanisms._staging_transpose`).
 """
 
 from __future__ import annotations

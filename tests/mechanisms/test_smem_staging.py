@@ -179,42 +179,49 @@ extern "C" int run(const __half* a, __half* b, float s, int64_t m, int64_t n, cu
 """
 
 
-def _transpose_cases(call: str, element: str, tiled: bool) -> list[Case]:
+MN = [{"m": 1, "n": 1}, {"m": 3, "n": 70}, {"m": 33, "n": 5}, {"m": 40, "n": 64}]
+NCHW = [{"n": 1, "c": 3, "h": 5, "w": 7}, {"n": 2, "c": 40, "h": 3, "w": 11}]
+# (kernel text, call, element type, axes, the tiled grid: y's rows over x, its columns over y)
+TRANSPOSES = {
+    "scaled_half": (
+        SCALED_TRANSPOSE, "flip(a, b, 1.5f, m, n)", "__half", MN, "n", "m"
+    ),
+    "transpose_2d": (
+        (REPO / "heldout" / "transpose_2d" / "kernel.cu").read_text(),
+        "transpose_2d(a, b, m, n)", "float", MN, "n", "m",
+    ),
+    "nchw_to_nhwc": (
+        (REPO / "heldout" / "nchw_to_nhwc" / "kernel.cu").read_text(),
+        "nchw_to_nhwc(a, b, n, c, h, w)", "__half", NCHW, "n * h * w", "c",
+    ),
+}  # fmt: skip
+
+
+def _transpose_cases(case: str, tiled: bool) -> list[Case]:
+    _, call, element, axes, rows, cols = TRANSPOSES[case]
     cases = []
-    for m, n in ((1, 1), (3, 70), (33, 5), (40, 64)):
-        buffers = [Buffer("a", element, "m * n", offset=1), Buffer("b", element, "m * n", True)]
-        grid = "dim3((unsigned)((n + 31) / 32), (unsigned)((m + 31) / 32))" if tiled else ""
+    for values in axes:
+        total = " * ".join(values)
+        buffers = [Buffer("a", element, total, offset=1), Buffer("b", element, total, True)]
+        grid = f"dim3((unsigned)(({rows} + 31) / 32), (unsigned)(({cols} + 31) / 32))"
         cases.append(
-            Case({"m": m, "n": n}, buffers, call, "m * n", grid=grid, block_dims="dim3(32, 8)")
+            Case(values, buffers, call, total, grid=grid if tiled else "", block_dims="dim3(32, 8)")
         )
     return cases
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize(
-    ("text", "call", "element"),
-    [
-        (SCALED_TRANSPOSE, "flip(a, b, 1.5f, m, n)", "__half"),
-        (
-            (REPO / "heldout" / "transpose_2d" / "kernel.cu").read_text(),
-            "transpose_2d(a, b, m, n)",
-            "float",
-        ),
-    ],
-    ids=["scaled_half", "transpose_2d"],
-)
-def test_a_naive_transpose_is_staged_through_a_padded_tile(
-    text: str, call: str, element: str
-) -> None:
+@pytest.mark.parametrize("case", sorted(TRANSPOSES))
+def test_a_naive_transpose_is_staged_through_a_padded_tile(case: str) -> None:
     """The tiled kernel writes the naive kernel's bytes (edges of partial tiles included, the
     input at an unaligned offset) when a block's threads run on the CPU."""
-    naive = KernelSource(text)
+    naive = KernelSource(TRANSPOSES[case][0])
     [site] = [s for s in mechanism.candidates(naive) if s.detail.get("form") == "transpose"]
     tiled = mechanism.apply(naive, site, mechanism.default_carrier(naive, site))
     assert "[32][32 + 1];" in tiled.text and "__syncthreads();" in tiled.text
     assert ", dim3(32, 8), 0, " in tiled.text and "blocks" not in tiled.text.split("run(")[1]
-    want = run_on_host(naive.text, _transpose_cases(call, element, tiled=False))
-    assert run_on_host(tiled.text, _transpose_cases(call, element, tiled=True)) == want
+    want = run_on_host(naive.text, _transpose_cases(case, tiled=False))
+    assert run_on_host(tiled.text, _transpose_cases(case, tiled=True)) == want
     compile_ok(Builder(device_only=True), [tiled])
 
 
