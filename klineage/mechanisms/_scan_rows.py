@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
 from klineage.cuda.tree import fresh_name
 from klineage.mechanisms._local_util import (
     binary,
@@ -50,7 +50,9 @@ from klineage.mechanisms._reductions_rows import (
     NotCanonical,
     ThreadRows,
     _check_launch_bounds,
+    _expression_of,
     _launch_edits_to_groups,
+    _unit_step,
     thread_row_start,
 )
 from klineage.mechanisms._reductions_util import named_statements
@@ -82,26 +84,16 @@ def _uses(source: ParsedSource, node: Node, name: str) -> bool:
     return any(source.text_of(n) == name for n in identifiers(source, node))
 
 
-def _expression(statement: Node) -> Node | None:
-    if statement.type != "expression_statement" or not statement.named_children:
-        return None
-    return strip_parens(statement.named_children[0])
-
-
-def _assignment(source: ParsedSource, statement: Node, op: str) -> tuple[Node, Node] | None:
-    node = _expression(statement)
+def _added(statement: Node) -> tuple[Node, Node] | None:
+    """``(left, right)`` of the statement ``left += right;``; None for any other."""
+    node = _expression_of(statement)
     if node is None or node.type != "assignment_expression":
         return None
     operator = node.child_by_field_name("operator")
     left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
-    if operator is None or left is None or right is None or source.text_of(operator) != op:
+    if operator is None or operator.type != "+=" or left is None or right is None:
         return None
     return left, right
-
-
-def _unit_update(source: ParsedSource, update: Node | None, variable: str) -> bool:
-    text = "".join(source.text_of(update).split()) if update is not None else ""
-    return text in (f"++{variable}", f"{variable}++", f"{variable}+=1")
 
 
 def row_scan(source: ParsedSource, kernel: Function) -> RowScan:
@@ -128,13 +120,13 @@ def row_scan(source: ParsedSource, kernel: Function) -> RowScan:
     sides = binary(strip_parens(condition), "<") if condition is not None else None
     if sides is None or source.text_of(strip_parens(sides[0])) != variable:
         raise NotCanonical(f"the row's loop does not run while {variable} < a bound")
-    if not _unit_update(source, loop.child_by_field_name("update"), variable):
+    if not _unit_step(source, loop.child_by_field_name("update"), variable):
         raise NotCanonical(f"the row's loop does not step {variable} by 1")
     body = loop.child_by_field_name("body")
     inner = named_statements(body) if body is not None and body.type == "compound_statement" else []
     inner = [s for s in inner if s.type != "comment"]
-    adds = _assignment(source, inner[0], "+=") if len(inner) == 2 else None
-    stores = _assignment(source, inner[1], "=") if len(inner) == 2 else None
+    adds = _added(inner[0]) if len(inner) == 2 else None
+    stores = plain_assignment(inner[1]) if len(inner) == 2 else None
     running = (
         adds is not None
         and stores is not None
@@ -162,7 +154,7 @@ def scan_edits(source: ParsedSource, scan: RowScan, block_size: int, mask: str) 
     taken = names_in_function(source, scan.rows.kernel)
     lane = fresh_name(taken, "lane")
     c, acc = scan.variable, scan.accumulator
-    base, part, offset, up = (fresh_name(taken, f"{n}") for n in (
+    base, part, offset, up = (fresh_name(taken, n) for n in (
         f"{c}_base", f"{acc}_part", f"{acc}_offset", f"{acc}_up"
     ))  # fmt: skip
     n, value, target = (source.text_of(x) for x in (scan.bound, scan.value, scan.target))

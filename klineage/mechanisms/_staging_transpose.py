@@ -26,11 +26,11 @@ the layout decides only whether it is faster.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from klineage.cuda.cexpr import UNARY, operand
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.source import Function, Launch, Node, ParsedSource, plain_assignment
 from klineage.cuda.tree import fresh_name
 from klineage.mechanisms._local_util import (
     ElementKernel,
@@ -43,7 +43,8 @@ from klineage.mechanisms._local_util import (
     strip_parens,
     walk,
 )
-from klineage.mechanisms._reductions_rows import NotCanonical, _row_count
+from klineage.mechanisms._reductions_rows import NotCanonical, _primary_text, _row_count
+from klineage.mechanisms._staging import subscript_chain
 from klineage.mechanisms._tiles_util import orphaned_declarations
 
 TILE = 32
@@ -69,13 +70,10 @@ class TransposeKernel:
     """The type of ``x``'s elements, for the tile."""
 
 
-def _index_of(node: Node) -> Node | None:
-    """The one index of ``p[index]``; None for anything else."""
-    if node.type != "subscript_expression":
-        return None
-    indices = node.child_by_field_name("indices")
-    inner = [c for c in indices.named_children if c.type != "comment"] if indices else []
-    return inner[0] if len(inner) == 1 else None
+def _one_index(node: Node) -> tuple[Node, Node] | None:
+    """(array, index) of ``p[index]`` with ``p`` a name; None for anything else."""
+    chain = subscript_chain(node)
+    return (chain[0], chain[1][0]) if chain is not None and len(chain[1]) == 1 else None
 
 
 def _text(source: ParsedSource, node: Node) -> str:
@@ -104,12 +102,12 @@ def _remainder(source: ParsedSource, value: Node, i: str, slow: str, divisor: st
     )
 
 
-def _factors(source: ParsedSource, node: Node) -> list[Node]:
+def _factors(node: Node) -> list[Node]:
     """The factors of a product ``a * b * c`` (a single node for anything else)."""
     sides = binary(strip_parens(node), "*")
     if sides is None:
         return [strip_parens(node)]
-    return _factors(source, sides[0]) + _factors(source, sides[1])
+    return _factors(sides[0]) + _factors(sides[1])
 
 
 def _fast_digit(source: ParsedSource, steps: tuple[Node, ...], i: str) -> tuple[str, Node] | None:
@@ -152,45 +150,44 @@ def transpose_kernel(source: ParsedSource, element: ElementKernel) -> TransposeK
         raise NotCanonical(f"{kernel}'s element code is not index arithmetic and a store")
     *steps, store = element.body
     for step in steps:
-        if _subscripts(step) or any(n.type == "call_expression" for n in walk(step)):
+        if any(n.type in ("subscript_expression", "call_expression") for n in walk(step)):
             raise NotCanonical(f"line {source.line_of(step.start_byte)} reads memory or calls")
     fast = _fast_digit(source, tuple(steps), i)
     if fast is None:
         raise NotCanonical(f"{kernel} does not split {i} into a fastest index i % D")
     digit, divisor = fast
     d = _text(source, divisor)
-    factors = _factors(source, element.bound)
+    factors = _factors(element.bound)
     texts = [_text(source, f) for f in factors]
     if d not in texts:
         raise NotCanonical(f"{kernel}'s bound is not {d} times a count")
-    others = [f for f, text in zip(factors, texts, strict=True) if f is not factors[texts.index(d)]]
+    position = texts.index(d)
+    others = factors[:position] + factors[position + 1 :]
     if not others:
         raise NotCanonical(f"{kernel}'s bound has nothing beside {d}")
-    assignment = store.named_children[0] if store.type == "expression_statement" else None
-    if assignment is None or assignment.type != "assignment_expression":
+    assignment = plain_assignment(store)
+    if assignment is None:
         raise NotCanonical(f"{kernel}'s last statement is not a store")
-    target, value = assignment.child_by_field_name("left"), assignment.child_by_field_name("right")
-    operator = assignment.child_by_field_name("operator")
-    if target is None or value is None or operator is None or source.text_of(operator) != "=":
-        raise NotCanonical(f"{kernel}'s last statement is not a store")
-    index = _index_of(target)
-    if index is None or _text(source, index) != i:
+    target, value = assignment
+    stored = _one_index(target)
+    if stored is None or _text(source, stored[1]) != i:
         raise NotCanonical(f"{kernel} does not store to y[{i}]")
-    reads = _subscripts(value)
+    reads = [n for n in walk(value) if n.type == "subscript_expression"]
     if len(reads) != 1:
         raise NotCanonical(f"{kernel}'s stored value does not read exactly one array")
     load = reads[0]
-    read_index = _index_of(load)
-    array = load.child_by_field_name("argument")
-    if read_index is None or array is None or array.type != "identifier":
+    read = _one_index(load)
+    if read is None:
         raise NotCanonical(f"{kernel}'s read is not of a parameter array")
+    array, read_index = read
     read_names = {source.text_of(n) for n in identifiers(source, read_index)}
     if digit not in read_names or _text(source, _last_addend(read_index)) == digit:
         raise NotCanonical(f"{kernel} reads {source.text_of(array)} along {digit}: no transpose")
     param = element.function.param(source.text_of(array))
     if param is None or param.pointer_depth != 1:
         raise NotCanonical(f"{source.text_of(array)} is not a pointer parameter of {kernel}")
-    locals_ = {i} | {d[0] for s in steps if (d := index_declaration(source, s)) is not None}
+    declared = [index_declaration(source, s) for s in steps]
+    locals_ = {i} | {names[0] for names in declared if names is not None}
     outside = [n for n in identifiers(source, value) if not _inside(n, load)]
     if any(source.text_of(n) in locals_ for n in outside):
         raise NotCanonical(f"{kernel}'s stored value uses the index outside its read")
@@ -201,13 +198,6 @@ def transpose_kernel(source: ParsedSource, element: ElementKernel) -> TransposeK
     return TransposeKernel(
         element, tuple(steps), divisor, tuple(others), load, store, param.base_type
     )
-
-
-def _subscripts(node: Node) -> list[Node]:
-    found = [node] if node.type == "subscript_expression" else []
-    for child in node.named_children:
-        found += _subscripts(child)
-    return found
 
 
 def _inside(node: Node, region: Node) -> bool:
@@ -231,17 +221,17 @@ def transpose_edits(source: ParsedSource, kernel: TransposeKernel) -> list[Edit]
     function = element.function
     taken = names_in_function(source, function)
     array = kernel.load.child_by_field_name("argument")
-    assert array is not None
+    assert array is not None  # a name: transpose_kernel checked the read
     tile = fresh_name(taken, f"{source.text_of(array)}_tile")
     i = element.name
     row, col, k = (fresh_name(taken, n) for n in (f"{i}_row", f"{i}_col", "k"))
     row_tile, col_tile = fresh_name(taken, f"{row}0"), fresh_name(taken, f"{col}0")
     index_type = element.index_type
     d = source.text_of(kernel.divisor)
-    q = " * ".join(operand_text(source, f) for f in kernel.others)
+    q = " * ".join(operand(source, f, UNARY) for f in kernel.others)
     indent = source.indent_of(element.decl.start_byte)
     inner = indent + "    "
-    steps = [inner + line.strip() for s in kernel.steps for line in _lines(source, s)]
+    steps = [inner + line.strip() for s in kernel.steps for line in source.text_of(s).split("\n")]
     store, load = source.text_of(kernel.store), source.text_of(kernel.load)
     offset = kernel.load.start_byte - kernel.store.start_byte
     written = store[:offset] + f"{tile}[threadIdx.x][{k}]" + store[offset + len(load) :]
@@ -291,16 +281,8 @@ def transpose_edits(source: ParsedSource, kernel: TransposeKernel) -> list[Edit]
     return edits + orphaned_declarations(source, grids)
 
 
-def _lines(source: ParsedSource, statement: Node) -> list[str]:
-    return source.text_of(statement).split("\n")
-
-
-def operand_text(source: ParsedSource, node: Node) -> str:
-    """A factor's text, parenthesized unless it is a name or a number."""
-    text = source.text_of(node)
-    return text if re.match(r"^[\w.]+$", text) else f"({text})"
-
-
 def _at_launch(source: ParsedSource, function: Function, launch: Launch, node: Node) -> str:
+    """A factor written at the launch (parameters replaced by the launch's arguments), ready to
+    be multiplied."""
     text = _row_count(source, function, launch, node)
-    return text if re.match(r"^[\w.]+$", text) else f"({text})"
+    return text if _primary_text(text) else f"({text})"
