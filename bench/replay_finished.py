@@ -9,7 +9,8 @@ and the same methods; `replay_out/finished.json` keeps that. A chunk replays an 
 problem from its gate log first (verdicts served, nothing re-timed), so skipping finished ones
 saves the builds of every logged candidate, minutes on a fresh machine. A changed library runs
 every problem again (the new skills gated, the rest served from the log): one experiment, one
-library. `order` with ALL=1 lists every problem (the final chunk, which writes replay.json).
+library; those go after the problems never finished. `order` with ALL=1 lists every problem
+(the final chunk, which writes replay.json).
 """
 
 from __future__ import annotations
@@ -46,13 +47,18 @@ def problem_name(repo: Path, folder: str) -> str:
 
 
 def to_run(repo: Path, out: Path, methods: list[str], everything: bool = False) -> list[str]:
-    """The folders a chunk should replay: those not finished with this library and methods."""
+    """The folders a chunk should replay: those not finished with this library and methods.
+
+    Those never finished go first, cheapest first; those finished with another library or
+    other methods go after them, since most of their moves are served from the log and only
+    the new skills' moves are gated: new work is not kept waiting behind reruns."""
     folders = held_out_by_cost(repo)
     if everything:
         return folders
     finished = _load(out)
     key = {"library": library_hash(repo / "skills_out"), "methods": sorted(methods)}
-    return [f for f in folders if finished.get(problem_name(repo, f)) != key]
+    pending = [f for f in folders if finished.get(problem_name(repo, f)) != key]
+    return sorted(pending, key=lambda f: problem_name(repo, f) in finished)  # stable: by cost
 
 
 def mark(repo: Path, out: Path, methods: list[str], since: float) -> list[str]:

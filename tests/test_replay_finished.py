@@ -65,6 +65,16 @@ def test_another_library_or_other_methods_run_everything_again(tmp_path: Path) -
     assert "heldout/fast" in finished.to_run(repo, out, METHODS)
 
 
+def test_problems_finished_with_another_library_go_after_new_work(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    out = repo / "replay_out"
+    _finish(out, "fast_f32", METHODS, 2000.0)
+    finished.mark(repo, out, METHODS, since=1000.0)
+    (repo / "skills_out/skills.jsonl").write_text('{"id": "a"}\n{"id": "b"}\n')
+    # fast was finished with the old library: rerun, but after the two never finished
+    assert finished.to_run(repo, out, METHODS) == ["heldout/middle", "heldout/slow", "heldout/fast"]
+
+
 def test_the_chunk_script_orders_only_unfinished_problems() -> None:
     """The committed repo: the script's order command lists held-out folders that exist."""
     done = subprocess.run(
