@@ -195,18 +195,29 @@ def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrie
     current = kernel
     refused: set[str] = set()
     reasons = []
+    sites = _open_sites(mechanism, current, refused)
     for _ in range(APPLY_LIMIT):
-        site = next(
-            (s for s in mechanism.candidates(current) if s.supported and s.id not in refused), None
-        )
-        if site is None:
+        if not sites:
             break
         try:
-            current = mechanism.apply(current, site, carrier)
+            current = mechanism.apply(current, sites[0], carrier)
         except MechanismRefused as err:
-            refused.add(site.id)
+            refused.add(sites[0].id)
             reasons.append(err.reason)
+            sites = sites[1:]
+            continue
+        left = _open_sites(mechanism, current, refused)
+        if len(left) >= len(sites):
+            # the rewrite holds a site again (a dispatch whose fallback keeps the loop it
+            # specialized): applying on would nest the same rewrite in itself
+            break
+        sites = left
     if current is kernel:
         reason = reasons[0] if reasons else "no candidate site in this kernel"
         raise MechanismRefused(Refusal(mechanism=mechanism.name, action="apply", reason=reason))
     return current
+
+
+def _open_sites(mechanism: Mechanism, kernel: KernelSource, refused: set[str]) -> list[Site]:
+    """The supported candidate sites of `mechanism` on `kernel` not yet refused."""
+    return [s for s in mechanism.candidates(kernel) if s.supported and s.id not in refused]
