@@ -123,7 +123,9 @@ class Move:
     intent: str = ""
     """What the LLM says it changed."""
     sibling: bool = False
-    """Another carrier of the skill just kept at this state, gated to keep the fastest."""
+    """Gated at the state where a move was just kept, the fastest of them kept: another
+    carrier of the kept skill, or a rival mechanism whose sites and the kept one's close each
+    other's."""
 
     @property
     def name(self) -> str:
@@ -223,8 +225,8 @@ class ForwardSearch(ABC):
     def candidates(self, current: KernelSource) -> Iterator[Move]:
         """The moves this method would try from `current`, best first."""
 
-    def siblings(self, later: Sequence[Move], kept: Move) -> Iterator[Move]:
-        """Moves to gate from the same state after `kept` passed the keep rule (none)."""
+    def siblings(self, later: Sequence[Move], kept: Move, state: KernelSource) -> Iterator[Move]:
+        """Moves to gate from `state` after `kept` passed the keep rule there (none)."""
         return iter(())
 
     def ask_llm(self, current: KernelSource, move: Move) -> Move | None:
@@ -288,7 +290,7 @@ class ForwardSearch(ABC):
             yield planned
             if len(tried) > gated and tried[-1].accepted:
                 if tried[-1].move.source is None:  # a rule wrote it: its other carriers too
-                    yield from self.siblings(moves[index + 1 :], planned)
+                    yield from self.siblings(moves[index + 1 :], planned, state)
                 kept += 1
                 if kept >= self.branching:
                     return
@@ -309,6 +311,9 @@ class ForwardSearch(ABC):
             if new.text in self._written:  # the same kernel as a carrier gated here: free
                 return None
             self._written.add(new.text)
+            if self._no_machine_code_change(state, new):
+                self.refusals.append(f"{move.origin} {move.name}: {NO_CHANGE}")
+                return None
             return move, new
         realized = move
         if move.ask_llm:
@@ -496,6 +501,8 @@ class SkillsMethod(ForwardSearch):
     def __init__(self, materializer: Materializer, problem: Problem) -> None:
         super().__init__(materializer, problem)
         self.asks_llm = materializer.llm is not None
+        self._closed: dict[str, dict[str, set[str]]] = {}
+        """Per state, which mechanisms each retrieved one's rewrite leaves without a site."""
         if self.asks_llm:
             self.lineage.meta.llm = materializer.llm_origin()
 
@@ -520,6 +527,7 @@ class SkillsMethod(ForwardSearch):
         )
         mechanisms = [r.mechanism for r in ranking.ranked]
         closed = closes(mechanisms, current, apply_everywhere)
+        self._closed[current.fingerprint] = closed
         for ranked in keep_options_open(ranking.ranked, lambda r: r.mechanism, closed):
             skill = self.skills[ranked.skill]
             origin = f"skill:{skill.id}"
@@ -546,10 +554,20 @@ class SkillsMethod(ForwardSearch):
         call = profile.bottleneck if profile is not None else None
         return call.kind if call is not None else None
 
-    def siblings(self, later: Sequence[Move], kept: Move) -> Iterator[Move]:
-        """The kept skill's other carriers, from the same state: the fastest is kept."""
+    def siblings(self, later: Sequence[Move], kept: Move, state: KernelSource) -> Iterator[Move]:
+        """From the same state, the fastest is kept among: the kept skill's other carriers,
+        then each mechanism that `kept` and that close each other's sites (vectorizing a
+        GEMM's loads leaves no tile to stage, and staging leaves no load to vectorize), at
+        its best-ranked move. Whichever of such a pair goes first, the other is lost; rank
+        cannot tell which gains more on this kernel, one gate run per alternative can."""
         for move in later:
             if move.skill == kept.skill and not move.ask_llm and move.source is None:
+                yield replace(move, sibling=True)
+        closed = self._closed.get(state.fingerprint, {})
+        rivals = {m for m in closed.get(kept.name, set()) if kept.name in closed.get(m, set())}
+        for move in later:
+            if move.name in rivals and not move.ask_llm and move.source is None:
+                rivals.discard(move.name)
                 yield replace(move, sibling=True)
 
     def carriers(self, skill: Skill) -> list[Carrier]:

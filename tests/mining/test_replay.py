@@ -17,7 +17,7 @@ from klineage.replay.results import GateRunRecord
 from klineage.replay.retrieve import retrieve
 from klineage.replay.run import ReplayBudget, load_replay
 from klineage.skills import Measured, SkillLibrary, profile_evidence
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, REPO
 from tests.mining.conftest import Mined
 from tests.mining.stand_in_gate import StandInGate, replay_gated
 from tests.mining.test_mine import EXPERT, PROBLEM, _gate
@@ -415,3 +415,37 @@ def test_replay_command_refuses_profiled_without_profile(skills: Path) -> None:
         app, ["replay", str(TARGET), "--skills", str(skills), "--baselines", "profiled"]
     )
     assert result.exit_code == 2 and "add --profile" in result.output
+
+
+def test_of_two_skills_that_close_each_other_the_faster_is_kept(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """On a naive SIMT GEMM, vectorizing the loads leaves no tile to stage and staging leaves
+    no load to vectorize. The vectorization ranks first (its expert measured a gain, the
+    staging's none); once it is kept, the staging is gated from the same state as its rival,
+    and kept where it is the faster, instead of being lost."""
+    committed = SkillLibrary.load(REPO / "skills_out")
+    vector = max(
+        (s for s in committed if s.mechanism == "vectorized_access" and s.transferable),
+        key=lambda s: s.effect.geomean_speedup or 1.0,
+    )
+    staging = next(s for s in committed if s.mechanism == "smem_staging" and s.transferable)
+    SkillLibrary(tmp_path / "lib", [vector, staging]).save()
+    problem = REPO / "heldout" / "sgemm"
+    ranked = retrieve([vector, staging], load_problem(problem)).ranked
+    assert [r.mechanism for r in ranked] == ["vectorized_access", "smem_staging"]
+    gate = StandInGate(builder, cost={"smem_staging": 1.7, "vectorized_access": 1.1})
+    report = replay_gated(
+        [problem],
+        tmp_path / "lib",
+        tmp_path / "out",
+        gate=gate,
+        methods=["skills"],
+        budget=ReplayBudget(gate_runs=6),
+    )
+    [result] = report.results
+    outcomes = {(r.action, r.outcome) for r in result.runs}
+    assert outcomes == {("vectorized_access", "outranked"), ("smem_staging", "kept")}
+    assert [u.skill for u in result.skills_used] == [staging.id]
+    lineage = json.loads((tmp_path / "out/lineages/sgemm_f32.skills.json").read_text())
+    assert len({e["source"] for e in lineage["edges"]}) == 1  # all gated from the naive state
