@@ -69,6 +69,7 @@ from klineage.mechanisms._local_util import (
     collective_in,
     element_kernels,
     element_refusal,
+    element_returns,
     element_text,
     expr_type,
     global_index,
@@ -253,15 +254,27 @@ def _declared_in(source: ParsedSource, nodes: list[Node]) -> set[str]:
 
 
 def plan_vectorization(
-    source: ParsedSource, function: Function, index: str, nodes: list[Node]
+    source: ParsedSource,
+    function: Function,
+    index: str,
+    nodes: list[Node],
+    *,
+    exits: list[Node] | None = None,
 ) -> _Plan:
     """Which pointers of the element code ``nodes`` (run for element ``index``) to access
-    as vectors. Raises :class:`Refused` when the code cannot be split into lanes."""
+    as vectors. Raises :class:`Refused` when the code cannot be split into lanes.
+
+    ``exits`` are returns that leave the element early (``if (id >= vocab) { y[i] = NAN;
+    return; }``): they become ``continue`` of the lane loop. A pointer is then stored as a
+    vector only when every path through the element code stores its element, at the top
+    level or at the top of an exit's block, or a lane would store what it never wrote."""
+    allowed = {e.id for e in exits or []}
     jumps = [
         j
         for node in nodes
         for j in loop_bound_jumps(node, ("break_statement", "continue_statement"))
         + [n for n in walk(node) if n.type in ("return_statement", "goto_statement")]
+        if j.id not in allowed
     ]
     if jumps:
         return_or_jump = source.snippet(jumps[0], 30)
@@ -274,6 +287,8 @@ def plan_vectorization(
     other: set[str] = set()
     index_uses: list[Node] = []
     stop = {n.id for n in nodes}
+    blocks = [b for b in (_exit_block(n, allowed) for n in nodes) if b is not None]
+    exit_stores = {t.id for b in blocks for st in b for t in [_top_store(st)] if t is not None}
     for node in nodes:
         for ident in identifiers(source, node):
             name = source.text_of(ident)
@@ -293,7 +308,8 @@ def plan_vectorization(
                 other.add(name)
                 continue
             kind = _classify(subscript)
-            if kind == "other" or not _unconditional(subscript, stop):
+            exit_store = kind != "load" and subscript.id in exit_stores
+            if kind == "other" or not (_unconditional(subscript, stop) or exit_store):
                 other.add(name)
                 continue
             entry = found.setdefault(name, _Pointer(name, pointer[0], pointer[1]))
@@ -305,9 +321,55 @@ def plan_vectorization(
     for node in nodes:
         excluded |= assigned_names(source, node)
     chosen = [p for name, p in found.items() if name not in excluded]
+    if blocks:  # a lane may leave early: its stored elements must be written on every path
+        chosen = [
+            p
+            for p in chosen
+            if not p.stored or _stored_on_every_path(nodes, allowed, {n.id for n in p.stores})
+        ]
     vectorized = {a.id for p in chosen for a in p.accesses()}
     used = any(_subscript_of(use) not in vectorized for use in index_uses)
     return _Plan(function, index, chosen, used)
+
+
+def _exit_block(node: Node, exits: set[int]) -> list[Node] | None:
+    """The statements of ``if (c) { ...; return; }`` (no else) whose return is an allowed
+    exit, or None."""
+    if node.type != "if_statement" or node.child_by_field_name("alternative") is not None:
+        return None
+    block = node.child_by_field_name("consequence")
+    if block is None:
+        return None
+    inner = statements(block) if block.type == "compound_statement" else [block]
+    if not inner or inner[-1].id not in exits:
+        return None
+    return inner[:-1]
+
+
+def _top_store(statement: Node) -> Node | None:
+    """The subscript a statement ``p[i] = v;`` (or ``p[i] op= v;``) stores to, or None."""
+    if statement.type != "expression_statement" or not statement.named_children:
+        return None
+    top = statement.named_children[0]
+    if top.type != "assignment_expression":
+        return None
+    left = top.child_by_field_name("left")
+    return left if left is not None and left.type == "subscript_expression" else None
+
+
+def _stored_on_every_path(nodes: list[Node], exits: set[int], stores: set[int]) -> bool:
+    """Whether every path through the element code ``nodes`` runs one of ``stores``: before
+    the first exit that does not, at the top level of the code or of the exits' blocks."""
+    for node in nodes:
+        store = _top_store(node)
+        if store is not None and store.id in stores:
+            return True
+        block = _exit_block(node, exits)
+        if block is not None:
+            tops = [_top_store(st) for st in block]
+            if not any(t is not None and t.id in stores for t in tops):
+                return False
+    return False
 
 
 def _subscript_of(use: Node) -> int | None:
@@ -561,8 +623,9 @@ def kernel_text(source: ParsedSource, element: ElementKernel, plan: _Plan, width
     bound = operand(source, element.bound, 10)
     gid = source.text_of(element.index.node)
     loads, stores = _vector_lines(plan, vectors, vec)
-    lane_body = element_text(source, element, plan.replacements(f"{i}_lane"))
-    scalar_body = element_text(source, element, [])
+    exits = [(n, "continue;") for n in element_returns(element)]  # leave the lane, not the thread
+    lane_body = element_text(source, element, plan.replacements(f"{i}_lane") + exits)
+    scalar_body = element_text(source, element, exits)
     lines = [
         f"{element.specifiers} {vec} = {gid};",
         f"{indent}if ({vec} * {width} >= {bound}) return;",
@@ -580,12 +643,14 @@ def kernel_text(source: ParsedSource, element: ElementKernel, plan: _Plan, width
 
 
 def _element_plan(source: ParsedSource, element: ElementKernel) -> _Plan:
-    refusal = element_refusal(source, element, returns="refuse")
+    refusal = element_refusal(source, element, returns="nested")
     if refusal is None and not source.starts_line(element.decl.start_byte):
         refusal = "the index declaration does not start its line"
     if refusal is not None:
         raise Refused(refusal)
-    return plan_vectorization(source, element.function, element.name, list(element.body))
+    return plan_vectorization(
+        source, element.function, element.name, list(element.body), exits=element_returns(element)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -710,6 +775,12 @@ def _vector_guard(source: ParsedSource, node: Node, vec: str) -> tuple[int, Node
     return (int(width), sides[1]) if width.isdigit() else None
 
 
+def _tail_continues(node: Node) -> list[Node]:
+    """The ``continue`` statements of a tail loop's statement that continue that loop."""
+    found = loop_bound_jumps(node, ("continue_statement",))
+    return [node, *found] if node.type == "continue_statement" else found
+
+
 def vector_kernels(source: ParsedSource) -> list[_VectorKernel]:
     """The canonical vectorized one-thread-per-element kernels."""
     found = []
@@ -731,7 +802,9 @@ def vector_kernels(source: ParsedSource) -> list[_VectorKernel]:
             inner = tail.body.named_children if tail.body.type == "compound_statement" else []
             if not inner:
                 continue
-            rest = unshift(splice(source, tail.body.start_byte + 1, inner[-1].end_byte, []), 2)
+            # the tail's continues leave an element: in the scalar kernel they were returns
+            exits = [(j, "return;") for n in inner for j in _tail_continues(n)]
+            rest = unshift(splice(source, tail.body.start_byte + 1, inner[-1].end_byte, exits), 2)
             if rest is None:
                 continue
             width, bound = guard

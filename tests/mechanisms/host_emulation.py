@@ -119,6 +119,13 @@ static void kl_fill(__half* p, int64_t n) {
 static void kl_fill(__nv_bfloat16* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] = __float2bfloat16(kl_random());
 }
+// ids and counts: small signed integers (-32..31), so both valid and invalid ids occur
+static void kl_fill(int32_t* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = (int32_t)(kl_random() * 16.0f);
+}
+static void kl_fill(int64_t* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = (int64_t)(kl_random() * 16.0f);
+}
 template <typename T>
 static void kl_print(const char* name, const T* p, int64_t n) {
   const unsigned char* bytes = reinterpret_cast<const unsigned char*>(p);

@@ -13,6 +13,7 @@ from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, get
 from klineage.mechanisms.recall import detection_recall
 from tests.conftest import REPO
+from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite, compile_ok, removal_chain
 
 NAME = "vectorized_access"
@@ -86,6 +87,7 @@ HELDOUT = {
     "gelu": ("kernel", 4, "float4"),
     "bias_relu": ("kernel", 8, "uint4"),
     "row_sum": ("loop", 4, "float4"),
+    "embedding_gather": ("kernel", 8, "uint4"),  # an early exit that also stores
 }
 
 
@@ -199,3 +201,69 @@ def test_a_store_through_a_cast_splits_and_merges_back() -> None:
     )
     (candidate,) = mechanism.candidates(split)
     assert mechanism.apply(split, candidate).text == kernel.text
+
+
+# One thread per element, an early exit for invalid ids: every path stores y[i] (the exit
+# stores a zero first), so a lane's element is always written.
+LOOKUP = """#include <stdint.h>
+
+__global__ void lookup_scale(const float* table, const int32_t* ids, float* y, float s,
+                             int64_t vocab, int64_t width, int64_t n) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t row = i / width;
+  const int64_t id = (int64_t)(ids[row] % (int32_t)(2 * vocab));
+  if (id < 0 || id >= vocab) {
+    y[i] = 0.0f;
+    return;
+  }
+  y[i] = s * table[id * width + (i - row * width)];
+}
+
+extern "C" int run(const float* table, const int32_t* ids, float* y, float s, int64_t vocab,
+                   int64_t width, int64_t n, cudaStream_t stream) {
+  lookup_scale<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(table, ids, y, s, vocab, width, n);
+  return 0;
+}
+"""
+
+
+def _lookup_cases() -> list[Case]:
+    cases = []
+    for rows, width in ((7, 5), (4, 8), (3, 1)):  # a tail, whole vectors, one per row
+        n = rows * width
+        cases.append(
+            Case(
+                axes={"vocab": 6, "width": width, "n": n, "rows": rows},
+                buffers=[
+                    Buffer("table", "float", "vocab * width"),
+                    Buffer("ids", "int32_t", "rows"),
+                    Buffer("y", "float", "n", output=True),
+                ],
+                call="lookup_scale(table, ids, y, 0.5f, vocab, width, n)",
+                threads="n",
+            )
+        )
+    return cases
+
+
+@pytest.mark.nvcc
+def test_an_early_exit_that_stores_becomes_a_lane_continue() -> None:
+    kernel = KernelSource(LOOKUP)
+    (candidate,) = mechanism.candidates(kernel)
+    assert candidate.supported and candidate.detail["pointers"] == "y"
+    result = mechanism.apply(kernel, candidate, Carrier(vector_width=4))
+    assert "reinterpret_cast<float4*>(y)[i_vec] = y_vec;" in result.text
+    assert "return;\n  }" not in result.text.split("i_lane")[1].split("y_vec;")[0]
+    want = run_on_host(kernel.text, _lookup_cases())
+    assert run_on_host(result.text, _lookup_cases()) == want
+    (site,) = mechanism.detect(result)
+    assert mechanism.remove(result, site).text.split("extern")[0] == LOOKUP.split("extern")[0]
+
+
+def test_an_exit_that_skips_the_store_keeps_the_pointer_scalar() -> None:
+    """`if (id >= vocab) return;` leaves y[i] unwritten on that path: storing a whole vector
+    would write what the lane never computed, so y is not vectorized (nor anything else)."""
+    skips = LOOKUP.replace("    y[i] = 0.0f;\n", "")
+    assert skips != LOOKUP
+    assert not [c for c in mechanism.candidates(KernelSource(skips)) if c.supported]
