@@ -53,7 +53,7 @@ from typing import ClassVar, Literal
 from klineage.conditions import Condition, Prose, merge_conditions
 from klineage.cuda.cexpr import MULTIPLICATIVE, PRIMARY, operand, precedence
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     ELEMENT_SIZES,
@@ -347,13 +347,9 @@ def _exit_block(node: Node, exits: set[int]) -> list[Node] | None:
 
 
 def _top_store(statement: Node) -> Node | None:
-    """The subscript a statement ``p[i] = v;`` (or ``p[i] op= v;``) stores to, or None."""
-    if statement.type != "expression_statement" or not statement.named_children:
-        return None
-    top = statement.named_children[0]
-    if top.type != "assignment_expression":
-        return None
-    left = top.child_by_field_name("left")
+    """The subscript a statement ``p[i] = v;`` stores to, or None."""
+    assignment = plain_assignment(statement)
+    left = assignment[0] if assignment is not None else None
     return left if left is not None and left.type == "subscript_expression" else None
 
 
