@@ -4,13 +4,14 @@
     python bench/replay_finished.py mark    METHODS SINCE   # after a chunk: record what it ended
 
 A problem is finished when every method's lineage (`replay_out/lineages/P.METHOD.json`) was
-written by a chunk that ran with the same skill library (the sha256 of skills_out/skills.jsonl)
-and the same methods; `replay_out/finished.json` keeps that. A chunk replays an unfinished
-problem from its gate log first (verdicts served, nothing re-timed), so skipping finished ones
-saves the builds of every logged candidate, minutes on a fresh machine. A changed library runs
-every problem again (the new skills gated, the rest served from the log): one experiment, one
-library; those go after the problems never finished. `order` with ALL=1 lists every problem
-(the final chunk, which writes replay.json).
+written by a chunk that ran with the same skill library (the sha256 of skills_out/skills.jsonl),
+the same methods and the same code (the sha256 of klineage/**/*.py); `replay_out/finished.json`
+keeps that. A chunk replays an unfinished problem from its gate log first (verdicts served,
+nothing re-timed), so skipping finished ones saves the builds of every logged candidate,
+minutes on a fresh machine. A changed library or changed code runs every problem again (the
+new moves gated, the rest served from the log): one experiment, one library, one version of
+the rules. Those reruns go after the problems never finished. `order` with ALL=1 lists every
+problem (the final chunk, which writes replay.json).
 """
 
 from __future__ import annotations
@@ -27,6 +28,25 @@ REPO = Path(__file__).resolve().parents[1]
 def library_hash(skills: Path) -> str:
     """The skill library's identity: the sha256 of its skills.jsonl."""
     return hashlib.sha256((skills / "skills.jsonl").read_bytes()).hexdigest()[:16]
+
+
+def code_hash(repo: Path) -> str:
+    """The replaying code's identity: the sha256 of every klineage/**/*.py (path and text).
+    A rule or search change can change the moves, so a problem finished before it reruns
+    (its old moves served from the log, the new ones gated)."""
+    digest = hashlib.sha256()
+    for path in sorted((repo / "klineage").rglob("*.py")):
+        digest.update(path.relative_to(repo).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def finished_key(repo: Path, methods: list[str]) -> dict[str, object]:
+    """What a problem was finished with: the skill library, the methods, the code."""
+    return {
+        "library": library_hash(repo / "skills_out"),
+        "methods": sorted(methods),
+        "code": code_hash(repo),
+    }
 
 
 def held_out_by_cost(repo: Path) -> list[str]:
@@ -56,7 +76,7 @@ def to_run(repo: Path, out: Path, methods: list[str], everything: bool = False) 
     if everything:
         return folders
     finished = _load(out)
-    key = {"library": library_hash(repo / "skills_out"), "methods": sorted(methods)}
+    key = finished_key(repo, methods)
     pending = [f for f in folders if finished.get(problem_name(repo, f)) != key]
     return sorted(pending, key=lambda f: problem_name(repo, f) in finished)  # stable: by cost
 
@@ -65,7 +85,7 @@ def mark(repo: Path, out: Path, methods: list[str], since: float) -> list[str]:
     """Record as finished each problem whose every method's lineage was written after `since`
     (a Unix time: the chunk's start); return their names."""
     finished = _load(out)
-    key = {"library": library_hash(repo / "skills_out"), "methods": sorted(methods)}
+    key = finished_key(repo, methods)
     done = []
     for folder in held_out_by_cost(repo):
         name = problem_name(repo, folder)

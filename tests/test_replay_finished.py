@@ -75,6 +75,19 @@ def test_problems_finished_with_another_library_go_after_new_work(tmp_path: Path
     assert finished.to_run(repo, out, METHODS) == ["heldout/middle", "heldout/slow", "heldout/fast"]
 
 
+def test_changed_rules_run_a_finished_problem_again(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    (repo / "klineage" / "mechanisms").mkdir(parents=True)
+    rule = repo / "klineage" / "mechanisms" / "rule.py"
+    rule.write_text("SITES = 1\n")
+    out = repo / "replay_out"
+    _finish(out, "fast_f32", METHODS, 2000.0)
+    finished.mark(repo, out, METHODS, since=1000.0)
+    assert "heldout/fast" not in finished.to_run(repo, out, METHODS)
+    rule.write_text("SITES = 2\n")  # a rule that now offers other moves
+    assert finished.to_run(repo, out, METHODS)[-1] == "heldout/fast"
+
+
 def test_the_chunk_script_orders_only_unfinished_problems() -> None:
     """The committed repo: the script's order command lists held-out folders that exist."""
     done = subprocess.run(
