@@ -267,3 +267,27 @@ def test_an_exit_that_skips_the_store_keeps_the_pointer_scalar() -> None:
     skips = LOOKUP.replace("    y[i] = 0.0f;\n", "")
     assert skips != LOOKUP
     assert not [c for c in mechanism.candidates(KernelSource(skips)) if c.supported]
+
+
+@pytest.mark.nvcc
+def test_the_heldout_gather_computes_the_same_bits_on_the_host() -> None:
+    """embedding_gather vectorized (8 bf16 lanes) against its naive kernel, ids both valid and
+    not (NaN rows), rows shorter than a vector and a tail."""
+    kernel = KernelSource.from_file(REPO / "heldout" / "embedding_gather" / "kernel.cu")
+    (candidate,) = mechanism.candidates(kernel)
+    vectorized = mechanism.apply(kernel, candidate)
+    cases = [
+        Case(
+            axes={"vocab": 9, "hidden": hidden, "tokens": tokens},
+            buffers=[
+                Buffer("table", "__nv_bfloat16", "vocab * hidden"),
+                Buffer("ids", "int64_t", "tokens"),
+                Buffer("out", "__nv_bfloat16", "tokens * hidden", output=True),
+            ],
+            call="embedding_gather(table, ids, out, vocab, hidden, tokens)",
+            threads="tokens * hidden",
+        )
+        for hidden, tokens in ((8, 6), (5, 7), (3, 2))
+    ]
+    want = run_on_host(kernel.text, cases)
+    assert run_on_host(vectorized.text, cases) == want
