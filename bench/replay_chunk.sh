@@ -20,14 +20,14 @@ if [ -f .state/replay_out.tgz ]; then
 elif [ -f bench/state/replay_gatelog.tar.xz ] && [ ! -d replay_out/gatelog ]; then
   tar xJf bench/state/replay_gatelog.tar.xz  # the verdicts of the last committed experiment
 fi
-# Problems go fastest first; those a chunk already finished with this skill library and
-# these methods are skipped (bench/replay_finished.py), so a chunk on a fresh machine does not
+# Problems go fastest first; those a chunk already finished with this skill library, these
+# methods and this code are skipped (bench/replay_finished.py), so a chunk on a fresh machine does not
 # rebuild every logged candidate of the cheap problems before reaching new work. ALL=1 runs
 # every problem (the last chunk, which writes replay_out/replay.json over all of them).
 methods="skills,${BASELINES:-blind,memory}"
 order=$(python3 bench/replay_finished.py order "$methods")
 if [ -z "$order" ]; then
-  echo "every held-out problem is finished with this library; ALL=1 writes the whole report"
+  echo "every held-out problem is finished with this library and code; ALL=1 writes the whole report"
   tar czf "$OUT/replay_out.tgz" replay_out
   exit 0
 fi

@@ -67,11 +67,12 @@ def problem_name(repo: Path, folder: str) -> str:
 
 
 def to_run(repo: Path, out: Path, methods: list[str], everything: bool = False) -> list[str]:
-    """The folders a chunk should replay: those not finished with this library and methods.
+    """The folders a chunk should replay: those not finished with this library, these methods
+    and this code (:func:`finished_key`).
 
-    Those never finished go first, cheapest first; those finished with another library or
-    other methods go after them, since most of their moves are served from the log and only
-    the new skills' moves are gated: new work is not kept waiting behind reruns."""
+    Those never finished go first, cheapest first; those finished under another key go after
+    them, since most of their moves are served from the log and only the new moves are gated:
+    new work is not kept waiting behind reruns."""
     folders = held_out_by_cost(repo)
     if everything:
         return folders

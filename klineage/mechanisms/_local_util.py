@@ -68,6 +68,7 @@ __all__ = [
     "index_declaration",
     "is_block_size",
     "is_side_effect_free",
+    "leaving_jumps",
     "local_types",
     "loop_bound_jumps",
     "memory_accesses_in",
@@ -806,15 +807,18 @@ def _inside_nested_loop(node: Node, root: Node) -> bool:
     return False
 
 
+def leaving_jumps(statements: Iterable[Node], kind: str) -> list[Node]:
+    """The ``kind`` statements (``return_statement``, ``continue_statement``) that are, or lie
+    under, ``statements`` and leave the code they stand for (:func:`loop_bound_jumps`)."""
+    found: list[Node] = []
+    for node in statements:
+        found += [node] if node.type == kind else loop_bound_jumps(node, (kind,))
+    return found
+
+
 def element_returns(element: ElementKernel) -> list[Node]:
     """The ``return`` statements of the element code (not those of lambdas)."""
-    found: list[Node] = []
-    for node in element.body:
-        if node.type == "return_statement":
-            found.append(node)
-        else:
-            found.extend(loop_bound_jumps(node, ("return_statement",)))
-    return found
+    return leaving_jumps(element.body, "return_statement")
 
 
 def element_text(source: ParsedSource, element: ElementKernel, reps: list[tuple[Node, str]]) -> str:

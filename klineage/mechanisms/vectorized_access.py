@@ -78,6 +78,7 @@ from klineage.mechanisms._local_util import (
     index_declaration,
     is_block_size,
     is_side_effect_free,
+    leaving_jumps,
     local_types,
     loop_bound_jumps,
     names_in_function,
@@ -288,7 +289,7 @@ def plan_vectorization(
     index_uses: list[Node] = []
     stop = {n.id for n in nodes}
     blocks = [b for b in (_exit_block(n, allowed) for n in nodes) if b is not None]
-    exit_stores = {t.id for b in blocks for st in b for t in [_top_store(st)] if t is not None}
+    exit_stores = {t.id for b in blocks for t in map(_top_store, b) if t is not None}
     for node in nodes:
         for ident in identifiers(source, node):
             name = source.text_of(ident)
@@ -771,12 +772,6 @@ def _vector_guard(source: ParsedSource, node: Node, vec: str) -> tuple[int, Node
     return (int(width), sides[1]) if width.isdigit() else None
 
 
-def _tail_continues(node: Node) -> list[Node]:
-    """The ``continue`` statements of a tail loop's statement that continue that loop."""
-    found = loop_bound_jumps(node, ("continue_statement",))
-    return [node, *found] if node.type == "continue_statement" else found
-
-
 def vector_kernels(source: ParsedSource) -> list[_VectorKernel]:
     """The canonical vectorized one-thread-per-element kernels."""
     found = []
@@ -799,7 +794,7 @@ def vector_kernels(source: ParsedSource) -> list[_VectorKernel]:
             if not inner:
                 continue
             # the tail's continues leave an element: in the scalar kernel they were returns
-            exits = [(j, "return;") for n in inner for j in _tail_continues(n)]
+            exits = [(j, "return;") for j in leaving_jumps(inner, "continue_statement")]
             rest = unshift(splice(source, tail.body.start_byte + 1, inner[-1].end_byte, exits), 2)
             if rest is None:
                 continue
