@@ -337,6 +337,10 @@ class Mechanism(ABC):
     ``global_width`` (load/store widths), ``constant`` (read-only loads) or ``host`` (the host
     launch). Mining flags an accepted removal whose SASS delta shows none of them; empty: the
     mechanism declares none (unrolling, qualifiers: any change of the code will do)."""
+    relieves: ClassVar[tuple[str, ...]] = ()
+    """Profile figures (keys of :data:`klineage.gate.counters.CALL_FIGURES`) it exists to
+    lower, such as shared-memory bank conflicts for padding; where a profiled target shows
+    none of them, replay tries it last (it has nothing to relieve there)."""
 
     # -- to implement -------------------------------------------------------------------------
 

@@ -243,6 +243,7 @@ class SmemPadding(Mechanism):
     carrier_keys: ClassVar[dict[str, str]] = {
         "pad": "elements (or, for a pitch constant, its unit) added to each row",
     }
+    relieves = ("shared-memory bank conflicts",)
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         for array in _arrays(source):

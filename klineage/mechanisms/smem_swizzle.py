@@ -235,6 +235,7 @@ class SmemSwizzle(Mechanism):
         "chunk": "the helper's chunk parameter (default: the one scaled into chunks)",
         "pitch": "row pitch as written, for a layout wgmma descriptors read (default: 128)",
     }
+    relieves = ("shared-memory bank conflicts",)
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         for node, function in _xor_sites(source):

@@ -44,9 +44,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from klineage.gate.bottleneck import Bottleneck
 from klineage.gate.log import GateLog
 from klineage.gate.noop import same_machine_code
+from klineage.gate.profile import Profile
 from klineage.gate.result import GateVerdict
 from klineage.gate.sass import MachineCode
 from klineage.kernel import KernelSource
@@ -269,13 +269,18 @@ class ForwardSearch(ABC):
 
     def profiled(self, kernel: KernelSource, verdict: GateVerdict) -> GateVerdict:
         """`verdict` with `kernel`'s profile, when the gate profiles on request and the
-        verdict has none (the profile cache serves a kernel met before)."""
+        verdict has none (the profile cache serves a kernel met before); kept in the lineage
+        too, where the kernel is a state of it."""
         profile_kernel = getattr(self.materializer.log.gate, "profile_kernel", None)
         if verdict.profile is not None or profile_kernel is None or not verdict.passed:
             return verdict
         latency = {w.label: w.latency_ms for w in verdict.workloads if w.latency_ms}
         profile = profile_kernel(self.problem, kernel, latency)
-        return verdict.model_copy(update={"profile": profile}) if profile else verdict
+        if not profile:
+            return verdict
+        if kernel.fingerprint in self.lineage.graph:
+            self.lineage.set_profile(kernel.fingerprint, profile)
+        return verdict.model_copy(update={"profile": profile})
 
     # ---- the move source the search loop asks (klineage.search.MoveSource) ------------------
 
@@ -516,6 +521,8 @@ class SkillsMethod(ForwardSearch):
     def candidates(self, current: KernelSource) -> Iterator[Move]:
         """Each retrieved skill by rule, at each carrier; with an LLM, then the LLM for it
         (asked only when no rule application of the skill went through)."""
+        profile = self._profile(current)
+        call = profile.bottleneck if profile is not None else None
         ranking = retrieve(
             list(self.skills.values()),
             self.problem,
@@ -523,12 +530,20 @@ class SkillsMethod(ForwardSearch):
             arch=self.materializer.arch,
             keep_unknown=self.asks_llm,
             machine_code=self._machine_code(current),
-            bottleneck=self._bottleneck(current),
+            bottleneck=call.kind if call is not None else None,
+            profile=profile,
         )
         mechanisms = [r.mechanism for r in ranking.ranked]
         closed = closes(mechanisms, current, apply_everywhere)
         self._closed[current.fingerprint] = closed
-        for ranked in keep_options_open(ranking.ranked, lambda r: r.mechanism, closed):
+        # what the profile leaves nothing to relieve goes last, whatever it would close
+        hopeful = [r for r in ranking.ranked if not r.unrelieved]
+        last = [r for r in ranking.ranked if r.unrelieved]
+        ordered = [
+            *keep_options_open(hopeful, lambda r: r.mechanism, closed),
+            *keep_options_open(last, lambda r: r.mechanism, closed),
+        ]
+        for ranked in ordered:
             skill = self.skills[ranked.skill]
             origin = f"skill:{skill.id}"
             mechanism = catalog_mechanism(skill.mechanism)
@@ -540,19 +555,17 @@ class SkillsMethod(ForwardSearch):
                     None, Carrier(), origin, skill=skill.id, action=skill.mechanism, ask_llm=True
                 )
 
-    def _bottleneck(self, current: KernelSource) -> Bottleneck | None:
-        """The current state's bottleneck class, profiling it when the gate does so on
-        request (None when it does not profile, or when the profiled method runs beside this
-        one and the ranking by profiles is its to compare)."""
+    def _profile(self, current: KernelSource) -> Profile | None:
+        """The current state's profile, profiling it when the gate does so on request (None
+        when it does not profile, or when the profiled method runs beside this one and the
+        ranking by profiles is its to compare)."""
         if self.name == "skills" and not self.materializer.skills_rank_by_profile:
             return None
         verdict = self._verdicts.get(current.fingerprint)
         if verdict is None:
             return None
         verdict = self._verdicts[current.fingerprint] = self.profiled(current, verdict)
-        profile = verdict.profile
-        call = profile.bottleneck if profile is not None else None
-        return call.kind if call is not None else None
+        return verdict.profile
 
     def siblings(self, later: Sequence[Move], kept: Move, state: KernelSource) -> Iterator[Move]:
         """From the same state, the fastest is kept among: the kept skill's other carriers,

@@ -10,6 +10,9 @@ A skill is ranked by four signals:
   noise; a step that measured slower counts against it);
 - bottleneck: given the target's bottleneck class (the profile stage's), a skill that relieved
   the same bottleneck on its expert (its card's `relieves`) ranks higher.
+Given the target's profile, a skill with nothing to relieve there (no bank conflicts for a
+padding, a busy GPU for a step that filled an idle one: :mod:`klineage.replay.relief`) ranks
+after all the others, with the reason.
 Before any gate run, a skill is dropped when a condition fails on one of the target's
 workloads: the mechanism's static conditions computed on the target itself (its axes, its
 launch), plus the skill's learned conditions over axes the target shares. The reason names
@@ -39,11 +42,13 @@ from pydantic import BaseModel, Field
 from klineage.conditions import Condition, EvalContext, parse_condition
 from klineage.cuda.facts import eval_context
 from klineage.gate.bottleneck import Bottleneck
+from klineage.gate.profile import Profile
 from klineage.gate.sass import MachineCode, signature_present
 from klineage.kernel import KernelSource
 from klineage.limits import DEFAULT_ARCH
-from klineage.mechanisms import Site, UnknownMechanism, get
+from klineage.mechanisms import Mechanism, Site, UnknownMechanism, get
 from klineage.problem import Problem
+from klineage.replay.relief import nothing_to_relieve
 from klineage.skills import Measured, Skill
 
 # Measured gain leads (a 10% faster source kernel is worth ~1 point); scope and text relevance
@@ -86,6 +91,11 @@ class Ranked(BaseModel):
         default=None, description="the bottleneck the skill relieved on its expert, if known"
     )
     sites: int = Field(description="candidate sites of its mechanism in the target")
+    unrelieved: str = Field(
+        default="",
+        description="why the target's profile leaves it nothing to relieve (it ranks after "
+        "every skill without such a reason); empty when it may relieve something",
+    )
 
 
 class Retrieval(BaseModel):
@@ -198,6 +208,7 @@ def retrieve(
     keep_unknown: bool = False,
     machine_code: MachineCode | None = None,
     bottleneck: Bottleneck | None = None,
+    profile: Profile | None = None,
 ) -> Retrieval:
     """Rank `skills` (a list, or a :class:`SkillLibrary`) for the target `problem`; drop those
     that cannot apply or whose conditions fail, each with its reason.
@@ -209,13 +220,14 @@ def retrieve(
 
     `kernel` is the target kernel (default: the problem's kernel.cu; source text works too).
     With `keep_unknown`, skills whose mechanism is not in the catalog are kept (for an LLM).
-    `bottleneck` is the target's bottleneck class (from a profiled verdict), if known."""
+    `bottleneck` is the target's bottleneck class (from a profiled verdict), if known;
+    `profile` the target's profile, which puts last the skills it leaves nothing to relieve."""
     if kernel is None:
         kernel = problem.kernel_source()
     elif isinstance(kernel, str):
         kernel = KernelSource(kernel, name=f"{problem.name}.cu")
     result = Retrieval()
-    usable: list[tuple[Skill, list[Site]]] = []
+    usable: list[tuple[Skill, Mechanism | None, list[Site]]] = []
     context = eval_context(kernel, arch=arch)
     for skill in skills:
         if skill.evidence.problem == problem.name:
@@ -248,9 +260,9 @@ def retrieve(
                 condition, workload = violation
                 result.dropped.append(_drop(skill, "a condition fails", condition.prose, workload))
                 continue
-        usable.append((skill, sites))
-    texts = bm25_scores(target_text(problem, kernel), [skill_text(s) for s, _ in usable])
-    for (skill, sites), text in zip(usable, texts, strict=True):
+        usable.append((skill, mechanism, sites))
+    texts = bm25_scores(target_text(problem, kernel), [skill_text(s) for s, _, _ in usable])
+    for (skill, mechanism, sites), text in zip(usable, texts, strict=True):
         scope = scope_score(skill, problem, arch)
         measured = skill.effect.measured
         geo = skill.effect.geomean_speedup or 1.0
@@ -277,9 +289,10 @@ def retrieve(
                 bottleneck=same,
                 relieves=relieves,
                 sites=len(sites),
+                unrelieved=nothing_to_relieve(skill, mechanism, profile) or "",
             )
         )
-    result.ranked.sort(key=lambda r: (-r.score, r.skill))
+    result.ranked.sort(key=lambda r: (bool(r.unrelieved), -r.score, r.skill))
     return result
 
 

@@ -10,13 +10,15 @@ import pytest
 
 from klineage.gate.bottleneck import classify, peaks_for
 from klineage.gate.build import Builder
+from klineage.gate.counters import CounterChange
 from klineage.gate.profile import Profile
 from klineage.kernel import KernelSource
+from klineage.lineage import LineageGraph
 from klineage.problem import load_problem
 from klineage.replay.results import GateRunRecord
 from klineage.replay.retrieve import retrieve
-from klineage.replay.run import ReplayBudget, load_replay
-from klineage.skills import Measured, SkillLibrary, profile_evidence
+from klineage.replay.run import ReplayBudget, ReplayReport, load_replay
+from klineage.skills import Measured, ProfileEvidence, Skill, SkillLibrary, profile_evidence
 from tests.conftest import FIXTURES, REPO
 from tests.mining.conftest import Mined
 from tests.mining.stand_in_gate import StandInGate, replay_gated
@@ -341,6 +343,66 @@ def _launch_bound(_present: set[str]) -> Profile:
     return profile
 
 
+COSTS = {"fast_math": 1.5, "readonly_ldg": 1.1, "restrict_pointers": 1.05, "launch_bounds": 1.02}
+"""How much slower the target is without each (four skills the stand-in makes each faster)."""
+
+
+def _skills_and_profiled(
+    builder: Builder, library: list[Skill], out: Path, profiles: Any
+) -> tuple[ReplayReport, StandInGate]:
+    """Skills and profiled replayed side by side (4 gate runs each) with `library` (written
+    to out/skills), on a stand-in gate that profiles every state with `profiles`."""
+    folder = out / "skills"
+    folder.mkdir()
+    (folder / "skills.jsonl").write_text("".join(s.model_dump_json() + "\n" for s in library))
+    gate = StandInGate(builder, cost=COSTS, expert_mechanisms=EXPERT, profiles=profiles)
+    report = replay_gated(
+        [TARGET],
+        folder,
+        out / "out",
+        gate=gate,
+        methods=["skills", "profiled"],
+        budget=ReplayBudget(gate_runs=4),
+    )
+    return report, gate
+
+
+def _busy(present: set[str]) -> Profile:
+    """The same recorded launch, at 98% achieved occupancy: a GPU with no idle warp slots."""
+    profile = _launch_bound(present)
+    profile.launches[0].achieved_occupancy_pct = 98.0
+    return profile
+
+
+def test_the_profiled_method_tries_last_a_skill_the_profile_leaves_nothing_to_relieve(
+    builder: Builder, skills: Path, tmp_path: Path
+) -> None:
+    library = list(SkillLibrary.load(skills))
+    # fast_math (first by gain) "filled an idle GPU" on its expert: occupancy 25% -> 93%
+    filled = CounterChange(figure="achieved occupancy (%)", simplified=25.0, optimized=93.0)
+    evidence = ProfileEvidence(workload="rows=64,cols=512", changes=[filled])
+    filling = [
+        s.model_copy(update={"profile": evidence}) if s.mechanism == "fast_math" else s
+        for s in library
+    ]
+    report, _ = _skills_and_profiled(builder, filling, tmp_path, _busy)
+    by_method = {r.method: r for r in report.results}
+    assert by_method["skills"].runs[0].action == "fast_math"
+    # every state runs at 98%: the profiled method tries fast_math after everything else
+    assert [r.action for r in by_method["profiled"].runs] == [
+        "restrict_pointers",
+        "readonly_ldg",
+        "launch_bounds",
+        "fast_math",
+    ]
+    # the profiles of the states it went on from are kept in its lineage, not only the start's
+    lineage = LineageGraph.load(
+        tmp_path / "out" / "lineages" / f"{load_problem(TARGET).name}.profiled.json"
+    )
+    profiled = [n for n, data in lineage.graph.nodes(data=True) if data.get("profile")]
+    assert len(profiled) >= 4  # the start and the three kept states before the last run
+
+
 def test_the_profiled_method_ranks_by_the_bottleneck_and_skills_does_not_beside_it(
     builder: Builder, skills: Path, tmp_path: Path
 ) -> None:
@@ -355,28 +417,7 @@ def test_the_profiled_method_ranks_by_the_bottleneck_and_skills_does_not_beside_
         else s
         for s in library
     ]
-    folder = tmp_path / "skills"
-    folder.mkdir()
-    (folder / "skills.jsonl").write_text("".join(s.model_dump_json() + "\n" for s in relieving))
-    gate = StandInGate(
-        builder,
-        cost={
-            "fast_math": 1.5,
-            "readonly_ldg": 1.1,
-            "restrict_pointers": 1.05,
-            "launch_bounds": 1.02,
-        },
-        expert_mechanisms=EXPERT,
-        profiles=_launch_bound,
-    )
-    report = replay_gated(
-        [TARGET],
-        folder,
-        tmp_path / "out",
-        gate=gate,
-        methods=["skills", "profiled"],
-        budget=ReplayBudget(gate_runs=4),
-    )
+    report, gate = _skills_and_profiled(builder, relieving, tmp_path, _launch_bound)
     by_method = {r.method: r for r in report.results}
     # beside the profiled method, skills ranks by gain alone: fast_math first
     assert by_method["skills"].runs[0].action == "fast_math"
@@ -390,7 +431,7 @@ def test_the_profiled_method_ranks_by_the_bottleneck_and_skills_does_not_beside_
     # alone on a profiling gate, the skills method ranks by the bottleneck as before
     alone = replay_gated(
         [TARGET],
-        folder,
+        tmp_path / "skills",
         tmp_path / "alone",
         gate=gate,
         budget=ReplayBudget(gate_runs=4),
