@@ -97,6 +97,11 @@ BEAM_WIDTH = 2
 """The tree method's default beam width: two states a level, two kept skills a state."""
 KEEP_RATIO = 1.01
 """A change is kept when current/new latency exceeds this overall, and exceeds 1 per trial."""
+CARRIERS_FIRST = 2
+"""Gate runs a mechanism's skills get at a state, none kept, before its other carriers wait
+for every later move. In the audited replay (chunks 1-10), `launch_bounds` took 65 of the
+skills method's 244 gate runs, four to six carriers at each state, and was kept 3 times: its
+first carrier passed once (a sibling then measured faster), its second once, its third once."""
 
 MoveKey = tuple[str, str, str, str | None]
 """A move at a state: (state fingerprint, mechanism or 'llm:<skill>', carrier JSON, site)."""
@@ -191,6 +196,9 @@ class ForwardSearch(ABC):
 
     name: ClassVar[str]
     """The method's name in reports: skills, blind or memory."""
+    carriers_first: ClassVar[int | None] = None
+    """Gate runs a mechanism's skill moves get at a state before its others wait (None: the
+    moves go in their order; blind search's are one a site, not carriers)."""
 
     def __init__(self, materializer: Materializer, problem: Problem) -> None:
         self.materializer = materializer
@@ -286,19 +294,40 @@ class ForwardSearch(ABC):
 
     def moves(self, step: int, state: KernelSource, tried: Sequence[Step]) -> Iterator[Move]:
         """The method's moves in order, built ahead; after each one kept, the moves `siblings`
-        names; after `branching` kept, no more (then the loop re-ranks from the new state)."""
+        names; after `branching` kept, no more (then the loop re-ranks from the new state).
+        Where `carriers_first` is set, a mechanism whose skills' carriers have had that many
+        gate runs here, none kept, waits with its other carriers until every move after them
+        has had its turn."""
         moves = list(self.candidates(state))
         self._prebuild(state, moves, self.budget.left())
         kept = 0
-        for index, planned in enumerate(moves):
-            gated = len(tried)
-            yield planned
-            if len(tried) > gated and tried[-1].accepted:
-                if tried[-1].move.source is None:  # a rule wrote it: its other carriers too
-                    yield from self.siblings(moves[index + 1 :], planned, state)
-                kept += 1
-                if kept >= self.branching:
-                    return
+        waiting: list[Move] = []
+        runs: dict[str, int] = {}
+        for turn, queue in enumerate((moves, waiting)):
+            for index, planned in enumerate(queue):
+                if turn == 0 and self._waits(planned, runs):
+                    waiting.append(planned)
+                    continue
+                gated = len(tried)
+                yield planned
+                if len(tried) == gated:
+                    continue  # no gate run: tried here before, refused, or no new machine code
+                runs[planned.name] = runs.get(planned.name, 0) + 1
+                if tried[-1].accepted:
+                    if tried[-1].move.source is None:  # a rule wrote it: its other carriers too
+                        later = [*queue[index + 1 :], *(waiting if turn == 0 else ())]
+                        yield from self.siblings(later, planned, state)
+                    kept += 1
+                    if kept >= self.branching:
+                        return
+
+    def _waits(self, move: Move, runs: dict[str, int]) -> bool:
+        """Whether a skill's carrier goes to the back of the state's moves: its mechanism has
+        had `carriers_first` gate runs here already (none kept, or the search would have
+        moved on)."""
+        if self.carriers_first is None or move.skill is None or move.ask_llm:
+            return False
+        return move.source is None and runs.get(move.name, 0) >= self.carriers_first
 
     def realize(self, state: KernelSource, move: Move) -> tuple[Move, KernelSource] | None:
         """The move's kernel, or None (recorded as a refusal where one is due) when it costs no
@@ -502,6 +531,7 @@ class SkillsMethod(ForwardSearch):
     the LLM applies a skill no rule could apply here."""
 
     name = "skills"
+    carriers_first = CARRIERS_FIRST
 
     def __init__(self, materializer: Materializer, problem: Problem) -> None:
         super().__init__(materializer, problem)

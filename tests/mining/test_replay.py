@@ -278,6 +278,54 @@ def test_a_kept_skill_keeps_its_fastest_carrier(
     assert len(chosen) == 1
 
 
+def test_a_mechanisms_third_carrier_waits_for_the_next_skills_first(
+    builder: Builder, skills: Path, tmp_path: Path
+) -> None:
+    """Three launch_bounds cards that rank first (block sizes 512, 384 and 128, which this
+    256-thread launch refuses) give the mechanism four carriers here with the card it was
+    mined with; after two gate runs of them, none kept, the next skill gets its turn, and the
+    other carriers wait behind every later move: tried, not dropped."""
+    library = SkillLibrary.load(skills)
+    fast = next(s for s in library if s.mechanism == "fast_math")
+    bounds = next(s for s in library if s.mechanism == "launch_bounds")
+    strong = fast.effect.model_copy(update={"geomean_speedup": 5.0})
+    cards = [
+        bounds.model_copy(
+            update={"id": f"{bounds.id}-{n}", "carrier": {"block_size": n}, "effect": strong}
+        )
+        for n in (512, 384, 128)
+    ]
+    SkillLibrary(tmp_path / "lib", [*library, *cards]).save()
+    ranked = retrieve(
+        [*library, *cards], load_problem(TARGET), KernelSource.from_file(TARGET / "kernel.cu")
+    ).ranked
+    assert [r.mechanism for r in ranked[:4]] == ["launch_bounds"] * 3 + ["fast_math"]
+
+    def runs(cost: dict[str, float], budget: int, out: str) -> list[GateRunRecord]:
+        gate = StandInGate(builder, cost=cost, expert_mechanisms=EXPERT)
+        report = replay_gated(
+            [TARGET],
+            tmp_path / "lib",
+            tmp_path / out,
+            gate=gate,
+            methods=["skills"],
+            budget=ReplayBudget(gate_runs=budget),
+        )
+        return report.results[0].runs
+
+    # the bounds are worth nothing here, fast_math is: it is the third run, not the fifth
+    first = runs({"fast_math": 1.5}, 3, "worth")
+    assert [r.action for r in first] == ["launch_bounds", "launch_bounds", "fast_math"]
+    assert first[2].outcome == "kept"
+    # nothing is worth anything: every skill has its turn, then the bounds that waited
+    every = runs({}, 12, "nothing")
+    actions = [r.action for r in every]
+    assert actions[:2] == ["launch_bounds", "launch_bounds"]
+    assert set(actions[2:5]) == {"fast_math", "readonly_ldg", "restrict_pointers"}
+    waited = [r.carrier.get("block_size") for r in every[5:] if r.action == "launch_bounds"]
+    assert 512 in waited
+
+
 def test_the_rules_default_carrier_competes_with_learned_ones(
     builder: Builder, skills: Path, tmp_path: Path
 ) -> None:
