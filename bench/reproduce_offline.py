@@ -194,7 +194,10 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
 
             found: dict[str, Any] = {"problem": problem.name, "method": method}
             runs_before = log.runs
-            materializer = Materializer(log, skills, budget, on_run=keep, skip_no_ops=False)
+            # replay.json was made before carriers went breadth first (CARRIERS_FIRST)
+            materializer = Materializer(
+                log, skills, budget, on_run=keep, skip_no_ops=False, carriers_first=None
+            )
             try:
                 result, _ = materializer.run(problem, naive, method)
                 found["speedup"] = result.speedup

@@ -196,9 +196,9 @@ class ForwardSearch(ABC):
 
     name: ClassVar[str]
     """The method's name in reports: skills, blind or memory."""
-    carriers_first: ClassVar[int | None] = None
-    """Gate runs a mechanism's skill moves get at a state before its others wait (None: the
-    moves go in their order; blind search's are one a site, not carriers)."""
+    breadth_first: ClassVar[bool] = False
+    """Whether a mechanism's carriers wait after `Materializer.carriers_first` gate runs at a
+    state (the skills methods; blind search's moves are one a site, not carriers)."""
 
     def __init__(self, materializer: Materializer, problem: Problem) -> None:
         self.materializer = materializer
@@ -295,9 +295,9 @@ class ForwardSearch(ABC):
     def moves(self, step: int, state: KernelSource, tried: Sequence[Step]) -> Iterator[Move]:
         """The method's moves in order, built ahead; after each one kept, the moves `siblings`
         names; after `branching` kept, no more (then the loop re-ranks from the new state).
-        Where `carriers_first` is set, a mechanism whose skills' carriers have had that many
-        gate runs here, none kept, waits with its other carriers until every move after them
-        has had its turn."""
+        In the skills methods, a mechanism whose skills' carriers have had the materializer's
+        `carriers_first` gate runs here, none kept, waits with its other carriers until every
+        move after them has had its turn."""
         moves = list(self.candidates(state))
         self._prebuild(state, moves, self.budget.left())
         kept = 0
@@ -325,9 +325,10 @@ class ForwardSearch(ABC):
         """Whether a skill's carrier goes to the back of the state's moves: its mechanism has
         had `carriers_first` gate runs here already (none kept, or the search would have
         moved on)."""
-        if self.carriers_first is None or move.skill is None or move.ask_llm:
+        first = self.materializer.carriers_first
+        if not self.breadth_first or first is None or move.skill is None or move.ask_llm:
             return False
-        return move.source is None and runs.get(move.name, 0) >= self.carriers_first
+        return move.source is None and runs.get(move.name, 0) >= first
 
     def realize(self, state: KernelSource, move: Move) -> tuple[Move, KernelSource] | None:
         """The move's kernel, or None (recorded as a refusal where one is due) when it costs no
@@ -531,7 +532,7 @@ class SkillsMethod(ForwardSearch):
     the LLM applies a skill no rule could apply here."""
 
     name = "skills"
-    carriers_first = CARRIERS_FIRST
+    breadth_first = True
 
     def __init__(self, materializer: Materializer, problem: Problem) -> None:
         super().__init__(materializer, problem)
@@ -756,10 +757,15 @@ class Materializer:
         skill_folders: Mapping[str, str] | None = None,
         beam_width: int = BEAM_WIDTH,
         skills_rank_by_profile: bool = True,
+        carriers_first: int | None = CARRIERS_FIRST,
     ) -> None:
         if beam_width < 1:
             raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
         self.log = log
+        self.carriers_first = carriers_first
+        """Gate runs a mechanism's skill moves get at a state, none kept, before its other
+        carriers wait for every later move (None: each skill's carriers in a row, as replays
+        before 2026-12-04 ran)."""
         self.skills_rank_by_profile = skills_rank_by_profile
         """Whether the `skills` method ranks by the current state's bottleneck where the gate
         profiles (off when the `profiled` method runs beside it, so the two differ in that
