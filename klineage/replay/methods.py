@@ -730,7 +730,8 @@ class TreeMethod(SkillsMethod):
 
 class ProfiledMethod(SkillsMethod):
     """The skills method, greedily, retrieval ranking first the skills that relieved the
-    current state's bottleneck on their expert (the gate must profile on request): run beside
+    current state's bottleneck on their expert and last those its profile leaves nothing to
+    relieve (:mod:`klineage.replay.relief`; the gate must profile on request): run beside
     `skills` on the same budget, it measures what the profiles add to the ranking."""
 
     name = PROFILED
