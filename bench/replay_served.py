@@ -1,0 +1,95 @@
+"""How far the committed replay gate log takes each held-out problem with the code and skills
+here, on the CPU: the gate runs it serves before the first verdict it lacks, which is the
+first one the next device chunk has to time.
+
+    python bench/replay_served.py [--methods skills,blind] [--problems gelu_tanh_f32 ...]
+
+Every candidate is built with nvcc as the device would build it (the machine-code check needs
+its SASS); a verdict is served by its key (kernel and baseline fingerprints, workloads), the
+audited gate's only. The `profiled` method needs profiles, which the log does not keep, so it
+is not run here. Use it to size the chunks of a rerun before spending device time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from klineage.gate.log import GateLog, LogOnlyGate, VerdictMissing
+from klineage.kernel import KernelSource
+from klineage.problem import load_problem
+from klineage.replay.methods import Materializer
+from klineage.replay.results import ReplayBudget
+from klineage.skills import SkillLibrary
+
+REPO = Path(__file__).resolve().parents[1]
+ARCHIVE = REPO / "bench" / "state" / "replay_gatelog.tar.xz"
+SERVABLE = ("skills", "blind", "memory", "tree")
+
+
+def served(
+    folder: Path,
+    method: str,
+    gatelog: Path,
+    *,
+    skills: Path = REPO / "skills_out",
+    budget: int = 30,
+    skip_no_ops: bool = True,
+) -> dict[str, Any]:
+    """One problem and method replayed from `gatelog` alone: the runs served, and the speedup
+    reached or the verdict first missing."""
+    problem = load_problem(folder)
+    log = GateLog(gatelog / f"{problem.name}.jsonl", LogOnlyGate(None), resume=True)
+    runs: list[Any] = []
+    materializer = Materializer(
+        log,
+        list(SkillLibrary.load(skills)),
+        ReplayBudget(gate_runs=budget),
+        on_run=lambda _, record: runs.append(record),
+        skip_no_ops=skip_no_ops,
+    )
+    row: dict[str, Any] = {"problem": problem.name, "method": method}
+    try:
+        result, _ = materializer.run(problem, KernelSource.from_file(folder / "kernel.cu"), method)
+        row["finished"] = round(result.speedup, 3)
+    except VerdictMissing as missing:
+        row["missing"] = str(missing)
+    row["served"] = len(runs)
+    row["best"] = round(max((r.speedup for r in runs), default=1.0), 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--methods", default="skills", help="comma-separated, of: " + ", ".join(SERVABLE)
+    )
+    parser.add_argument("--problems", nargs="*", default=[], help="problem names (default: all)")
+    parser.add_argument("--archive", type=Path, default=ARCHIVE, help="the replay state archive")
+    args = parser.parse_args(argv)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if m not in SERVABLE]
+    if unknown:
+        parser.error(f"cannot serve {', '.join(unknown)} from the log; use {', '.join(SERVABLE)}")
+    with tempfile.TemporaryDirectory() as scratch:
+        with tarfile.open(args.archive) as archive:
+            archive.extractall(scratch, filter="data")
+        gatelog = Path(scratch) / "replay_out" / "gatelog"
+        for folder in sorted((REPO / "heldout").iterdir()):
+            if not (folder / "definition.json").is_file():
+                continue
+            name = load_problem(folder).name
+            if args.problems and name not in args.problems:
+                continue
+            for method in methods:
+                print(json.dumps(served(folder, method, gatelog)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""bench/replay_served.py: a replay served from its gate log alone, on the CPU, until the
+first verdict the log lacks. The log is written here by a replay on the stand-in gate (the
+GPU boundary's labelled double; builds are real)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.problem import load_problem
+from klineage.replay.run import ReplayBudget
+from tests.bench_scripts import load_bench_script
+from tests.mining.conftest import Mined
+from tests.mining.stand_in_gate import StandInGate, replay_gated
+from tests.mining.test_mine import EXPERT
+from tests.mining.test_replay import TARGET
+
+bench = load_bench_script("replay_served")
+
+
+@pytest.mark.nvcc
+def test_a_logged_replay_is_served_run_for_run_and_a_cut_log_says_where_it_stops(
+    builder: Builder, mined: Mined, tmp_path: Path
+) -> None:
+    mined_skills = mined.out
+    gate = StandInGate(
+        builder, cost={"fast_math": 1.5, "readonly_ldg": 1.1}, expert_mechanisms=EXPERT
+    )
+    report = replay_gated(
+        [TARGET],
+        mined_skills,
+        tmp_path / "out",
+        gate=gate,
+        methods=["skills"],
+        budget=ReplayBudget(gate_runs=4),
+    )
+    [done] = report.results
+    gatelog = tmp_path / "out" / "gatelog"
+    row = bench.served(TARGET, "skills", gatelog, skills=mined_skills, budget=4, skip_no_ops=False)
+    assert row["finished"] == pytest.approx(done.speedup, rel=1e-3)
+    assert row["served"] == len(done.runs) == 4
+    assert "missing" not in row
+    # without the log's last verdict, the replay stops there and names the kernel it needs
+    name = load_problem(TARGET).name
+    path = gatelog / f"{name}.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]))
+    cut = bench.served(TARGET, "skills", gatelog, skills=mined_skills, budget=4, skip_no_ops=False)
+    assert "finished" not in cut
+    assert cut["served"] == 3
+    assert "no logged verdict" in cut["missing"] and "needs the GPU" in cut["missing"]
+
+
+def test_methods_the_log_cannot_serve_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--methods", "skills,profiled"])
+    assert "cannot serve profiled from the log" in capsys.readouterr().err
