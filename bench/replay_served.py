@@ -4,9 +4,10 @@ first one the next device chunk has to time.
 
     python bench/replay_served.py [--methods skills,blind] [--problems gelu_tanh_f32 ...]
 
-Every candidate is built with nvcc as the device would build it (the machine-code check needs
-its SASS); a verdict is served by its key (kernel and baseline fingerprints, workloads), the
-audited gate's only. The `profiled` method needs profiles, which the log does not keep, so it
+Every candidate is built with nvcc as the device builds it and disassembled (the machine-code
+check refuses a no-op without a gate run, as on the device); a verdict is served by its key
+(kernel and baseline fingerprints, workloads) or shared by the same machine code, the audited
+gate's only. The `profiled` method needs profiles, which the log does not keep, so it
 is not run here. Use it to size the chunks of a rerun before spending device time.
 """
 
@@ -20,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from klineage.gate.build import Builder
 from klineage.gate.log import GateLog, LogOnlyGate, VerdictMissing
 from klineage.kernel import KernelSource
 from klineage.problem import load_problem
@@ -40,11 +42,15 @@ def served(
     skills: Path = REPO / "skills_out",
     budget: int = 30,
     skip_no_ops: bool = True,
+    builder: Builder | None = None,
 ) -> dict[str, Any]:
     """One problem and method replayed from `gatelog` alone: the runs served, and the speedup
-    reached or the verdict first missing."""
+    reached or the verdict first missing. `builder` builds the candidates (default: nvcc with
+    the gate's flags, cached where the gate caches)."""
     problem = load_problem(folder)
-    log = GateLog(gatelog / f"{problem.name}.jsonl", LogOnlyGate(None), resume=True)
+    # as replay's own log: real builds, so no-ops are refused and verdicts shared by SASS
+    gate = LogOnlyGate(builder or Builder())
+    log = GateLog(gatelog / f"{problem.name}.jsonl", gate, resume=True, share=skip_no_ops)
     runs: list[Any] = []
     materializer = Materializer(
         log,

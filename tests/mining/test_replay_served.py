@@ -38,7 +38,8 @@ def test_a_logged_replay_is_served_run_for_run_and_a_cut_log_says_where_it_stops
     )
     [done] = report.results
     gatelog = tmp_path / "out" / "gatelog"
-    row = bench.served(TARGET, "skills", gatelog, skills=mined_skills, budget=4, skip_no_ops=False)
+    options = {"skills": mined_skills, "budget": 4, "skip_no_ops": False, "builder": builder}
+    row = bench.served(TARGET, "skills", gatelog, **options)
     assert row["finished"] == pytest.approx(done.speedup, rel=1e-3)
     assert row["served"] == len(done.runs) == 4
     assert "missing" not in row
@@ -47,7 +48,7 @@ def test_a_logged_replay_is_served_run_for_run_and_a_cut_log_says_where_it_stops
     path = gatelog / f"{name}.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines[:-1]))
-    cut = bench.served(TARGET, "skills", gatelog, skills=mined_skills, budget=4, skip_no_ops=False)
+    cut = bench.served(TARGET, "skills", gatelog, **options)
     assert "finished" not in cut
     assert cut["served"] == 3
     assert "no logged verdict" in cut["missing"] and "needs the GPU" in cut["missing"]
