@@ -22,7 +22,7 @@ from klineage.cli.llm import LlmCacheOption, LlmOption, LlmReplayOnlyOption, ope
 from klineage.cli.tables import Column, print_rows
 from klineage.executors import ExecutorError, ExecutorKind
 from klineage.lineage import is_llm_origin
-from klineage.replay.methods import ALL_METHODS, BEAM_WIDTH, PROFILED
+from klineage.replay.methods import ALL_METHODS, BEAM_WIDTH, CARRIERS_FIRST, PROFILED
 from klineage.replay.results import GateRunRecord, ReplayBudget
 from klineage.replay.run import ReplayReport, replay
 
@@ -58,6 +58,14 @@ def replay_command(
             min=1, help="The tree method's beam: states a level, kept skills gated at each."
         ),
     ] = BEAM_WIDTH,
+    carriers_first: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Gate runs the skills methods give a mechanism's carriers at a state, none "
+            "kept, before its other carriers wait behind later skills (0: all in a row).",
+        ),
+    ] = CARRIERS_FIRST,
     out: Annotated[Path, typer.Option(help="Where the report goes.")] = Path("replay_out"),
     resume: Annotated[
         bool, typer.Option("--resume/--fresh", help="Reuse verdicts already in the gate log.")
@@ -147,6 +155,7 @@ def replay_command(
                 llm=provider,
                 gate_options=optional_stages(profile, energy, every_verdict=False),
                 beam_width=beam_width,
+                carriers_first=carriers_first or None,
             )
     except GateSetupError as err:
         errors.print(Text(f"gate error: {err}", "red"))

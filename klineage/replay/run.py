@@ -29,7 +29,14 @@ from klineage.gate.pool import spread
 from klineage.gate.result import geomean
 from klineage.llm.base import Provider
 from klineage.problem import Problem, load_problem
-from klineage.replay.methods import ALL_METHODS, BEAM_WIDTH, PROFILED, TREE, Materializer
+from klineage.replay.methods import (
+    ALL_METHODS,
+    BEAM_WIDTH,
+    CARRIERS_FIRST,
+    PROFILED,
+    TREE,
+    Materializer,
+)
 from klineage.replay.misses import Miss, explain_misses
 from klineage.replay.results import GateRunRecord, MethodResult, ReplayBudget
 from klineage.replay.sources import SkillSources
@@ -111,6 +118,12 @@ class ReplayReport(BaseModel):
     beam_width: int | None = Field(
         default=None, description="the tree method's beam width (None: the tree was not run)"
     )
+    carriers_first: int | None = Field(
+        default=None,
+        description="gate runs a mechanism's carriers got at a state, none kept, before the "
+        "rest waited behind later skills (None: each skill's carriers in a row, as every "
+        "report before 2026-12-04)",
+    )
     llm_usage: dict[str, Any] | None = Field(
         default=None, description="the LLM's calls, tokens and estimated cost (this run)"
     )
@@ -178,6 +191,7 @@ def replay(
     executor: Executor | None = None,
     gate_options: Mapping[str, Any] | None = None,
     beam_width: int = BEAM_WIDTH,
+    carriers_first: int | None = CARRIERS_FIRST,
 ) -> ReplayReport:
     """Run every method on every problem; write the report, lineages and chart to `out`.
     `skills` is one mined folder or several (:class:`SkillSources`); the report names the
@@ -195,7 +209,8 @@ def replay(
     bottleneck, or, with the `profiled` method among `methods`, that method does and `skills`
     ranks without profiles, so the two compare the ranking alone; `energy=EnergyConfig()`:
     energy per call in the report). `beam_width` is the tree method's (states a level, kept
-    skills gated at each)."""
+    skills gated at each); `carriers_first` the gate runs the skills methods give a mechanism's
+    carriers at a state before the rest wait behind later skills (None: all in a row)."""
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise ValueError(f"unknown method {unknown[0]!r}; expected one of {', '.join(ALL_METHODS)}")
@@ -211,6 +226,10 @@ def replay(
         )
     if beam_width < 1:
         raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
+    if carriers_first is not None and carriers_first < 1:
+        raise ValueError(
+            f"carriers_first must be at least 1 (or None: no waiting), not {carriers_first}"
+        )
     sources = skills if isinstance(skills, SkillSources) else SkillSources.load(skills)
     if not len(sources):
         raise FileNotFoundError(
@@ -233,6 +252,7 @@ def replay(
                 llm=llm,
                 skip_no_ops=skip_no_ops,
                 beam_width=beam_width,
+                carriers_first=carriers_first,
             )
     limits = budget or ReplayBudget()
     root = Path(out)
@@ -265,6 +285,7 @@ def replay(
                 skill_folders=sources.folder_of,
                 beam_width=beam_width,
                 skills_rank_by_profile=PROFILED not in methods,
+                carriers_first=carriers_first,
             )
             result, lineage = materializer.run(problem, naive, method)
             lineage.save(root / "lineages" / f"{problem.name}.{method}.json")
@@ -281,6 +302,7 @@ def replay(
         llm=f"llm:{llm.kind}:{llm.model}" if llm is not None else None,
         llm_usage=llm.accounting.summary() if llm is not None else None,
         beam_width=beam_width if TREE in methods else None,
+        carriers_first=carriers_first,
         versus_blind=matched_runs(results),
         misses=explain_misses(results, loaded, sources.skills, root / "lineages"),
     )

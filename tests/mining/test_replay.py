@@ -301,24 +301,32 @@ def test_a_mechanisms_third_carrier_waits_for_the_next_skills_first(
     ).ranked
     assert [r.mechanism for r in ranked[:4]] == ["launch_bounds"] * 3 + ["fast_math"]
 
-    def runs(cost: dict[str, float], budget: int, out: str) -> list[GateRunRecord]:
+    def runs(cost: dict[str, float], budget: int, out: str, **options: Any) -> ReplayReport:
         gate = StandInGate(builder, cost=cost, expert_mechanisms=EXPERT)
-        report = replay_gated(
+        return replay_gated(
             [TARGET],
             tmp_path / "lib",
             tmp_path / out,
             gate=gate,
             methods=["skills"],
             budget=ReplayBudget(gate_runs=budget),
+            **options,
         )
-        return report.results[0].runs
 
     # the bounds are worth nothing here, fast_math is: it is the third run, not the fifth
-    first = runs({"fast_math": 1.5}, 3, "worth")
+    report = runs({"fast_math": 1.5}, 3, "worth")
+    assert report.carriers_first == 2
+    first = report.results[0].runs
     assert [r.action for r in first] == ["launch_bounds", "launch_bounds", "fast_math"]
     assert first[2].outcome == "kept"
+    # as replays ran before: every carrier of the first-ranked skill in a row
+    in_a_row = runs({"fast_math": 1.5}, 3, "in_a_row", carriers_first=None)
+    assert in_a_row.carriers_first is None
+    assert [r.action for r in in_a_row.results[0].runs] == ["launch_bounds"] * 3
+    with pytest.raises(ValueError, match="carriers_first must be at least 1"):
+        runs({}, 3, "none", carriers_first=0)
     # nothing is worth anything: every skill has its turn, then the bounds that waited
-    every = runs({}, 12, "nothing")
+    every = runs({}, 12, "nothing").results[0].runs
     actions = [r.action for r in every]
     assert actions[:2] == ["launch_bounds", "launch_bounds"]
     assert set(actions[2:5]) == {"fast_math", "readonly_ldg", "restrict_pointers"}

@@ -152,6 +152,7 @@ def test_replay_command_runs_the_tree_beside_skills(
     out = tmp_path / "out"
     args = ["replay", str(TARGET), "--skills", str(mined.out), "--budget", "12"]
     args += ["--baselines", "tree", "--beam-width", "2", "--out", str(out)]
+    args += ["--carriers-first", "0"]  # each skill's carriers in a row, as before
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     # each gate run is shown as it is made, by method, and the table has a row for each
@@ -164,6 +165,7 @@ def test_replay_command_runs_the_tree_beside_skills(
     assert table == ["skills", "tree"]
     report = ReplayReport.load(out / "replay.json")
     assert report.beam_width == 2
+    assert report.carriers_first is None
     tree = _by_method(report)["tree"]
     assert 0 < len(tree.runs) <= 12 and tree.speedup > 1.0
     assert (out / "lineages" / "exp_target_f32.tree.json").is_file()
@@ -177,3 +179,5 @@ def test_replay_command_refuses_a_beam_of_no_width(mined: Mined) -> None:
     args = ["replay", str(TARGET), "--skills", str(mined.out), "--baselines", "tree"]
     result = CliRunner().invoke(app, [*args, "--beam-width", "0"])
     assert result.exit_code == 2 and "beam-width" in result.output
+    result = CliRunner().invoke(app, [*args, "--carriers-first", "-1"])
+    assert result.exit_code == 2 and "carriers-first" in result.output
