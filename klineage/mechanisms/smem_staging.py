@@ -641,24 +641,25 @@ def _tile_names(source: ParsedSource, function: Function, carrier: Carrier) -> l
     return [fresh_name(used, "tile_a"), fresh_name(used, "tile_b")]
 
 
-def _copy_functions(source: ParsedSource) -> set[str]:
-    """Functions that copy into shared memory asynchronously (or did, before a removal)."""
-    found = set()
+def _copy_functions(source: ParsedSource) -> dict[str, bool]:
+    """Functions that copy into shared memory asynchronously (True), or did before
+    cp_async_pipeline's removal made their copies synchronous (False)."""
+    found: dict[str, bool] = {}
     for statement in asm_statements(source):
         if any(i.startswith("cp.async.c") for i in statement.instructions):
             function = source.enclosing_function(statement.statement)
             if function is not None:
-                found.add(function.name)
+                found[function.name] = True
     for call in source.calls_named("__pipeline_memcpy_async", "cuda::memcpy_async"):
         function = source.enclosing_function(call.node)
         if function is not None:
-            found.add(function.name)
+            found[function.name] = True
     for comment in source.nodes("comment"):
         text = source.data[comment.start_byte : comment.end_byte]
         if b"klineage:cp_async_pipeline:" in text and b"cp.async.c" in text:
             function = source.enclosing_function(comment)
             if function is not None:
-                found.add(function.name)
+                found.setdefault(function.name, False)
     return found
 
 
@@ -739,16 +740,22 @@ class SmemStaging(Mechanism):
                     continue
                 if not any(is_call_statement(source, s, "__syncthreads") for s in statements(body)):
                     continue
-                if (_calls_within(source, body) | {function.name}) & copiers:
+                feeding = (_calls_within(source, body) | {function.name}) & copiers.keys()
+                if feeding:
                     seen.add(loop.start_byte)
+                    arrive = (
+                        "cp.async copies into a shared buffer (remove cp_async_pipeline first)"
+                        if any(copiers[name] for name in feeding)
+                        else "copies into a shared buffer that cp_async_pipeline's removal made "
+                        "synchronous"
+                    )
                     yield self.site(
                         source,
                         loop,
                         snippet=_header(source, loop),
-                        refusal="the tiles arrive through cp.async copies into a shared buffer "
-                        "(remove cp_async_pipeline first); the staged layout is then read "
-                        "through address arithmetic (and ldmatrix), not as S[i][j] reads that "
-                        "a global expression can replace",
+                        refusal=f"the tiles arrive through {arrive}; the staged layout is "
+                        "read through address arithmetic (and ldmatrix), not as S[i][j] reads "
+                        "that a global expression can replace",
                     )
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:

@@ -236,3 +236,22 @@ def test_a_kernel_reading_straight_or_twice_is_no_transpose() -> None:
         assert text != SCALED_TRANSPOSE
         sites = mechanism.candidates(KernelSource(text))
         assert not [s for s in sites if s.detail.get("form") == "transpose"], after
+
+
+def test_a_tile_loop_fed_by_copies_made_synchronous_says_so() -> None:
+    """fmha's tiles arrive through cp.async; once cp_async_pipeline's removal has made the
+    copies synchronous, the refusal no longer asks for that removal first."""
+    from klineage.mining.removal import remove_mechanism
+
+    kernel = KernelSource.from_file(REPO / "expert_kernels" / "fmha_fp16" / "kernel.cu")
+    rule = get("smem_staging")
+    [before] = [s for s in rule.detect(kernel) if s.refusal and "tiles arrive" in s.refusal]
+    assert "cp.async copies into a shared buffer (remove cp_async_pipeline first)" in str(
+        before.refusal
+    )
+    synchronous = remove_mechanism(kernel, get("cp_async_pipeline")).states[-1]
+    live = [line for line in synchronous.text.splitlines() if line.strip().startswith("asm")]
+    assert live and not any("cp.async" in line for line in live)  # only in comments now
+    [after] = [s for s in rule.detect(synchronous) if s.refusal and "tiles arrive" in s.refusal]
+    assert "that cp_async_pipeline's removal made synchronous" in str(after.refusal)
+    assert "remove cp_async_pipeline first" not in str(after.refusal)
