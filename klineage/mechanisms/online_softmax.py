@@ -34,6 +34,21 @@ Two canonical forms are recognized:
   two-loop form (``heldout/log_softmax``, ``heldout/cross_entropy``): same loop header, same
   element ``x``, ``s`` starting from zero right before the second loop.
 
+- **the block form**: the same scalar loop over each thread's share of a row a block shares,
+  then each statistic's block reduction with the sum rescaled to the block's maximum::
+
+      float s = 0.0f;
+      for (c = threadIdx.x; c < n; c += blockDim.x) { <the scalar online loop's body> }
+      const float thread_max = m;
+      m = block_max(m);
+      s = s * expf(thread_max - m);
+      s = block_sum(s);
+
+  removed into the two passes block per row writes (``for (...) m = fmaxf(m, x); m =
+  block_max(m); float s = 0.0f; for (...) s += expf(x - m); s = block_sum(s);``: each
+  reduction any call ``v = f(v);``), and applied on them. A thread that saw no element has
+  ``thread_max = -INFINITY`` and a zero sum, which the rescale keeps at zero.
+
 Other loops that rescale a running sum by an exponential are reported and refused.
 """
 
@@ -47,7 +62,7 @@ from klineage.conditions import Condition, Prose
 from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, variable_of
-from klineage.cuda.tree import declaration_names, statement_before
+from klineage.cuda.tree import declaration_names, statement_after, statement_before
 from klineage.kernel import KernelSource
 from klineage.mechanisms._online_pair_apply import single_pass, two_pass_pair
 from klineage.mechanisms._reductions_exchange import shuffle_steps
@@ -523,7 +538,17 @@ def _two_pass(source: ParsedSource, first: Node) -> TwoPass | None:
     """The two-loop form starting at ``first``; None when it is not that."""
     declaration = first.next_named_sibling
     second = declaration.next_named_sibling if declaration is not None else None
-    if declaration is None or second is None or second.type != "for_statement":
+    return _passes(source, first, declaration, second)
+
+
+def _passes(
+    source: ParsedSource, first: Node, declaration: Node | None, second: Node | None
+) -> TwoPass | None:
+    """``for (H) m = fmaxf(m, x);`` ``first``, ``float s = 0.0f;`` ``declaration`` and
+    ``for (H) s += expf(x - m);`` ``second`` (same header, same element); None otherwise."""
+    if declaration is None or second is None:
+        return None
+    if first.type != "for_statement" or second.type != "for_statement":
         return None
     first_body = first.child_by_field_name("body")
     second_body = second.child_by_field_name("body")
@@ -557,6 +582,152 @@ def _two_pass(source: ParsedSource, first: Node) -> TwoPass | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# The block form: the passes of a row a block shares, each finished by a block reduction
+# ---------------------------------------------------------------------------------------------
+
+_REDUCED = re.compile(r"^(?P<n>\w+) = (?P<f>[\w:<>, ]+)\((?P=n)\);$")
+_THREAD_MAX = re.compile(r"^const float (?P<t>\w+) = (?P<m>\w+);$")
+_RESCALE = re.compile(r"^(?P<s>\w+) = (?P=s) \* (?P<exp>\w+)\((?P<t>\w+) - (?P<m>\w+)\);$")
+
+
+def _flat(source: ParsedSource, node: Node | None) -> str:
+    return " ".join(source.text_of(node).split()) if node is not None else ""
+
+
+def _reduces(source: ParsedSource, node: Node | None, name: str) -> bool:
+    """``node`` is ``name = f(name);``: a reduction across threads that every thread joins."""
+    if node is None or node.type != "expression_statement":
+        return False
+    match = _REDUCED.match(_flat(source, node))
+    return match is not None and match["n"] == name
+
+
+@dataclass(frozen=True)
+class BlockTwoPass:
+    """``for (H) m = fmaxf(m, x); m = R(m); float s = 0.0f; for (H) s += expf(x - m);
+    s = Q(s);``: each thread's share of the row, then its reduction over the block."""
+
+    passes: TwoPass
+    reduce_max: Node
+    reduce_sum: Node
+
+
+def _two_pass_block(source: ParsedSource, first: Node) -> BlockTwoPass | None:
+    """The block two-pass form starting at the loop ``first``; None when it is not that."""
+    reduce_max = statement_after(first)
+    declaration = statement_after(reduce_max) if reduce_max is not None else None
+    second = statement_after(declaration) if declaration is not None else None
+    reduce_sum = statement_after(second) if second is not None else None
+    passes = _passes(source, first, declaration, second)
+    if passes is None or reduce_max is None or reduce_sum is None:
+        return None
+    if not (
+        _reduces(source, reduce_max, passes.maximum) and _reduces(source, reduce_sum, passes.total)
+    ):
+        return None
+    return BlockTwoPass(passes, reduce_max, reduce_sum)
+
+
+@dataclass(frozen=True)
+class BlockOnline:
+    """The scalar online loop, then ``const float t = m; m = R(m); s = s * expf(t - m);
+    s = Q(s);``: each thread's (max, sum) in one pass, its sum rescaled to the block's max."""
+
+    loop: ScalarOnline
+    reduce_max: Node
+    reduce_sum: Node
+
+
+def _block_online(source: ParsedSource, loop: Node) -> BlockOnline | None:
+    """The block online form around the scalar online loop ``loop``; None when the loop is
+    not followed by the block's reductions in the form `apply` writes them."""
+    try:
+        found = _scalar(source, loop)
+    except _Refused:
+        return None
+    kept = statement_after(loop)
+    reduce_max = statement_after(kept) if kept is not None else None
+    rescale = statement_after(reduce_max) if reduce_max is not None else None
+    reduce_sum = statement_after(rescale) if rescale is not None else None
+    if kept is None or reduce_max is None or rescale is None or reduce_sum is None:
+        return None
+    own = _THREAD_MAX.match(_flat(source, kept))
+    scaled = _RESCALE.match(_flat(source, rescale))
+    if own is None or scaled is None or own["m"] != found.maximum:
+        return None
+    if (scaled["s"], scaled["exp"], scaled["t"], scaled["m"]) != (
+        found.total,
+        found.exp,
+        own["t"],
+        found.maximum,
+    ):
+        return None
+    if not (
+        _reduces(source, reduce_max, found.maximum) and _reduces(source, reduce_sum, found.total)
+    ):
+        return None
+    return BlockOnline(found, reduce_max, reduce_sum)
+
+
+def _online_loop(
+    header: str, element: str, v: str, m: str, s: str, e: str, ind: str, inf: str
+) -> str:
+    """The scalar online loop `apply` writes (no leading indentation)."""
+    return (
+        f"{header} {{\n"
+        f"{ind}  const float {v} = {element};\n"
+        f"{ind}  if ({v} > {m}) {{\n"
+        f"{ind}    {s} = {s} * {e}({m} - {v}) + 1.0f;\n"
+        f"{ind}    {m} = {v};\n"
+        f"{ind}  }} else if ({v} != {inf}) {{\n"
+        f"{ind}    {s} += {e}({v} - {m});\n"
+        f"{ind}  }}\n"
+        f"{ind}}}"
+    )
+
+
+def _minus_inf(source: ParsedSource) -> str:
+    return "-INFINITY" if "INFINITY" in source.kernel.text else "__int_as_float(0xff800000)"
+
+
+def _block_application(source: ParsedSource, shared: BlockTwoPass) -> list[Edit]:
+    """One pass over each thread's share of the row for both statistics; then the block's
+    maximum, each thread's sum rescaled to it (a thread that saw no element has a zero sum),
+    and the block's sum: the same two reductions, one read of the row instead of two."""
+    passes = shared.passes
+    function = source.enclosing_function(passes.first)
+    assert function is not None
+    taken = {source.text_of(n) for n in inside(source, function.node, "identifier")}
+    v = fresh_name(taken, "v")
+    own = fresh_name(taken | {v}, "thread_max")
+    ind = source.indent_of(passes.first.start_byte)
+    m, total, e = passes.maximum, passes.total, passes.exp
+    loop = _online_loop(passes.header, passes.element, v, m, total, e, ind, _minus_inf(source))
+    text = (
+        f"{source.text_of(passes.declaration)}\n{ind}{loop}\n"
+        f"{ind}const float {own} = {m};\n"
+        f"{ind}{source.text_of(shared.reduce_max)}\n"
+        f"{ind}{total} = {total} * {e}({own} - {m});\n"
+        f"{ind}{source.text_of(shared.reduce_sum)}"
+    )
+    return [Edit(passes.first.start_byte, shared.reduce_sum.end_byte, text)]
+
+
+def _block_removal(source: ParsedSource, block: BlockOnline) -> list[Edit]:
+    """The two passes again, each finished by its block reduction."""
+    found = block.loop
+    ind = source.indent_of(found.loop.start_byte)
+    text = (
+        f"{found.header} {found.maximum} = fmaxf({found.maximum}, {found.element});\n{ind}"
+        f"{source.text_of(block.reduce_max)}\n{ind}"
+        f"{source.text_of(found.declaration)}\n{ind}"
+        f"{found.header} {found.total} += {found.exp}({found.element} - {found.maximum});\n{ind}"
+        f"{source.text_of(block.reduce_sum)}"
+    )
+    return [Edit(found.declaration.start_byte, block.reduce_sum.end_byte, text)]
+
+
+# ---------------------------------------------------------------------------------------------
 # The mechanism
 # ---------------------------------------------------------------------------------------------
 
@@ -587,6 +758,16 @@ class OnlineSoftmax(Mechanism):
         for loop in _rescaling_loops(source):
             if any(a <= loop.start_byte < b for a, b in covered):
                 continue
+            block = _block_online(source, loop)
+            if block is not None:
+                start = block.loop.declaration.start_byte
+                yield self.site(
+                    source,
+                    loop,
+                    span=(start, block.reduce_sum.end_byte),
+                    detail={"form": "block"},
+                )
+                continue
             refusal = None
             try:
                 _scalar(source, loop)
@@ -611,15 +792,17 @@ class OnlineSoftmax(Mechanism):
                         detail={"form": "pair"},
                     )
             for loop in inside(source, function.body, "for_statement"):
-                found = _two_pass(source, loop)
-                if found is not None:
+                shared = _two_pass_block(source, loop)
+                found = _two_pass(source, loop) if shared is None else None
+                end = shared.reduce_sum if shared is not None else found.second if found else None
+                if end is not None:
                     yield self.site(
                         source,
                         loop,
-                        span=(loop.start_byte, found.second.end_byte),
+                        span=(loop.start_byte, end.end_byte),
                         kind="for_statement",
                         snippet=source.snippet(loop),
-                        detail={"form": "scalar"},
+                        detail={"form": "block" if shared is not None else "scalar"},
                     )
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
@@ -628,6 +811,12 @@ class OnlineSoftmax(Mechanism):
                 if acc.declaration.start_byte == site.start_byte:
                     return _pair_rewrite(source, acc)
             raise self.refuse(f"no online pair at line {site.start_line}", site)
+        if site.detail.get("form") == "block":
+            for loop in _rescaling_loops(source):
+                block = _block_online(source, loop)
+                if block is not None and block.loop.declaration.start_byte == site.start_byte:
+                    return _block_removal(source, block)
+            raise self.refuse("the loop and the block's reductions are no longer in the form", site)
         loop = self.node_at(source, site, "for_statement", "while_statement")
         try:
             found = _scalar(source, loop)
@@ -671,6 +860,11 @@ class OnlineSoftmax(Mechanism):
         loop = next(
             (n for n in source.nodes("for_statement") if n.start_byte == site.start_byte), None
         )
+        if site.detail.get("form") == "block":
+            shared = _two_pass_block(source, loop) if loop is not None else None
+            if shared is None:
+                raise self.refuse("the two passes are no longer in the block form", site, "apply")
+            return _block_application(source, shared)
         found = _two_pass(source, loop) if loop is not None else None
         if found is None:
             raise self.refuse("the two loops are no longer in the two-pass form", site, "apply")
@@ -680,19 +874,15 @@ class OnlineSoftmax(Mechanism):
         taken = {source.text_of(n) for n in inside(source, function.node, "identifier")}
         v = fresh_name(taken, "v")
         ind = source.indent_of(loop.start_byte)
-        m, s, e = found.maximum, found.total, found.exp
-        minus_inf = (
-            "-INFINITY" if "INFINITY" in source.kernel.text else "__int_as_float(0xff800000)"
+        online = _online_loop(
+            found.header,
+            found.element,
+            v,
+            found.maximum,
+            found.total,
+            found.exp,
+            ind,
+            _minus_inf(source),
         )
-        text = (
-            f"{source.text_of(found.declaration)}\n{ind}{found.header} {{\n"
-            f"{ind}  const float {v} = {found.element};\n"
-            f"{ind}  if ({v} > {m}) {{\n"
-            f"{ind}    {s} = {s} * {e}({m} - {v}) + 1.0f;\n"
-            f"{ind}    {m} = {v};\n"
-            f"{ind}  }} else if ({v} != {minus_inf}) {{\n"
-            f"{ind}    {s} += {e}({v} - {m});\n"
-            f"{ind}  }}\n"
-            f"{ind}}}"
-        )
+        text = f"{source.text_of(found.declaration)}\n{ind}{online}"
         return [Edit(loop.start_byte, found.second.end_byte, text)]

@@ -5,8 +5,10 @@ Each thread of a one-dimensional launch is a call of the kernel function with
 ``blockIdx``/``threadIdx`` set, one after another, for kernels whose threads do not talk to
 each other. A case with a ``grid`` (a ``dim3``, with ``block_dims``) runs blocks one after
 another and the threads of a block as host threads, so ``__shared__`` arrays (static locals,
-one copy for the block running), ``__syncthreads()`` (a barrier of the block's threads) and
-the ``__shfl_*_sync`` shuffles (a barrier of the warp's threads, every lane taking part) work;
+one copy for the block running), ``__syncthreads()`` (a barrier of the block's threads),
+``__device__`` helpers (host functions here, ``__expf``/``__logf``/``__int_as_float`` as their
+host equivalents) and the ``__shfl_*_sync`` shuffles (a barrier of the warp's threads, every
+lane taking part) work;
 atomics and other warp collectives do not. The ``extern "C" int run`` launcher is cut off;
 the driver allocates the buffers (filled with pseudo-random values, each at an element
 offset, to make rows unaligned on purpose), calls the kernel for every thread and prints the
@@ -15,6 +17,7 @@ outputs' bytes. Two versions of a kernel agree when they print the same.
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -43,6 +46,19 @@ static dim3 kl_block_dim, kl_grid_dim;
 #define __global__ static
 #undef __shared__
 #define __shared__ static
+// device helpers run as host functions; the device-only intrinsics they use, as host code
+#undef __device__
+#define __device__
+#undef __forceinline__
+#define __forceinline__ inline
+static float kl_int_as_float(int bits) {
+  float value;
+  memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+#define __int_as_float(bits) kl_int_as_float(bits)
+#define __expf(v) expf(v)
+#define __logf(v) logf(v)
 static std::mutex kl_mutex;
 static std::condition_variable kl_turn;
 static unsigned kl_waiting = 0, kl_generation = 0, kl_parties = 1;
@@ -241,3 +257,22 @@ def run_on_host(kernel_text: str, cases: list[Case]) -> str:
         assert build.returncode == 0, f"{build.stderr}\n{source.read_text()}"
         ran = subprocess.run([str(binary)], capture_output=True, text=True, check=True)
         return ran.stdout
+
+
+def floats(printed: str) -> dict[str, list[float]]:
+    """The float32 outputs the host program printed, by case and buffer name."""
+    out = {}
+    for line in printed.split():
+        name, data = line.split(":", 2)[0:2], line.split(":")[-1]
+        raw = bytes.fromhex(data)
+        out[":".join(name)] = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    return out
+
+
+def assert_close(got: dict[str, list[float]], want: dict[str, list[float]]) -> None:
+    """Every output within float rounding of the other version's (sums in another order)."""
+    assert got.keys() == want.keys()
+    for name, values in want.items():
+        assert len(got[name]) == len(values), name
+        for a, b in zip(got[name], values, strict=True):
+            assert abs(a - b) <= 1e-4 + 1e-5 * abs(b), (name, a, b)

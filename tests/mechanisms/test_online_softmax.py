@@ -9,6 +9,8 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismRefused, get
+from tests.conftest import REPO
+from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
 from tests.mechanisms.reductions_experts import (
     assert_detected_where_listed,
     check_expert_removals_compile,
@@ -138,3 +140,36 @@ def test_a_changed_two_pass_form_is_no_candidate() -> None:
     # the sum pass no longer mirrors the first pass: nothing to read the pushes back from
     edited = KernelSource(simplified.text.replace("acc.s = acc.s + ", "acc.s = 2.0f * acc.s + "))
     assert mechanism.candidates(edited) == []
+
+
+@pytest.mark.nvcc
+def test_a_block_per_row_log_softmax_reads_its_row_once_for_both_statistics() -> None:
+    """log_softmax after block per row: each thread's share of the row in one pass, then the
+    block's maximum, each sum rescaled to it, and the block's sum; the outputs agree within
+    float rounding with the two passes, on rows shorter than the block (threads with no
+    element) and longer."""
+    from klineage.mechanisms import Carrier
+    from klineage.mining.removal import apply_everywhere
+
+    naive = KernelSource.from_file(REPO / "heldout" / "log_softmax" / "kernel.cu")
+    block = apply_everywhere(naive, get("block_per_row"), Carrier())
+    [site] = [s for s in mechanism.candidates(block) if s.detail.get("form") == "block"]
+    online = mechanism.apply(block, site, Carrier())
+    assert online.text.count("in[c]") == block.text.count("in[c]") - 1  # one pass fewer
+    assert "block_reduce_max(m)" in online.text and "block_reduce_sum(s)" in online.text
+    cases = [
+        Case(
+            {"rows": rows, "cols": cols},
+            [Buffer("x", "float", "rows * cols"), Buffer("y", "float", "rows * cols", True)],
+            "log_softmax_rows(x, y, rows, cols)",
+            "rows",
+            grid="dim3((unsigned)rows)",
+            block_dims="dim3(256)",
+        )
+        for rows, cols in ((1, 1), (3, 100), (2, 300), (2, 1000))
+    ]
+    assert_close(floats(run_on_host(online.text, cases)), floats(run_on_host(block.text, cases)))
+    # and back: the removal writes the two passes block per row wrote
+    [found] = mechanism.detect(online)
+    assert found.detail.get("form") == "block"
+    assert mechanism.remove(online, found).text == block.text

@@ -9,7 +9,7 @@ from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismRefused, get, remove_all
 from tests.conftest import REPO
-from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
+from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
 from tests.mechanisms.reductions_experts import (
     assert_detected_where_listed,
     check_expert_removals_compile,
@@ -113,25 +113,6 @@ def _scan_cases(kernel: str, warp_per_row: bool) -> list[Case]:
     return cases
 
 
-def _floats(printed: str) -> dict[str, list[float]]:
-    import struct
-
-    out = {}
-    for line in printed.split():
-        name, data = line.split(":", 2)[0:2], line.split(":")[-1]
-        raw = bytes.fromhex(data)
-        out[":".join(name)] = list(struct.unpack(f"<{len(raw) // 4}f", raw))
-    return out
-
-
-def _assert_close(got: dict[str, list[float]], want: dict[str, list[float]]) -> None:
-    assert got.keys() == want.keys()
-    for name, values in want.items():
-        assert len(got[name]) == len(values), name
-        for a, b in zip(got[name], values, strict=True):
-            assert abs(a - b) <= 1e-4 + 1e-5 * abs(b), (name, a, b)
-
-
 @pytest.mark.nvcc
 @pytest.mark.parametrize(
     ("text", "kernel"),
@@ -149,9 +130,9 @@ def test_a_naive_row_scan_becomes_a_warp_scan_with_the_same_sums(text: str, kern
     applied = mechanism.apply(naive, site, mechanism.default_carrier(naive, site))
     assert "__shfl_up_sync(0xffffffffu" in applied.text and ") >> 5;" in applied.text
     assert "/ 8), 256, 0, stream>>>" in applied.text  # 8 warps, 8 rows a block
-    want = _floats(run_on_host(naive.text, _scan_cases(kernel, warp_per_row=False)))
-    got = _floats(run_on_host(applied.text, _scan_cases(kernel, warp_per_row=True)))
-    _assert_close(got, want)
+    want = floats(run_on_host(naive.text, _scan_cases(kernel, warp_per_row=False)))
+    got = floats(run_on_host(applied.text, _scan_cases(kernel, warp_per_row=True)))
+    assert_close(got, want)
     compile_ok(Builder(device_only=True), [applied])
 
 
