@@ -59,3 +59,26 @@ def test_forward_forms_pass_their_gate(gate, name: str, mechanism: str, form: st
     (candidate,) = [c for c in rule.candidates(naive) if c.detail.get("form") == form]
     verdict = gate.run(problem, rule.apply(naive, candidate), time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
+
+
+FORMS_AFTER = [
+    ("log_softmax", "block_per_row", "online_softmax", "block"),
+    ("cross_entropy", "block_per_row", "online_softmax", "block"),
+]
+"""Forms a rule writes on what another rule wrote first (its default carrier, every site)."""
+
+
+@pytest.mark.parametrize(("name", "first", "mechanism", "form"), FORMS_AFTER)
+def test_forward_forms_after_another_pass_their_gate(
+    gate, name: str, first: str, mechanism: str, form: str
+) -> None:
+    """The kernel `first` writes, rewritten by `mechanism`, passes the gate on every workload."""
+    from klineage.mechanisms import Carrier, get
+    from klineage.mining.removal import apply_everywhere
+
+    problem = load_problem(REPO / "heldout" / name)
+    written = apply_everywhere(KernelSource.from_file(problem.kernel_path), get(first), Carrier())
+    rule = get(mechanism)
+    (candidate,) = [c for c in rule.candidates(written) if c.detail.get("form") == form]
+    verdict = gate.run(problem, rule.apply(written, candidate), time_it=False)
+    assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
