@@ -71,8 +71,8 @@ FORWARD_FORMS: dict[str, str] = {
     "register_fragment_streaming": "none: no forward rule",
     "restrict_pointers": "a __global__ pointer parameter without __restrict__",
     "row_in_registers": "two or more passes over a row p[c] with one loop header (start never "
-    "negative, constant step, bound the same for every thread), or a row load repeated word for "
-    "word before a later pass",
+    "negative, a constant or block-dimension step, bound the same for every thread), or a row "
+    "load repeated word for word before a later pass",
     "smem_histogram": "a kernel whose only use of a global pointer is as an atomicAdd target",
     "smem_padding": "a multi-dimensional static __shared__ array (or a pitch constant) "
     "without padding",

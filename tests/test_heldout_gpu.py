@@ -64,6 +64,9 @@ def test_forward_forms_pass_their_gate(gate, name: str, mechanism: str, form: st
 FORMS_AFTER = [
     ("log_softmax", "block_per_row", "online_softmax", "block"),
     ("cross_entropy", "block_per_row", "online_softmax", "block"),
+    ("log_softmax", "block_per_row", "row_in_registers", "dispatch"),
+    ("layernorm", "block_per_row", "row_in_registers", "dispatch"),
+    ("l2_normalize", "block_per_row", "row_in_registers", "dispatch"),
 ]
 """Forms a rule writes on what another rule wrote first (its default carrier, every site)."""
 
@@ -79,6 +82,8 @@ def test_forward_forms_after_another_pass_their_gate(
     problem = load_problem(REPO / "heldout" / name)
     written = apply_everywhere(KernelSource.from_file(problem.kernel_path), get(first), Carrier())
     rule = get(mechanism)
-    (candidate,) = [c for c in rule.candidates(written) if c.detail.get("form") == form]
+    (candidate,) = [
+        c for c in rule.candidates(written) if form in (c.detail.get("form"), c.detail.get("kind"))
+    ]
     verdict = gate.run(problem, rule.apply(written, candidate), time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]

@@ -2,8 +2,9 @@
 
 A naive kernel reads its row again in every pass, with the row length known only at run time,
 so no register array can hold it. Where the passes are loops with one header (``for (T c =
-S; c < N; c += STEP)``, ``S`` never negative, ``STEP`` a constant, ``N`` the same for every
-thread), rows with ``N <= K * STEP`` take at most ``K`` turns per thread; for them the kernel
+S; c < N; c += STEP)``, ``S`` never negative, ``STEP`` a constant or a block dimension (the
+block-strided passes block per row writes), ``N`` the same for every thread), rows with
+``N <= K * STEP`` take at most ``K`` turns per thread; for them the kernel
 loads the row once into ``float row[K]`` and runs the passes on it, and longer rows run the
 passes as they were::
 
@@ -24,7 +25,8 @@ Why it is the same program: every pass runs the same turns in the same order (tu
 read, because nothing in the passes (or between them) stores into the row's memory (other
 parameters' memory is taken to be distinct, as the removal takes it) and the first pass read
 every element on every turn. ``N`` is the same for every thread, so a warp never splits
-between the branches (the passes may hold shuffles).
+between the branches (the passes may hold shuffles), nor does a block when ``STEP`` is a block
+dimension (the passes may hold barriers).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ DEFAULT_ELEMENTS = 32
 
 _NEEDED = (
     "two or more loops `for (T c = S; c < N; c += STEP)` with one header in one block, S never "
-    "negative, STEP a constant, N the same for every thread, each reading `p[c]`, the first on "
+    "negative, STEP a constant or a block dimension, N the same for every thread, each reading "
+    "`p[c]`, the first on "
     "every turn, and nothing storing into p's memory"
 )
 _CONDITIONAL = (
@@ -81,6 +84,7 @@ _CONDITIONAL = (
 )
 ADDITIVE = MULTIPLICATIVE - 1
 """The precedence of ``+``: a start joined by ``+`` keeps its own parentheses when lower."""
+_BLOCK_DIMENSIONS = ("blockDim.x", "blockDim.y", "blockDim.z")
 _COLLECTIVES = ("__shfl", "__ballot", "__any_sync", "__all_sync", "__activemask", "__syncwarp")
 
 
@@ -100,7 +104,8 @@ class RowPasses:
     type: str
     start: Node
     bound: Node
-    step: int
+    step: int | str
+    """Elements between a thread's turns: a constant, or a block dimension (``blockDim.x``)."""
     pointer: str
     held: str
     """The held element's type: ``float`` for a converted row, else the element type."""
@@ -108,15 +113,19 @@ class RowPasses:
     """``__bfloat162float`` when every read converts, else None."""
 
 
-def _header(source: ParsedSource, node: Node) -> tuple[str, str, str, int] | None:
-    """(var, start, bound, step) texts of a counted loop, or None."""
+def _header(source: ParsedSource, node: Node) -> tuple[str, str, str, int | str] | None:
+    """(var, start, bound, step) texts of a counted loop, or None. The step is a positive
+    constant or a block dimension (the same for every thread of a block, and at least 1)."""
     loop = scalar_loop(source, node)
     if loop is None:
         return None
-    step = 1 if loop.step is None else integer_literal(source.text_of(loop.step))
+    step: int | str | None = 1 if loop.step is None else integer_literal(source.text_of(loop.step))
     if step is None:
         step = analysis(source).constants.get(source.text_of(loop.step or node))
-    if step is None or step <= 0:
+    if step is None and loop.step is not None:
+        dimension = builtin_of(source, strip_casts(strip_parens(loop.step)))
+        step = dimension if dimension in _BLOCK_DIMENSIONS else None
+    if step is None or (isinstance(step, int) and step <= 0):
         return None
     start = " ".join(source.text_of(loop.start).split())
     return loop.var, start, " ".join(source.text_of(loop.bound).split()), step
@@ -167,7 +176,7 @@ def row_passes(source: ParsedSource) -> Iterator[tuple[Node, RowPasses | NotInFo
         for block in source.iter_nodes("compound_statement", within=function.body):
             body = statements(block)
             headers = {id(n): _header(source, n) for n in body if n.type == "for_statement"}
-            seen: set[tuple[str, str, str, int]] = set()
+            seen: set[tuple[str, str, str, int | str]] = set()
             for node in body:
                 header = headers.get(id(node))
                 if header is None or header in seen:

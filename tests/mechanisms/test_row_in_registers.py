@@ -161,6 +161,48 @@ def test_the_register_path_computes_the_same_bits_on_the_host() -> None:
         assert run_on_host(_dispatch(naive, carrier).text, cases) == want
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", ["log_softmax", "layernorm", "l2_normalize"])
+def test_block_strided_passes_get_a_register_path_with_the_same_bits(name: str) -> None:
+    """After block per row, each thread walks its row by blockDim.x between block reductions;
+    rows of at most 4 turns a thread (4 * 64 elements here) take the register path, longer
+    ones the passes as they were, and every output bit is the block-per-row kernel's."""
+    from klineage.mining.removal import apply_everywhere
+
+    block = apply_everywhere(
+        KernelSource.from_file(HELDOUT / name / "kernel.cu"), get("block_per_row"), Carrier()
+    )
+    applied = _dispatch(block, Carrier(elements=4))
+    assert "<= 4 * blockDim.x)" in applied.text and "* blockDim.x;" in applied.text
+    kernel = block.parsed.kernels[0]
+    axes = [p.name for p in kernel.params if not p.is_pointer]
+    pointers = [p for p in kernel.params if p.is_pointer]
+    rows, length = axes
+    buffers = [
+        Buffer(
+            p.name,
+            p.base_type.replace("const ", "").strip(),
+            f"{rows} * {length}" if p.name in ("x", "y") else length,
+            output=p.name == "y",
+        )
+        for p in pointers
+    ]
+    cases = [
+        Case(
+            {rows: 3, length: n},
+            buffers,
+            f"{kernel.name}({', '.join(p.name for p in kernel.params)})",
+            rows,
+            grid=f"dim3((unsigned){rows})",
+            block_dims="dim3(64)",
+        )
+        for n in (1, 70, 256, 257, 600)
+    ]
+    want = run_on_host(block.text, cases)
+    assert len(want.splitlines()) == len(cases)
+    assert run_on_host(applied.text, cases) == want
+
+
 def _passes(first: str, second: str, between: str = "", bound: str = "n") -> KernelSource:
     return KernelSource(
         "#include <stdint.h>\n"
