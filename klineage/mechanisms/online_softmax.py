@@ -40,13 +40,13 @@ Two canonical forms are recognized:
       float s = 0.0f;
       for (c = threadIdx.x; c < n; c += blockDim.x) { <the scalar online loop's body> }
       const float thread_max = m;
-      m = block_max(m);
+      m = R(m);
       s = s * expf(thread_max - m);
-      s = block_sum(s);
+      s = Q(s);
 
-  removed into the two passes block per row writes (``for (...) m = fmaxf(m, x); m =
-  block_max(m); float s = 0.0f; for (...) s += expf(x - m); s = block_sum(s);``: each
-  reduction any call ``v = f(v);``), and applied on them. A thread that saw no element has
+  removed into the two passes block per row writes (``for (...) m = fmaxf(m, x); m = R(m);
+  float s = 0.0f; for (...) s += expf(x - m); s = Q(s);``, where a reduction is any call
+  ``v = f(v);`` whatever its name), and applied on them. A thread that saw no element has
   ``thread_max = -INFINITY`` and a zero sum, which the rescale keeps at zero.
 
 Other loops that rescale a running sum by an exponential are reported and refused.
@@ -557,8 +557,8 @@ def _passes(
     header = source.text_of((first.start_byte, first_body.start_byte)).rstrip()
     if header != source.text_of((second.start_byte, second_body.start_byte)).rstrip():
         return None
-    max_match = _MAX_BODY.match(" ".join(source.text_of(first_body).split()))
-    sum_match = _SUM_BODY.match(" ".join(source.text_of(second_body).split()))
+    max_match = _MAX_BODY.match(_flat(source, first_body))
+    sum_match = _SUM_BODY.match(_flat(source, second_body))
     if max_match is None or sum_match is None or sum_match["exp"] not in EXPS:
         return None
     if max_match["x"] != sum_match["x"] or max_match["m"] != sum_match["m"]:
