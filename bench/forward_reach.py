@@ -84,7 +84,8 @@ FORWARD_FORMS: dict[str, str] = {
     "tensor_core_mma": "an mma this mechanism emulated earlier (a scalar dot product needs a "
     "re-tiling)",
     "thread_coarsening": "a one-thread-per-element kernel with its launch in the file",
-    "vectorized_access": "an elementwise loop or a split (scalar) access in the canonical form",
+    "vectorized_access": "an elementwise loop, a split (scalar) access in the canonical form, "
+    "or a warp scan one float a lane a turn",
     "warp_ballot_compaction": "'P ? atomicAdd(C, 1) : R' reached by every lane of a warp",
     "warp_per_row": "a thread-per-row kernel whose loops reduce a float (sum, max, min)",
     "warp_shuffle_reduction": "a shared-memory tree-reduction step in the exchange form, or a "

@@ -44,9 +44,9 @@ def served(
     skip_no_ops: bool = True,
     builder: Builder | None = None,
 ) -> dict[str, Any]:
-    """One problem and method replayed from `gatelog` alone: the runs served, and the speedup
-    reached or the verdict first missing. `builder` builds the candidates (default: nvcc with
-    the gate's flags, cached where the gate caches)."""
+    """One problem and method replayed from `gatelog` alone: the runs served, the speedup after
+    each, and the speedup reached or the verdict first missing. `builder` builds the
+    candidates (default: nvcc with the gate's flags, cached where the gate caches)."""
     problem = load_problem(folder)
     # as replay's own log: real builds, so no-ops are refused and verdicts shared by SASS
     gate = LogOnlyGate(builder or Builder())
@@ -67,6 +67,7 @@ def served(
         row["missing"] = str(missing)
     row["served"] = len(runs)
     row["best"] = round(max((r.speedup for r in runs), default=1.0), 3)
+    row["speedups"] = [round(r.speedup, 4) for r in runs]  # after each run, for runs to a speed
     return row
 
 

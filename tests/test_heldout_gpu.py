@@ -67,6 +67,7 @@ FORMS_AFTER = [
     ("log_softmax", "block_per_row", "row_in_registers", "dispatch"),
     ("layernorm", "block_per_row", "row_in_registers", "dispatch"),
     ("l2_normalize", "block_per_row", "row_in_registers", "dispatch"),
+    ("cumsum_rows", "warp_shuffle_scan", "vectorized_access", "scan"),
 ]
 """Forms a rule writes on what another rule wrote first (its default carrier, every site)."""
 

@@ -54,6 +54,7 @@ from klineage.conditions import Condition, Prose, merge_conditions
 from klineage.cuda.cexpr import MULTIPLICATIVE, PRIMARY, operand, precedence
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
+from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     ELEMENT_SIZES,
@@ -90,11 +91,20 @@ from klineage.mechanisms._local_util import (
     unshift,
     walk,
 )
+from klineage.mechanisms._vector_scan import (
+    VECTORS,
+    VectorScan,
+    vector_scan_edit,
+    vector_scans,
+    warp_scan_loop,
+)
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 
 MAX_BYTES = 16
 """The widest access a thread can make."""
+SCAN = "scan"
+"""The form of a chunked warp scan (:mod:`klineage.mechanisms._vector_scan`)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1161,11 +1171,20 @@ class VectorizedAccess(Mechanism):
         result: tuple[list[_VectorLoop], list[_VectorKernel]] = cache["canonical"]
         return result
 
+    def _scans(self, source: ParsedSource) -> list[VectorScan]:
+        cache = source.__dict__.setdefault("_klineage_vectorized", {})
+        if "scans" not in cache:
+            cache["scans"] = vector_scans(source)
+        result: list[VectorScan] = cache["scans"]
+        return result
+
     def _spans(self, source: ParsedSource) -> list[tuple[int, int]]:
         loops, kernels = self._canonical(source)
-        return [(v.vector.start_byte, v.tail.end_byte) for v in loops] + [
-            (k.decl.start_byte, k.end.end_byte) for k in kernels
-        ]
+        return (
+            [(v.vector.start_byte, v.tail.end_byte) for v in loops]
+            + [(k.decl.start_byte, k.end.end_byte) for k in kernels]
+            + [(s.node.start_byte, s.node.end_byte) for s in self._scans(source)]
+        )
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         loops, kernels = self._canonical(source)
@@ -1183,6 +1202,8 @@ class VectorizedAccess(Mechanism):
                 span=(found.decl.start_byte, found.end.end_byte),
                 detail={"form": "kernel", "width": found.width, "kernel": found.function.name},
             )
+        for scan in self._scans(source):
+            yield self.site(source, scan.node, detail={"form": SCAN, "width": scan.width})
         for access in vector_accesses(source, self._spans(source)):
             yield self.site(
                 source,
@@ -1201,7 +1222,7 @@ class VectorizedAccess(Mechanism):
         for node in source.nodes("for_statement"):
             if any(start <= node.start_byte < end for start, end in spans):
                 continue
-            site = self._loop_candidate(source, node)
+            site = self._loop_candidate(source, node) or self._scan_candidate(source, node)
             if site is not None:
                 yield site
         for element in element_kernels(source):
@@ -1235,6 +1256,17 @@ class VectorizedAccess(Mechanism):
             "pointers": ",".join(p.name for p in plan.pointers),
         }
         return self.site(source, node, snippet=header, detail=detail, refusal=refusal)
+
+    def _scan_candidate(self, source: ParsedSource, node: Node) -> Site | None:
+        try:
+            scan = warp_scan_loop(source, node)
+        except NotInForm:
+            return None
+        header = source.snippet((node.start_byte, scan.loop.child_by_field_name("body").start_byte))
+        pointers = f"{scan.source_pointer},{scan.target_pointer}"
+        return self.site(
+            source, node, snippet=header.rstrip(" {"), detail={"form": SCAN, "pointers": pointers}
+        )
 
     def _kernel_candidate(self, source: ParsedSource, element: ElementKernel) -> Site | None:
         try:
@@ -1272,6 +1304,9 @@ class VectorizedAccess(Mechanism):
             except Refused as refused:
                 raise self.refuse(str(refused), site) from refused
             return [Edit(span[0], span[1], found.scalar)] + [Edit.replace(n, t) for n, t in grids]
+        if form == SCAN:
+            scan = next(s for s in self._scans(source) if s.node.start_byte == span[0])
+            return [Edit(span[0], span[1], scan.scalar)]
         access = next(
             a
             for a in vector_accesses(source, self._spans(source))
@@ -1298,6 +1333,10 @@ class VectorizedAccess(Mechanism):
                 return self._apply_loop(source, site, carrier)
             if form == "kernel":
                 return self._apply_kernel(source, site, carrier)
+            if form == SCAN:
+                node = self.node_at(source, site, "for_statement")
+                width = self._width(carrier, max(VECTORS), site)
+                return [vector_scan_edit(source, node, width)]
         except Refused as refused:
             raise self.refuse(str(refused), site, "apply") from refused
         split = next(
@@ -1350,6 +1389,8 @@ class VectorizedAccess(Mechanism):
             return []
         if form in ("loop", "kernel"):
             return self._form_conditions(source, function, site)
+        if form == SCAN:
+            return []  # the vector path checks length and alignment on the device
         return self._access_conditions(source, function, site)
 
     def _form_conditions(

@@ -6,9 +6,9 @@ Each thread of a one-dimensional launch is a call of the kernel function with
 each other. A case with a ``grid`` (a ``dim3``, with ``block_dims``) runs blocks one after
 another and the threads of a block as host threads, so ``__shared__`` arrays (static locals,
 one copy for the block running), ``__syncthreads()`` (a barrier of the block's threads),
-``__device__`` helpers (host functions here, ``__expf``/``__logf``/``__int_as_float`` as their
-host equivalents) and the ``__shfl_*_sync`` shuffles (a barrier of the warp's threads, every
-lane taking part) work;
+``__device__`` helpers (host functions here; ``__expf``, ``__logf``, ``__int_as_float`` and
+``__ldg`` as their host equivalents) and the ``__shfl_*_sync`` shuffles (a barrier of the
+warp's threads, every lane taking part) work;
 atomics and other warp collectives do not. The ``extern "C" int run`` launcher is cut off;
 the driver allocates the buffers (filled with pseudo-random values, each at an element
 offset, to make rows unaligned on purpose), calls the kernel for every thread and prints the
@@ -58,6 +58,7 @@ static float kl_int_as_float(int bits) {
 }
 #define __int_as_float(bits) kl_int_as_float(bits)
 #define __expf(v) expf(v)
+#define __ldg(p) (*(p))
 #define __logf(v) logf(v)
 static std::mutex kl_mutex;
 static std::condition_variable kl_turn;

@@ -10,10 +10,10 @@ import pytest
 from klineage.conditions import AxisDivisible, PointerAlignment
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Carrier, MechanismRefused, get
+from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from klineage.mechanisms.recall import detection_recall
 from tests.conftest import REPO
-from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
+from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
 from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite, compile_ok, removal_chain
 
 NAME = "vectorized_access"
@@ -291,3 +291,94 @@ def test_the_heldout_gather_computes_the_same_bits_on_the_host() -> None:
     ]
     want = run_on_host(kernel.text, cases)
     assert run_on_host(vectorized.text, cases) == want
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunked warp scans (form=scan): W floats a lane a turn, the scalar loop as the fallback
+# ---------------------------------------------------------------------------------------------
+
+SCAN_FIXTURE = FIXTURES / "vectorized_access" / "scan.after.cu"
+
+
+def _scan_cases(call: str, rows_name: str, cols_name: str) -> list[Case]:
+    """Row lengths that are and are not multiples of 4, and rows that start aligned (offset 0)
+    and not (offset 1): both paths of the vector form, and rows past one turn of 128."""
+    cases = []
+    for rows, cols, offset in ((3, 128, 0), (2, 300, 0), (2, 300, 1), (3, 70, 0), (1, 4, 0)):
+        buffers = [
+            Buffer("x", "float", f"{rows_name} * {cols_name}", offset=offset),
+            Buffer("y", "float", f"{rows_name} * {cols_name}", output=True),
+        ]
+        cases.append(
+            Case({rows_name: rows, cols_name: cols}, buffers, call, "", grid="dim3(2)",
+                 block_dims="dim3(64)")
+        )  # fmt: skip
+    return cases
+
+
+def _scanned(kernel: KernelSource) -> KernelSource:
+    (site,) = [c for c in mechanism.candidates(kernel) if c.detail.get("form") == "scan"]
+    return mechanism.apply(kernel, site)
+
+
+@pytest.mark.nvcc
+def test_a_vectorized_warp_scan_gives_the_scalar_scans_sums() -> None:
+    """The fixture's warp scan (a lane as ``threadIdx.x % 32``, ``__ldg``, unrolled shuffles)
+    and cumsum_rows after its warp scan: the vector form's sums match the scalar loop's, on
+    rows the vector path takes and rows it leaves to the scalar loop."""
+    naive_cumsum = KernelSource.from_file(REPO / "heldout" / "cumsum_rows" / "kernel.cu")
+    scan = get("warp_shuffle_scan")
+    (rows_site,) = [s for s in scan.candidates(naive_cumsum) if s.detail.get("form") == "rows"]
+    cumsum = scan.apply(naive_cumsum, rows_site)
+    for kernel, call, axes in (
+        (KernelSource.from_file(SCAN_FIXTURE), "row_prefix_sums(x, y, rows, n)", ("rows", "n")),
+        (cumsum, "cumsum_rows(x, y, rows, cols)", ("rows", "cols")),
+    ):
+        vectorized = _scanned(kernel)
+        assert "reinterpret_cast<const float4*>" in vectorized.text
+        cases = _scan_cases(call, *axes)
+        assert_close(floats(run_on_host(vectorized.text, cases)),
+                     floats(run_on_host(kernel.text, cases)))  # fmt: skip
+
+
+def test_a_vectorized_scan_goes_back_to_its_scalar_loop() -> None:
+    kernel = KernelSource.from_file(SCAN_FIXTURE)
+    vectorized = _scanned(kernel)
+    (site,) = [s for s in mechanism.detect(vectorized) if s.detail.get("form") == "scan"]
+    assert mechanism.carrier_of(vectorized, site) == Carrier(vector_width=4)
+    assert mechanism.conditions(vectorized, site) == []  # checked on the device instead
+    assert mechanism.remove(vectorized, site).text == kernel.text
+    two = mechanism.apply(kernel, _site_of(kernel), Carrier(vector_width=2))
+    assert "float2" in two.text and "base += 32 * 2" in two.text
+
+
+def _site_of(kernel: KernelSource) -> Site:
+    return next(c for c in mechanism.candidates(kernel) if c.detail.get("form") == "scan")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        ("out[i] = running + x;", "out[i] = running * x;", "the store is no running sum"),
+        ("base += 32)", "base += 64)", "a turn of 64 is not one float a lane"),
+        ("const int i = base + lane;", "const int i = base + warp_id;", "not the lane"),
+        ("t = __shfl_up_sync(kAllLanes, x, 1);\n    if (lane >= 1) x += t;\n", "", None),
+    ],
+)
+def test_a_chunk_loop_in_another_form_is_no_scan_candidate(
+    old: str, new: str, why: str | None
+) -> None:
+    text = SCAN_FIXTURE.read_text()
+    assert old in text
+    changed = KernelSource(text.replace(old, new))
+    found = [c for c in mechanism.candidates(changed) if c.detail.get("form") == "scan"]
+    if why is None:  # four shuffle steps are still a scan (of 16 lanes): the rule takes it
+        assert len(found) == 1
+    else:
+        assert found == [], why
+
+
+def test_a_scan_width_of_eight_floats_is_refused() -> None:
+    kernel = KernelSource.from_file(SCAN_FIXTURE)
+    with pytest.raises(MechanismRefused, match="a width of 2 or 4 floats"):
+        mechanism.apply(kernel, _site_of(kernel), Carrier(vector_width=8))

@@ -1,0 +1,377 @@
+"""Vectorized warp scans: a warp that scans a row 32 floats a turn, one per lane, scans it
+``32 * W`` a turn instead, each lane loading ``W`` consecutive floats as one vector.
+
+The form it takes (a chunked warp scan, as warp-per-row scans are written)::
+
+    for (IT base = 0; base < N; base += 32) {
+      const IT c = base + LANE;                      // LANE: the lane, however spelled
+      float v = c < N ? (IN[c]) : 0.0f;
+      ...statements that scan v across the warp with __shfl_up_sync...
+      if (c < N) OUT[c] = carry + v;
+      carry += __shfl_sync(MASK, v, 31);             // the chunk's total, for the next
+    }
+
+and what it writes: the same loop behind a check that the row can be read as vectors (``N``
+a multiple of ``W``, both pointers aligned to the vector's bytes), and in front of it the
+vector loop, where each lane adds up its own ``W`` floats in order, the warp scans the lanes'
+totals with the loop's own scan statements, and each lane adds what the lanes below it hold
+(one more ``__shfl_up_sync``) and the carry::
+
+    if (N % W == 0 && reinterpret_cast<unsigned long long>(IN) % BYTES == 0 && ...OUT...) {
+      for (IT base = 0; base < N; base += 32 * W) {
+        const IT c = base + W * (LANE);
+        VT v_vec = make_VT(0.0f, ...);
+        if (c < N) v_vec = *reinterpret_cast<const VT*>(&IN[c]);
+        ...the lane's running sums, v = its total, the scan statements...
+        float v_below = __shfl_up_sync(MASK, v, 1);
+        if ((LANE) == 0) v_below = 0.0f;
+        if (c < N) { ...each element += carry + v_below...; store v_vec to &OUT[c]... }
+        carry += __shfl_sync(MASK, v, 31);
+      }
+    } else {
+      the scalar loop
+    }
+
+The check runs on the device, so the rewrite is correct for every row length and offset: the
+rows that cannot be read as vectors take the scalar loop. Sums are added in another order
+than the scalar loop's (within float rounding). Removal keeps the scalar loop; a vector form
+is recognized by writing it again from that loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from klineage.cuda.analysis import IndexForm, analysis
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource, call_name, plain_assignment
+from klineage.cuda.tree import NotInForm, assigned_names, call_arguments, fresh_name
+from klineage.kernel import KernelSource
+from klineage.mechanisms._local_util import (
+    binary,
+    expr_type,
+    identifiers,
+    index_declaration,
+    is_side_effect_free,
+    names_in_function,
+    statements,
+    strip_parens,
+    walk,
+)
+from klineage.mechanisms._scan_rows import _added
+
+ZEROS = frozenset({"0", "0.0", "0.0f", "0.f", "0.0F", "0.F"})
+VECTORS = {2: "float2", 4: "float4"}
+"""Vectors of floats by width: 8 and 16 bytes."""
+
+
+@dataclass(frozen=True)
+class WarpScanLoop:
+    """A chunked warp scan: one float per lane a turn, the chunk's total carried."""
+
+    loop: Node
+    base: str
+    index_type: str
+    bound: str
+    """``N`` in ``base < N``."""
+    element: str
+    """``c`` in ``const IT c = base + LANE;``."""
+    lane: str
+    value: str
+    """``v``, the lane's float."""
+    source_pointer: str
+    target_pointer: str
+    scan: list[Node]
+    """The statements between the load and the store: the scan of ``v`` across the warp."""
+    carry: str
+    mask: str
+
+
+def _texts(source: ParsedSource, node: Node) -> set[str]:
+    return {source.text_of(n) for n in identifiers(source, node)}
+
+
+def _is_lane(source: ParsedSource, function: Function, node: Node) -> bool:
+    """Whether ``node`` is the thread's lane in its warp, however it is spelled."""
+    form = analysis(source).indices(function).form(node)
+    return form == IndexForm.atom("lane")
+
+
+def _subscript_at(source: ParsedSource, node: Node, index: str) -> str | None:
+    """``P`` of ``P[index]`` (or ``__ldg(&P[index])``), when ``P`` is side-effect free."""
+    node = strip_parens(node)
+    if node.type == "call_expression" and call_name(source, node) == "__ldg":
+        arguments = call_arguments(node)
+        inner = strip_parens(arguments[0]) if len(arguments) == 1 else None
+        if inner is None or inner.type != "pointer_expression" or inner.child(0) is None:
+            return None
+        operand = inner.child_by_field_name("argument")
+        if source.text_of(inner)[:1] != "&" or operand is None:
+            return None
+        node = strip_parens(operand)
+    if node.type != "subscript_expression":
+        return None
+    base = node.child_by_field_name("argument")
+    indices = node.child_by_field_name("indices")
+    inner_index = statements(indices)[0] if indices is not None and indices.named_children else None
+    if base is None or inner_index is None or source.text_of(inner_index) != index:
+        return None
+    return source.text_of(base) if is_side_effect_free(source, base) else None
+
+
+def _guarded_load(
+    source: ParsedSource, statement: Node, element: str, bound: str
+) -> tuple[str, str] | None:
+    """``(v, P)`` of ``float v = element < bound ? (P[element]) : 0.0f;``."""
+    declared = index_declaration(source, statement)
+    if declared is None or declared[1].split()[-1] != "float":
+        return None
+    value = strip_parens(declared[2])
+    if value.type != "conditional_expression":
+        return None
+    condition = value.child_by_field_name("condition")
+    then, other = value.child_by_field_name("consequence"), value.child_by_field_name("alternative")
+    sides = binary(strip_parens(condition), "<") if condition is not None else None
+    if sides is None or then is None or other is None:
+        return None
+    if (source.text_of(sides[0]), source.text_of(sides[1])) != (element, bound):
+        return None
+    if source.text_of(strip_parens(other)) not in ZEROS:
+        return None
+    pointer = _subscript_at(source, then, element)
+    return (declared[0], pointer) if pointer is not None else None
+
+
+def _guarded_store(
+    source: ParsedSource, statement: Node, element: str, bound: str, value: str
+) -> tuple[str, str] | None:
+    """``(P, carry)`` of ``if (element < bound) P[element] = carry + value;``."""
+    if statement.type != "if_statement" or statement.child_by_field_name("alternative"):
+        return None
+    condition = statement.child_by_field_name("condition")
+    body = statement.child_by_field_name("consequence")
+    inner = condition.named_children[-1] if condition is not None else None
+    sides = binary(strip_parens(inner), "<") if inner is not None else None
+    if sides is None or (source.text_of(sides[0]), source.text_of(sides[1])) != (element, bound):
+        return None
+    if body is not None and body.type == "compound_statement":
+        inside = statements(body)
+        body = inside[0] if len(inside) == 1 else None
+    stored = plain_assignment(body)
+    if stored is None:
+        return None
+    pointer = _subscript_at(source, stored[0], element)
+    added = binary(strip_parens(stored[1]), "+")
+    if pointer is None or added is None:
+        return None
+    left, right = (source.text_of(strip_parens(s)) for s in added)
+    if value not in (left, right) or left == right:
+        return None
+    carry = right if left == value else left
+    return (pointer, carry) if carry.isidentifier() else None
+
+
+def _carried(source: ParsedSource, statement: Node, value: str) -> tuple[str, str] | None:
+    """``(carry, MASK)`` of ``carry += __shfl_sync(MASK, value, 31);``."""
+    adds = _added(statement)
+    if adds is None:
+        return None
+    left, right = adds[0], strip_parens(adds[1])
+    if right.type != "call_expression" or call_name(source, right) != "__shfl_sync":
+        return None
+    arguments = call_arguments(right)
+    if len(arguments) != 3 or source.text_of(arguments[1]) != value:
+        return None
+    if fold_int(source, arguments[2]) != 31:
+        return None
+    return source.text_of(left), source.text_of(arguments[0])
+
+
+def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
+    """The chunked warp scan ``loop`` is; :class:`NotInForm` says what differs."""
+    function = source.enclosing_function(loop)
+    if function is None or not function.runs_on_device:
+        raise NotInForm("a loop outside device code", "a loop of a kernel")
+    init = loop.child_by_field_name("initializer")
+    header = index_declaration(source, init) if init is not None else None
+    if header is None or source.text_of(header[2]) != "0":
+        raise NotInForm("a loop that does not start at 0", "a chunk loop from 0")
+    base, index_type = header[0], " ".join(header[1].replace("const", "").split())
+    condition = loop.child_by_field_name("condition")
+    sides = binary(strip_parens(condition), "<") if condition is not None else None
+    if sides is None or source.text_of(sides[0]) != base:
+        raise NotInForm(f"a loop not bounded by {base} < N", "a chunk loop to a bound")
+    bound = source.text_of(sides[1])
+    update = loop.child_by_field_name("update")
+    step = update if update is not None and update.type == "assignment_expression" else None
+    step_by = step.child_by_field_name("right") if step is not None else None
+    step_op = step.child_by_field_name("operator") if step is not None else None
+    if step_op is None or step_op.type != "+=" or step_by is None:
+        raise NotInForm(f"a loop that does not add to {base}", "a loop stepping 32")
+    if fold_int(source, step_by) != 32:
+        raise NotInForm("a loop that does not step by 32", "one element per lane a turn")
+    body = loop.child_by_field_name("body")
+    inside = statements(body) if body is not None and body.type == "compound_statement" else []
+    if len(inside) < 5:
+        raise NotInForm("a loop body of fewer than five statements", "load, scan, store, carry")
+    index = index_declaration(source, inside[0])
+    offset = binary(strip_parens(index[2]), "+") if index is not None else None
+    if index is None or offset is None:
+        raise NotInForm("a loop whose first statement is no index", "c = base + lane")
+    parts = [strip_parens(offset[0]), strip_parens(offset[1])]
+    if source.text_of(parts[1]) == base:
+        parts.reverse()
+    if source.text_of(parts[0]) != base or not _is_lane(source, function, parts[1]):
+        raise NotInForm("an index that is not the chunk's start plus the lane", "c = base + lane")
+    element, lane = index[0], source.text_of(parts[1])
+    loaded = _guarded_load(source, inside[1], element, bound)
+    if loaded is None:
+        raise NotInForm("a loop that does not load one float a lane", "v = c < N ? in[c] : 0")
+    value, source_pointer = loaded
+    carried = _carried(source, inside[-1], value)
+    stored = _guarded_store(source, inside[-2], element, bound, value)
+    if carried is None or stored is None or stored[1] != carried[0]:
+        raise NotInForm("a loop that does not end store, then carry", "out[c] = carry + v")
+    carry, mask = carried
+    scan = inside[2:-2]
+    names = set().union(*(_texts(source, s) for s in scan))
+    if names & {element, carry, base} or not any(
+        n.type == "call_expression" and call_name(source, n) == "__shfl_up_sync"
+        for s in scan
+        for n in walk(s)
+    ):
+        raise NotInForm("statements between load and store that are no warp scan", "a scan")
+    written = assigned_names(source, [*scan, inside[0], inside[1]])
+    used = _texts(source, sides[1]) | {source_pointer, stored[0]}
+    if written & used or lane in written:
+        raise NotInForm("a loop that changes its bound or pointers", "fixed pointers")
+    for pointer in (source_pointer, stored[0]):
+        node = next(n for n in walk(inside[1] if pointer == source_pointer else inside[-2])
+                    if n.type == "subscript_expression")  # fmt: skip
+        if expr_type(source, function, node) != "float":
+            raise NotInForm(f"{pointer} of another type than float", "float rows")
+    return WarpScanLoop(
+        loop, base, index_type, bound, element, lane, value, source_pointer, stored[0],
+        scan, carry, mask,
+    )  # fmt: skip
+
+
+def _reindent(text: str, by: str) -> str:
+    """``text`` with every line after the first indented by ``by`` more."""
+    first, *rest = text.split("\n")
+    return "\n".join([first] + [by + line if line.strip() else line for line in rest])
+
+
+def vector_scan_text(source: ParsedSource, scan: WarpScanLoop, width: int) -> str:
+    """The vector loop behind its check, and the scalar loop as the fallback."""
+    vector = VECTORS.get(width)
+    if vector is None:
+        raise NotInForm(f"vector_width={width}", "a width of 2 or 4 floats")
+    function = source.enclosing_function(scan.loop)
+    assert function is not None
+    taken = names_in_function(source, function)
+    v = scan.value
+    packed, lanes, below, i = (fresh_name(taken, n) for n in (
+        f"{v}_vec", f"{v}_lane", f"{v}_below", f"{v}_i"
+    ))  # fmt: skip
+    at = source.indent_of(scan.loop.start_byte)
+    body, inner = at + "  ", at + "    "
+    scalar = source.text_of(scan.loop)
+    n, src, dst = scan.bound, scan.source_pointer, scan.target_pointer
+    lane = scan.lane if scan.lane.isidentifier() else f"({scan.lane})"
+    bytes_ = 4 * width
+    zero = f"make_{vector}({', '.join(['0.0f'] * width)})"
+    scan_lines = [
+        inner + line.strip() if k == 0 else line
+        for s in scan.scan
+        for k, line in enumerate(_reindent(source.text_of(s).rstrip(), "  ").split("\n"))
+    ]
+    return "\n".join([
+        f"if ({n} % {width} == 0 && reinterpret_cast<unsigned long long>({src}) % {bytes_} == 0 &&",
+        f"{at}    reinterpret_cast<unsigned long long>({dst}) % {bytes_} == 0) {{",
+        f"{body}for ({scan.index_type} {scan.base} = 0; {scan.base} < {n}; "
+        f"{scan.base} += 32 * {width}) {{",
+        f"{inner}const {scan.index_type} {scan.element} = {scan.base} + {width} * {lane};",
+        f"{inner}{vector} {packed} = {zero};",
+        f"{inner}if ({scan.element} < {n}) "
+        f"{packed} = *reinterpret_cast<const {vector}*>(&{src}[{scan.element}]);",
+        f"{inner}float* {lanes} = reinterpret_cast<float*>(&{packed});",
+        f"{inner}#pragma unroll",
+        f"{inner}for (int {i} = 1; {i} < {width}; ++{i}) {lanes}[{i}] += {lanes}[{i} - 1];",
+        f"{inner}float {v} = {lanes}[{width - 1}];",
+        *scan_lines,
+        f"{inner}float {below} = __shfl_up_sync({scan.mask}, {v}, 1);",
+        f"{inner}if ({lane} == 0) {below} = 0.0f;",
+        f"{inner}if ({scan.element} < {n}) {{",
+        f"{inner}  #pragma unroll",
+        f"{inner}  for (int {i} = 0; {i} < {width}; ++{i}) {lanes}[{i}] += {scan.carry} + {below};",
+        f"{inner}  *reinterpret_cast<{vector}*>(&{dst}[{scan.element}]) = {packed};",
+        f"{inner}}}",
+        f"{inner}{scan.carry} += __shfl_sync({scan.mask}, {v}, 31);",
+        f"{body}}}",
+        f"{at}}} else {{",
+        f"{body}{_reindent(scalar, '  ')}",
+        f"{at}}}",
+    ])  # fmt: skip
+
+
+def _code(text: str) -> str:
+    kept = [line for line in text.split("\n") if line.strip() != "#pragma unroll"]
+    return " ".join(" ".join(kept).split())
+
+
+@dataclass(frozen=True)
+class VectorScan:
+    """A vectorized warp scan this module wrote: the ``if``, its width, the scalar loop."""
+
+    node: Node
+    width: int
+    scalar: str
+
+
+def _dedent(text: str, by: int) -> str:
+    first, *rest = text.split("\n")
+    return "\n".join([first] + [line[by:] if line[:by].isspace() else line for line in rest])
+
+
+def vector_scans(source: ParsedSource) -> list[VectorScan]:
+    """The vectorized warp scans of a kernel, each recognized by writing it again."""
+    found = []
+    for node in source.nodes("if_statement"):
+        other = node.child_by_field_name("alternative")
+        block = other.named_children[-1] if other is not None and other.named_children else None
+        inside = (
+            statements(block) if block is not None and block.type == "compound_statement" else []
+        )
+        if len(inside) != 1 or inside[0].type != "for_statement":
+            continue
+        condition = node.child_by_field_name("condition")
+        first = binary(strip_parens(condition.named_children[-1]), "&&") if condition else None
+        head = binary(strip_parens(first[0]), "&&") if first is not None else None
+        modulo = binary(strip_parens(head[0]), "==") if head is not None else None
+        width_node = binary(strip_parens(modulo[0]), "%") if modulo is not None else None
+        width = fold_int(source, width_node[1]) if width_node is not None else None
+        if width not in VECTORS:
+            continue
+        scalar = _dedent(source.text_of(inside[0]), 2)
+        data = source.data
+        text = data[: node.start_byte] + scalar.encode("utf-8") + data[node.end_byte :]
+        temp = KernelSource(text.decode("utf-8"), name=source.kernel.name).parsed
+        loop = next((n for n in temp.nodes("for_statement") if n.start_byte == node.start_byte),
+                    None)  # fmt: skip
+        if loop is None:
+            continue
+        try:
+            again = vector_scan_text(temp, warp_scan_loop(temp, loop), width)
+        except NotInForm:
+            continue
+        if _code(again) == _code(source.text_of(node)):
+            assert width is not None
+            found.append(VectorScan(node, width, scalar))
+    return found
+
+
+def vector_scan_edit(source: ParsedSource, loop: Node, width: int) -> Edit:
+    """The edit that vectorizes the warp scan ``loop``."""
+    return Edit.replace(loop, vector_scan_text(source, warp_scan_loop(source, loop), width))
