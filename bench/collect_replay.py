@@ -2,9 +2,10 @@
 
     python bench/collect_replay.py REPLAY_OUT --smi nvidia_smi.txt --command "..."
 
-Writes bench/results/replay.json (the command, the environment, the skills used, the report and
-the reasons behind every miss, recomputed with the current `klineage.replay.misses` from the
-run's own lineages), bench/results/replay.png and bench/results/replay_lineages/*.json.
+Writes bench/results/replay.json (the command, the environment, the skills used, the gate
+log's counts, the report and the reasons behind every miss, recomputed with the current
+`klineage.replay.misses` from the run's own lineages), bench/results/replay.png and
+bench/results/replay_lineages/*.json.
 Nothing is timed here: every figure comes from the device's report.
 """
 
@@ -55,6 +56,7 @@ def main() -> None:
         "skills_library": sorted(
             {f"{s.id} (from {s.evidence.problem})" for s in sources.skills}, key=str.lower
         ),
+        "gate_log": _log_counts(args.replay_out / "gatelog"),
         **json.loads(report.model_dump_json()),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -64,6 +66,16 @@ def main() -> None:
     shutil.rmtree(lineages, ignore_errors=True)
     shutil.copytree(args.replay_out / "lineages", lineages)
     print(f"{len(report.results)} results, {len(report.misses)} misses -> {RESULTS}")
+
+
+def _log_counts(gatelog: Path) -> dict[str, int]:
+    """The verdicts of the gate logs, and those given to a kernel whose machine code (SASS and
+    host code) another, already timed kernel had: gate runs the machine-code check saved."""
+    lines = [json.loads(line) for p in gatelog.glob("*.jsonl") for line in p.open() if line.strip()]
+    return {
+        "verdicts": len(lines),
+        "shared_by_machine_code": sum(1 for line in lines if line.get("shared_from")),
+    }
 
 
 def _libs(gatelog: Path) -> dict[str, object]:

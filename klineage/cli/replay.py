@@ -226,6 +226,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
         Column.figure("mean runs to 90%", optional=True),
         Column.figure("mean runs to best", optional=True),
         Column.figure("wasted"),
+        Column.figure("no-ops not gated", optional=True),
     ]
     print_rows(
         show,
@@ -240,6 +241,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
                 f"{s.mean_runs_to_90:.1f}",
                 f"{s.mean_runs_to_best:.1f}",
                 str(s.total_wasted),
+                str(s.no_machine_code_change),
             ]
             for s in report.summary
         ],

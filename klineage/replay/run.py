@@ -33,6 +33,7 @@ from klineage.replay.methods import (
     ALL_METHODS,
     BEAM_WIDTH,
     CARRIERS_FIRST,
+    NO_CHANGE,
     PROFILED,
     TREE,
     Materializer,
@@ -60,6 +61,12 @@ class MethodSummary(BaseModel):
         default=0.0, description="mean gate runs to the final gain (older reports: 0)"
     )
     total_wasted: int = Field(description="gate runs rejected or not faster, all problems")
+    no_machine_code_change: int = Field(
+        default=0,
+        description="moves not gated because they left the machine code as it was (the same "
+        "SASS and host code as the state they apply to), all problems: gate runs the "
+        "machine-code check saved (older reports: 0)",
+    )
 
 
 class MatchedRuns(BaseModel):
@@ -169,6 +176,9 @@ def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
                 mean_runs_to_90=sum(r.runs_to_90 for r in rows) / len(rows),
                 mean_runs_to_best=sum(r.runs_to_best for r in rows) / len(rows),
                 total_wasted=sum(r.wasted for r in rows),
+                no_machine_code_change=sum(
+                    reason.endswith(NO_CHANGE) for r in rows for reason in r.refusals
+                ),
             )
         )
     return summaries

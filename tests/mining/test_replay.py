@@ -546,3 +546,24 @@ def test_of_two_skills_that_close_each_other_the_faster_is_kept(
     assert [u.skill for u in result.skills_used] == [staging.id]
     lineage = json.loads((tmp_path / "out/lineages/sgemm_f32.skills.json").read_text())
     assert len({e["source"] for e in lineage["edges"]}) == 1  # all gated from the naive state
+
+
+def test_the_summary_counts_the_moves_the_machine_code_check_left_ungated() -> None:
+    """Each refusal for an unchanged machine code is a gate run the check saved; refusals for
+    other reasons are not."""
+    from klineage.replay.methods import NO_CHANGE
+    from klineage.replay.results import MethodResult
+    from klineage.replay.run import summarize
+
+    def result(method: str, refusals: list[str]) -> MethodResult:
+        return MethodResult.model_construct(
+            method=method, problem="p", refusals=refusals, speedup=1.0,
+            speedup_vs_reference=1.0, runs_to_90=0, runs_to_best=0, wasted=0,
+        )  # fmt: skip
+
+    summary = summarize([
+        result("skills", [f"skill:a pragma_unroll: {NO_CHANGE}", "skill:b split_k: refused"]),
+        result("skills", [f"skill:c restrict_pointers: {NO_CHANGE}"]),
+        result("blind", ["blind launch_bounds: refused"]),
+    ])  # fmt: skip
+    assert {s.method: s.no_machine_code_change for s in summary} == {"skills": 2, "blind": 0}
