@@ -47,7 +47,8 @@ DEFAULT_OUT = REPO / "bench" / "results" / "forward_reach.json"
 # What each forward rule looks for, in a line: the reason a kernel without it offers no site.
 # Read from each mechanism module's description of `apply`.
 FORWARD_FORMS: dict[str, str] = {
-    "block_per_row": "a thread-per-row kernel whose loops reduce a float (sum, max, min)",
+    "block_per_row": "a thread-per-row kernel whose loops reduce a float (sum, max, min) or "
+    "write its running sum",
     "block_tiling": "a Hopper wgmma tile covering the whole N extent (other re-tilings are "
     "refused)",
     "candidate_filtering": "a general-path call ending a device function, with the fast path "

@@ -34,14 +34,16 @@ def test_naive_kernel_passes_its_gate(gate, folder: Path) -> None:
 # Forward forms written for naive held-out kernels, each applied at its one candidate site:
 # split_k's partial sums (atomics into the zeroed output for column_sum and row_sum, a float
 # workspace a second kernel stores for mean_pool and gemv), warp_shuffle_scan's warp per row
-# (32 elements a turn, one row of 32,000 to 16,384 rows of 2,048) and smem_staging's tiled
-# transposes (32 x 32 padded tiles on a 2-D grid of 32 x 8 blocks).
+# (32 elements a turn, one row of 32,000 to 16,384 rows of 2,048), block_per_row's block scan
+# (256 elements a turn) and smem_staging's tiled transposes (32 x 32 padded tiles on a 2-D grid
+# of 32 x 8 blocks).
 FORWARD_FORMS = [
     ("column_sum", "split_k", "loop"),
     ("row_sum", "split_k", "loop"),
     ("mean_pool", "split_k", "loop"),
     ("gemv", "split_k", "loop"),
     ("cumsum_rows", "warp_shuffle_scan", "rows"),
+    ("cumsum_rows", "block_per_row", "scan"),
     ("transpose_2d", "smem_staging", "transpose"),
     ("nchw_to_nhwc", "smem_staging", "transpose"),
     ("embedding_gather", "vectorized_access", "kernel"),  # its NaN exit, a lane's continue

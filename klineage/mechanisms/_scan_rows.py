@@ -147,6 +147,30 @@ def row_scan(source: ParsedSource, kernel: Function) -> RowScan:
     )  # fmt: skip
 
 
+def chunk_start(
+    source: ParsedSource, scan: RowScan, base: str, part: str, turn: tuple[str, str], step: str
+) -> list[str]:
+    """The head of a chunked scan loop: chunks of ``turn[0]`` elements from 0, the thread's
+    element ``base + turn[1]``, its value (zero past the row's end) in ``part``."""
+    c, n, value = scan.variable, source.text_of(scan.bound), source.text_of(scan.value)
+    return [
+        f"for ({scan.index_type} {base} = 0; {base} < {n}; {base} += {turn[0]}) {{",
+        f"{step}const {scan.index_type} {c} = {base} + {turn[1]};",
+        f"{step}float {part} = {c} < {n} ? ({value}) : 0.0f;",
+    ]
+
+
+def hillis_steele(at: str, part: str, lane: str, offset: str, up: str, mask: str) -> list[str]:
+    """The lines of an inclusive scan of ``part`` across a warp by ``__shfl_up_sync``."""
+    return [
+        f"{at}#pragma unroll",
+        f"{at}for (int {offset} = 1; {offset} < 32; {offset} <<= 1) {{",
+        f"{at}  const float {up} = __shfl_up_sync({mask}, {part}, {offset});",
+        f"{at}  if ({lane} >= {offset}) {part} += {up};",
+        f"{at}}}",
+    ]
+
+
 def scan_edits(source: ParsedSource, scan: RowScan, block_size: int, mask: str) -> list[Edit]:
     """The edits that give each row a warp scanning it in chunks of 32."""
     if block_size % 32 or not 32 <= block_size <= 1024:
@@ -157,18 +181,12 @@ def scan_edits(source: ParsedSource, scan: RowScan, block_size: int, mask: str) 
     base, part, offset, up = (fresh_name(taken, n) for n in (
         f"{c}_base", f"{acc}_part", f"{acc}_offset", f"{acc}_up"
     ))  # fmt: skip
-    n, value, target = (source.text_of(x) for x in (scan.bound, scan.value, scan.target))
+    n, target = source.text_of(scan.bound), source.text_of(scan.target)
     at = source.indent_of(scan.loop.start_byte)
     step = at + "  "
     loop = "\n".join([
-        f"for ({scan.index_type} {base} = 0; {base} < {n}; {base} += 32) {{",
-        f"{step}const {scan.index_type} {c} = {base} + {lane};",
-        f"{step}float {part} = {c} < {n} ? ({value}) : 0.0f;",
-        f"{step}#pragma unroll",
-        f"{step}for (int {offset} = 1; {offset} < 32; {offset} <<= 1) {{",
-        f"{step}  const float {up} = __shfl_up_sync({mask}, {part}, {offset});",
-        f"{step}  if ({lane} >= {offset}) {part} += {up};",
-        f"{step}}}",
+        *chunk_start(source, scan, base, part, ("32", lane), step),
+        *hillis_steele(step, part, lane, offset, up, mask),
         f"{step}if ({c} < {n}) {target} = {acc} + {part};",
         f"{step}{acc} += __shfl_sync({mask}, {part}, 31);",
         f"{at}}}",

@@ -28,7 +28,10 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   gemv, ...): loops stride by the block, each accumulator of a loop (sum, max or min of a
   float) is block-reduced after it, stores outside loops are done by thread 0, and the launch
   gets one block of ``block_size`` threads per row. See
-  :mod:`klineage.mechanisms._reductions_rows` for the exact canonical forms.
+  :mod:`klineage.mechanisms._reductions_rows` for the exact canonical forms. On a naive row
+  scan (a thread writing its row's running sum, ``form=scan``), a block that scans the row
+  ``blockDim.x`` elements a turn: warp shuffles, then the warps' totals through shared memory
+  (:mod:`klineage.mechanisms._scan_blocks`; forward only).
 
 Conditions: the block size a multiple of 32 (full-mask shuffles) and at most 1024; the row
 count at most 2^31 - 1 (one block each).
@@ -36,12 +39,19 @@ count at most 2^31 - 1 (one block each).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import ClassVar
 
+from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, ParsedSource
-from klineage.mechanisms._reductions_layout import RowLayoutMechanism
-from klineage.mechanisms._reductions_rows import Group, is_block_per_row
-from klineage.mechanisms.base import register
+from klineage.mechanisms._reductions_exchange import DEFAULT_MASK
+from klineage.mechanisms._reductions_layout import DEFAULT_BLOCK, RowLayoutMechanism
+from klineage.mechanisms._reductions_rows import Group, NotCanonical, is_block_per_row
+from klineage.mechanisms._scan_blocks import block_scan_edits
+from klineage.mechanisms._scan_rows import row_scan
+from klineage.mechanisms.base import Carrier, Site, register
+
+SCAN = "scan"
 
 
 @register
@@ -57,3 +67,30 @@ class BlockPerRow(RowLayoutMechanism):
 
     def detected(self, source: ParsedSource, kernel: Function) -> bool:
         return is_block_per_row(source, kernel)
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        """The row reductions, and the row scans their rule refuses (a running value)."""
+        for site in super().find_candidates(source):
+            kernel = source.function(site.function) if site.refusal else None
+            if kernel is not None and _scans(source, kernel):
+                site = self._site(source, kernel, None)
+                site.detail["form"] = SCAN
+            yield site
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") != SCAN:
+            return super().application(source, site, carrier)
+        block = carrier.get_int("block_size", DEFAULT_BLOCK) or DEFAULT_BLOCK
+        try:
+            scan = row_scan(source, self._kernel(source, site))
+            return block_scan_edits(source, scan, block, DEFAULT_MASK)
+        except NotCanonical as why:
+            raise self.refuse(str(why), site, "apply") from None
+
+
+def _scans(source: ParsedSource, kernel: Function) -> bool:
+    try:
+        row_scan(source, kernel)
+    except NotCanonical:
+        return False
+    return True

@@ -4,6 +4,8 @@ held-out row reduction."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from klineage.conditions import AxisAtMost, BlockSizeAtMost, BlockSizeMultiple
@@ -78,7 +80,7 @@ def test_a_sum_is_spread_over_the_block_and_reduced() -> None:
         ),
         (
             "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) {\n    acc += x[c];\n"
-            "    y[r * cols + c] = acc;\n  }",
+            "    y[r * cols + c] = acc * 0.5f;\n  }",  # a running sum, not stored as one: no scan
             "a running value, not a reduction",
         ),
         (
@@ -193,11 +195,83 @@ def test_apply_leaves_no_unused_variable_behind(mechanism_builder: Builder) -> N
         assert result.ok and "#177" not in result.log, f"{source.name}:\n{result.log}"
 
 
-@pytest.mark.parametrize("name", ["cumsum_rows", "causal_conv1d"])
-def test_heldout_scans_and_biased_sums_are_refused(name: str) -> None:
-    source = KernelSource.from_file(HELDOUT / name / "kernel.cu")
-    (candidate,) = mechanism.candidates(source)
-    assert candidate.refusal
+def test_a_biased_sum_is_refused_and_a_scan_is_a_scan_candidate() -> None:
+    conv = KernelSource.from_file(HELDOUT / "causal_conv1d" / "kernel.cu")
+    (candidate,) = mechanism.candidates(conv)
+    assert candidate.refusal and "form" not in candidate.detail
+    cumsum = KernelSource.from_file(HELDOUT / "cumsum_rows" / "kernel.cu")
+    (candidate,) = mechanism.candidates(cumsum)
+    assert candidate.supported and candidate.detail["form"] == "scan"
+
+
+ROW_SCAN = """#include <cuda_runtime.h>
+#include <stdint.h>
+
+// running totals of 0.5 * x along each row, one thread a row
+__global__ void half_running_totals(const float* x, float* out, int n_rows, int n_cols) {
+  const int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= n_rows) return;
+  float running = 0.f;
+  for (int j = 0; j < n_cols; j++) {
+    running += 0.5f * x[row * n_cols + j];
+    out[row * n_cols + j] = running;
+  }
+}
+
+extern "C" int run(const float* x, float* out, int64_t rows, int64_t cols, cudaStream_t s) {
+  half_running_totals<<<(unsigned)((rows + 63) / 64), 64, 0, s>>>(x, out, (int)rows, (int)cols);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(
+    ("text", "call", "block"),
+    [
+        (ROW_SCAN, "half_running_totals(x, y, rows, cols)", 64),
+        ((HELDOUT / "cumsum_rows" / "kernel.cu").read_text(), "cumsum_rows(x, y, rows, cols)", 128),
+    ],
+    ids=["fixture", "cumsum_rows"],
+)
+def test_a_row_scan_becomes_a_block_scan_with_the_same_sums(
+    text: str, call: str, block: int
+) -> None:
+    """A block per row scanning blockDim.x elements a turn (warp shuffles, then the warps'
+    totals through shared memory) gives the serial loop's sums within float rounding: rows
+    shorter than a warp, than the block, and several turns long."""
+    from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
+
+    naive = KernelSource(text)
+    (site,) = mechanism.candidates(naive)
+    scanned = mechanism.apply(naive, site, Carrier(block_size=block))
+    assert "__syncthreads();" in scanned.text
+    # one block of `block` threads per row: the grid is the launch's row count
+    assert re.search(rf"<<<\(unsigned\)\(*(\(int\))?rows\)*, {block}, 0, ", scanned.text)
+
+    def cases(grid: bool) -> list[Case]:
+        out = []
+        for rows, cols in ((1, 1), (3, 31), (2, block + 7), (2, 3 * block)):
+            buffers = [
+                Buffer("x", "float", "rows * cols"),
+                Buffer("y", "float", "rows * cols", True),
+            ]
+            launch = (
+                {"grid": "dim3((unsigned)rows)", "block_dims": f"dim3({block})"} if grid else {}
+            )
+            out.append(Case({"rows": rows, "cols": cols}, buffers, call, "rows", **launch))
+        return out
+
+    want = floats(run_on_host(naive.text, cases(grid=False)))
+    assert_close(floats(run_on_host(scanned.text, cases(grid=True))), want)
+    compile_ok(Builder(device_only=True), [scanned])
+
+
+def test_a_scan_block_of_one_warp_is_refused() -> None:
+    naive = KernelSource(ROW_SCAN)
+    (site,) = mechanism.candidates(naive)
+    with pytest.raises(MechanismRefused, match=r"64\.\.1024"):
+        mechanism.apply(naive, site, Carrier(block_size=32))
 
 
 BLOCK_ROWS = """#include <cuda_runtime.h>
