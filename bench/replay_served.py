@@ -7,8 +7,10 @@ first one the next device chunk has to time.
 Every candidate is built with nvcc as the device builds it and disassembled (the machine-code
 check refuses a no-op without a gate run, as on the device); a verdict is served by its key
 (kernel and baseline fingerprints, workloads) or shared by the same machine code, the audited
-gate's only. The `profiled` method needs profiles, which the log does not keep, so it
-is not run here. Use it to size the chunks of a rerun before spending device time.
+gate's only. Profiles are served from the log's `profiles/` (logged since 2026-12-04; a state
+whose profile is missing stops the `tree` and `profiled` methods as a missing verdict does).
+As the chunks run them, the `skills` method does not rank by profile (the `profiled` method
+runs beside it). Use it to size the chunks of a rerun before spending device time.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from klineage.skills import SkillLibrary
 
 REPO = Path(__file__).resolve().parents[1]
 ARCHIVE = REPO / "bench" / "state" / "replay_gatelog.tar.xz"
-SERVABLE = ("skills", "blind", "memory", "tree")
+SERVABLE = ("skills", "blind", "memory", "tree", "profiled")
 
 
 def served(
@@ -58,6 +60,7 @@ def served(
         ReplayBudget(gate_runs=budget),
         on_run=lambda _, record: runs.append(record),
         skip_no_ops=skip_no_ops,
+        skills_rank_by_profile=False,  # the chunks run `profiled` beside `skills`
     )
     row: dict[str, Any] = {"problem": problem.name, "method": method}
     try:

@@ -16,6 +16,11 @@ definition without its prose, the workloads asked about, the build options), and
 problem has changed since is not served: a fixed reference, a declared floor or a resized
 workload is judged again. Lines logged before this field existed are served as before, and
 logged again with the problem they are first served for, so later edits are noticed.
+
+Profiles taken apart from a verdict (:meth:`GateLog.profile_kernel`: the profile stage alone,
+on a state replay goes on from) are logged too, in ``profiles/<log name>`` beside the log,
+keyed by the kernel and the problem: a resumed run does not profile a state again, and a run
+without a GPU (:class:`LogOnlyGate`) is served them as it is served verdicts.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, Protocol
 
 from klineage.gate.build import Builder, BuildResult
 from klineage.gate.pool import spread
+from klineage.gate.profile import Profile
 from klineage.gate.result import GATE_PROTOCOL, GateVerdict
 from klineage.kernel import KernelSource
 from klineage.problem import CompileOptions, Problem, Workload
@@ -137,6 +143,9 @@ class GateLog:
         self._sources: dict[str, str] = {}
         self.hits = 0
         self._verdicts: dict[str, GateVerdict] = {}
+        self._profiles: dict[str, Profile] = {}
+        self.profile_path = self.path.parent / "profiles" / self.path.name
+        """Where profiles taken apart from a verdict are logged."""
         self._lock = threading.Lock()
         self._made_ahead: set[str] = set()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,6 +153,18 @@ class GateLog:
             self._load()
         elif not resume and self.path.exists():
             self.path.unlink()
+        if resume and self.profile_path.is_file():
+            self._load_profiles()
+        elif not resume and self.profile_path.exists():
+            self.profile_path.unlink()
+
+    def _load_profiles(self) -> None:
+        for line in self.profile_path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+                self._profiles[record["key"]] = Profile.model_validate(record["profile"])
+            except (json.JSONDecodeError, KeyError, ValueError):
+                continue  # a line torn by a kill: that profile is simply taken again
 
     def _load(self) -> None:
         for line in self.path.read_text(encoding="utf-8").splitlines():
@@ -301,6 +322,29 @@ class GateLog:
             self._append(record)
         return verdict
 
+    def profile_kernel(
+        self, problem: Problem, kernel: KernelSource, latency_ms: dict[str, float] | None = None
+    ) -> Profile | None:
+        """`kernel`'s profile (the gate's profile stage alone, on a kernel a verdict passed)
+        from the log, or taken now by the log's gate and logged; None when the gate does not
+        profile. A profile the gate skipped (no ncu, counters unreadable) is not logged."""
+        key = profile_key(kernel, problem)
+        if key in self._profiles:
+            return self._profiles[key]
+        take = getattr(self.gate, "profile_kernel", None)
+        profile: Profile | None = take(problem, kernel, latency_ms) if take else None
+        if profile is None or not profile.profiled:
+            return profile
+        record = {"key": key, "profile": json.loads(profile.model_dump_json())}
+        with self._lock:
+            self._profiles[key] = profile
+            self.profile_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.profile_path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        return profile
+
     def _adopt(self, key: str, judged_on: str) -> None:
         """A line logged before the problem field, served now: logged again with the problem
         it is served for, so an edit of that problem from here on is noticed."""
@@ -414,13 +458,19 @@ class GateLog:
         self._made_ahead.update(pending)
 
 
+def profile_key(kernel: KernelSource, problem: Problem) -> str:
+    """A profile's key: the kernel and what it was profiled against (the problem with every
+    workload; the profile stage picks the largest)."""
+    return f"{kernel.fingerprint}|{problem_fingerprint(problem, problem.workloads)}"
+
+
 def _stand_in_workloads(uuids: Sequence[str]) -> list[Workload]:
     """Objects with only the `uuid` the keys read (the log holds no workload definitions)."""
     return [Workload.model_construct(uuid=u, axes={}, inputs={}) for u in uuids]
 
 
 class VerdictMissing(RuntimeError):
-    """An offline run needed a verdict the log does not hold (a GPU run)."""
+    """An offline run needed a verdict (or a profile) the log does not hold (a GPU run)."""
 
 
 class LogOnlyGate:
@@ -456,4 +506,12 @@ class LogOnlyGate:
             f"{problem.name}: no logged verdict for {kernel.fingerprint[:8]} ({what}, "
             f"{len(problem.workloads if workloads is None else workloads)} workloads), and "
             "none on the same machine code: this needs the GPU"
+        )
+
+    def profile_kernel(
+        self, problem: Problem, kernel: KernelSource, latency_ms: dict[str, float] | None = None
+    ) -> Profile | None:
+        """Never a profile: raises :class:`VerdictMissing` (a log serves the logged ones)."""
+        raise VerdictMissing(
+            f"{problem.name}: no logged profile for {kernel.fingerprint[:8]}: this needs the GPU"
         )

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from klineage.gate.log import GateLog
+from klineage.gate.log import GateLog, VerdictMissing
 from klineage.gate.noop import same_machine_code
 from klineage.gate.profile import Profile
 from klineage.gate.result import GateVerdict
@@ -275,15 +275,26 @@ class ForwardSearch(ABC):
         result.llm_rejections = self.rejections
         return result
 
-    def profiled(self, kernel: KernelSource, verdict: GateVerdict) -> GateVerdict:
+    def profiled(
+        self, kernel: KernelSource, verdict: GateVerdict, *, ranks: bool = False
+    ) -> GateVerdict:
         """`verdict` with `kernel`'s profile, when the gate profiles on request and the
-        verdict has none (the profile cache serves a kernel met before); kept in the lineage
-        too, where the kernel is a state of it."""
-        profile_kernel = getattr(self.materializer.log.gate, "profile_kernel", None)
-        if verdict.profile is not None or profile_kernel is None or not verdict.passed:
+        verdict has none (the gate log serves a profile taken before, in this run or one it
+        resumes); kept in the lineage too, where the kernel is a state of it. Without a GPU,
+        a profile the log lacks stops the run only where it `ranks` moves; the start's and
+        the end's, which the report shows, are then left out."""
+        log = self.materializer.log
+        if verdict.profile is not None or not hasattr(log.gate, "profile_kernel"):
+            return verdict
+        if not verdict.passed:
             return verdict
         latency = {w.label: w.latency_ms for w in verdict.workloads if w.latency_ms}
-        profile = profile_kernel(self.problem, kernel, latency)
+        try:
+            profile = log.profile_kernel(self.problem, kernel, latency)
+        except VerdictMissing:
+            if ranks:
+                raise
+            return verdict
         if not profile:
             return verdict
         if kernel.fingerprint in self.lineage.graph:
@@ -595,7 +606,7 @@ class SkillsMethod(ForwardSearch):
         verdict = self._verdicts.get(current.fingerprint)
         if verdict is None:
             return None
-        verdict = self._verdicts[current.fingerprint] = self.profiled(current, verdict)
+        verdict = self._verdicts[current.fingerprint] = self.profiled(current, verdict, ranks=True)
         return verdict.profile
 
     def siblings(self, later: Sequence[Move], kept: Move, state: KernelSource) -> Iterator[Move]:

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from klineage.gate.build import BuildResult, BuildStatus
 from klineage.gate.log import GateLog, verdict_key
 from klineage.gate.result import GATE_PROTOCOL, GateVerdict
@@ -121,3 +123,58 @@ def test_lines_logged_before_the_problem_field_are_served(tmp_path: Path) -> Non
     edited = GateLog(path, gate)  # type: ignore[arg-type]
     edited.run(load_problem(folder), kernel)
     assert (gate.runs, edited.outdated) == (1, 1)
+
+
+class _ProfilingStandInGate:
+    """STAND-IN at the GPU boundary: the profile stage alone, counted; `skipped` says why a
+    profile was not taken (no ncu, say)."""
+
+    def __init__(self, skipped: str | None = None) -> None:
+        self.taken = 0
+        self.skipped = skipped
+
+    def profile_kernel(self, problem, kernel, latency_ms=None):  # type: ignore[no-untyped-def]
+        from klineage.gate.profile import Profile
+        from tests.recorded_profiles import gelu_launch
+
+        self.taken += 1
+        if self.skipped:
+            return Profile.skip(self.skipped)
+        return Profile(workload_uuid="w", label="rows=64", launches=[gelu_launch()])
+
+
+def test_a_profile_is_logged_once_and_served_on_resume_and_without_a_gpu(tmp_path: Path) -> None:
+    from klineage.gate.log import LogOnlyGate, VerdictMissing
+
+    problem = load_problem(_problem_copy(tmp_path))
+    kernel = KernelSource("__global__ void k(float* y) { y[threadIdx.x] = 0.0f; }\n", name="k.cu")
+    path = tmp_path / "gatelog" / "scale_rows.jsonl"
+    gate = _ProfilingStandInGate()
+    first = GateLog(path, gate)  # type: ignore[arg-type]
+    taken = first.profile_kernel(problem, kernel)
+    assert taken is not None and taken.profiled and gate.taken == 1
+    assert first.profile_kernel(problem, kernel) == taken and gate.taken == 1
+    assert first.profile_path == tmp_path / "gatelog" / "profiles" / "scale_rows.jsonl"
+    # a resumed run, and one without a GPU, are served the logged profile
+    assert GateLog(path, gate).profile_kernel(problem, kernel) == taken  # type: ignore[arg-type]
+    assert gate.taken == 1
+    offline = GateLog(path, LogOnlyGate(None))
+    assert offline.profile_kernel(problem, kernel) == taken
+    other = KernelSource(kernel.text + "\n// another kernel\n", name=kernel.name)
+    with pytest.raises(VerdictMissing, match="no logged profile"):
+        offline.profile_kernel(problem, other)
+    # a fresh run starts a fresh profile log
+    GateLog(path, gate, resume=False)  # type: ignore[arg-type]
+    assert not (tmp_path / "gatelog" / "profiles" / "scale_rows.jsonl").exists()
+
+
+def test_a_skipped_profile_is_not_logged(tmp_path: Path) -> None:
+    problem = load_problem(_problem_copy(tmp_path))
+    kernel = KernelSource("__global__ void k(float* y) { y[threadIdx.x] = 0.0f; }\n", name="k.cu")
+    gate = _ProfilingStandInGate(skipped="ncu not found")
+    log = GateLog(tmp_path / "log.jsonl", gate)  # type: ignore[arg-type]
+    skipped = log.profile_kernel(problem, kernel)
+    assert skipped is not None and skipped.skipped == "ncu not found"
+    assert not log.profile_path.exists()
+    log.profile_kernel(problem, kernel)
+    assert gate.taken == 2  # asked again: a skip is not a profile to serve

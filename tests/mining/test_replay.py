@@ -423,6 +423,19 @@ def _skills_and_profiled(
     return report, gate
 
 
+def relieving_launch_bounds(library: list[Skill]) -> list[Skill]:
+    """`library` with its launch_bounds skills (ranked last by gain) marked as having relieved
+    a launch-bound state on their expert."""
+    evidence = profile_evidence(
+        _launch_bound(set()), _launch_bound(set()).model_copy(deep=True), Measured.GAIN
+    )
+    relieved = evidence.model_copy(update={"relieves": "launch-bound"})
+    return [
+        s.model_copy(update={"profile": relieved}) if s.mechanism == "launch_bounds" else s
+        for s in library
+    ]
+
+
 def _busy(present: set[str]) -> Profile:
     """The same recorded launch, at 98% achieved occupancy: a GPU with no idle warp slots."""
     profile = _launch_bound(present)
@@ -462,17 +475,7 @@ def test_the_profiled_method_tries_last_a_skill_the_profile_leaves_nothing_to_re
 def test_the_profiled_method_ranks_by_the_bottleneck_and_skills_does_not_beside_it(
     builder: Builder, skills: Path, tmp_path: Path
 ) -> None:
-    library = list(SkillLibrary.load(skills))
-    # launch_bounds (ranked last by gain) "relieved launch-bound" on its expert
-    evidence = profile_evidence(
-        _launch_bound(set()), _launch_bound(set()).model_copy(deep=True), Measured.GAIN
-    )
-    relieving = [
-        s.model_copy(update={"profile": evidence.model_copy(update={"relieves": "launch-bound"})})
-        if s.mechanism == "launch_bounds"
-        else s
-        for s in library
-    ]
+    relieving = relieving_launch_bounds(list(SkillLibrary.load(skills)))
     report, gate = _skills_and_profiled(builder, relieving, tmp_path, _launch_bound)
     by_method = {r.method: r for r in report.results}
     # beside the profiled method, skills ranks by gain alone: fast_math first

@@ -40,6 +40,7 @@ def test_a_logged_replay_is_served_run_for_run_and_a_cut_log_says_where_it_stops
     gatelog = tmp_path / "out" / "gatelog"
     options = {"skills": mined_skills, "budget": 4, "skip_no_ops": False, "builder": builder}
     row = bench.served(TARGET, "skills", gatelog, **options)
+    assert "finished" in row, row
     assert row["finished"] == pytest.approx(done.speedup, rel=1e-3)
     assert row["served"] == len(done.runs) == 4
     assert "missing" not in row
@@ -56,5 +57,36 @@ def test_a_logged_replay_is_served_run_for_run_and_a_cut_log_says_where_it_stops
 
 def test_methods_the_log_cannot_serve_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        bench.main(["--methods", "skills,profiled"])
-    assert "cannot serve profiled from the log" in capsys.readouterr().err
+        bench.main(["--methods", "skills,guessed"])
+    assert "cannot serve guessed from the log" in capsys.readouterr().err
+
+
+@pytest.mark.nvcc
+def test_the_profiled_method_is_served_with_the_profiles_its_run_logged(
+    builder: Builder, mined: Mined, tmp_path: Path
+) -> None:
+    """The profiled method ranks by each state's bottleneck: served with the profiles its
+    run logged, it makes the same runs; without them it stops where it first ranks."""
+    import shutil
+
+    from klineage.skills import SkillLibrary
+    from tests.mining.test_replay import (
+        _launch_bound,
+        _skills_and_profiled,
+        relieving_launch_bounds,
+    )
+
+    relieving = relieving_launch_bounds(list(SkillLibrary.load(mined.out)))
+    report, _ = _skills_and_profiled(builder, relieving, tmp_path, _launch_bound)
+    [profiled] = [r for r in report.results if r.method == "profiled"]
+    gatelog = tmp_path / "out" / "gatelog"
+    name = load_problem(TARGET).name
+    assert (gatelog / "profiles" / f"{name}.jsonl").is_file()
+    options = {"skills": tmp_path / "skills", "budget": 4, "skip_no_ops": False, "builder": builder}
+    row = bench.served(TARGET, "profiled", gatelog, **options)
+    assert "finished" in row, row
+    assert row["finished"] == pytest.approx(profiled.speedup, rel=1e-3)
+    assert row["speedups"] == [pytest.approx(r.speedup, rel=1e-3) for r in profiled.runs]
+    shutil.rmtree(gatelog / "profiles")
+    cut = bench.served(TARGET, "profiled", gatelog, **options)
+    assert "no logged profile" in cut["missing"] and cut["served"] == 0
