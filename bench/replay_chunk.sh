@@ -12,6 +12,12 @@
 # Problems go fastest first (naive latencies in bench/results/heldout_baseline.json), so the
 # slow naive kernels (log_softmax, cross_entropy, cumsum: ~30 s per paired gate run) come last.
 # bench/state/replay_gatelog.tar.xz also holds the lineages and replay_out/finished.json.
+#
+# The whole report (every problem) needs no GPU once every problem is finished: the gate logs
+# hold every verdict and, since 2026-12-04, every profile (replay_out/gatelog/profiles/):
+#
+#   tar xzf .state/replay_out.tgz && python -m klineage replay heldout/* --skills skills_out \
+#     --budget 30 --out replay_out --baselines blind,memory,tree,profiled --profile --offline
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}

@@ -84,6 +84,15 @@ def replay_command(
     llm_replay_only: LlmReplayOnlyOption = False,
     profile: ProfileOption = False,
     energy: EnergyOption = False,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            help="Time nothing: serve every verdict and profile from the gate logs in OUT (a "
+            "run made on a GPU, resumed), building with nvcc for the machine-code check; "
+            "stops at the first one the logs lack. Re-derives a report on a machine "
+            "without a GPU."
+        ),
+    ] = False,
 ) -> None:
     """Replay mined skills on each problem's naive kernel, beside the baselines.
 
@@ -114,7 +123,9 @@ def replay_command(
       anthropic:MODEL
       openai:MODEL
       openai-compatible:MODEL@http://HOST:PORT/v1"""
+    from klineage.gate.build import Builder
     from klineage.gate.gate import GateSetupError
+    from klineage.gate.log import LogOnlyGate, VerdictMissing
 
     chosen = ["skills"] + [b.strip() for b in baselines.split(",") if b.strip()]
     unknown = [m for m in chosen if m not in ALL_METHODS]
@@ -124,6 +135,11 @@ def replay_command(
         raise typer.Exit(2)
     if PROFILED in chosen and not profile:
         errors.print(Text("--baselines profiled ranks by profiles: add --profile", "red"))
+        raise typer.Exit(2)
+    if offline and (executor != ExecutorKind.LOCAL or devices or llm or not resume):
+        errors.print(
+            Text("--offline serves the logs alone: no executor, devices, LLM or --fresh", "red")
+        )
         raise typer.Exit(2)
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
     refuse_profile_on_a_cluster(executor, profile, errors)
@@ -156,7 +172,11 @@ def replay_command(
                 gate_options=optional_stages(profile, energy, every_verdict=False),
                 beam_width=beam_width,
                 carriers_first=carriers_first or None,
+                gate=LogOnlyGate(Builder()) if offline else None,
             )
+    except VerdictMissing as err:
+        errors.print(Text(f"{err} (the logs in {out}/gatelog lack it)", "red"))
+        raise typer.Exit(2) from err
     except GateSetupError as err:
         errors.print(Text(f"gate error: {err}", "red"))
         raise typer.Exit(2) from err

@@ -570,3 +570,47 @@ def test_the_summary_counts_the_moves_the_machine_code_check_left_ungated() -> N
         result("blind", ["blind launch_bounds: refused"]),
     ])  # fmt: skip
     assert {s.method: s.no_machine_code_change for s in summary} == {"skills": 2, "blind": 0}
+
+
+@pytest.mark.nvcc
+def test_an_offline_replay_serves_the_logged_run_and_names_what_the_logs_lack(
+    builder: Builder, skills: Path, tmp_path: Path
+) -> None:
+    """`klineage replay --offline` makes the report of a logged run again, verdicts and
+    profiles from the logs, timing nothing; where a verdict is missing it says so and stops."""
+    from typer.testing import CliRunner
+
+    from klineage.cli import app
+    from klineage.replay.run import replay
+
+    library = relieving_launch_bounds(list(SkillLibrary.load(skills)))
+    folder = tmp_path / "skills"
+    folder.mkdir()
+    (folder / "skills.jsonl").write_text("".join(s.model_dump_json() + "\n" for s in library))
+    gate = StandInGate(builder, cost=COSTS, expert_mechanisms=EXPERT, profiles=_launch_bound)
+    out = tmp_path / "out"
+    online = replay(
+        [TARGET], folder, out, gate=gate, methods=["skills", "blind", "profiled"],
+        budget=ReplayBudget(gate_runs=4),
+    )  # fmt: skip
+    command = ["replay", str(TARGET), "--skills", str(folder), "--budget", "4", "--out", str(out)]
+    command += ["--baselines", "blind,profiled", "--profile", "--offline"]
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    offline = load_replay(out / "replay.json")
+
+    def runs(report: ReplayReport) -> list[tuple[str, str, str, float]]:
+        return [
+            (r.method, run.action, run.outcome, round(run.speedup, 6))
+            for r in report.results
+            for run in r.runs
+        ]
+
+    assert runs(offline) == runs(online) and len(runs(online)) >= 8
+    # the last verdict cut from the log: the offline run stops and names the kernel
+    log = out / "gatelog" / f"{load_problem(TARGET).name}.jsonl"
+    log.write_text("".join(log.read_text().splitlines(keepends=True)[:-1]))
+    cut = CliRunner().invoke(app, command)
+    assert cut.exit_code == 2 and "needs the GPU" in cut.output and "gatelog lack" in cut.output
+    fresh = CliRunner().invoke(app, [*command, "--fresh"])
+    assert fresh.exit_code == 2 and "--offline serves the logs alone" in fresh.output
