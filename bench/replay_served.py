@@ -71,6 +71,7 @@ def served(
     row["served"] = len(runs)
     row["best"] = round(max((r.speedup for r in runs), default=1.0), 3)
     row["speedups"] = [round(r.speedup, 4) for r in runs]  # after each run, for runs to a speed
+    row["moves"] = [f"{r.action}:{r.outcome}" for r in runs]
     return row
 
 

@@ -39,6 +39,7 @@ class RowLayoutMechanism(Mechanism):
     """Rows spread over a group of threads (present) or one thread per row (absent)."""
 
     group: ClassVar[Group]
+    fills_threads = True
     carrier_keys: ClassVar[dict[str, str]] = {
         "block_size": f"threads per block, a multiple of 32 up to {MAX_BLOCK} "
         f"(default {DEFAULT_BLOCK})",

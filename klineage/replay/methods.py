@@ -550,6 +550,8 @@ class SkillsMethod(ForwardSearch):
         self.asks_llm = materializer.llm is not None
         self._closed: dict[str, dict[str, set[str]]] = {}
         """Per state, which mechanisms each retrieved one's rewrite leaves without a site."""
+        self._unrelieved: dict[str, set[str]] = {}
+        """Per state, the mechanisms ranked last for having nothing to relieve there."""
         if self.asks_llm:
             self.lineage.meta.llm = materializer.llm_origin()
 
@@ -578,9 +580,11 @@ class SkillsMethod(ForwardSearch):
         mechanisms = [r.mechanism for r in ranking.ranked]
         closed = closes(mechanisms, current, apply_everywhere)
         self._closed[current.fingerprint] = closed
-        # what the profile leaves nothing to relieve goes last, whatever it would close
+        # what the profile (or the launch) leaves nothing to relieve goes last, whatever it
+        # would close, and is not raced against a kept rival
         hopeful = [r for r in ranking.ranked if not r.unrelieved]
         last = [r for r in ranking.ranked if r.unrelieved]
+        self._unrelieved[current.fingerprint] = {r.mechanism for r in last}
         ordered = [
             *keep_options_open(hopeful, lambda r: r.mechanism, closed),
             *keep_options_open(last, lambda r: r.mechanism, closed),
@@ -620,6 +624,7 @@ class SkillsMethod(ForwardSearch):
                 yield replace(move, sibling=True)
         closed = self._closed.get(state.fingerprint, {})
         rivals = {m for m in closed.get(kept.name, set()) if kept.name in closed.get(m, set())}
+        rivals -= self._unrelieved.get(state.fingerprint, set())  # nothing to relieve: no race
         for move in later:
             if move.name in rivals and not move.ask_llm and move.source is None:
                 rivals.discard(move.name)

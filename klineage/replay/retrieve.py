@@ -12,7 +12,8 @@ A skill is ranked by four signals:
   the same bottleneck on its expert (its card's `relieves`) ranks higher.
 Given the target's profile, a skill with nothing to relieve there (no bank conflicts for a
 padding, a busy GPU for a step that filled an idle one: :mod:`klineage.replay.relief`) ranks
-after all the others, with the reason.
+after all the others, with the reason; so, profile or not, does a block or warp per row on a
+target whose launch already gives every workload more threads than the GPU holds at once.
 Before any gate run, a skill is dropped when a condition fails on one of the target's
 workloads: the mechanism's static conditions computed on the target itself (its axes, its
 launch), plus the skill's learned conditions over axes the target shares. The reason names
@@ -48,7 +49,7 @@ from klineage.kernel import KernelSource
 from klineage.limits import DEFAULT_ARCH
 from klineage.mechanisms import Mechanism, Site, UnknownMechanism, get
 from klineage.problem import Problem
-from klineage.replay.relief import nothing_to_relieve
+from klineage.replay.relief import enough_threads, nothing_to_relieve
 from klineage.skills import Measured, Skill
 
 # Measured gain leads (a 10% faster source kernel is worth ~1 point); scope and text relevance
@@ -93,8 +94,9 @@ class Ranked(BaseModel):
     sites: int = Field(description="candidate sites of its mechanism in the target")
     unrelieved: str = Field(
         default="",
-        description="why the target's profile leaves it nothing to relieve (it ranks after "
-        "every skill without such a reason); empty when it may relieve something",
+        description="why the target (its profile, or its launch: enough threads already) "
+        "leaves it nothing to relieve (it ranks after every skill without such a reason); "
+        "empty when it may relieve something",
     )
 
 
@@ -289,7 +291,9 @@ def retrieve(
                 bottleneck=same,
                 relieves=relieves,
                 sites=len(sites),
-                unrelieved=nothing_to_relieve(skill, mechanism, profile) or "",
+                unrelieved=nothing_to_relieve(skill, mechanism, profile)
+                or enough_threads(mechanism, kernel, problem)
+                or "",
             )
         )
     result.ranked.sort(key=lambda r: (bool(r.unrelieved), -r.score, r.skill))
