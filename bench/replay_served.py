@@ -51,7 +51,7 @@ def served(
     candidates (default: nvcc with the gate's flags, cached where the gate caches)."""
     problem = load_problem(folder)
     # as replay's own log: real builds, so no-ops are refused and verdicts shared by SASS
-    gate = LogOnlyGate(builder or Builder())
+    gate = LogOnlyGate(builder or Builder(), profiles=True)  # the chunks run with PROFILE=1
     log = GateLog(gatelog / f"{problem.name}.jsonl", gate, resume=True, share=skip_no_ops)
     runs: list[Any] = []
     materializer = Materializer(

@@ -172,7 +172,7 @@ def replay_command(
                 gate_options=optional_stages(profile, energy, every_verdict=False),
                 beam_width=beam_width,
                 carriers_first=carriers_first or None,
-                gate=LogOnlyGate(Builder()) if offline else None,
+                gate=LogOnlyGate(Builder(), profiles=profile) if offline else None,
             )
     except VerdictMissing as err:
         errors.print(Text(f"{err} (the logs in {out}/gatelog lack it)", "red"))

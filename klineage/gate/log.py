@@ -478,9 +478,11 @@ class LogOnlyGate:
     directly or shared by machine code. Mining a problem again on a machine without a GPU
     with it tells whether the new walk needs any gate run, and where."""
 
-    def __init__(self, builder: Builder | None) -> None:
+    def __init__(self, builder: Builder | None, *, profiles: bool = False) -> None:
         self.builder = builder
         """Builds kernels for machine-code keys; None: verdicts served by source only."""
+        self.profiles = profiles
+        """The logged run profiled (a profile the log lacks is then missing, not absent)."""
         self.missing: list[tuple[KernelSource, KernelSource | None]] = []
         """The (kernel, baseline) pairs a verdict was asked for and the log lacked."""
 
@@ -511,7 +513,10 @@ class LogOnlyGate:
     def profile_kernel(
         self, problem: Problem, kernel: KernelSource, latency_ms: dict[str, float] | None = None
     ) -> Profile | None:
-        """Never a profile: raises :class:`VerdictMissing` (a log serves the logged ones)."""
+        """Never a profile: None where the logged run did not profile; else raises
+        :class:`VerdictMissing` (the log serves the profiles it holds before asking)."""
+        if not self.profiles:
+            return None
         raise VerdictMissing(
             f"{problem.name}: no logged profile for {kernel.fingerprint[:8]}: this needs the GPU"
         )

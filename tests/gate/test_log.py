@@ -158,11 +158,13 @@ def test_a_profile_is_logged_once_and_served_on_resume_and_without_a_gpu(tmp_pat
     # a resumed run, and one without a GPU, are served the logged profile
     assert GateLog(path, gate).profile_kernel(problem, kernel) == taken  # type: ignore[arg-type]
     assert gate.taken == 1
-    offline = GateLog(path, LogOnlyGate(None))
+    offline = GateLog(path, LogOnlyGate(None, profiles=True))
     assert offline.profile_kernel(problem, kernel) == taken
     other = KernelSource(kernel.text + "\n// another kernel\n", name=kernel.name)
     with pytest.raises(VerdictMissing, match="no logged profile"):
         offline.profile_kernel(problem, other)
+    # of a run that did not profile, a profile is absent, not missing
+    assert GateLog(path, LogOnlyGate(None)).profile_kernel(problem, other) is None
     # a fresh run starts a fresh profile log
     GateLog(path, gate, resume=False)  # type: ignore[arg-type]
     assert not (tmp_path / "gatelog" / "profiles" / "scale_rows.jsonl").exists()
