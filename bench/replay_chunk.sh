@@ -38,6 +38,10 @@ if [ -z "$order" ]; then
   exit 0
 fi
 started=$(date +%s)
+# the GPU as nvidia-smi names it, kept in the state for bench/collect_replay.py --smi
+mkdir -p replay_out
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv \
+  > replay_out/nvidia_smi.csv 2>/dev/null || true
 # DEVICES (e.g. 0,1) spreads the problems over several GPUs; default: every visible GPU.
 # BASELINES (e.g. blind,memory,tree) picks the methods beside skills; default: the command's.
 # PROFILE=1 profiles (Nsight Compute) the states replay goes on from, which `profiled` needs:
