@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -158,7 +159,9 @@ def replay_command(
         )
 
     try:
-        with running, Live(workers, console=console, refresh_per_second=2):
+        # offline, no worker runs a task: no table of them
+        live = nullcontext() if offline else Live(workers, console=console, refresh_per_second=2)
+        with running, live:
             report = replay(
                 problems,
                 skills or [Path("skills_out")],
