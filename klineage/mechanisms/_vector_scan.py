@@ -188,6 +188,38 @@ def _carried(source: ParsedSource, statement: Node, value: str) -> tuple[str, st
     return source.text_of(left), source.text_of(arguments[0])
 
 
+SCAN_CALLS = frozenset({"__shfl_up_sync", "__shfl_sync", "__syncwarp"})
+"""What a warp scan's statements may call: run once a turn either way, they read and write
+registers only."""
+
+
+def _declares(node: Node) -> bool:
+    """Whether `node` is the name a declaration declares (``float t;``, ``int o = 1``)."""
+    parent = node.parent
+    if node.type != "identifier" or parent is None:
+        return False
+    if parent.type == "declaration":
+        return True
+    return parent.type == "init_declarator" and parent.child_by_field_name("declarator") == node
+
+
+def _only_scans(source: ParsedSource, scan: list[Node], value: str) -> bool:
+    """Whether `scan` writes only `value` and its own locals, and calls only shuffles: run
+    once a turn in both forms, it then does the same on the lanes' totals."""
+    local = {source.text_of(n) for s in scan for n in walk(s) if _declares(n)}
+    for node in (n for s in scan for n in walk(s)):
+        if node.type == "call_expression" and call_name(source, node) not in SCAN_CALLS:
+            return False
+        if node.type in ("assignment_expression", "update_expression"):
+            target = node.child_by_field_name("left") or node.child_by_field_name("argument")
+            target = strip_parens(target) if target is not None else None
+            if target is None or target.type != "identifier":
+                return False  # a store to memory would run once a turn for W elements
+            if source.text_of(target) not in local | {value}:
+                return False
+    return True
+
+
 def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
     """The chunked warp scan ``loop`` is; :class:`NotInForm` says what differs."""
     function = source.enclosing_function(loop)
@@ -242,6 +274,8 @@ def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
         for n in walk(s)
     ):
         raise NotInForm("statements between load and store that are no warp scan", "a scan")
+    if not _only_scans(source, scan, value):
+        raise NotInForm("statements between load and store that do more than scan", "a scan")
     written = assigned_names(source, [*scan, inside[0], inside[1]])
     used = _texts(source, sides[1]) | {source_pointer, stored[0]}
     if written & used or lane in written:

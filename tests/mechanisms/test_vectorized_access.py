@@ -362,6 +362,9 @@ def _site_of(kernel: KernelSource) -> Site:
         ("out[i] = running + x;", "out[i] = running * x;", "the store is no running sum"),
         ("base += 32)", "base += 64)", "a turn of 64 is not one float a lane"),
         ("const int i = base + lane;", "const int i = base + warp_id;", "not the lane"),
+        # a scan step that also stores, or calls what is no shuffle, would run once for W
+        ("if (lane >= 1) x += t;", "if (lane >= 1) x += t;\n    dst[lane] = x;", "a store"),
+        ("if (lane >= 1) x += t;", "if (lane >= 1) x += t;\n    atomicAdd(dst, x);", "a call"),
         ("t = __shfl_up_sync(kAllLanes, x, 1);\n    if (lane >= 1) x += t;\n", "", None),
     ],
 )
