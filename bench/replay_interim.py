@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from klineage.gate.result import geomean
+
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("skills", "blind", "memory", "tree", "profiled")
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 1.0
 
 
 def final_speeds(lineage: dict[str, Any]) -> dict[str, float]:

@@ -60,6 +60,7 @@ __all__ = [
     "element_refusal",
     "element_returns",
     "expr_type",
+    "form_text",
     "global_index",
     "grid_cap",
     "grid_edits",
@@ -314,6 +315,13 @@ def shift(text: str, spaces: int) -> str:
     pad = " " * spaces
     kept = [line if not line.strip() or line.startswith("#") else pad + line for line in lines[1:]]
     return "\n".join([lines[0], *kept])
+
+
+def form_text(text: str) -> str:
+    """Text compared for canonical forms: ``#pragma unroll`` lines and spacing ignored (the
+    pragma_unroll mechanism may have removed the pragma; that does not change the form)."""
+    kept = [line for line in text.split("\n") if line.strip() != "#pragma unroll"]
+    return " ".join(" ".join(kept).split())
 
 
 def unshift(text: str, spaces: int) -> str | None:

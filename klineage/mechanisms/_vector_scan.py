@@ -51,12 +51,15 @@ from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     binary,
     expr_type,
+    form_text,
     identifiers,
     index_declaration,
     is_side_effect_free,
     names_in_function,
+    shift,
     statements,
     strip_parens,
+    unshift,
     walk,
 )
 from klineage.mechanisms._scan_rows import _added
@@ -291,12 +294,6 @@ def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
     )  # fmt: skip
 
 
-def _reindent(text: str, by: str) -> str:
-    """``text`` with every line after the first indented by ``by`` more."""
-    first, *rest = text.split("\n")
-    return "\n".join([first] + [by + line if line.strip() else line for line in rest])
-
-
 def vector_scan_text(source: ParsedSource, scan: WarpScanLoop, width: int) -> str:
     """The vector loop behind its check, and the scalar loop as the fallback."""
     vector = VECTORS.get(width)
@@ -319,7 +316,7 @@ def vector_scan_text(source: ParsedSource, scan: WarpScanLoop, width: int) -> st
     scan_lines = [
         inner + line.strip() if k == 0 else line
         for s in scan.scan
-        for k, line in enumerate(_reindent(source.text_of(s).rstrip(), "  ").split("\n"))
+        for k, line in enumerate(shift(source.text_of(s).rstrip(), 2).split("\n"))
     ]
     return "\n".join([
         f"if ({n} % {width} == 0 && reinterpret_cast<unsigned long long>({src}) % {bytes_} == 0 &&",
@@ -345,14 +342,9 @@ def vector_scan_text(source: ParsedSource, scan: WarpScanLoop, width: int) -> st
         f"{inner}{scan.carry} += __shfl_sync({scan.mask}, {v}, 31);",
         f"{body}}}",
         f"{at}}} else {{",
-        f"{body}{_reindent(scalar, '  ')}",
+        f"{body}{shift(scalar, 2)}",
         f"{at}}}",
     ])  # fmt: skip
-
-
-def _code(text: str) -> str:
-    kept = [line for line in text.split("\n") if line.strip() != "#pragma unroll"]
-    return " ".join(" ".join(kept).split())
 
 
 @dataclass(frozen=True)
@@ -362,11 +354,6 @@ class VectorScan:
     node: Node
     width: int
     scalar: str
-
-
-def _dedent(text: str, by: int) -> str:
-    first, *rest = text.split("\n")
-    return "\n".join([first] + [line[by:] if line[:by].isspace() else line for line in rest])
 
 
 def vector_scans(source: ParsedSource) -> list[VectorScan]:
@@ -388,7 +375,9 @@ def vector_scans(source: ParsedSource) -> list[VectorScan]:
         width = fold_int(source, width_node[1]) if width_node is not None else None
         if width not in VECTORS:
             continue
-        scalar = _dedent(source.text_of(inside[0]), 2)
+        scalar = unshift(source.text_of(inside[0]), 2)
+        if scalar is None:
+            continue
         data = source.data
         text = data[: node.start_byte] + scalar.encode("utf-8") + data[node.end_byte :]
         temp = KernelSource(text.decode("utf-8"), name=source.kernel.name).parsed
@@ -400,7 +389,7 @@ def vector_scans(source: ParsedSource) -> list[VectorScan]:
             again = vector_scan_text(temp, warp_scan_loop(temp, loop), width)
         except NotInForm:
             continue
-        if _code(again) == _code(source.text_of(node)):
+        if form_text(again) == form_text(source.text_of(node)):
             assert width is not None
             found.append(VectorScan(node, width, scalar))
     return found

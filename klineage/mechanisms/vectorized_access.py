@@ -73,6 +73,7 @@ from klineage.mechanisms._local_util import (
     element_returns,
     element_text,
     expr_type,
+    form_text,
     global_index,
     grid_edits,
     identifiers,
@@ -665,13 +666,6 @@ def _element_plan(source: ParsedSource, element: ElementKernel) -> _Plan:
 # ---------------------------------------------------------------------------------------------
 
 
-def _code(text: str) -> str:
-    """Text compared for canonical forms: ``#pragma unroll`` lines and spacing ignored (the
-    pragma_unroll mechanism may have removed the pragma; that does not change the form)."""
-    kept = [line for line in text.split("\n") if line.strip() != "#pragma unroll"]
-    return " ".join(" ".join(kept).split())
-
-
 def _regenerates(
     source: ParsedSource,
     region: tuple[int, int],
@@ -690,7 +684,7 @@ def _regenerates(
         again = write(temp, start)
     except (Refused, AssertionError, StopIteration):
         return False
-    return _code(again) == _code(source.text_of(region))
+    return form_text(again) == form_text(source.text_of(region))
 
 
 @dataclass(frozen=True)
