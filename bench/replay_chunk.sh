@@ -6,8 +6,13 @@
 # finished ones from the log (they still count against each method's budget) and goes on.
 # Carry the state between calls as an archive:
 #
-#   run 1:   bash bench/replay_chunk.sh                    (writes $OUT/replay_out.tgz)
-#   run N:   copy the last replay_out.tgz to .state/, carry ".state", run the same command
+#   run 1:   bash bench/replay_chunk.sh       (writes $OUT/replay_out.tar.xz.part-NN)
+#   run N:   rm -f .state/replay_out.*; copy the last call's replay_out.tar.xz.part-* to
+#            .state/, carry ".state", run the same command (bench/state_archive.sh)
+#
+# After a change of code, run `python bench/replay_finished.py settle skills,blind,memory,tree,profiled
+# --profile` on any machine first (no GPU): it re-derives each problem from the log and marks
+# finished those that need no new verdict, so the device only gates what is new.
 #
 # Problems go fastest first (naive latencies in bench/results/heldout_baseline.json), so the
 # slow naive kernels (log_softmax, cross_entropy, cumsum: ~30 s per paired gate run) come last.
@@ -16,13 +21,14 @@
 # The whole report (every problem) needs no GPU once every problem is finished: the gate logs
 # hold every verdict and, since 2026-12-04, every profile (replay_out/gatelog/profiles/):
 #
-#   tar xzf .state/replay_out.tgz && python -m klineage replay heldout/* --skills skills_out \
+#   cat .state/replay_out.tar.xz.part-* | tar xJf - && python -m klineage replay heldout/* --skills skills_out \
 #     --budget 30 --out replay_out --baselines blind,memory,tree,profiled --profile --offline
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}
-if [ -f .state/replay_out.tgz ]; then
-  tar xzf .state/replay_out.tgz
+source bench/state_archive.sh
+if state_unpack replay_out; then
+  :
 elif [ -f bench/state/replay_gatelog.tar.xz ] && [ ! -d replay_out/gatelog ]; then
   tar xJf bench/state/replay_gatelog.tar.xz  # the verdicts of the last committed experiment
 fi
@@ -34,7 +40,7 @@ methods="skills,${BASELINES:-blind,memory}"
 order=$(python3 bench/replay_finished.py order "$methods")
 if [ -z "$order" ]; then
   echo "every held-out problem is finished with this library and code; ALL=1 writes the whole report"
-  tar czf "$OUT/replay_out.tgz" replay_out
+  state_pack replay_out replay_out
   exit 0
 fi
 started=$(date +%s)
@@ -48,9 +54,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 #   PROFILE=1 BASELINES=blind,memory,tree,profiled bash bench/replay_chunk.sh
 # shellcheck disable=SC2086  # a list of folders
 timeout "${CHUNK_SECONDS:-540}" python3 -m klineage replay $order --skills skills_out \
-  --budget 30 --out replay_out --resume ${DEVICES:+--devices "$DEVICES"} \
+  --budget "${REPLAY_BUDGET:-30}" --out replay_out --resume ${DEVICES:+--devices "$DEVICES"} \
   ${BASELINES:+--baselines "$BASELINES"} ${PROFILE:+--profile}
 status=$?
 python3 bench/replay_finished.py mark "$methods" "$started"
-tar czf "$OUT/replay_out.tgz" replay_out
+state_pack replay_out replay_out
 exit $status

@@ -2,6 +2,7 @@
 
     python bench/replay_finished.py order   METHODS    # the problems still to run, cheapest first
     python bench/replay_finished.py mark    METHODS SINCE   # after a chunk: record what it ended
+    python bench/replay_finished.py settle  METHODS [--profile]   # on a CPU, before the device
 
 A problem is finished when every method's lineage (`replay_out/lineages/P.METHOD.json`) was
 written by a chunk that ran with the same skill library (the sha256 of skills_out/skills.jsonl),
@@ -12,6 +13,12 @@ minutes on a fresh machine. A changed library or changed code runs every problem
 new moves gated, the rest served from the log): one experiment, one library, one version of
 the rules. Those reruns go after the problems never finished. `order` with ALL=1 lists every
 problem (the final chunk, which writes replay.json).
+
+`settle` saves device time after a code change: it replays each unfinished problem offline on
+the machine it runs on (`klineage replay --offline`: real nvcc builds, every verdict and
+profile served from the log, none made) and marks finished those whose log already holds
+everything the new code asks for. A change that offers no new move on a problem then costs
+that problem no device call; the others are listed with the first verdict they lack.
 """
 
 from __future__ import annotations
@@ -19,10 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+BUDGET = os.environ.get("REPLAY_BUDGET", "30")
+"""Gate runs per problem and method; bench/replay_chunk.sh reads the same variable."""
 
 
 def library_hash(skills: Path) -> str:
@@ -94,9 +104,61 @@ def mark(repo: Path, out: Path, methods: list[str], since: float) -> list[str]:
         if all(p.is_file() and p.stat().st_mtime >= since for p in paths):
             finished[name] = key
             done.append(name)
+    _save(out, finished)
+    return done
+
+
+def replay_command(folders: list[str], methods: list[str], profile: bool) -> list[str]:
+    """The replay a chunk runs (bench/replay_chunk.sh), with the log-only gate."""
+    baselines = ",".join(m for m in methods if m != "skills")
+    return [
+        sys.executable,
+        "-m",
+        "klineage",
+        "replay",
+        *folders,
+        "--skills",
+        "skills_out",
+        "--budget",
+        BUDGET,
+        "--out",
+        "replay_out",
+        "--offline",
+        "--baselines",  # always: an empty list is skills alone, none would be the default
+        baselines,
+        *(["--profile"] if profile else []),
+    ]
+
+
+def settle(repo: Path, methods: list[str], profile: bool) -> tuple[list[str], dict[str, str]]:
+    """Replay every unfinished problem offline (:func:`replay_command`, run in `repo`); mark
+    finished those the log serves whole. Returns them, and each other folder's reason: the
+    last line the offline replay wrote to stderr (the verdict or profile it lacked)."""
+    out = repo / "replay_out"
+    settled: list[str] = []
+    needs_gpu: dict[str, str] = {}
+    for folder in to_run(repo, out, methods):
+        done = subprocess.run(
+            replay_command([folder], methods, profile),
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "400"},  # the missing verdict's message on one line
+        )
+        if done.returncode == 0:
+            finished = _load(out)
+            finished[problem_name(repo, folder)] = finished_key(repo, methods)
+            _save(out, finished)
+            settled.append(folder)
+        else:
+            lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+            needs_gpu[folder] = lines[-1].strip() if lines else f"exit {done.returncode}"
+    return settled, needs_gpu
+
+
+def _save(out: Path, finished: dict[str, dict[str, object]]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "finished.json").write_text(json.dumps(finished, indent=1, sort_keys=True) + "\n")
-    return done
 
 
 def _load(out: Path) -> dict[str, dict[str, object]]:
@@ -105,12 +167,17 @@ def _load(out: Path) -> dict[str, dict[str, object]]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 2 or argv[0] not in ("order", "mark"):
+    if len(argv) < 2 or argv[0] not in ("order", "mark", "settle"):
         sys.exit(__doc__)
     methods = [m.strip() for m in argv[1].split(",") if m.strip()]
     out = REPO / "replay_out"
     if argv[0] == "order":
         print(" ".join(to_run(REPO, out, methods, everything=os.environ.get("ALL") == "1")))
+    elif argv[0] == "settle":
+        settled, needs_gpu = settle(REPO, methods, profile="--profile" in argv[2:])
+        print(f"finished offline: {', '.join(settled) or 'none'}")
+        for folder, why in needs_gpu.items():
+            print(f"needs the GPU: {folder}: {why}")
     else:
         done = mark(REPO, out, methods, float(argv[2]))
         print(f"finished this chunk: {', '.join(done) or 'none'}", file=sys.stderr)

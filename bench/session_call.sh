@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call of ten minutes that does the short, high-value GPU steps in order, each with
-# its own time limit, and packs everything into $OUT/results.tgz after every step (the tool
-# returns at most eight files, and a call cut short keeps what finished):
+# its own time limit, and packs everything into $OUT/results.tar.xz.part-NN after every step
+# (the tool returns at most eight files of 16 MiB, and a call cut short keeps what finished):
 #
 #   1. the GPU check of the public-form pairs (tests/mechanisms/test_public_forms_gpu.py;
 #      PUBLIC_K, a pytest -k expression, picks some, e.g. PUBLIC_K=clamped_count), then any
@@ -12,19 +12,19 @@
 #      (PROFILE_EXPERTS, default RMSNorm; the five newer experts' cards lack them too): the
 #      profiles of each skill's two states (counter deltas on the cards), and the gate runs
 #      of whatever the log lacks (a walk cut at its wall, a round trip a rule now writes
-#      differently); results.tgz holds skills_out.tgz and the grown gatelog.tgz.
+#      differently); the results hold skills_out.tgz and the grown gatelog.
 #
 # Needs the wheels of `../shared/tools/device-wheels tree-sitter tree-sitter-cuda pydantic
 # libcst bm25s distributed nbclient nbformat ipykernel docstring-parser` in .whl (carried),
-# and the mining log: copy bench/state/mine_gatelog.tar.xz's gatelog to .state/gatelog.tgz
-# (`tar xJf bench/state/mine_gatelog.tar.xz && tar czf .state/gatelog.tgz skills_out/gatelog`)
-# or carry the last chunk's. Step limits: PUBLIC_S, NOTEBOOK_S, PROFILE_S.
+# and the mining log: nothing in .state/ unpacks bench/state/mine_gatelog.tar.xz; or carry the
+# last call's gatelog.tar.xz.part-* in .state/ (bench/state_archive.sh). Step limits: PUBLIC_S, NOTEBOOK_S, PROFILE_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/klineage-session}
+OUT=$(realpath -m "${OUT:-/tmp/klineage-session}")  # absolute: pack() packs from $work
 work=$(mktemp -d)
 mkdir -p "$work/r" "$OUT"
-pack() { (cd "$work" && tar czf "$OUT/results.tgz" r); }
+source bench/state_archive.sh
+pack() { (cd "$work" && state_pack results r); }
 step() {  # name, seconds, command...
   local name=$1 seconds=$2
   shift 2
@@ -54,6 +54,6 @@ step profile_skills "${PROFILE_S:-240}" python3 -m klineage mine \
 tar czf "$work/r/skills_out.tgz" --exclude=skills_out/gatelog skills_out
 # the gate log too: a resumed walk or a round trip a rule now writes differently is a new
 # verdict, which the next call (and bench/state/mine_gatelog.tar.xz) must keep
-tar czf "$work/r/gatelog.tgz" skills_out/gatelog
+OUT="$work/r" state_pack gatelog skills_out/gatelog
 pack
 cat "$work/r/steps.txt"
