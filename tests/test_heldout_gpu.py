@@ -10,6 +10,7 @@ from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.problem import load_problem
 from tests.conftest import REPO
+from tests.mechanisms.test_vectorized_access import SPLITTING
 
 HELDOUT = sorted(p for p in (REPO / "heldout").iterdir() if (p / "definition.json").is_file())
 
@@ -70,6 +71,8 @@ FORMS_AFTER = [
     ("layernorm", "block_per_row", "row_in_registers", "dispatch"),
     ("l2_normalize", "block_per_row", "row_in_registers", "dispatch"),
     ("cumsum_rows", "warp_shuffle_scan", "vectorized_access", "scan"),
+    # a vector's lanes in one row: the row split once a vector, every row-splitting kernel
+    *[(name, "vectorized_access", "vectorized_access", "rows") for name in SPLITTING],
 ]
 """Forms a rule writes on what another rule wrote first (its default carrier, every site)."""
 

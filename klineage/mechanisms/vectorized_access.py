@@ -35,6 +35,9 @@ kernels write them: ``v = __ldg(row4 + c)``, ``a.raw = x16[c]``, ``out4[c] = mak
   remove turns the canonical form back into the scalar loop (or kernel and grid); it checks
   that the form is canonical by writing it again from the result and comparing, so a
   vector form it did not write is refused rather than guessed at.
+- a lane loop of that kernel form whose lanes split their index into a row and a column
+  (``t = i / D; h = i - t * D``) splits it once per vector when ``D % W == 0`` (``form=rows``,
+  :mod:`klineage.mechanisms._vector_rows`): a vector's lanes then share one row.
 
 Pointers are vectorized only when every use in the element code is ``p[c]`` at the
 element's own index, outside any condition, and the pointer is not written; the others stay
@@ -92,6 +95,7 @@ from klineage.mechanisms._local_util import (
     unshift,
     walk,
 )
+from klineage.mechanisms._vector_rows import RowsForm, rows_forms, rows_text, split_lanes
 from klineage.mechanisms._vector_scan import (
     VECTORS,
     VectorScan,
@@ -106,6 +110,8 @@ MAX_BYTES = 16
 """The widest access a thread can make."""
 SCAN = "scan"
 """The form of a chunked warp scan (:mod:`klineage.mechanisms._vector_scan`)."""
+ROWS = "rows"
+"""The form of lanes split by row once a vector (:mod:`klineage.mechanisms._vector_rows`)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -671,9 +677,10 @@ def _regenerates(
     region: tuple[int, int],
     scalar: str,
     write: Callable[[ParsedSource, int], str],
+    expected: str | None = None,
 ) -> bool:
     """Whether putting ``scalar`` in ``region`` and vectorizing it again (``write`` on the
-    new source, at the region's start) gives the region's text back."""
+    new source, at the region's start) gives the region's text back (or ``expected``)."""
     start, end = region
     data = source.data
     text = (data[:start] + scalar.encode("utf-8") + data[end:]).decode("utf-8")
@@ -684,7 +691,7 @@ def _regenerates(
         again = write(temp, start)
     except (Refused, AssertionError, StopIteration):
         return False
-    return form_text(again) == form_text(source.text_of(region))
+    return form_text(again) == form_text(source.text_of(region) if expected is None else expected)
 
 
 @dataclass(frozen=True)
@@ -776,8 +783,16 @@ def _vector_guard(source: ParsedSource, node: Node, vec: str) -> tuple[int, Node
     return (int(width), sides[1]) if width.isdigit() else None
 
 
+def _rows_undone(source: ParsedSource, region: tuple[int, int], rows: list[RowsForm]) -> str:
+    """The text of ``region`` with its rows forms written back as the lane loops they were."""
+    inside = [r for r in rows if region[0] <= r.node.start_byte < region[1]]
+    return splice(source, region[0], region[1], [(r.node, r.original) for r in inside])
+
+
 def vector_kernels(source: ParsedSource) -> list[_VectorKernel]:
-    """The canonical vectorized one-thread-per-element kernels."""
+    """The canonical vectorized one-thread-per-element kernels (their lane loops in the rows
+    form or not)."""
+    rows = rows_forms(source)
     found = []
     for function in source.kernels:
         if function.body is None:
@@ -810,7 +825,8 @@ def vector_kernels(source: ParsedSource) -> list[_VectorKernel]:
                 f"{indent}if ({base} >= {source.text_of(bound)}) return;{rest}"
             )
             region = (decl.start_byte, body[-1].end_byte)
-            if _regenerates(source, region, scalar, _write_kernel(width)):
+            expected = _rows_undone(source, region, rows)
+            if _regenerates(source, region, scalar, _write_kernel(width), expected):
                 found.append(_VectorKernel(function, decl, body[-1], width, bound, scalar))
     return found
 
@@ -1165,6 +1181,13 @@ class VectorizedAccess(Mechanism):
         result: tuple[list[_VectorLoop], list[_VectorKernel]] = cache["canonical"]
         return result
 
+    def _rows(self, source: ParsedSource) -> list[RowsForm]:
+        cache = source.__dict__.setdefault("_klineage_vectorized", {})
+        if "rows" not in cache:
+            cache["rows"] = rows_forms(source)
+        result: list[RowsForm] = cache["rows"]
+        return result
+
     def _scans(self, source: ParsedSource) -> list[VectorScan]:
         cache = source.__dict__.setdefault("_klineage_vectorized", {})
         if "scans" not in cache:
@@ -1189,13 +1212,21 @@ class VectorizedAccess(Mechanism):
                 span=(loop.vector.start_byte, loop.tail.end_byte),
                 detail={"form": "loop", "width": loop.width},
             )
+        rows = self._rows(source)
         for found in kernels:
+            span = (found.decl.start_byte, found.end.end_byte)
+            split = any(span[0] <= r.node.start_byte < span[1] for r in rows)
             yield self.site(
                 source,
                 found.decl,
-                span=(found.decl.start_byte, found.end.end_byte),
+                span=span,
                 detail={"form": "kernel", "width": found.width, "kernel": found.function.name},
+                refusal="its lanes split their row once a vector (form rows): remove that first"
+                if split
+                else None,
             )
+        for row in rows:
+            yield self.site(source, row.node, detail={"form": ROWS, "width": row.width})
         for scan in self._scans(source):
             yield self.site(source, scan.node, detail={"form": SCAN, "width": scan.width})
         for access in vector_accesses(source, self._spans(source)):
@@ -1225,6 +1256,7 @@ class VectorizedAccess(Mechanism):
             site = self._kernel_candidate(source, element)
             if site is not None:
                 yield site
+        yield from self._rows_candidates(source)
         for split in split_forms(source):
             yield self.site(
                 source,
@@ -1250,6 +1282,26 @@ class VectorizedAccess(Mechanism):
             "pointers": ",".join(p.name for p in plan.pointers),
         }
         return self.site(source, node, snippet=header, detail=detail, refusal=refusal)
+
+    def _rows_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        """Lane loops of canonical vector kernels whose lanes split their index by row."""
+        _, kernels = self._canonical(source)
+        rows = self._rows(source)
+        for found in kernels:
+            span = (found.decl.start_byte, found.end.end_byte)
+            if any(span[0] <= r.node.start_byte < span[1] for r in rows):
+                continue
+            for node in source.nodes("for_statement"):
+                if not span[0] <= node.start_byte < span[1]:
+                    continue
+                try:
+                    lanes = split_lanes(source, node)
+                except NotInForm:
+                    continue
+                header = source.snippet((node.start_byte, lanes.loop.end_byte), 60)
+                yield self.site(
+                    source, node, snippet=header, detail={"form": ROWS, "width": lanes.width}
+                )
 
     def _scan_candidate(self, source: ParsedSource, node: Node) -> Site | None:
         try:
@@ -1301,6 +1353,9 @@ class VectorizedAccess(Mechanism):
         if form == SCAN:
             scan = next(s for s in self._scans(source) if s.node.start_byte == span[0])
             return [Edit(span[0], span[1], scan.scalar)]
+        if form == ROWS:
+            row = next(r for r in self._rows(source) if r.node.start_byte == span[0])
+            return [Edit(span[0], span[1], row.original)]
         access = next(
             a
             for a in vector_accesses(source, self._spans(source))
@@ -1331,7 +1386,10 @@ class VectorizedAccess(Mechanism):
                 node = self.node_at(source, site, "for_statement")
                 width = self._width(carrier, max(VECTORS), site)
                 return [vector_scan_edit(source, node, width)]
-        except Refused as refused:
+            if form == ROWS:
+                lanes = split_lanes(source, self.node_at(source, site, "for_statement"))
+                return [Edit(lanes.start, lanes.loop.end_byte, rows_text(source, lanes))]
+        except (Refused, NotInForm) as refused:
             raise self.refuse(str(refused), site, "apply") from refused
         split = next(
             s for s in split_forms(source) if (s.node.start_byte, s.node.end_byte) == (
@@ -1383,8 +1441,8 @@ class VectorizedAccess(Mechanism):
             return []
         if form in ("loop", "kernel"):
             return self._form_conditions(source, function, site)
-        if form == SCAN:
-            return []  # the vector path checks length and alignment on the device
+        if form in (SCAN, ROWS):
+            return []  # the vector path (the shared row) is checked on the device
         return self._access_conditions(source, function, site)
 
     def _form_conditions(

@@ -12,6 +12,7 @@ from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from klineage.mechanisms.recall import detection_recall
+from klineage.mining.removal import apply_everywhere
 from tests.conftest import REPO
 from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
 from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite, compile_ok, removal_chain
@@ -269,14 +270,10 @@ def test_an_exit_that_skips_the_store_keeps_the_pointer_scalar() -> None:
     assert not [c for c in mechanism.candidates(KernelSource(skips)) if c.supported]
 
 
-@pytest.mark.nvcc
-def test_the_heldout_gather_computes_the_same_bits_on_the_host() -> None:
-    """embedding_gather vectorized (8 bf16 lanes) against its naive kernel, ids both valid and
-    not (NaN rows), rows shorter than a vector and a tail."""
-    kernel = KernelSource.from_file(REPO / "heldout" / "embedding_gather" / "kernel.cu")
-    (candidate,) = mechanism.candidates(kernel)
-    vectorized = mechanism.apply(kernel, candidate)
-    cases = [
+def _gather_cases(shapes: tuple[tuple[int, int], ...]) -> list[Case]:
+    """embedding_gather's host cases, one per (hidden, tokens), over a vocabulary of 9 (the
+    host emulator draws ids from -32 to 31: valid ones and NaN rows)."""
+    return [
         Case(
             axes={"vocab": 9, "hidden": hidden, "tokens": tokens},
             buffers=[
@@ -287,8 +284,18 @@ def test_the_heldout_gather_computes_the_same_bits_on_the_host() -> None:
             call="embedding_gather(table, ids, out, vocab, hidden, tokens)",
             threads="tokens * hidden",
         )
-        for hidden, tokens in ((8, 6), (5, 7), (3, 2))
+        for hidden, tokens in shapes
     ]
+
+
+@pytest.mark.nvcc
+def test_the_heldout_gather_computes_the_same_bits_on_the_host() -> None:
+    """embedding_gather vectorized (8 bf16 lanes) against its naive kernel, ids both valid and
+    not (NaN rows), rows shorter than a vector and a tail."""
+    kernel = KernelSource.from_file(REPO / "heldout" / "embedding_gather" / "kernel.cu")
+    (candidate,) = mechanism.candidates(kernel)
+    vectorized = mechanism.apply(kernel, candidate)
+    cases = _gather_cases(((8, 6), (5, 7), (3, 2)))
     want = run_on_host(kernel.text, cases)
     assert run_on_host(vectorized.text, cases) == want
 
@@ -385,3 +392,102 @@ def test_a_scan_width_of_eight_floats_is_refused() -> None:
     kernel = KernelSource.from_file(SCAN_FIXTURE)
     with pytest.raises(MechanismRefused, match="a width of 2 or 4 floats"):
         mechanism.apply(kernel, _site_of(kernel), Carrier(vector_width=8))
+
+
+# ---------------------------------------------------------------------------------------------
+# Lanes in one row (form=rows): the row split done once a vector when D % W == 0
+# ---------------------------------------------------------------------------------------------
+
+ROWS_FIXTURE = FIXTURES / "vectorized_access" / "rows.after.cu"
+SPLITTING = [
+    "bias_relu",
+    "causal_conv1d",
+    "embedding_gather",
+    "mean_pool",
+    "rotary_embedding",
+    "sgemm",
+    "silu_and_mul",
+    "transpose_2d",
+]
+"""Held-out kernels whose elements split their flat index by a row length (row first, column
+first, or only a column)."""
+
+
+def _in_rows(kernel: KernelSource) -> KernelSource:
+    """The kernel vectorized, then its lanes split by row once a vector."""
+    (vector,) = [c for c in mechanism.candidates(kernel) if c.supported]
+    vectorized = mechanism.apply(kernel, vector)
+    (rows,) = [c for c in mechanism.candidates(vectorized) if c.detail.get("form") == "rows"]
+    return mechanism.apply(vectorized, rows)
+
+
+@pytest.mark.nvcc
+def test_lanes_in_one_row_compute_the_same_bits_on_the_host() -> None:
+    """embedding_gather and the fixture (column split first) with rows a multiple of 8 long
+    (the shared-row path) and not (the per-lane split), partial vectors at the end."""
+    gather = KernelSource.from_file(REPO / "heldout" / "embedding_gather" / "kernel.cu")
+    gather_cases = _gather_cases(((8, 6), (16, 3), (24, 5), (5, 7), (12, 3)))
+    fixture = KernelSource.from_file(ROWS_FIXTURE)
+    fixture_cases = [
+        Case(
+            axes={"rows": rows, "cols": cols},
+            buffers=[
+                Buffer("x", "__nv_bfloat16", "rows * cols"),
+                Buffer("scale", "float", "rows"),
+                Buffer("offset", "float", "cols"),
+                Buffer("y", "__nv_bfloat16", "rows * cols", output=True),
+            ],
+            call="scale_offset(x, scale, offset, y, rows, cols)",
+            threads="rows * cols",
+        )
+        for rows, cols in ((4, 8), (3, 32), (5, 12), (2, 7))
+    ]
+    for kernel, cases in ((gather, gather_cases), (fixture, fixture_cases)):
+        rows_form = _in_rows(kernel)
+        assert "% 8 == 0) {  // a vector's lanes share one row" in rows_form.text
+        assert run_on_host(rows_form.text, cases) == run_on_host(kernel.text, cases)
+
+
+def test_heldout_kernels_that_split_by_row_take_the_rows_form(mechanism_builder: Builder) -> None:
+    """Every held-out kernel whose elements split their index by a row length takes the form,
+    the canonical vector form is still recognized around it (its removal refused until the
+    rows form goes), and removing the rows form gives the vector form back; all compile."""
+    written = []
+    for name in SPLITTING:
+        kernel = KernelSource.from_file(REPO / "heldout" / name / "kernel.cu")
+        rows_form = _in_rows(kernel)
+        sites = {s.detail["form"]: s for s in mechanism.detect(rows_form)}
+        assert set(sites) == {"kernel", "rows"}, name
+        assert "form rows" in (sites["kernel"].refusal or ""), name
+        vectorized = mechanism.remove(rows_form, sites["rows"])
+        assert [s.detail["form"] for s in mechanism.detect(vectorized)] == ["kernel"], name
+        assert [c.detail["form"] for c in mechanism.candidates(vectorized)] == ["rows"], name
+        written.append(KernelSource(rows_form.text, name=f"{name}-rows"))
+    compile_ok(mechanism_builder, written)
+    every = {p.parent.name for p in (REPO / "heldout").glob("*/kernel.cu")}
+    others = sorted(every - set(SPLITTING))
+    for name in others:
+        kernel = KernelSource.from_file(REPO / "heldout" / name / "kernel.cu")
+        vectorized = apply_everywhere(kernel, mechanism, Carrier())
+        assert not [c for c in mechanism.candidates(vectorized) if c.detail.get("form") == "rows"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("const int64_t r = i / cols;", "const int64_t r = i / rows;"),  # two lengths
+        ("  y[i] = __float2bfloat16(", "  c += 0;\n  y[i] = __float2bfloat16("),  # column written
+    ],
+    ids=["two-lengths", "written-column"],
+)
+def test_lanes_that_do_not_keep_their_row_are_no_rows_candidate(old: str, new: str) -> None:
+    """The kernel still vectorizes (the canonical form is there); its lanes are no candidate."""
+    text = ROWS_FIXTURE.read_text().replace("const int64_t c = i % cols;", "int64_t c = i % cols;")
+    tampered = text.replace(old, new)
+    assert tampered != text
+    vectorized = apply_everywhere(KernelSource(tampered), mechanism, Carrier())
+    assert [s.detail["form"] for s in mechanism.detect(vectorized)] == ["kernel"]
+    assert not [c for c in mechanism.candidates(vectorized) if c.detail.get("form") == "rows"]
+    # the untampered kernel is one
+    vectorized = apply_everywhere(KernelSource(text), mechanism, Carrier())
+    assert [c.detail["form"] for c in mechanism.candidates(vectorized)] == ["rows"]
