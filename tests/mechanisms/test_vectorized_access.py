@@ -272,7 +272,7 @@ def test_an_exit_that_skips_the_store_keeps_the_pointer_scalar() -> None:
 
 def _gather_cases(shapes: tuple[tuple[int, int], ...]) -> list[Case]:
     """embedding_gather's host cases, one per (hidden, tokens), over a vocabulary of 9 (the
-    host emulator draws ids from -32 to 31: valid ones and NaN rows)."""
+    host emulator draws ids from -31 to 31: valid ones and NaN rows)."""
     return [
         Case(
             axes={"vocab": 9, "hidden": hidden, "tokens": tokens},
