@@ -17,6 +17,7 @@ from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
 
 __all__ = [
+    "INTEGER_TYPES",
     "block_size_of",
     "eval_context",
     "launch_block_size",
@@ -26,7 +27,7 @@ __all__ = [
     "template_bindings",
 ]
 
-_INTEGER_TYPES = frozenset(
+INTEGER_TYPES = frozenset(  # integer types as declarations write them (qualifiers removed)
     {
         "int",
         "unsigned",
@@ -65,7 +66,7 @@ def launch_names(source: ParsedSource, function: Function | None) -> dict[str, i
     if function is None:
         return names
     for param in function.params:
-        if param.name and not param.is_pointer and param.base_type in _INTEGER_TYPES:
+        if param.name and not param.is_pointer and param.base_type in INTEGER_TYPES:
             names.setdefault(param.name, param.name)
     if function.body is None:
         return names
@@ -73,7 +74,7 @@ def launch_names(source: ParsedSource, function: Function | None) -> dict[str, i
     for decl in source.declarations:
         if not (
             function.body.start_byte <= decl.node.start_byte < function.body.end_byte
-        ) or decl.type not in _INTEGER_TYPES | {"auto", "dim3"}:
+        ) or decl.type not in INTEGER_TYPES | {"auto", "dim3"}:
             continue
         for name, declarator in zip(decl.names, decl.declarators, strict=True):
             if name in written or name in names:

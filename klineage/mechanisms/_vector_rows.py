@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from klineage.cuda.cexpr import MULTIPLICATIVE, operand
+from klineage.cuda.facts import INTEGER_TYPES
 from klineage.cuda.source import Node, ParsedSource
 from klineage.cuda.tree import (
     NotInForm,
@@ -52,6 +53,7 @@ from klineage.mechanisms._local_util import (
     index_declaration,
     is_side_effect_free,
     names_in_function,
+    normalize_type,
     shift,
     unshift,
 )
@@ -146,8 +148,8 @@ def _split_part(
     """("row" or "column", what declares it, name, D) of a declaration splitting ``index``:
     ``i / D``, ``i % D`` or ``i - row * D`` (``row`` declared before it)."""
     declared = _single_declaration(source, node)
-    if declared is None:
-        return None
+    if declared is None or normalize_type(declared[0]) not in INTEGER_TYPES:
+        return None  # a float "row" is no row: its lanes need not share it
     kind, name, value = declared
     for operator, part in (("/", "row"), ("%", "column")):
         sides = binary_operands(strip_parens(value), operator)

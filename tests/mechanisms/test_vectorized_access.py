@@ -473,18 +473,24 @@ def test_heldout_kernels_that_split_by_row_take_the_rows_form(mechanism_builder:
 
 
 @pytest.mark.parametrize(
-    ("old", "new"),
+    "changes",
     [
-        ("const int64_t r = i / cols;", "const int64_t r = i / rows;"),  # two lengths
-        ("  y[i] = __float2bfloat16(", "  c += 0;\n  y[i] = __float2bfloat16("),  # column written
+        [("const int64_t r = i / cols;", "const int64_t r = i / rows;")],
+        [("  y[i] = __float2bfloat16(", "  c += 0;\n  y[i] = __float2bfloat16(")],
+        [("int64_t c = i % cols;", "float c = i % cols;"), ("offset[c]", "offset[(int64_t)c]")],
     ],
-    ids=["two-lengths", "written-column"],
+    ids=["two-lengths", "written-column", "float-column"],
 )
-def test_lanes_that_do_not_keep_their_row_are_no_rows_candidate(old: str, new: str) -> None:
-    """The kernel still vectorizes (the canonical form is there); its lanes are no candidate."""
+def test_lanes_that_do_not_keep_their_row_are_no_rows_candidate(
+    changes: list[tuple[str, str]],
+) -> None:
+    """The kernel still vectorizes (the canonical form is there); its lanes are no candidate:
+    split by two lengths, writing their column, or holding it in a float."""
     text = ROWS_FIXTURE.read_text().replace("const int64_t c = i % cols;", "int64_t c = i % cols;")
-    tampered = text.replace(old, new)
-    assert tampered != text
+    tampered = text
+    for old, new in changes:
+        assert old in tampered
+        tampered = tampered.replace(old, new)
     vectorized = apply_everywhere(KernelSource(tampered), mechanism, Carrier())
     assert [s.detail["form"] for s in mechanism.detect(vectorized)] == ["kernel"]
     assert not [c for c in mechanism.candidates(vectorized) if c.detail.get("form") == "rows"]
