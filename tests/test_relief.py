@@ -34,11 +34,11 @@ def test_a_gemm_that_fills_the_gpu_puts_the_block_per_row_skills_last(
     problem = load_problem(REPO / "heldout" / "sgemm")
     plain = retrieve(library, problem)
     # without a profile, the 33-117x block-per-row steps of the row kernels would lead; the
-    # launch (a thread per output, m x n) already fills the GPU, so they go last
+    # launch (a thread per output, m x n) already fills the GPU, so they go last, with split_k
     by_gain = sorted(plain.ranked, key=lambda r: -r.score)
     assert by_gain[0].mechanism == "block_per_row"
     threads = {r.mechanism for r in plain.ranked if "launches m * n" in r.unrelieved}
-    assert threads == {"block_per_row", "warp_per_row"}
+    assert threads == {"block_per_row", "warp_per_row", "split_k"}
     assert plain.ranked[0].mechanism not in threads
     profiled = retrieve(library, problem, profile=recorded("sgemm_naive"))
     demoted = [r for r in profiled.ranked if r.unrelieved]
@@ -107,7 +107,8 @@ def test_a_step_that_gained_nothing_relieved_nothing(library: SkillLibrary) -> N
 
 def test_a_group_per_row_goes_last_on_a_gemm_and_not_on_a_row_reduction() -> None:
     """The naive GEMMs launch a thread per output (m x n, 524,288 and more on every
-    workload); row_sum and gemv launch a thread per row (at most 32,000)."""
+    workload); row_sum and gemv launch a thread per row (at most 32,000). A split of each
+    thread's sum over blocks (split_k) has no idle GPU to fill on the GEMMs either."""
     from klineage.mechanisms import get
     from klineage.problem import load_problem
     from klineage.replay.relief import RESIDENT_THREADS, enough_threads, launched_rows
@@ -117,13 +118,14 @@ def test_a_group_per_row_goes_last_on_a_gemm_and_not_on_a_row_reduction() -> Non
         kernel = problem.kernel_source()
         rows = launched_rows(kernel, problem)
         assert rows is not None and rows[0] == expected and min(rows[1]) >= RESIDENT_THREADS
-        for mechanism in ("block_per_row", "warp_per_row"):
+        for mechanism in ("block_per_row", "warp_per_row", "split_k"):
             why = enough_threads(get(mechanism), kernel, problem)
             assert why is not None and f"launches {expected} =" in why
         assert enough_threads(get("vectorized_access"), kernel, problem) is None
     for name in ("row_sum", "gemv", "cumsum_rows", "mean_pool"):
         problem = load_problem(REPO / "heldout" / name)
-        assert enough_threads(get("block_per_row"), problem.kernel_source(), problem) is None
+        for mechanism in ("block_per_row", "split_k"):
+            assert enough_threads(get(mechanism), problem.kernel_source(), problem) is None
 
 
 def test_a_row_count_it_cannot_evaluate_tells_nothing() -> None:

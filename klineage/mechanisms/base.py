@@ -342,7 +342,8 @@ class Mechanism(ABC):
     lower, such as shared-memory bank conflicts for padding; where a profiled target shows
     none of them, replay tries it last (it has nothing to relieve there)."""
     fills_threads: ClassVar[bool] = False
-    """It gives work that one thread did to several (a block or a warp per row): where the
+    """It gives work that one thread did to several (a block or a warp per row, a sum split
+    over blocks): where the
     target already launches enough threads to fill the GPU on every workload, replay tries it
     last, profile or not (:func:`klineage.replay.relief.enough_threads`)."""
 

@@ -245,6 +245,7 @@ class SplitK(Mechanism):
     name = "split_k"
     category = "parallelism"
     signature = ("host",)
+    fills_threads = True  # a thread's sum over blocks: nothing to gain where the GPU is full
     family = "block and warp tiling"
     intent = (
         "Split the reduction dimension across blocks when the output alone cannot fill the "

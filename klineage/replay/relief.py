@@ -20,8 +20,9 @@ Only a method that profiles its states asks (the `profiled` method; `skills` whe
 rank by profile). A skill tried last is still tried: the profile says it is unlikely to pay,
 not that it cannot.
 
-One want needs no profile: threads. A block or a warp per row (:attr:`Mechanism.fills_threads`)
-fills a GPU that one thread per row leaves idle; where the target's thread-per-row launch
+One want needs no profile: threads. A block or a warp per row, or a sum split over blocks
+(:attr:`Mechanism.fills_threads`), fills a GPU that one thread per row (or per output) leaves
+idle; where the target's thread-per-row launch
 already gives every workload more threads than the GPU holds at once, there is no idle GPU to
 fill (:func:`enough_threads`; the naive GEMMs: m x n threads, one per output, where a block
 per output measured 0.03-0.07x and a warp per output 0.08-0.11x in the audited replay).
