@@ -410,6 +410,34 @@ ELEMENT_SIZES: dict[str, int] = {
     "nv_bfloat16": 2,
 }
 
+_HALF_PAIRS = {
+    "__half": "__half2",
+    "half": "half2",
+    "__nv_bfloat16": "__nv_bfloat162",
+    "nv_bfloat16": "nv_bfloat162",
+}
+_SIGNED = frozenset({"int", "int32_t"})
+
+
+def vector_for(element: str, width: int) -> str | None:
+    """The vector type that holds ``width`` elements of ``element``: float x4 -> ``float4``,
+    bf16 x8 -> ``uint4`` (16 bytes), bf16 x2 -> ``__nv_bfloat162``; None when there is none."""
+    size = ELEMENT_SIZES.get(element)
+    if size is None:
+        return None
+    total = size * width
+    if element == "float":
+        return {8: "float2", 16: "float4"}.get(total)
+    if size == 2:
+        return {4: _HALF_PAIRS.get(element), 8: "uint2", 16: "uint4"}.get(total)
+    if size == 4:
+        prefix = "int" if element in _SIGNED else "uint"
+        return {8: f"{prefix}2", 16: f"{prefix}4"}.get(total)
+    if size == 8 and total == 16:
+        return "double2" if element == "double" else "longlong2"
+    return None
+
+
 _QUALIFIERS = re.compile(r"\b(const|volatile|__restrict__|__restrict|restrict|struct|union)\b")
 
 

@@ -270,14 +270,14 @@ def test_an_exit_that_skips_the_store_keeps_the_pointer_scalar() -> None:
     assert not [c for c in mechanism.candidates(KernelSource(skips)) if c.supported]
 
 
-def _gather_cases(shapes: tuple[tuple[int, int], ...]) -> list[Case]:
+def _gather_cases(shapes: tuple[tuple[int, int], ...], table_offset: int = 0) -> list[Case]:
     """embedding_gather's host cases, one per (hidden, tokens), over a vocabulary of 9 (the
     host emulator draws ids from -31 to 31: valid ones and NaN rows)."""
     return [
         Case(
             axes={"vocab": 9, "hidden": hidden, "tokens": tokens},
             buffers=[
-                Buffer("table", "__nv_bfloat16", "vocab * hidden"),
+                Buffer("table", "__nv_bfloat16", "vocab * hidden", offset=table_offset),
                 Buffer("ids", "int64_t", "tokens"),
                 Buffer("out", "__nv_bfloat16", "tokens * hidden", output=True),
             ],
@@ -427,6 +427,8 @@ def test_lanes_in_one_row_compute_the_same_bits_on_the_host() -> None:
     (the shared-row path) and not (the per-lane split), partial vectors at the end."""
     gather = KernelSource.from_file(REPO / "heldout" / "embedding_gather" / "kernel.cu")
     gather_cases = _gather_cases(((8, 6), (16, 3), (24, 5), (5, 7), (12, 3)))
+    # a table one element off 16 bytes: the first lane fills the row an element at a time
+    gather_cases += _gather_cases(((16, 3),), table_offset=1)
     fixture = KernelSource.from_file(ROWS_FIXTURE)
     fixture_cases = [
         Case(
@@ -446,6 +448,72 @@ def test_lanes_in_one_row_compute_the_same_bits_on_the_host() -> None:
         rows_form = _in_rows(kernel)
         assert "% 8 == 0) {  // a vector's lanes share one row" in rows_form.text
         assert run_on_host(rows_form.text, cases) == run_on_host(kernel.text, cases)
+
+
+@pytest.mark.nvcc
+def test_row_reads_are_loaded_once_a_vector_and_give_the_same_bits() -> None:
+    """What the lanes read at ``P[X + h]`` (the table row of a gathered id, silu_and_mul's gate
+    and up halves, bias_relu's bias) comes from one 16-byte load in the first lane (or one
+    element at a time where it is not aligned); every output bit is the naive kernel's."""
+    gather = _in_rows(KernelSource.from_file(REPO / "heldout" / "embedding_gather" / "kernel.cu"))
+    assert "uint4 table_row;" in gather.text
+    assert "table_row = *reinterpret_cast<const uint4*>(table_row_at);" in gather.text
+    assert "reinterpret_cast<const __nv_bfloat16*>(&table_row)[i_lane]" in gather.text
+    silu = KernelSource.from_file(REPO / "heldout" / "silu_and_mul" / "kernel.cu")
+    silu_cases = [
+        Case(
+            axes={"tokens": tokens, "d": d, "two_d": 2 * d},
+            buffers=[
+                Buffer("x", "__nv_bfloat16", "tokens * two_d", offset=offset),
+                Buffer("y", "__nv_bfloat16", "tokens * d", output=True),
+            ],
+            call="silu_and_mul(x, y, tokens, d, two_d)",
+            threads="tokens * d",
+        )
+        for tokens, d, offset in ((3, 8, 0), (2, 24, 0), (3, 16, 1), (2, 12, 0))
+    ]
+    bias_relu = KernelSource.from_file(REPO / "heldout" / "bias_relu" / "kernel.cu")
+    bias_cases = [
+        Case(
+            axes={"rows": rows, "cols": cols},
+            buffers=[
+                Buffer("x", "__half", "rows * cols"),
+                Buffer("bias", "__half", "cols", offset=offset),
+                Buffer("y", "__half", "rows * cols", output=True),
+            ],
+            call="bias_relu(x, bias, y, rows, cols)",
+            threads="rows * cols",
+        )
+        for rows, cols, offset in ((3, 8, 0), (2, 32, 0), (4, 16, 3), (3, 10, 0))
+    ]
+    for kernel, cases, register in (
+        (silu, silu_cases, "uint4 x_row_2;"),
+        (bias_relu, bias_cases, "uint4 bias_row;"),
+    ):
+        rows_form = _in_rows(kernel)
+        assert register in rows_form.text
+        assert run_on_host(rows_form.text, cases) == run_on_host(kernel.text, cases)
+
+
+def test_a_read_only_some_lanes_make_is_not_loaded_for_all() -> None:
+    """A read under `?:`, or after a branch the lanes may take apart, stays a lane's own."""
+    text = ROWS_FIXTURE.read_text()
+    text = text.replace(
+        "const float* offset,", "const float* offset, const __nv_bfloat16* extra,"
+    ).replace("(x, scale, offset, y,", "(x, scale, offset, extra, y,")
+    text = text.replace("__nv_bfloat16* y, int64_t rows, int64_t cols, cudaStream_t stream", (
+        "const __nv_bfloat16* extra, __nv_bfloat16* y, int64_t rows, int64_t cols, "
+        "cudaStream_t stream"))  # fmt: skip
+    read = "__bfloat162float(extra[r * cols + c])"
+    cases = {
+        "conditional": f"  const float e = c > 2 ? {read} : 0.0f;\n",
+        "after a lane branch": f"  if (c == 3) return;\n  const float e = {read};\n",
+        "every lane": f"  const float e = {read};\n",
+    }
+    for case, line in cases.items():
+        kernel = KernelSource(text.replace("  y[i] = ", line + "  y[i] = e + "))
+        rows_form = _in_rows(kernel)
+        assert ("uint4 extra_row;" in rows_form.text) == (case == "every lane"), case
 
 
 def test_heldout_kernels_that_split_by_row_take_the_rows_form(mechanism_builder: Builder) -> None:
