@@ -4,7 +4,7 @@
 # ($OUT/NAME.tar.xz.part-00, -01, ...). On 2026-12-04 a gzip state of the replay grew past the
 # limit inside one call and the call's verdicts were lost; parts cannot outgrow it.
 #
-#   state_pack NAME PATH...   # -> $OUT/NAME.tar.xz.part-NN
+#   state_pack NAME PATH...   # -> $OUT/NAME.tar.xz.part-NN (STATE_PART_BYTES each, default 15m)
 #   state_unpack NAME         # .state/NAME.tar.xz.part-* (or an older .state/NAME.tgz); 1 if none
 #
 # Between calls: rm -f .state/NAME.*; cp FILES_AT/NAME.tar.xz.part-* .state/
@@ -14,7 +14,7 @@ state_pack() {
   shift
   rm -f "$OUT/$name".tar.xz.part-*
   # -T0: every core, so packing a 60 MB state takes seconds of the call, not half a minute
-  tar cf - "$@" | xz -T0 | split -b 15m -d -a 2 - "$OUT/$name.tar.xz.part-"
+  tar cf - "$@" | xz -T0 | split -b "${STATE_PART_BYTES:-15m}" -d -a 2 - "$OUT/$name.tar.xz.part-"
 }
 
 state_unpack() {
