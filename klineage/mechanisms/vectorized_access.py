@@ -96,7 +96,8 @@ from klineage.mechanisms._local_util import (
     vector_for,
     walk,
 )
-from klineage.mechanisms._vector_rows import RowsForm, rows_forms, rows_text, split_lanes
+from klineage.mechanisms._vector_lanes import split_lanes
+from klineage.mechanisms._vector_rows import RowsForm, rows_forms, rows_text
 from klineage.mechanisms._vector_scan import (
     VECTORS,
     VectorScan,
