@@ -69,13 +69,10 @@ def _lane_invariant(
     lane-invariant names and const data."""
     if not is_side_effect_free(source, node):
         return False
-    callees = {
-        c.child_by_field_name("function").id  # type: ignore[union-attr]
-        for c in walk(node)
-        if c.type == "call_expression" and c.child_by_field_name("function") is not None
-    }
+    called = [c.child_by_field_name("function") for c in walk(node) if c.type == "call_expression"]
+    callees = {(c.start_byte, c.end_byte) for c in called if c is not None}  # names, not values
     for part in walk(node):
-        if part.type == "identifier" and part.id not in callees:
+        if part.type == "identifier" and (part.start_byte, part.end_byte) not in callees:
             if source.text_of(part) not in invariant and source.text_of(part) not in pointers:
                 return False
         elif part.type == "pointer_expression":

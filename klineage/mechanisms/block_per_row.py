@@ -23,11 +23,11 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   Refused when anything else ties the kernel to the block (a row held in registers across
   block-strided slots, shared memory beyond the reductions, barriers, helpers that use
   ``threadIdx``), with the line.
-- apply (thread -> block per row) on a canonical thread-per-row kernel (the ``heldout/``
-  row reductions: row_sum, row_max, log_softmax, layernorm, l2_normalize, cross_entropy,
-  gemv, ...): loops stride by the block, each accumulator of a loop (sum, max or min of a
-  float) is block-reduced after it, stores outside loops are done by thread 0, and the launch
-  gets one block of ``block_size`` threads per row. See
+- apply (thread -> block per row) on a canonical thread-per-row kernel (a row's sum,
+  maximum, normalization or dot product, one thread per row): loops stride by the block,
+  each accumulator of a loop (sum, max or min of a float) is block-reduced after it, stores
+  outside loops are done by thread 0, and the launch gets one block of ``block_size``
+  threads per row. See
   :mod:`klineage.mechanisms._reductions_rows` for the exact canonical forms. On a naive row
   scan (a thread writing its row's running sum, ``form=scan``), a block that scans the row
   ``blockDim.x`` elements a turn: warp shuffles, then the warps' totals through shared memory

@@ -31,7 +31,7 @@ Two canonical forms are recognized:
   would poison the sum), removed into ``for (...) m = fmaxf(m, x);`` then ``for (...) s +=
   expf(x - m);`` (the declaration ``float s = 0.0f;`` right before the loop moves between
   them). Applied on that
-  two-loop form (``heldout/log_softmax``, ``heldout/cross_entropy``): same loop header, same
+  two-loop form (a row's maximum, then its sum of exponentials): same loop header, same
   element ``x``, ``s`` starting from zero right before the second loop.
 
 - **the block form**: the same scalar loop over each thread's share of a row a block shares,

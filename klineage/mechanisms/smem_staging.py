@@ -25,7 +25,7 @@ of once per thread that needs it.
     as ``As[ty][tx] = X[k := tx]`` and read as ``As[ty][k]`` (the inverse of the removal);
   * the *naive GEMM*, one thread per output element of a linear index ``i`` decomposed into
     ``row``/``col`` (and a batch index), with a dot-product loop ``for (p = 0; p < K; ++p)
-    acc += X * Y``, as in ``heldout/sgemm`` and ``heldout/batched_hgemm``: the kernel is
+    acc += X * Y`` (a single or batched matrix product, one output a thread): the kernel is
     re-mapped to T x T blocks of the output (``blockIdx.z`` for the batch), the loop becomes
     a loop over K in steps of T that stages bounds-checked tiles (zero past K), threads
     outside the output clamp their row and column (they still load tiles for the others) and
