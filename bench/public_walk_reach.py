@@ -6,12 +6,13 @@ order of removals takes out of each expert, and why the others stay.
 (defaults: --public bench/public, --out bench/results/public_walk_reach.json)
 
 CPU only (parsing and rewriting, nothing is built or timed). Per expert whose git-ignored
-``kernel.cu`` is present, the walk removes, round after round, every detected mechanism whose
-removal takes at least one site, from the state the last removal left, until a round removes
-nothing. That is an upper bound on what mining can recover: mining gates each step, keeps
+``kernel.cu`` is present, the walk removes one detected mechanism a step (every site its rule
+takes), from the state the last removal left, in mining's order where it does not depend on
+timing (a removal that strands another removable mechanism goes after it), until no removal
+takes a site. That is an upper bound on what mining can recover: mining gates each step, keeps
 only what the gate accepts, and a verified skill also needs a measured gain. The mapped
 mechanisms come from ``bench/results/public_lineages.json`` (run ``bench/public_lineages.py``
-first). For each mapped mechanism no round removed, the refusal of its site in the last state
+first). For each mapped mechanism no step removed, the refusal of its site in the last state
 is kept (or that it is no longer detected there). With ``--build``, each expert's last state
 is built with nvcc under its problem's compile options (no GPU): every removal of the walk
 must leave code that compiles, or mining would spend a gate run on a compile error.
@@ -31,25 +32,51 @@ from klineage.mining.removal import remove_mechanism
 from klineage.problem import load_problem
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUNDS = 12
+STEPS = 40
+"""At most this many removals a walk (each removes one mechanism everywhere)."""
+
+
+def _stranded(kernel: KernelSource) -> set[str]:
+    """Mechanisms detected in ``kernel`` whose every site the rules refuse."""
+    status: dict[str, bool] = {}
+    for site in detect_all(kernel):
+        status[site.mechanism] = status.get(site.mechanism, False) or site.supported
+    return {name for name, removable in status.items() if not removable}
+
+
+def _rank(name: str, children: dict[str, KernelSource]) -> tuple[bool, bool, str]:
+    """Whether removing ``name`` strands another removable mechanism, whether it takes one
+    along, and the name (see :func:`walk`)."""
+    child = children[name]
+    others = set(children) - {name}
+    detected = {site.mechanism for site in detect_all(child)}
+    return bool(others & _stranded(child)), bool(others - detected), name
 
 
 def walk(kernel: KernelSource) -> tuple[KernelSource, list[str]]:
-    """The state no round changes any more, and the mechanisms removed, in order."""
+    """The state no removal changes any more, and the mechanisms removed, in order.
+
+    One removal a step, chosen as mining chooses among accepted removals: a removal that
+    leaves another removable mechanism with only refused sites goes after that mechanism
+    (taking it first strands the walk). Mining then peels the removal that costs least speed;
+    without timing, a removal that takes another removable mechanism along with it (one
+    thread per row takes the row's reduction) stands for the costly one and goes after the
+    others. Ties by name."""
     removed: list[str] = []
-    for _ in range(ROUNDS):
-        progress = False
+    for _ in range(STEPS):
+        children: dict[str, KernelSource] = {}
         for name in sorted({site.mechanism for site in detect_all(kernel)}):
             try:
                 removal = remove_mechanism(kernel, get(name))
             except MechanismError:
                 continue  # a rule that fails on this state takes nothing (mining logs it)
             if removal.sites:
-                kernel = removal.simplified
-                removed.append(name)
-                progress = True
-        if not progress:
+                children[name] = removal.simplified
+        if not children:
             break
+        chosen = min(children, key=lambda name: _rank(name, children))
+        kernel = children[chosen]
+        removed.append(chosen)
     return kernel, removed
 
 
@@ -72,7 +99,7 @@ def main() -> None:
         final, removed = walk(KernelSource.from_file(path))
         left = {}
         for site in detect_all(final):
-            left.setdefault(site.mechanism, site.refusal or "removable, but no round took it")
+            left.setdefault(site.mechanism, site.refusal or "removable, but no step took it")
         built = None
         if args.build:
             options = load_problem(args.public / name).compile_options

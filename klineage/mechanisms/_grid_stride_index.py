@@ -4,24 +4,47 @@ Public kernels stride over rows (or tokens) with whatever block dimension holds 
 
     for (int row = blockIdx.x * blockDim.z + threadIdx.z; row < N; row += gridDim.x * blockDim.z)
 
-that is, from ``blockIdx.d * S + threadIdx.e`` by ``gridDim.d * S`` with ``S = blockDim.e``:
-the threads of a block along ``e`` cover ``S`` consecutive indices, and the grid along ``d``
-covers the rest in turns. Removing the loop gives each thread one index, ``if (row < N)``,
-and every launch a grid that covers ``N`` along ``d``: ``(N + S - 1) / S`` blocks, with ``S``
-read from the launch's block (``dim3(32, y, z)`` -> ``z``). Barriers inside the loop stay
-where they were: a thread past ``N`` skipped them in the loop's last turn as it skips them
-now. Refused (with the form) when the index is written in the body, the body returns or leaves
-the loop with code after it, the kernel reads ``blockIdx.d`` or ``gridDim.d`` elsewhere, the
-bound is not expressible at a launch, or a launch's grid or block is not written out.
+that is, from ``blockIdx.d * S + L`` by ``gridDim.d * S``: the block's share ``S`` of a turn
+is uniform over the grid (a block dimension, ``4 * blockDim.z``, a template parameter), the
+thread's offset ``L`` reads no ``blockIdx.d``. A thread visits ``L + j * S`` for every ``j``
+its block's turns reach, and the blocks along ``d`` together reach every ``j`` once; with one
+turn each, a grid of ``(N + S - 1) / S`` blocks along ``d`` reaches every ``j`` that stays
+below ``N`` once too, so each thread handles the same indices. Removing the loop gives each
+thread one index, ``if (row < N)``, and every launch that grid, with ``S`` written from the
+launch's block (``dim3(32, y, z)`` -> ``z``) and template arguments. Barriers inside the loop
+stay where they were: a thread past ``N`` skipped them in the loop's last turn as it skips them
+now.
+
+A kernel that also reads ``blockIdx.d`` to pick its own slot of a partial-results buffer
+(``partial[blockIdx.y * cols + col] = total``, added up by a second kernel) keeps its result
+only if the host's count of those slots follows the new grid. The rule then writes the new
+grid into the declaration of the host variable the launch's grid reads along ``d``, so the
+buffer's size and the second pass, which read that variable, follow it; refused where the grid
+along ``d`` is not such a variable, or the new value would read a name declared after it.
+
+Refused (with the form) when the index is written in the body, the body returns or leaves
+the loop with code after it, the kernel reads ``gridDim.d`` elsewhere or ``blockIdx.d`` other
+than as a store's slot, the bound is not expressible at a launch, or a launch's grid or block
+is not written out.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 from klineage.cuda.analysis import IndexForm, analysis
 from klineage.cuda.cexpr import PRIMARY, precedence
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
-from klineage.cuda.tree import NotInForm, assigned_names, call_arguments, strip_parens, walk
+from klineage.cuda.tree import (
+    NotInForm,
+    assigned_names,
+    call_arguments,
+    declaration_names,
+    strip_parens,
+    walk,
+)
 from klineage.mechanisms._local_util import (
     Refused,
     builtin_of,
@@ -33,6 +56,7 @@ from klineage.mechanisms._local_util import (
     size_at_launch,
     statements,
 )
+from klineage.mechanisms._multipass import declaration_of, reassignments
 
 __all__ = ["index_loop_removal"]
 
@@ -42,23 +66,65 @@ _NEEDED = (
     "gridDim.d nowhere else, launched with its grid and block written out"
 )
 _AXES = "xyz"
+_VARYING = ("threadIdx", "blockIdx", "lane", "warp")
+"""Atoms that differ between the threads of a grid (a block share may read none of them)."""
 
 
 def _refuse(form: str) -> NotInForm:
     return NotInForm(form, _NEEDED)
 
 
-def _stride_axes(init: IndexForm, step: IndexForm) -> tuple[str, str] | None:
-    """``(d, e)`` when ``step = gridDim.d * blockDim.e`` and ``init = blockIdx.d * blockDim.e
-    + threadIdx.e``."""
+@dataclass(frozen=True)
+class _Stride:
+    """A grid-stride loop read by its index: from ``blockIdx.axis * share + offset`` by
+    ``gridDim.axis * share``."""
+
+    axis: str
+    share: IndexForm
+    offset: IndexForm
+
+
+def _stride_of(init: IndexForm, step: IndexForm) -> _Stride | None:
+    """The loop's stride, when ``step = gridDim.d * S`` and ``init = blockIdx.d * S + L`` with
+    ``S`` the same in every thread of the grid and ``L`` reading neither ``blockIdx.d`` nor
+    ``gridDim.d``, its terms added (a thread's offset in its block's turn)."""
     for d in _AXES:
-        for e in _AXES:
-            stride = IndexForm.atom(f"blockDim.{e}")
-            if step != IndexForm.atom(f"gridDim.{d}") * stride:
-                continue
-            if init == IndexForm.atom(f"blockIdx.{d}") * stride + IndexForm.atom(f"threadIdx.{e}"):
-                return d, e
+        share = step.coefficient(f"gridDim.{d}")
+        if not share.terms or step != share * IndexForm.atom(f"gridDim.{d}"):
+            continue
+        if any(a.split(".")[0] in _VARYING for a in share.base_atoms()):
+            return None
+        offset = init - IndexForm.atom(f"blockIdx.{d}") * share
+        if offset.depends_on(f"blockIdx.{d}") or offset.depends_on(f"gridDim.{d}"):
+            return None
+        if any(coefficient < 0 for _, coefficient in offset.terms):
+            return None  # a turn reaching below the block's share: its grid would not cover n
+        return _Stride(d, share, offset)
     return None
+
+
+def _share_at_launch(
+    source: ParsedSource, kernel: Function, launch: Launch, share: IndexForm
+) -> str:
+    """The block's share ``S`` of a turn written at a launch: block dimensions from the
+    launch's block, template parameters by their arguments, file constants by name."""
+    if len(share.terms) != 1:
+        raise _refuse(f"a grid-stride loop whose block share {share} has several terms")
+    ((monomial, coefficient),) = share.terms
+    factors = [] if coefficient == 1 else [str(coefficient)]
+    for atom in monomial:
+        if atom.startswith("blockDim."):
+            factors.append(_block_extent(source, launch, atom[-1]))
+        elif atom in kernel.template_params:
+            index = kernel.template_params.index(atom)
+            if index >= len(launch.template_args):
+                raise _refuse(f"a launch giving no template argument for {atom}")
+            factors.append(_operand(source, launch.template_args[index]))
+        elif atom in source.integer_constants:
+            factors.append(atom)
+        else:
+            raise _refuse(f"a grid-stride loop whose block share {share} reads {atom}")
+    return " * ".join(factors) or "1"
 
 
 def _block_extent(source: ParsedSource, launch: Launch, axis: str) -> str:
@@ -122,18 +188,94 @@ def _grid_edit(source: ParsedSource, launch: Launch, axis: str, blocks: str) -> 
     return Edit.replace(grid, blocks)
 
 
-def _reads_elsewhere(source: ParsedSource, function: Function, loop: Node, axis: str) -> str | None:
-    """A read of ``blockIdx.axis`` or ``gridDim.axis`` outside the loop's header."""
+def _reads_elsewhere(source: ParsedSource, function: Function, loop: Node, axis: str) -> list[Node]:
+    """The reads of ``blockIdx.axis`` and ``gridDim.axis`` outside the loop's header."""
     assert function.body is not None
     body = loop.child_by_field_name("body")
+    found = []
     for node in walk(function.body):
         builtin = builtin_of(source, node) if node.type == "field_expression" else None
         if builtin not in (f"blockIdx.{axis}", f"gridDim.{axis}"):
             continue
-        in_header = body is not None and loop.start_byte <= node.start_byte < body.start_byte
-        if not in_header:
-            return builtin
-    return None
+        if not (body is not None and loop.start_byte <= node.start_byte < body.start_byte):
+            found.append(node)
+    return found
+
+
+def _is_slot(source: ParsedSource, function: Function, node: Node) -> bool:
+    """Whether ``node`` is read only to pick the element a store writes: it sits in the index
+    of ``P[...] = ...`` (or ``+=``), ``P`` a parameter of the kernel."""
+    current = node
+    while current.parent is not None and current.parent.type != "subscript_expression":
+        if current.parent.type in ("expression_statement", "declaration", "compound_statement"):
+            return False
+        current = current.parent
+    subscript = current.parent
+    if subscript is None or subscript.child_by_field_name("indices") != current:
+        return False
+    base = strip_parens(subscript.child_by_field_name("argument") or subscript)
+    store = subscript.parent
+    return (
+        base.type == "identifier"
+        and function.param(source.text_of(base)) is not None
+        and store is not None
+        and store.type == "assignment_expression"
+        and store.child_by_field_name("left") == subscript
+    )
+
+
+def _slot_count_edit(
+    source: ParsedSource, function: Function, launch: Launch, axis: str, blocks: str
+) -> Edit:
+    """The edit that writes ``blocks`` into the declaration of the host variable the launch's
+    grid reads along ``axis``, so whatever the host sizes by it (the partial buffer, the second
+    pass's count) follows the new grid."""
+    grid = strip_parens(launch.grid) if launch.grid is not None else None
+    host = source.enclosing_function(launch.node)
+    if grid is None or host is None or host.body is None:
+        raise _refuse("a grid-stride loop writing block slots, launched without a grid")
+    count = grid
+    if grid.type == "call_expression":
+        args = call_arguments(grid)
+        index = _AXES.index(axis)
+        count = strip_parens(args[index]) if index < len(args) else grid
+    elif axis != "x":
+        count = grid.parent or grid  # no count along the axis: refused below
+    name = source.text_of(count)
+    if count.type != "identifier" or "dim3" in local_types(source, host).get(name, "dim3"):
+        raise _refuse(
+            f"a kernel writing one slot per block along {axis} (blockIdx.{axis}) launched with "
+            f"the grid `{source.snippet(grid, 40)}`, whose count along {axis} is not a local the "
+            "host sizes its buffers by"
+        )
+    try:
+        declaration, value = declaration_of(source, host, name)
+    except NotInForm as why:
+        raise _refuse(f"a grid count {name} not declared with a value in {host.name}") from why
+    if value.type == "initializer_list" or reassignments(source, host, name):
+        raise _refuse(f"a grid count {name} written elsewhere than in `= value` at its declaration")
+    later = _declared_after(source, host, declaration.start_byte)
+    used = {n for n in _identifiers(blocks) if n in later}
+    if used:
+        raise _refuse(
+            f"a grid count {name} declared before {', '.join(sorted(used))}, which its new "
+            "value reads"
+        )
+    return Edit(value.start_byte, value.end_byte, blocks)
+
+
+def _declared_after(source: ParsedSource, host: Function, position: int) -> set[str]:
+    assert host.body is not None
+    return {
+        name
+        for decl in source.iter_nodes("declaration", within=host.body)
+        if decl.start_byte >= position
+        for name in declaration_names(source, decl)
+    }
+
+
+def _identifiers(text: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z_]\w*", text))
 
 
 def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> list[Edit]:
@@ -147,10 +289,11 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
     declared = index_declaration(source, init) if init is not None else None
     if variable is None or variable.step is None or declared is None or body is None:
         raise _refuse(f"a grid-stride loop `{header}` without a declared index")
-    axes = _stride_axes(variable.init, variable.step)
-    if axes is None:
+    stride = _stride_of(variable.init, variable.step)
+    if stride is None:
         raise _refuse(
-            f"a grid-stride loop from {variable.init} by {variable.step}, not by a block dimension"
+            f"a grid-stride loop from {variable.init} by {variable.step}, not from blockIdx.d·S "
+            "+ an offset by gridDim.d·S with S the same in every block"
         )
     name, specifiers, value = declared
     bound = index_bound(source, condition, name, exits=False) if condition is not None else None
@@ -170,11 +313,15 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
     jumps = loop_bound_jumps(body, ("break_statement", "continue_statement"))
     if jumps and not last:
         raise _refuse(f"a grid-stride loop left by `{source.snippet(jumps[0])}` with code after it")
-    grid_axis, block_axis = axes
-    elsewhere = _reads_elsewhere(source, function, loop, grid_axis)
-    if elsewhere is not None:
-        raise _refuse(f"a grid-stride loop in a kernel that also reads {elsewhere}")
-    edits: list[Edit] = []
+    axis = stride.axis
+    elsewhere = _reads_elsewhere(source, function, loop, axis)
+    for read in elsewhere:
+        if source.text_of(read).startswith("gridDim") or not _is_slot(source, function, read):
+            raise _refuse(
+                f"a grid-stride loop in a kernel that also reads {builtin_of(source, read)} in "
+                f"`{source.snippet(read.parent or read, 40)}`"
+            )
+    edits: dict[tuple[int, int], Edit] = {}
     for launch in _launches(source, function):
         try:
             size = size_at_launch(source, function, launch, bound)
@@ -182,10 +329,18 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
             raise _refuse(
                 f"a grid-stride loop whose bound cannot be written at a launch ({why})"
             ) from why
-        extent = _block_extent(source, launch, block_axis)
+        share = _share_at_launch(source, function, launch, stride.share)
+        divisor = share if " " not in share else f"({share})"
         size = size if precedence(bound) >= PRIMARY and " " not in size else f"({size})"
-        blocks = f"(unsigned)(({size} + {extent} - 1) / {extent})"
-        edits.append(_grid_edit(source, launch, grid_axis, blocks))
+        blocks = f"(unsigned)(({size} + {share} - 1) / {divisor})"
+        if elsewhere:  # block slots: the host's count of them follows the grid
+            edit = _slot_count_edit(source, function, launch, axis, blocks)
+        else:
+            edit = _grid_edit(source, launch, axis, blocks)
+        previous = edits.get((edit.start_byte, edit.end_byte))
+        if previous is not None and previous.replacement != edit.replacement:
+            raise _refuse("launches sharing a grid count that need different grids")
+        edits[(edit.start_byte, edit.end_byte)] = edit
     close = [c for c in loop.children if c.type == ")" and c.end_byte <= body.start_byte]
     gid = source.text_of(value)
     if last:
@@ -193,9 +348,9 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
         text = f"{specifiers} {name} = {gid};\n{indent}if ({name} < {source.text_of(bound)})"
     else:
         text = f"if ({specifiers} {name} = {gid}; {name} < {source.text_of(bound)})"
-    edits.append(Edit(loop.start_byte, close[-1].end_byte, text))
-    edits += [Edit.replace(jump, "return;") for jump in jumps]
-    return edits
+    loop_edits = [Edit(loop.start_byte, close[-1].end_byte, text)]
+    loop_edits += [Edit.replace(jump, "return;") for jump in jumps]
+    return loop_edits + list(edits.values())
 
 
 def _launches(source: ParsedSource, function: Function) -> list[Launch]:

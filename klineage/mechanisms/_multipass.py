@@ -42,10 +42,12 @@ from klineage.mechanisms._local_util import local_types, strip_casts
 
 __all__ = [
     "PartialLaunch",
+    "declaration_of",
     "grid_blocks",
     "local_constants",
     "partial_count_edits",
     "partials_param",
+    "reassignments",
     "scaled",
 ]
 
@@ -176,7 +178,7 @@ def _grid_variable(source: ParsedSource, host: Function, launch: Launch) -> str:
     return name
 
 
-def _declaration(source: ParsedSource, host: Function, name: str) -> tuple[Node, Node]:
+def declaration_of(source: ParsedSource, host: Function, name: str) -> tuple[Node, Node]:
     """The declaration of ``name`` in ``host`` and its value."""
     assert host.body is not None
     for decl in source.iter_nodes("declaration", within=host.body):
@@ -193,7 +195,7 @@ def _declaration(source: ParsedSource, host: Function, name: str) -> tuple[Node,
     raise _refuse(f"a grid {name} declared without a value in {host.name}")
 
 
-def _reassignments(source: ParsedSource, host: Function, name: str) -> list[Node]:
+def reassignments(source: ParsedSource, host: Function, name: str) -> list[Node]:
     """The statements of ``host`` that write ``name`` after its declaration."""
     assert host.body is not None
     found = []
@@ -254,7 +256,7 @@ def partial_count_edits(
     edits: dict[tuple[int, int], Edit] = {}
     for launch, host, wanted in planned:
         name = _grid_variable(source, host, launch)
-        _, value = _declaration(source, host, name)
+        _, value = declaration_of(source, host, name)
         for other in source.launches:
             if (
                 other.kernel != kernel.name
@@ -277,7 +279,7 @@ def partial_count_edits(
             raise _refuse(
                 f"no second launch in {host.name} reading the partials with the count {name}"
             )
-        for statement in _reassignments(source, host, name):
+        for statement in reassignments(source, host, name):
             if statement.start_byte > launch.node.start_byte or not caps:
                 raise _refuse(
                     f"a grid {name} reassigned (`{source.snippet(statement, 40)}`), so its "
@@ -307,7 +309,7 @@ def grid_value(source: ParsedSource, launch: Launch) -> Node | None:
     if host is None or grid is None or grid.type != "identifier":
         return None
     try:
-        return _declaration(source, host, source.text_of(grid))[1]
+        return declaration_of(source, host, source.text_of(grid))[1]
     except NotInForm:
         return None
 

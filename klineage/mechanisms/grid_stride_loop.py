@@ -25,12 +25,14 @@ SMs) so blocks are not launched only to exit, and each thread keeps going.
 Grid-stride loops in other spellings (a ``while`` with the stride in a variable, the y or z
 dimension, a stride scaled by another block dimension, a persistent loop fed by a scheduler)
 are found by the index analysis (:mod:`klineage.mechanisms._grid_stride_forms`). A ``for``
-loop from ``blockIdx.d * blockDim.e + threadIdx.e`` by ``gridDim.d * blockDim.e`` is removed
-by :mod:`klineage.mechanisms._grid_stride_index` (barriers inside allowed, the launch's grid
-along ``d`` resized); a ``while`` loop of a kernel writing one partial per block by
+loop from ``blockIdx.d * S + L`` by ``gridDim.d * S`` (``S`` the block's share of a turn, such
+as ``blockDim.e`` or ``4 * blockDim.z``) is removed by
+:mod:`klineage.mechanisms._grid_stride_index` (barriers inside allowed, the launch's grid along
+``d`` resized, or the host's count of per-block partial slots where the kernel writes them);
+a ``while`` loop of a kernel writing one partial per block by
 :mod:`klineage.mechanisms._grid_stride_partials` (the host's partial count following); the
-others are refused with the form they are in. That removal has no
-forward rule: its skills are not transferable.
+others are refused with the form they are in. That removal has no forward rule: its skills
+are not transferable.
 """
 
 from __future__ import annotations

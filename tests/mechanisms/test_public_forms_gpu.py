@@ -21,6 +21,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "cast_once": FIXTURES / "mining" / "scale_shift_rows",
     "persistent_rows": PROBLEMS / "centered_affine",
     "rows_by_z": PROBLEMS / "center_rows",
+    "row_turns": PROBLEMS / "column_totals",
     "rows_2d": PROBLEMS / "center_rows",
     "rows_2d_walk_back": PROBLEMS / "center_rows",
     "rows_cg": PROBLEMS / "center_rows",

@@ -135,9 +135,9 @@ def _rows_by_z() -> str:
             "launched with the dim3 variable grid as grid",
         ),
         (
-            "int row = blockIdx.x * blockDim.z + threadIdx.z;",
-            "int row = blockIdx.x * blockDim.z + threadIdx.z + 1;",
-            "not by a block dimension",
+            "blockDim.z + threadIdx.z;",
+            "blockDim.z - threadIdx.z;",  # an offset that may be negative
+            "not from blockIdx.d·S + an offset by gridDim.d·S",
         ),
     ],
 )
@@ -148,6 +148,66 @@ def test_a_grid_stride_loop_over_z_rows_is_refused_outside_its_form(
     (site,) = grid_stride.detect(kernel)
     assert reason in str(site.refusal)
     assert "read by its index, it is a grid-stride loop" in str(site.refusal)
+    with pytest.raises(MechanismRefused):
+        grid_stride.remove(kernel, site)
+
+
+def test_a_turn_offset_past_the_blocks_first_row_still_covers_every_row() -> None:
+    # a thread visits row0 + 1 + j * S for every j; one turn a block over (N + S - 1) / S
+    # blocks reaches the same rows below N
+    kernel = KernelSource(
+        _rows_by_z().replace("blockDim.z + threadIdx.z;", "blockDim.z + threadIdx.z + 1;")
+    )
+    (site,) = grid_stride.detect(kernel)
+    assert site.supported, site.refusal
+    after = grid_stride.remove(kernel, site).text
+    assert "int row = blockIdx.x * blockDim.z + threadIdx.z + 1;\n  if (row < rows) {" in after
+    assert "<<<(unsigned)((((int)rows) + rows_per_block - 1) / rows_per_block)," in after
+
+
+def _row_turns() -> str:
+    path = PUBLIC_FORMS / "grid_stride_loop" / "row_turns.before.cu"
+    return path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        (  # the count is written at the launch: the scratch size would not follow it
+            "dim3(slabs, turns)",
+            "dim3(slabs, max(1, turns))",
+            "whose count along y is not a local the host sizes its buffers by",
+        ),
+        (  # the new count would read the block before it is declared
+            "  const dim3 block = {kRowLanes, kSlab, 8};\n",
+            "",
+            "a grid count turns declared before block, which its new value reads",
+        ),
+        (  # blockIdx.y read for something other than the block's slot
+            "if (threadIdx.z == 0 && threadIdx.x == 0",
+            "if (blockIdx.y < 65535 && threadIdx.z == 0 && threadIdx.x == 0",
+            "in a kernel that also reads blockIdx.y in",
+        ),
+        (
+            "const int turns = max(1, sms * threads_per_sm / (256 * slabs));",
+            "int turns = max(1, sms * threads_per_sm / (256 * slabs));\n  turns = min(turns, 64);",
+            "a grid count turns written elsewhere than",
+        ),
+    ],
+)
+def test_a_loop_writing_block_slots_is_refused_where_the_count_cannot_follow(
+    old: str, new: str, reason: str
+) -> None:
+    text = _row_turns()
+    assert old in text
+    text = text.replace(old, new)
+    if not new:  # the block, declared again after the count
+        text = text.replace(
+            "  if ((size_t)cols", "  const dim3 block = {kRowLanes, kSlab, 8};\n  if ((size_t)cols"
+        )
+    kernel = KernelSource(text)
+    (site,) = [s for s in grid_stride.detect(kernel) if s.function == "column_partials"]
+    assert reason in str(site.refusal), site.refusal
     with pytest.raises(MechanismRefused):
         grid_stride.remove(kernel, site)
 
