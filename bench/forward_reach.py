@@ -82,8 +82,8 @@ FORWARD_FORMS: dict[str, str] = {
     "smem_swizzle": "a swizzle helper without its XOR, or a wgmma descriptor tile",
     "split_k": "a split count's '= 1' declaration whose choice a removal deleted (a new split "
     "needs a workspace only a person writes)",
-    "tensor_core_mma": "an mma this mechanism emulated earlier (a scalar dot product needs a "
-    "re-tiling)",
+    "tensor_core_mma": "a staged tile product of 16-bit operands (what smem_staging writes on a "
+    "half GEMM), or an mma this mechanism emulated earlier",
     "thread_coarsening": "a one-thread-per-element kernel with its launch in the file",
     "vectorized_access": "an elementwise loop, a split (scalar) access in the canonical form, "
     "or a warp scan one float a lane a turn",

@@ -73,6 +73,8 @@ FORMS_AFTER = [
     ("cumsum_rows", "warp_shuffle_scan", "vectorized_access", "scan"),
     # a vector's lanes in one row: the row split once a vector, every row-splitting kernel
     *[(name, "vectorized_access", "vectorized_access", "rows") for name in SPLITTING],
+    # staged 16 x 16 tiles of f16 values, multiplied on the tensor cores (mma.sync m16n8k16)
+    ("batched_hgemm", "smem_staging", "tensor_core_mma", "mma_tile"),
 ]
 """Forms a rule writes on what another rule wrote first (its default carrier, every site)."""
 

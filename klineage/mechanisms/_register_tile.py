@@ -54,7 +54,15 @@ from klineage.cuda.tree import NotInForm, binary_operands, strip_parens
 from klineage.mechanisms._local_util import names_in_function, splice, statements, walk
 from klineage.mechanisms._tiles_util import Locals, fresh_name, name_of, names_in, substitute
 
-__all__ = ["NEEDED", "RegisterTile", "register_tile_edits", "register_tile_of", "staged_loops"]
+__all__ = [
+    "NEEDED",
+    "RegisterTile",
+    "TileWriter",
+    "launch_edits",
+    "register_tile_edits",
+    "register_tile_of",
+    "staged_loops",
+]
 
 NEEDED = (
     "a shared-memory tiled product with T x T threads: coordinates `Y = blockIdx.y * T + ty`, "
@@ -424,7 +432,7 @@ def register_tile_of(source: ParsedSource, function: Function, loop: Node) -> Re
         launches=launches,
     )
     for launch in launches:
-        _launch_edits(source, launch, found, tile, tile)
+        launch_edits(source, launch, found, tile, tile)
     return found
 
 
@@ -592,6 +600,103 @@ def _thread_dependent(source: ParsedSource, tile: RegisterTile) -> set[str]:
     return dependent
 
 
+class TileWriter:
+    """Pieces of a rewritten tile kernel: coordinates declared anew at a position within a
+    larger block tile, the thread-dependent declarations an expression needs, names
+    replaced."""
+
+    def __init__(self, source: ParsedSource, tile: RegisterTile) -> None:
+        self.source = source
+        self.tile = tile
+        self.by_name = {d.name: d for d in tile.prologue}
+        self.dependent = _thread_dependent(source, tile)
+
+    def uniform(self) -> list[str]:
+        """The prologue declarations the same for every thread of the grid (and the thread
+        index aliases): kept once at the top of the kernel."""
+        return [
+            self.source.text_of(decl.node)
+            for decl in self.tile.prologue
+            if decl.name not in self.dependent or decl.name in self.tile.aliases.values()
+        ]
+
+    def coordinate(self, axis: str, position: str, extent: int) -> str:
+        """The coordinate's declaration at ``position`` within a block tile of ``extent``."""
+        decl = self.tile.coords[axis]
+        type_node = decl.node.child_by_field_name("type")
+        kind = self.source.text_of(type_node) if type_node is not None else "int64_t"
+        text = f"({kind})blockIdx.{axis} * {extent} + {position}"
+        return splice(self.source, decl.node.start_byte, decl.node.end_byte, [(decl.value, text)])
+
+    def scoped(self, node: Node, rebind: dict[str, str], pad: str) -> list[str]:
+        """The thread-dependent declarations ``node`` needs, the coordinates rebound."""
+        lines = []
+        for name in _needed(self.source, node, self.by_name):
+            if name not in self.dependent:
+                continue
+            if name in rebind:
+                lines.append(pad + rebind[name])
+            elif name not in self.tile.aliases.values():
+                lines.append(pad + self.source.text_of(self.by_name[name].node))
+        return lines
+
+    def tile_loads(
+        self,
+        names: tuple[str, str, str],
+        first: str,
+        sizes: tuple[int, int, int],
+        pad: str,
+        narrow: str = "",
+    ) -> list[str]:
+        """The loops filling both tiles (``bm x bk`` of A, ``bk x bn`` of B) with the
+        original loads, every thread from its linear index ``first`` by ``T * T``; each value
+        wrapped in a call of ``narrow`` when given. ``names``: the loop's index, row and
+        column."""
+        tile, (load, row, col), (bm, bn, bk) = self.tile, names, sizes
+        t = tile.tile
+        lines: list[str] = []
+        for target, value, rows, cols, axis in (
+            (tile.tiles[0], tile.values[0], bm, bk, "y"),
+            (tile.tiles[1], tile.values[1], bk, bn, "x"),
+        ):
+            k_axis = "x" if axis == "y" else "y"
+            k_position, position = (col, row) if axis == "y" else (row, col)
+            rebind = {
+                tile.coords[axis].name: self.coordinate(axis, position, bm if axis == "y" else bn)
+            }
+            mapping = {f"threadIdx.{k_axis}": k_position}
+            if k_axis in tile.aliases:
+                mapping[tile.aliases[k_axis]] = k_position
+            loaded = self.renamed(value, mapping)
+            step = f"{load} += {t} * {t}"
+            lines += [
+                f"{pad}#pragma unroll",
+                f"{pad}for (int {load} = {first}; {load} < {rows} * {cols}; {step}) {{",
+                f"{pad * 2}const int {row} = {load} / {cols};",
+                f"{pad * 2}const int {col} = {load} % {cols};",
+                *self.scoped(value, rebind, pad * 2),
+                f"{pad * 2}{target}[{row}][{col}] = {f'{narrow}({loaded})' if narrow else loaded};",
+                f"{pad}}}",
+            ]
+        return lines
+
+    def renamed(self, node: Node, mapping: dict[str, str]) -> str:
+        """``node``'s text with the names (and built-ins) of ``mapping`` replaced."""
+        source = self.source
+
+        def replace(current: Node) -> str | None:
+            name = name_of(source, current)
+            if name in mapping and not (
+                current.type == "identifier"
+                and current.parent is not None
+                and current.parent.type == "field_expression"
+            ):
+                return mapping[name]
+            return None
+
+        return substitute(source, node, replace)
+
+
 def register_tile_edits(
     source: ParsedSource, tile: RegisterTile, tm: int, tn: int, bk: int
 ) -> list[Edit]:
@@ -605,8 +710,6 @@ def register_tile_edits(
     i_m, i_n = fresh_name(used, "tm"), fresh_name(used, "tn")
     load, row, col = fresh_name(used, "ld"), fresh_name(used, "ld_row"), fresh_name(used, "ld_col")
     frag_a, frag_b = fresh_name(used, "frag_a"), fresh_name(used, "frag_b")
-    by_name = {d.name: d for d in tile.prologue}
-    dependent = _thread_dependent(source, tile)
     indent = source.indent_of(tile.loop.start_byte)
     unit = "  "
     tx = tile.aliases.get("x", "threadIdx.x")
@@ -614,44 +717,11 @@ def register_tile_edits(
     acc = tile.acc.name
     tile_a, tile_b = tile.tiles
 
-    def coordinate(axis: str, position: str, extent: int) -> str:
-        decl = tile.coords[axis]
-        type_node = decl.node.child_by_field_name("type")
-        kind = source.text_of(type_node) if type_node is not None else "int64_t"
-        text = f"({kind})blockIdx.{axis} * {extent} + {position}"
-        return splice(source, decl.node.start_byte, decl.node.end_byte, [(decl.value, text)])
+    writer = TileWriter(source, tile)
+    coordinate, scoped, renamed = writer.coordinate, writer.scoped, writer.renamed
 
-    def scoped(node: Node, rebind: dict[str, str], pad: str) -> list[str]:
-        """The thread-dependent declarations ``node`` needs, the coordinates rebound."""
-        lines = []
-        for name in _needed(source, node, by_name):
-            if name not in dependent:
-                continue
-            if name in rebind:
-                lines.append(pad + rebind[name])
-            elif name not in tile.aliases.values():
-                decl = by_name[name]
-                lines.append(pad + source.text_of(decl.node))
-        return lines
-
-    def renamed(node: Node, mapping: dict[str, str]) -> str:
-        def replace(current: Node) -> str | None:
-            name = name_of(source, current)
-            if name in mapping and not (
-                current.type == "identifier"
-                and current.parent is not None
-                and current.parent.type == "field_expression"
-            ):
-                return mapping[name]
-            return None
-
-        return substitute(source, node, replace)
-
-    out: list[str] = []
     # the declarations kept in the kernel's scope: those the same for every thread (and aliases)
-    for decl in tile.prologue:
-        if decl.name not in dependent or decl.name in tile.aliases.values():
-            out.append(source.text_of(decl.node))
+    out: list[str] = writer.uniform()
     init = source.text_of(tile.acc.value)
     out += [
         f"float {acc}[{tm}][{tn}];",
@@ -671,28 +741,7 @@ def register_tile_edits(
         source, tile.loop.start_byte, k_body.start_byte, [(k_step, f"{k_var} += {bk}")]
     ).rstrip()
     flat = f"{ty} * {t} + {tx}"
-    loads = []
-    for name, value, rows, cols, axis in (
-        (tile_a, tile.values[0], bm, bk, "y"),
-        (tile_b, tile.values[1], bk, bn, "x"),
-    ):
-        k_axis = "x" if axis == "y" else "y"
-        k_position = col if axis == "y" else row
-        position = row if axis == "y" else col
-        extent = bm if axis == "y" else bn
-        rebind = {tile.coords[axis].name: coordinate(axis, position, extent)}
-        mapping = {f"threadIdx.{k_axis}": k_position}
-        if k_axis in tile.aliases:
-            mapping[tile.aliases[k_axis]] = k_position
-        loads += [
-            f"{unit}#pragma unroll",
-            f"{unit}for (int {load} = {flat}; {load} < {rows} * {cols}; {load} += {t} * {t}) {{",
-            f"{unit * 2}const int {row} = {load} / {cols};",
-            f"{unit * 2}const int {col} = {load} % {cols};",
-            *scoped(value, rebind, unit * 2),
-            f"{unit * 2}{name}[{row}][{col}] = {renamed(value, mapping)};",
-            f"{unit}}}",
-        ]
+    loads = writer.tile_loads((load, row, col), flat, (bm, bn, bk), unit)
     inner_body = tile.inner.child_by_field_name("body")
     inner_bound = tile.inner.child_by_field_name("condition")
     inner_var = analysis(source).indices(function).loop_of(tile.inner)
@@ -747,13 +796,16 @@ def register_tile_edits(
     text = ("\n" + indent).join(line.rstrip() for line in out)
     edits = [Edit(start, end, text)]
     for launch in tile.launches:
-        edits += _launch_edits(source, launch, tile, bm, bn)
+        edits += launch_edits(source, launch, tile, bm, bn)
     return edits
 
 
-def _launch_edits(
+def launch_edits(
     source: ParsedSource, launch: Launch, tile: RegisterTile, bm: int, bn: int
 ) -> list[Edit]:
+    """The launch's grid for a block tile of ``bm x bn`` outputs instead of ``T x T``; raises
+    NotInForm unless its block is ``dim3(T, T)`` and its grid ``dim3((EX + T - 1) / T, (EY + T
+    - 1) / T[, z])``."""
     t = tile.tile
     grid, block = launch.grid, launch.block
     found = "a launch " + (source.snippet(launch.node, 80) if launch.node else "")

@@ -11,9 +11,12 @@ instruction, at many times the throughput of the FMA pipes.
   same fragment semantics: each lane gathers the A row pairs and B column pairs its four
   outputs need with ``__shfl_sync`` and accumulates in fp32. Slow, and correct. Other shapes
   and types, ``wmma`` and ``wgmma`` are refused with a reason;
-- apply: only puts the instruction back where this mechanism emulated it (see
-  :mod:`klineage.mechanisms._ptx_stash`); introducing tensor cores into a scalar kernel is a
-  re-tiling, refused with a reason.
+- apply: puts the instruction back where this mechanism emulated it (see
+  :mod:`klineage.mechanisms._ptx_stash`); and on a staged tile product of 16-bit operands
+  (``T x T`` threads, ``acc += SA[ty][kk] * SB[kk][tx]`` over tiles of widened f16 or bf16
+  values, what smem_staging writes on a half GEMM) re-tiles it for ``mma.sync`` m16n8k16:
+  128-row block tiles, 64 x 32 warp tiles, 16-bit shared tiles (see
+  :mod:`klineage.mechanisms._mma_tile`). Other scalar dot products are refused with a reason.
 
 Fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"):
 lane = 4 * g + t (g = groupID, t = threadID_in_group). A (16x16, row-major, four .b32
@@ -31,9 +34,13 @@ from collections.abc import Iterator
 
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition, Prose
 from klineage.cuda.analysis.ptx import PtxInstruction
+from klineage.cuda.edit import Edit
 from klineage.cuda.source import Loop, ParsedSource
+from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
+from klineage.mechanisms._mma_tile import mma_tile_edits, mma_tile_of
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
+from klineage.mechanisms._register_tile import register_tile_of, staged_loops
 from klineage.mechanisms._tiles_util import (
     FULL_MASK,
     LANE,
@@ -43,9 +50,11 @@ from klineage.mechanisms._tiles_util import (
     register_list,
     split_operands,
 )
-from klineage.mechanisms.base import Site, register
+from klineage.mechanisms.base import Carrier, Site, register
 from klineage.problem import Problem
 
+MMA_TILE = "mma_tile"
+"""The candidate form of a staged tile product of 16-bit operands."""
 _CANONICAL = re.compile(
     r"^mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(bf16|f16)\.(bf16|f16)\.f32$"
 )
@@ -179,12 +188,35 @@ class TensorCoreMma(PtxEmulation):
             )
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
-        """Emulations this mechanism wrote (restorable), and scalar dot-product loops
+        """Emulations this mechanism wrote (restorable), staged tile products of 16-bit
+        operands (:mod:`klineage.mechanisms._mma_tile`), and other scalar dot-product loops
         (``acc += a * b``), where tensor cores would go but only a re-tiling puts them."""
         yield from super().find_candidates(source)
+        staged: set[int] = set()
+        for function in source.kernels:
+            for loop in staged_loops(source, function):
+                try:
+                    tile = register_tile_of(source, function, loop)
+                except NotInForm:
+                    continue  # not a tile product this rule knows: the loop below says so
+                staged.add(tile.inner.start_byte)
+                refusal = None
+                try:
+                    mma_tile_of(source, tile)
+                except NotInForm as why:
+                    refusal = str(why)
+                yield self.site(
+                    source,
+                    loop,
+                    snippet=source.header(loop),
+                    detail={"kernel": function.name, "form": MMA_TILE},
+                    refusal=refusal,
+                )
         for loop in source.loops:
             function = source.enclosing_function(loop.node)
             if function is None or not function.runs_on_device or not _scalar_fma(loop):
+                continue
+            if loop.node.start_byte in staged:
                 continue
             yield self.site(
                 source,
@@ -193,6 +225,14 @@ class TensorCoreMma(PtxEmulation):
                 refusal="introducing tensor cores re-tiles the loop into warp-wide m16n8k16 "
                 "fragments, which only a person or an LLM does",
             )
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") != MMA_TILE:
+            return super().application(source, site, carrier)
+        loop = self.node_at(source, site, "for_statement")
+        function = source.enclosing_function(loop)
+        assert function is not None
+        return mma_tile_edits(source, mma_tile_of(source, register_tile_of(source, function, loop)))
 
     def removal_refusal(self, source: ParsedSource, statement: AsmStatement) -> str | None:
         # a file-level need: checked here on the whole file, not in `emulation`, which the

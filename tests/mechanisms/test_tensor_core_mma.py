@@ -131,3 +131,131 @@ def test_an_f16_mma_removed_from_the_fmha_expert_is_restorable() -> None:
         s for s in mechanism.detect(without_header) if s.node_kind == "expression_statement"
     )
     assert site.refusal == "the f16 emulation needs cuda_fp16.h, which the file lacks"
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward on a staged tile product of 16-bit operands: warp-wide mma.sync
+# ---------------------------------------------------------------------------------------------
+
+STAGED = REPO / "tests" / "fixtures" / "mechanisms" / "thread_coarsening" / "forward"
+"""smem_staging's children of the held-out GEMMs (the register tile's fixtures)."""
+FORWARD = REPO / "tests" / "fixtures" / "mechanisms" / "tensor_core_mma" / "forward"
+
+# mma.sync on the host, for the emulation harness: the warp's lanes post their fragments, meet,
+# each forms its four outputs from every lane's (the PTX ISA layout: lane 4g + t holds A rows g
+# and g + 8 at k 2t, 2t + 1 and 2t + 8, 2t + 9, B column g at those k, C rows g and g + 8 at
+# columns 2t and 2t + 1), summing k in ascending order as the scalar loop does, and meet again.
+HOST_MMA = """
+static unsigned kl_mma_a[32][32][4], kl_mma_b[32][32][2];
+static float kl_half_bits(unsigned bits) {
+  return __half2float(__ushort_as_half((unsigned short)bits));
+}
+static void kl_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  const unsigned warp = kl_linear() / 32, lane = kl_linear() % 32;
+  memcpy(kl_mma_a[warp][lane], a, sizeof(a));
+  memcpy(kl_mma_b[warp][lane], b, sizeof(b));
+  kl_warp_sync(warp);
+  float A[16][16], B[16][8];
+  for (unsigned l = 0; l < 32; ++l) {
+    const unsigned g = l / 4, t = l % 4;
+    for (unsigned h = 0; h < 2; ++h) {
+      A[g][2 * t + h] = kl_half_bits(kl_mma_a[warp][l][0] >> (16 * h) & 0xffffu);
+      A[g + 8][2 * t + h] = kl_half_bits(kl_mma_a[warp][l][1] >> (16 * h) & 0xffffu);
+      A[g][2 * t + 8 + h] = kl_half_bits(kl_mma_a[warp][l][2] >> (16 * h) & 0xffffu);
+      A[g + 8][2 * t + 8 + h] = kl_half_bits(kl_mma_a[warp][l][3] >> (16 * h) & 0xffffu);
+      B[2 * t + h][g] = kl_half_bits(kl_mma_b[warp][l][0] >> (16 * h) & 0xffffu);
+      B[2 * t + 8 + h][g] = kl_half_bits(kl_mma_b[warp][l][1] >> (16 * h) & 0xffffu);
+    }
+  }
+  const unsigned g = lane / 4, t = lane % 4;
+  for (unsigned r = 0; r < 4; ++r)
+    for (unsigned k = 0; k < 16; ++k) d[r] += A[g + r / 2 * 8][k] * B[k][2 * t + r % 2];
+  kl_warp_sync(warp);
+}
+"""
+
+
+def _on_host(kernel: KernelSource) -> str:
+    """The kernel with its mma.sync helper's asm replaced by the host emulation."""
+    text = kernel.text
+    start = text.index('  asm volatile(\n      "mma.sync')
+    end = text.index(");\n", start) + 3
+    text = text[:start] + "  kl_mma(d, a, b);\n" + text[end:]
+    first = text.index("// two f16 values")
+    return text[:first] + HOST_MMA + text[first:]
+
+
+def _mma_tile(kernel: KernelSource) -> KernelSource:
+    (site,) = [s for s in mechanism.candidates(kernel) if s.detail.get("form") == "mma_tile"]
+    return mechanism.apply(kernel, site)
+
+
+def test_a_staged_f16_tile_product_goes_to_the_tensor_cores_as_the_fixture() -> None:
+    staged = KernelSource.from_file(STAGED / "batched_hgemm_tiles.naive.cu")
+    applied = _mma_tile(staged)
+    assert applied.text == (FORWARD / "batched_hgemm_tiles.applied.cu").read_text()
+    # the helper is what the removal knows: detected, removable, and restorable after it
+    (site,) = [s for s in mechanism.detect(applied) if s.node_kind == "expression_statement"]
+    assert site.supported and "f16.f16" in str(site.detail["instruction"])
+    assert not [s for s in mechanism.candidates(applied) if s.detail.get("form") == "mma_tile"]
+    simplified = mechanism.remove(applied, site)
+    (back,) = [c for c in mechanism.candidates(simplified) if c.supported]
+    assert mechanism.apply(simplified, back).text == applied.text
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (("__half2float(a_row", "(float)(a_row"), "not a 16-bit float widened"),
+        (("dim3(16, 16)", "dim3(16, 16)"), None),
+    ],
+)
+def test_tiles_that_are_not_16_bit_values_are_refused(
+    change: tuple[str, str], reason: str | None
+) -> None:
+    text = (STAGED / "batched_hgemm_tiles.naive.cu").read_text()
+    assert change[0] in text
+    kernel = KernelSource(text.replace(*change))
+    (site,) = [s for s in mechanism.candidates(kernel) if s.detail.get("form") == "mma_tile"]
+    if reason is None:
+        assert site.supported
+        return
+    assert reason in str(site.refusal)
+    with pytest.raises(MechanismRefused, match="16-bit float widened"):
+        mechanism.apply(kernel, site)
+
+
+def test_an_fp32_tile_product_is_refused_with_its_form() -> None:
+    staged = KernelSource.from_file(STAGED / "sgemm_tiles.naive.cu")
+    (site,) = [s for s in mechanism.candidates(staged) if s.detail.get("form") == "mma_tile"]
+    assert "tensor cores would round fp32 operands" in str(site.refusal)
+    # the product loop inside is not offered a second time as a plain scalar loop
+    assert len(mechanism.candidates(staged)) == 1
+
+
+@pytest.mark.nvcc
+def test_the_tensor_core_tile_computes_the_naive_bits_on_the_host() -> None:
+    """The naive batched GEMM and its tensor-core rewrite run on the CPU (a block's threads as
+    host threads, the mma.sync as a warp collective with the PTX fragment layout): every output
+    bit agrees, each output's sum staying in ascending k with zero products past k."""
+    from tests.mechanisms.host_emulation import run_on_host
+    from tests.mechanisms.test_thread_coarsening import _gemm_cases
+
+    want = run_on_host(
+        (REPO / "heldout" / "batched_hgemm" / "kernel.cu").read_text(),
+        _gemm_cases("batched_hgemm", None),
+    )
+    applied = KernelSource.from_file(FORWARD / "batched_hgemm_tiles.applied.cu")
+    got = run_on_host(_on_host(applied), _gemm_cases("batched_hgemm", (128, 128)))
+    assert got == want
+
+
+@pytest.mark.nvcc
+def test_the_tensor_core_tile_compiles_with_hmma(mechanism_builder: Builder) -> None:
+    applied = KernelSource.from_file(FORWARD / "batched_hgemm_tiles.applied.cu")
+    result = mechanism_builder.build(applied.text, "mma_tile.cu", disassemble=True)
+    assert result.ok, result.message
+    assert result.machine_code is not None
+    (kernel,) = [f for f in result.machine_code.functions if f.entry]
+    assert kernel.histogram is not None
+    assert kernel.histogram.get("HMMA.16816.F32", 0) == 32, kernel.histogram  # 2 k steps x 16
