@@ -1,28 +1,30 @@
 """Forward tensor cores on a staged tile product of 16-bit operands: warp-wide ``mma.sync``.
 
-The form taken is the register tile's (:mod:`klineage.mechanisms._register_tile`): a
-shared-memory tiled product with ``T x T`` threads, ``acc += SA[ty][kk] * SB[kk][tx]``, one
-guarded store of ``f(acc)``. One more demand: each tile value is a 16-bit float widened,
-``p0 + t < K ? __half2float(G) : 0`` (or ``__bfloat162float``), the same type in both tiles.
-The tiles can then hold the 16-bit values themselves (narrowing a widened 16-bit value is
-exact), and a tensor core forms exactly the products the scalar loop formed (the product of
-two 16-bit floats is exact in fp32); the sums stay fp32, in another order.
+The form taken is the register tile's (:mod:`klineage.mechanisms._register_tile`): a shared-
+memory tiled product with ``T x T`` threads, ``acc += SA[ty][kk] * SB[kk][tx]``, one guarded
+store of ``f(acc)``. One more demand: each tile value is a 16-bit float widened, ``p0 + t < K ?
+__half2float(G) : 0`` (or ``__bfloat162float``), the same type in both tiles. The tiles can
+then hold the loaded 16-bit values themselves (``c ? G : 0`` narrowed), and a tensor core forms
+exactly the products the scalar loop formed (the product of two 16-bit floats is exact in
+fp32); the sums stay fp32, in k order within each instruction.
 
 The rewrite keeps the launch's ``T x T`` threads, ``W = T*T/32`` warps (2, 4 or 8), and gives
 the block a ``128 x 16*W`` output tile: warps as ``2 x W/2``, each a ``64 x 32`` warp tile of
 ``4 x 4`` ``m16n8k16`` tiles accumulated in ``acc[4][4][4]``, laid out as the PTX ISA's C
 fragment (lane ``4g + t`` holds rows ``g`` and ``g + 8``, columns ``2t`` and ``2t + 1`` of each
-tile). A stage holds a ``128 x 32`` tile of A and a ``32 x BN`` tile of B as 16-bit values, their
-rows padded by 8 elements so the eight rows a fragment load reads fall in distinct banks,
+tile). A stage holds a ``128 x 32`` tile of A and a ``32 x BN`` tile of B as 16-bit values,
+their rows padded by 8 elements so the eight rows a fragment load reads fall in distinct banks,
 filled by all threads in strided loops with the original loads (their zero fill past K and
-their clamps); two k steps of 16 read the fragments (A's pairs as 32-bit words, B's two rows
-packed) and issue the ``mma.sync`` through a helper, which ``tensor_core_mma`` detects and can
-remove again. The epilogue stores each of a thread's 64 outputs under the original guard, its
-coordinates declared anew; every launch's grid divides by the new tile instead of T.
+their clamps, the widening left out); two k steps of 16 read the fragments (A's pairs as 32-bit
+words, B's two rows packed) and issue the ``mma.sync`` through a helper, which
+``tensor_core_mma`` detects and can remove again. The epilogue stores each of a thread's 64
+outputs under the original guard, its coordinates declared anew; every launch's grid divides by
+the new tile instead of T.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from klineage.cuda.edit import Edit
@@ -200,7 +202,19 @@ def mma_tile_edits(source: ParsedSource, found: MmaTile) -> list[Edit]:
     header = splice(
         source, tile.loop.start_byte, k_body.start_byte, [(k_step, f"{tile.k_var} += {bk}")]
     ).rstrip()
-    loads = writer.tile_loads((load, row, col), linear, (bm, bn, bk), unit, kind.narrow)
+
+    def narrowed(value: Node, rename: Callable[[Node], str]) -> str:
+        """``c ? widen(G) : z`` as ``c ? G : narrow(z)``: the 16-bit value itself."""
+        node = strip_parens(value)
+        condition = node.child_by_field_name("condition")
+        call = strip_parens(node.child_by_field_name("consequence") or node)
+        zero = node.child_by_field_name("alternative")
+        arguments = call.child_by_field_name("arguments")
+        (loaded,) = [a for a in arguments.named_children] if arguments is not None else [call]
+        assert condition is not None and zero is not None
+        return f"{rename(condition)} ? {rename(loaded)} : {kind.narrow}({rename(zero)})"
+
+    loads = writer.tile_loads((load, row, col), linear, (bm, bn, bk), unit, narrowed)
     row0, col0 = name["row0"], name["col0"]
     word = "*reinterpret_cast<const unsigned*>"
     a_at = f"{tile_a}[{row0}{{}}][{ks} + 2 * {quad}{{}}]"

@@ -45,6 +45,7 @@ form found and the form needed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from klineage.cuda.analysis import FunctionIndices, IndexForm, analysis
@@ -646,12 +647,12 @@ class TileWriter:
         first: str,
         sizes: tuple[int, int, int],
         pad: str,
-        narrow: str = "",
+        write: Callable[[Node, Callable[[Node], str]], str] | None = None,
     ) -> list[str]:
         """The loops filling both tiles (``bm x bk`` of A, ``bk x bn`` of B) with the
-        original loads, every thread from its linear index ``first`` by ``T * T``; each value
-        wrapped in a call of ``narrow`` when given. ``names``: the loop's index, row and
-        column."""
+        original loads, every thread from its linear index ``first`` by ``T * T``. ``names``:
+        the loop's index, row and column. ``write(value, rename)`` writes a value another way
+        (``rename`` gives a node's text with the thread's k offset replaced)."""
         tile, (load, row, col), (bm, bn, bk) = self.tile, names, sizes
         t = tile.tile
         lines: list[str] = []
@@ -667,7 +668,11 @@ class TileWriter:
             mapping = {f"threadIdx.{k_axis}": k_position}
             if k_axis in tile.aliases:
                 mapping[tile.aliases[k_axis]] = k_position
-            loaded = self.renamed(value, mapping)
+
+            def rename(node: Node, mapping: dict[str, str] = mapping) -> str:
+                return self.renamed(node, mapping)
+
+            loaded = write(value, rename) if write is not None else rename(value)
             step = f"{load} += {t} * {t}"
             lines += [
                 f"{pad}#pragma unroll",
@@ -675,7 +680,7 @@ class TileWriter:
                 f"{pad * 2}const int {row} = {load} / {cols};",
                 f"{pad * 2}const int {col} = {load} % {cols};",
                 *self.scoped(value, rebind, pad * 2),
-                f"{pad * 2}{target}[{row}][{col}] = {f'{narrow}({loaded})' if narrow else loaded};",
+                f"{pad * 2}{target}[{row}][{col}] = {loaded};",
                 f"{pad}}}",
             ]
         return lines
