@@ -75,6 +75,9 @@ FORMS_AFTER = [
     *[(name, "vectorized_access", "vectorized_access", "rows") for name in SPLITTING],
     # staged 16 x 16 tiles of f16 values, multiplied on the tensor cores (mma.sync m16n8k16)
     ("batched_hgemm", "smem_staging", "tensor_core_mma", "mma_tile"),
+    # several vectors a thread (4, blockDim apart), the guard and the scalar tail a vector
+    ("cast_f32_to_bf16", "vectorized_access", "thread_coarsening", "element"),
+    ("gelu", "vectorized_access", "thread_coarsening", "element"),
 ]
 """Forms a rule writes on what another rule wrote first (its default carrier, every site)."""
 
@@ -91,7 +94,9 @@ def test_forward_forms_after_another_pass_their_gate(
     written = apply_everywhere(KernelSource.from_file(problem.kernel_path), get(first), Carrier())
     rule = get(mechanism)
     (candidate,) = [
-        c for c in rule.candidates(written) if form in (c.detail.get("form"), c.detail.get("kind"))
+        c
+        for c in rule.candidates(written)
+        if form in (c.detail.get("form") or "element", c.detail.get("kind"))
     ]
     verdict = gate.run(problem, rule.apply(written, candidate), time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]

@@ -672,6 +672,9 @@ class ElementKernel:
     """The statements run per element: those after the guard, or the guarded statement."""
     end_byte: int
     """Where the element's code ends: the last statement (or comment) of the function."""
+    scale: int = 1
+    """Elements an index stands for: ``W`` of a guard ``if (i * W >= n) return;`` (a kernel
+    whose thread handles a vector of W elements), else 1."""
 
     @property
     def start_byte(self) -> int:
@@ -711,6 +714,24 @@ def index_bound(source: ParsedSource, condition: Node, name: str, exits: bool) -
     return None
 
 
+def scaled_index_bound(source: ParsedSource, condition: Node, name: str) -> tuple[Node, int] | None:
+    """``(N, W)`` of an exit ``name * W >= N`` (or ``W * name``), ``W`` a literal above 1."""
+    sides = binary(strip_parens(condition), ">=")
+    product = binary(strip_parens(sides[0]), "*") if sides is not None else None
+    if sides is None or product is None:
+        return None
+    for index, factor in (product, product[::-1]):
+        width = source.text_of(strip_parens(factor))
+        if (
+            strip_parens(index).type == "identifier"
+            and source.text_of(strip_parens(index)) == name
+            and width.isdigit()
+            and int(width) > 1
+        ):
+            return sides[1], int(width)
+    return None
+
+
 def index_declaration(source: ParsedSource, node: Node) -> tuple[str, str, Node] | None:
     """(name, specifiers, value) of ``[const] T name = value;`` with a single declarator."""
     if node.type != "declaration":
@@ -726,17 +747,20 @@ def index_declaration(source: ParsedSource, node: Node) -> tuple[str, str, Node]
     return source.text_of(target), specifiers, value
 
 
-def element_kernels(source: ParsedSource) -> list[ElementKernel]:
-    """Every kernel (top-level statements) in the one-thread-per-element form."""
+def element_kernels(source: ParsedSource, *, scaled: bool = False) -> list[ElementKernel]:
+    """Every kernel (top-level statements) in the one-thread-per-element form; with
+    ``scaled``, also those whose thread handles a vector (``if (i * W >= n) return;``)."""
     found = []
     for function in source.kernels:
         if function.body is None:
             continue
-        found.extend(_element_forms(source, function))
+        found.extend(_element_forms(source, function, scaled))
     return found
 
 
-def _element_forms(source: ParsedSource, function: Function) -> Iterator[ElementKernel]:
+def _element_forms(
+    source: ParsedSource, function: Function, scaled: bool = False
+) -> Iterator[ElementKernel]:
     assert function.body is not None
     body = statements(function.body)
     named = [c for c in function.body.named_children]
@@ -756,13 +780,15 @@ def _element_forms(source: ParsedSource, function: Function) -> Iterator[Element
         if condition is None or consequence is None:
             continue
         index_type = normalize_type(specifiers)
-        exit_bound = index_bound(source, condition, name, exits=True)
+        exit_bound, scale = index_bound(source, condition, name, exits=True), 1
+        if exit_bound is None and scaled:
+            exit_bound, scale = scaled_index_bound(source, condition, name) or (None, 1)
         if exit_bound is not None and _is_bare_return(consequence):
             rest = tuple(body[position + 2 :])
             if rest:
                 yield ElementKernel(
                     function, decl, name, specifiers, index_type, index, guard, exit_bound,
-                    "return", rest, named[-1].end_byte,
+                    "return", rest, named[-1].end_byte, scale,
                 )  # fmt: skip
             continue
         enter_bound = index_bound(source, condition, name, exits=False)

@@ -32,7 +32,12 @@ and every launch's grid becomes ``(n + 4 * block - 1) / (4 * block)`` blocks.
   forward rule): the loop absorbs the change and the launch stays.
 - apply: on a one-thread-per-element kernel whose element code reads no ``blockIdx``,
   ``threadIdx`` or ``gridDim`` and holds no barrier or warp collective; refused when a
-  launch of the kernel is not in the file or its bound cannot be written at the launch.
+  launch of the kernel is not in the file or its bound cannot be written at the launch. A
+  vector kernel (what vectorized_access writes: ``if (i_vec * W >= n) return;``, then the
+  vector path and the scalar tail) is such a kernel whose index stands for ``W`` elements:
+  each thread takes ``coarsen`` vectors, and the grid covers ``W * coarsen`` elements a
+  thread, so more loads are in flight per thread, as in PyTorch's vectorized elementwise
+  kernels; the removal gives it back.
 - apply, in two dimensions (``form=register_tile``): a one-output-per-thread shared-memory
   tiled product (what smem_staging writes on a naive GEMM) gets a ``tm x tn`` register
   micro-tile per thread, the block tile and the grid following
@@ -77,6 +82,7 @@ from klineage.mechanisms._local_util import (
     index_declaration,
     loop_bound_jumps,
     names_in_function,
+    scaled_index_bound,
     shift,
     splice,
     statements,
@@ -169,6 +175,8 @@ class _Coarsened:
     bound: Node
     scalar: str
     """The one-element-per-thread text for [decl, loop)."""
+    scale: int = 1
+    """Elements an index stands for (a vector kernel's width), as in ElementKernel."""
 
 
 def _code(text: str) -> str:
@@ -224,7 +232,7 @@ def _uncoarsened_index(source: ParsedSource, value: Node, coarsen: int) -> tuple
 
 def _write(coarsen: int, layout: Layout) -> Callable[[ParsedSource, int], str]:
     def write(temp: ParsedSource, start: int) -> str:
-        element = next(e for e in element_kernels(temp) if e.start_byte == start)
+        element = next(e for e in element_kernels(temp, scaled=True) if e.start_byte == start)
         return coarsened_text(temp, element, coarsen, layout)
 
     return write
@@ -270,6 +278,9 @@ def _canonical_at(
     clause = guard.child_by_field_name("condition")
     values = statements(clause) if clause is not None else []
     bound = index_bound(source, values[0], i, exits=True) if len(values) == 1 else None
+    scale = 1
+    if bound is None and len(values) == 1:
+        bound, scale = scaled_index_bound(source, values[0], i) or (None, 1)
     if guard.type != "if_statement" or bound is None:
         return None
     try:
@@ -291,7 +302,7 @@ def _canonical_at(
     scalar = f"{specifiers} {i} = {index};\n{indent}{source.text_of(guard)}{code}"
     if not _regenerates(source, (decl.start_byte, loop.end_byte), scalar, _write(coarsen, layout)):
         return None
-    return _Coarsened(function, decl, loop, coarsen, layout, bound, scalar)
+    return _Coarsened(function, decl, loop, coarsen, layout, bound, scalar, scale)
 
 
 def coarsened_kernels(source: ParsedSource) -> list[_Coarsened]:
@@ -480,7 +491,7 @@ class ThreadCoarsening(Mechanism):
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         yield from self._register_tile_candidates(source)
         yield from self._block_row_candidates(source)
-        for element in element_kernels(source):
+        for element in element_kernels(source, scaled=True):
             refusal = element_refusal(source, element, returns="nested")
             if refusal is None and not source.launches_of(element.function.name):
                 refusal = f"no launch of {element.function.name} in this file"
@@ -598,7 +609,7 @@ class ThreadCoarsening(Mechanism):
             if (c.decl.start_byte, c.loop.end_byte) == (site.start_byte, site.end_byte)
         )
         try:
-            grids = grid_edits(source, found.function, found.bound, 1)
+            grids = grid_edits(source, found.function, found.bound, found.scale)
         except Refused as refused:
             raise self.refuse(str(refused), site) from refused
         region = Edit(found.decl.start_byte, found.loop.end_byte, found.scalar)
@@ -629,10 +640,12 @@ class ThreadCoarsening(Mechanism):
         if layout not in ("strided", "contiguous"):
             raise self.refuse(f"layout={layout!r} is not 'strided' or 'contiguous'", site, "apply")
         chosen: Layout = "contiguous" if layout == "contiguous" else "strided"
-        element = next(e for e in element_kernels(source) if e.start_byte == site.start_byte)
+        element = next(
+            e for e in element_kernels(source, scaled=True) if e.start_byte == site.start_byte
+        )
         try:
             text = coarsened_text(source, element, coarsen, chosen)
-            grids = grid_edits(source, element.function, element.bound, coarsen)
+            grids = grid_edits(source, element.function, element.bound, coarsen * element.scale)
         except Refused as refused:
             raise self.refuse(str(refused), site, "apply") from refused
         region = Edit(element.start_byte, element.end_byte, text)

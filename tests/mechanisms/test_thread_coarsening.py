@@ -341,3 +341,71 @@ def test_a_pragma_at_column_0_inside_the_element_code_round_trips() -> None:
     [found] = mechanism.detect(coarsened)
     assert found.refusal is None
     assert mechanism.remove(coarsened, found).text == naive.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward on a vector kernel: several vectors a thread
+# ---------------------------------------------------------------------------------------------
+
+VECTOR_KERNELS = {
+    "cast_f32_to_bf16": ("cast_f32_to_bf16", "x", "float", "y", "__nv_bfloat16"),
+    "gelu": ("gelu_tanh", "x", "float", "y", "float"),
+}
+
+
+def _vectorized(problem: str) -> KernelSource:
+    from klineage.mining.removal import apply_everywhere
+
+    naive = KernelSource.from_file(REPO / "heldout" / problem / "kernel.cu")
+    return apply_everywhere(naive, get("vectorized_access"), Carrier())
+
+
+@pytest.mark.parametrize("problem", sorted(VECTOR_KERNELS))
+def test_a_vector_kernel_takes_several_vectors_a_thread_and_comes_back(problem: str) -> None:
+    vector = _vectorized(problem)
+    assert "if (i_vec * 4 >= n) return;" in vector.text
+    (site,) = [s for s in mechanism.candidates(vector) if s.supported and not s.detail.get("form")]
+    coarse = mechanism.apply(vector, site, Carrier(coarsen=4))
+    kernel = VECTOR_KERNELS[problem][0]
+    assert f"{kernel}<<<(unsigned)((n + 16 * 256 - 1) / (16 * 256)), 256" in coarse.text
+    assert "    if (i_vec * 4 >= n) return;\n" in coarse.text  # the guard, once a vector
+    assert "      continue;\n" in coarse.text  # the vector path's return ends one vector
+    (found,) = [s for s in mechanism.detect(coarse) if s.supported]
+    assert mechanism.carrier_of(coarse, found) == Carrier(coarsen=4, layout="strided")
+    assert mechanism.remove(coarse, found).text == vector.text
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("problem", sorted(VECTOR_KERNELS))
+def test_several_vectors_a_thread_compute_the_vector_kernels_bits(problem: str) -> None:
+    """The vector kernel and its coarsened versions (strided and contiguous) run on the CPU
+    for sizes with and without a scalar tail: every output bit agrees."""
+    kernel, x, x_type, y, y_type = VECTOR_KERNELS[problem]
+    vector = _vectorized(problem)
+    site = next(s for s in mechanism.candidates(vector) if s.supported)
+
+    def cases(per_thread: int) -> list[Case]:
+        return [
+            Case(
+                {"n": n},
+                [Buffer(x, x_type, "n"), Buffer(y, y_type, "n", output=True)],
+                f"{kernel}({x}, {y}, n)",
+                f"(n + {per_thread - 1}) / {per_thread}",
+            )
+            for n in (1, 4, 4099, 3 * 4096 + 8)
+        ]
+
+    want = run_on_host(vector.text, cases(4))
+    for carrier in (Carrier(coarsen=4), Carrier(coarsen=2, layout="contiguous")):
+        coarse = mechanism.apply(vector, site, carrier)
+        assert run_on_host(coarse.text, cases(4 * (carrier.get_int("coarsen") or 1))) == want
+
+
+@pytest.mark.nvcc
+def test_coarsened_vector_kernels_compile(mechanism_builder: Builder) -> None:
+    sources = []
+    for problem in sorted(VECTOR_KERNELS):
+        vector = _vectorized(problem)
+        site = next(s for s in mechanism.candidates(vector) if s.supported)
+        sources.append(mechanism.apply(vector, site, Carrier(coarsen=4)))
+    compile_ok(mechanism_builder, sources)
