@@ -371,6 +371,14 @@ class Mechanism(ABC):
         """What must hold for the optimization at ``site`` to be valid (static, no run)."""
         return []
 
+    def run_time_check(
+        self, kernel: KernelSource, site: Site, condition: Condition
+    ) -> Carrier | None:
+        """The carrier under which the rewrite at a candidate ``site`` tests ``condition`` at
+        run time (keeping the unoptimized path for what fails it) instead of requiring it;
+        None when the condition must hold."""
+        return None
+
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         """The instance choices of a *detected* site (``#pragma unroll 4`` -> unroll=4), so
         that removing it and applying with this carrier gives the kernel back."""

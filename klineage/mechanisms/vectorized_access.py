@@ -26,7 +26,14 @@ kernels write them: ``v = __ldg(row4 + c)``, ``a.raw = x16[c]``, ``out4[c] = mak
 - a loop ``for (int64_t c = S; c < n; c += K) body`` becomes a loop over ``n / W``
   vectors (same start and step) that loads each pointer accessed as ``p[c]`` once as a
   vector, runs the body for each of the ``W`` lanes on the lane's element, and stores the
-  written pointers once; then the original loop over the tail ``n / W * W + S ..< n``;
+  written pointers once; then the original loop over the tail ``n / W * W + S ..< n``.
+  The names it declares (``c_vec``, ``c_lane``, ``p_vec``) live in the loops it writes, so
+  every loop of a kernel takes the form (each pass over a row). With the carrier
+  ``check=aligned`` the two loops sit behind a run-time test that every vectorized pointer
+  is aligned to a vector, the original loop in the other branch: a row that starts
+  misaligned (a row length not a multiple of the width) takes the scalar loop, so no
+  alignment condition is needed; retrieval asks for it where a workload breaks one
+  (:meth:`run_time_check`);
 - a one-thread-per-element kernel (``i = blockIdx.x * blockDim.x + threadIdx.x; if (i >= n)
   return; ...``) gives each thread ``W`` consecutive elements: a vector path for full
   vectors and a scalar loop for the last partial one, and every launch's grid shrinks by
@@ -53,7 +60,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from klineage.conditions import Condition, Prose, merge_conditions
+from klineage.conditions import (
+    AxisDivisible,
+    Condition,
+    PointerAlignment,
+    Prose,
+    merge_conditions,
+)
 from klineage.cuda.cexpr import MULTIPLICATIVE, PRIMARY, operand, precedence
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
@@ -119,6 +132,10 @@ ROWS = "rows"
 # ---------------------------------------------------------------------------------------------
 # Plans: which pointers of some element code can be accessed as vectors
 # ---------------------------------------------------------------------------------------------
+
+
+CHECK_ALIGNED = "aligned"
+"""The ``check`` carrier's value: test vectorized pointers' alignment at run time."""
 
 
 @dataclass
@@ -396,8 +413,15 @@ def default_width(plan: _Plan) -> int:
     return max(1, min(MAX_BYTES // p.size for p in plan.pointers))
 
 
-def _check_names(source: ParsedSource, plan: _Plan, index: str) -> None:
-    taken = names_in_function(source, plan.function)
+def _check_names(source: ParsedSource, plan: _Plan, index: str, scope: Node | None = None) -> None:
+    """Refuse names the rewrite declares that are already taken: anywhere in the function,
+    or, for a loop (``scope``, whose rewrite declares them all inside the loops it writes),
+    anywhere the loop reads, where a new declaration would hide an outer one; another loop of
+    the function may use the same names, each in its own scope."""
+    if scope is None:
+        taken = names_in_function(source, plan.function)
+    else:
+        taken = {source.text_of(n) for n in identifiers(source, scope)}
     wanted = [f"{index}_vec", f"{index}_lane"] + [f"{p.name}_vec" for p in plan.pointers]
     clash = [name for name in wanted if name in taken]
     if clash:
@@ -532,6 +556,32 @@ def _body_text(source: ParsedSource, body: Node, reps: list[tuple[Node, str]]) -
     return f"\n{indent}" + splice(source, body.start_byte, body.end_byte, reps)
 
 
+def alignment_check(plan: _Plan, width: int) -> str:
+    """The run-time test that every vectorized pointer holds a whole vector's alignment."""
+    return " && ".join(
+        f"reinterpret_cast<unsigned long long>({pointer.name}) % {pointer.size * width} == 0"
+        for pointer in plan.pointers
+    )
+
+
+def checked_loop_text(source: ParsedSource, loop: _Loop, plan: _Plan, width: int) -> str:
+    """The vectorized form of ``loop`` behind a run-time alignment test, the loop as it was
+    in the other branch: for rows whose alignment no static condition promises (a row length
+    not a multiple of the width)."""
+    indent = source.indent_of(loop.node.start_byte)
+    vector = loop_text(source, loop, plan, width).replace("\n", "\n  ")
+    scalar = source.text_of(loop.node).replace("\n", "\n  ")
+    return "\n".join(
+        [
+            f"if ({alignment_check(plan, width)}) {{",
+            f"{indent}  {vector}",
+            f"{indent}}} else {{",
+            f"{indent}  {scalar}",
+            f"{indent}}}",
+        ]
+    )
+
+
 def loop_text(source: ParsedSource, loop: _Loop, plan: _Plan, width: int) -> str:
     """The canonical vectorized form of ``loop`` (replacing its text)."""
     refusal = _loop_refusal(source, loop)
@@ -539,7 +589,7 @@ def loop_text(source: ParsedSource, loop: _Loop, plan: _Plan, width: int) -> str
         raise Refused(refusal)
     if not plan.pointers:
         raise Refused("no pointer is accessed only as p[c] outside conditions")
-    _check_names(source, plan, loop.var)
+    _check_names(source, plan, loop.var, loop.node)
     vectors = _vectors(plan, width)
     indent = source.indent_of(loop.node.start_byte)
     vec = f"{loop.var}_vec"
@@ -672,6 +722,15 @@ class _VectorLoop:
     tail: Node
     width: int
     scalar: str
+    guard: Node | None = None
+    """The ``if`` testing alignment at run time around them, the scalar loop in its else."""
+
+    @property
+    def region(self) -> tuple[int, int]:
+        """What the removal replaces by the scalar loop."""
+        if self.guard is not None:
+            return self.guard.start_byte, self.guard.end_byte
+        return self.vector.start_byte, self.tail.end_byte
 
 
 def _width_of(source: ParsedSource, node: Node) -> int | None:
@@ -682,7 +741,7 @@ def _width_of(source: ParsedSource, node: Node) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _write_loop(width: int) -> Callable[[ParsedSource, int], str]:
+def _write_loop(width: int, checked: bool = False) -> Callable[[ParsedSource, int], str]:
     def write(temp: ParsedSource, start: int) -> str:
         node = next(n for n in temp.nodes("for_statement") if n.start_byte == start)
         loop = scalar_loop(temp, node)
@@ -690,9 +749,32 @@ def _write_loop(width: int) -> Callable[[ParsedSource, int], str]:
         if loop is None or function is None:
             raise Refused("no loop")
         plan = plan_vectorization(temp, function, loop.var, _loop_nodes(loop))
+        if checked:
+            return checked_loop_text(temp, loop, plan, width)
         return loop_text(temp, loop, plan, width)
 
     return write
+
+
+def _alignment_guard(source: ParsedSource, vector: Node, tail: Node, scalar: str) -> Node | None:
+    """The ``if`` around a vector loop and its tail, alone in its first branch, whose other
+    branch is the scalar loop, and which writing the checked form again gives back."""
+    block = vector.parent
+    guard = block.parent if block is not None else None
+    if (
+        block is None
+        or guard is None
+        or block.type != "compound_statement"
+        or guard.type != "if_statement"
+        or guard.child_by_field_name("consequence") != block
+        or statements(block) != [vector, tail]
+    ):
+        return None
+    region = (guard.start_byte, guard.end_byte)
+    width = _width_of(source, scalar_loop(source, vector).bound)  # type: ignore[union-attr]
+    if width is None or not _regenerates(source, region, scalar, _write_loop(width, True)):
+        return None
+    return guard
 
 
 def vector_loops(source: ParsedSource) -> list[_VectorLoop]:
@@ -715,7 +797,8 @@ def vector_loops(source: ParsedSource) -> list[_VectorLoop]:
         )
         region = (node.start_byte, tail_node.end_byte)
         if _regenerates(source, region, scalar, _write_loop(width)):
-            found.append(_VectorLoop(node, tail_node, width, scalar))
+            guard = _alignment_guard(source, node, tail_node, scalar)
+            found.append(_VectorLoop(node, tail_node, width, scalar, guard))
     return found
 
 
@@ -1140,6 +1223,8 @@ class VectorizedAccess(Mechanism):
     carrier_keys: ClassVar[dict[str, str]] = {
         "vector_width": "elements per access (2, 4, or 8 for 16-byte accesses of 2-byte "
         "types); default: 16 bytes of the widest element",
+        "check": f"'{CHECK_ALIGNED}': a loop tests its pointers' alignment at run time and "
+        "keeps the scalar loop for the rest (no alignment condition); default: none",
     }
 
     # -- detection ------------------------------------------------------------------------------
@@ -1168,7 +1253,7 @@ class VectorizedAccess(Mechanism):
     def _spans(self, source: ParsedSource) -> list[tuple[int, int]]:
         loops, kernels = self._canonical(source)
         return (
-            [(v.vector.start_byte, v.tail.end_byte) for v in loops]
+            [v.region for v in loops]
             + [(k.decl.start_byte, k.end.end_byte) for k in kernels]
             + [(s.node.start_byte, s.node.end_byte) for s in self._scans(source)]
         )
@@ -1176,12 +1261,10 @@ class VectorizedAccess(Mechanism):
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         loops, kernels = self._canonical(source)
         for loop in loops:
-            yield self.site(
-                source,
-                loop.vector,
-                span=(loop.vector.start_byte, loop.tail.end_byte),
-                detail={"form": "loop", "width": loop.width},
-            )
+            detail: dict[str, str | int] = {"form": "loop", "width": loop.width}
+            if loop.guard is not None:
+                detail["check"] = CHECK_ALIGNED
+            yield self.site(source, loop.guard or loop.vector, span=loop.region, detail=detail)
         rows = self._rows(source)
         for found in kernels:
             span = (found.decl.start_byte, found.end.end_byte)
@@ -1311,7 +1394,7 @@ class VectorizedAccess(Mechanism):
         span = (site.start_byte, site.end_byte)
         loops, kernels = self._canonical(source)
         if form == "loop":
-            loop = next(v for v in loops if (v.vector.start_byte, v.tail.end_byte) == span)
+            loop = next(v for v in loops if v.region == span)
             return [Edit(span[0], span[1], loop.scalar)]
         if form == "kernel":
             found = next(k for k in kernels if (k.decl.start_byte, k.end.end_byte) == span)
@@ -1383,6 +1466,11 @@ class VectorizedAccess(Mechanism):
         assert loop is not None and function is not None
         plan = plan_vectorization(source, function, loop.var, _loop_nodes(loop))
         width = self._width(carrier, default_width(plan), site)
+        check = carrier.get_str("check", "")
+        if check not in ("", CHECK_ALIGNED):
+            raise self.refuse(f"check={check!r} is not {CHECK_ALIGNED!r}", site, "apply")
+        if check == CHECK_ALIGNED:
+            return [Edit.replace(node, checked_loop_text(source, loop, plan, width))]
         return [Edit.replace(node, loop_text(source, loop, plan, width))]
 
     def _apply_kernel(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
@@ -1399,7 +1487,21 @@ class VectorizedAccess(Mechanism):
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         width = site.detail.get("width")
-        return Carrier(vector_width=width) if isinstance(width, int) else Carrier()
+        carrier = Carrier(vector_width=width) if isinstance(width, int) else Carrier()
+        if site.detail.get("check") == CHECK_ALIGNED:
+            carrier = carrier.merged(Carrier(check=CHECK_ALIGNED))
+        return carrier
+
+    def run_time_check(
+        self, kernel: KernelSource, site: Site, condition: Condition
+    ) -> Carrier | None:
+        """A loop's alignment (and the row length that keeps it) is tested at run time under
+        ``check=aligned``, so a workload that breaks it takes the scalar loop instead."""
+        if site.detail.get("form") == "loop" and isinstance(
+            condition, (PointerAlignment, AxisDivisible)
+        ):
+            return Carrier(check=CHECK_ALIGNED)
+        return None
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None
@@ -1424,7 +1526,7 @@ class VectorizedAccess(Mechanism):
         width = site.detail.get("width")
         span = (site.start_byte, site.end_byte)
         loops, kernels = self._canonical(source)
-        scalars = [v.scalar for v in loops if (v.vector.start_byte, v.tail.end_byte) == span]
+        scalars = [v.scalar for v in loops if v.region == span]
         scalars += [k.scalar for k in kernels if (k.decl.start_byte, k.end.end_byte) == span]
         if scalars:
             data = source.data
@@ -1445,6 +1547,8 @@ class VectorizedAccess(Mechanism):
         except (Refused, StopIteration):
             return []
         chosen = width if isinstance(width, int) else default_width(plan) if plan.pointers else 1
+        if site.detail.get("check") == CHECK_ALIGNED:
+            return merge_conditions(found)  # alignment is tested at run time
         for pointer in plan.pointers:
             first = pointer.accesses()[0].child_by_field_name("argument")
             assert first is not None

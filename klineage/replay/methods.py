@@ -594,8 +594,10 @@ class SkillsMethod(ForwardSearch):
             origin = f"skill:{skill.id}"
             mechanism = catalog_mechanism(skill.mechanism)
             if mechanism is not None:
+                # a condition the rule tests at run time here is part of every carrier
+                needed = Carrier.model_validate(ranked.carrier)
                 for carrier in self.carriers(skill):
-                    yield Move(mechanism, carrier, origin, skill=skill.id)
+                    yield Move(mechanism, carrier.merged(needed), origin, skill=skill.id)
             if self.asks_llm:
                 yield Move(
                     None, Carrier(), origin, skill=skill.id, action=skill.mechanism, ask_llm=True

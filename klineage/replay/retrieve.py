@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -47,7 +48,7 @@ from klineage.gate.profile import Profile
 from klineage.gate.sass import MachineCode, signature_present
 from klineage.kernel import KernelSource
 from klineage.limits import DEFAULT_ARCH
-from klineage.mechanisms import Mechanism, Site, UnknownMechanism, get
+from klineage.mechanisms import Carrier, Mechanism, Site, UnknownMechanism, get
 from klineage.problem import Problem
 from klineage.replay.relief import enough_threads, nothing_to_relieve
 from klineage.skills import Measured, Skill
@@ -97,6 +98,15 @@ class Ranked(BaseModel):
         description="why the target (its profile, or its launch: enough threads already) "
         "leaves it nothing to relieve (it ranks after every skill without such a reason); "
         "empty when it may relieve something",
+    )
+    carrier: dict[str, Any] = Field(
+        default_factory=dict,
+        description="choices every application here needs, whatever the skill's carrier: "
+        "the rule tests at run time a condition some workload breaks (check=aligned: a loop "
+        "vectorized where its pointers are aligned, scalar elsewhere)",
+    )
+    checked: str = Field(
+        default="", description="the conditions tested at run time instead, in prose"
     )
 
 
@@ -172,17 +182,46 @@ def applicable_conditions(
 ) -> list[Condition]:
     """The mechanism's static conditions at the target's sites, and the skill's learned ones
     over axes the target has (conditions over other axes cannot be judged here)."""
-    found: list[Condition] = []
+    return [c for c, _ in _conditions_with_checks(skill, problem, kernel, sites)]
+
+
+def _conditions_with_checks(
+    skill: Skill, problem: Problem, kernel: KernelSource, sites: Sequence[Site]
+) -> list[tuple[Condition, Carrier | None]]:
+    """Each applicable condition with the carrier under which the rule tests it at run time
+    instead (None: it must hold). A learned condition must always hold: it is what the expert
+    measured under."""
+    found: list[tuple[Condition, Carrier | None]] = []
     if sites:
         mechanism = get(skill.mechanism)
         for site in sites:
-            found.extend(mechanism.conditions(kernel, site, problem))
+            for condition in mechanism.conditions(kernel, site, problem):
+                found.append((condition, mechanism.run_time_check(kernel, site, condition)))
     axes = set(problem.definition.axes)
     for data in skill.conditions:
         axis = data.get("axis")
         if axis is None or axis in axes:
-            found.append(parse_condition(data))
+            found.append((parse_condition(data), None))
     return found
+
+
+def checked_violation(
+    conditions: Sequence[tuple[Condition, Carrier | None]],
+    problem: Problem,
+    context: EvalContext,
+) -> tuple[tuple[Condition, str] | None, Carrier, list[Condition]]:
+    """The first condition that fails and must hold (with its workload), or None; the carrier
+    that tests the failing ones a rule can test at run time instead; and those, by prose."""
+    carrier: Carrier = Carrier()
+    checked: list[Condition] = []
+    for condition, check in conditions:
+        violation = first_violation([condition], problem, context)
+        if violation is None:
+            continue
+        if check is None:
+            return violation, Carrier(), []
+        carrier, checked = carrier.merged(check), [*checked, condition]
+    return None, carrier, checked
 
 
 def first_violation(
@@ -229,7 +268,7 @@ def retrieve(
     elif isinstance(kernel, str):
         kernel = KernelSource(kernel, name=f"{problem.name}.cu")
     result = Retrieval()
-    usable: list[tuple[Skill, Mechanism | None, list[Site]]] = []
+    usable: list[tuple[Skill, Mechanism | None, list[Site], Carrier, list[Condition]]] = []
     context = eval_context(kernel, arch=arch)
     for skill in skills:
         if skill.evidence.problem == problem.name:
@@ -254,17 +293,19 @@ def retrieve(
                 _drop(skill, "the target's SASS already shows what it adds (its signature)")
             )
             continue
+        carrier: Carrier = Carrier()
+        checked: list[Condition] = []
         if use_conditions:
-            violation = first_violation(
-                applicable_conditions(skill, problem, kernel, sites), problem, context
+            violation, carrier, checked = checked_violation(
+                _conditions_with_checks(skill, problem, kernel, sites), problem, context
             )
             if violation is not None:
                 condition, workload = violation
                 result.dropped.append(_drop(skill, "a condition fails", condition.prose, workload))
                 continue
-        usable.append((skill, mechanism, sites))
-    texts = bm25_scores(target_text(problem, kernel), [skill_text(s) for s, _, _ in usable])
-    for (skill, mechanism, sites), text in zip(usable, texts, strict=True):
+        usable.append((skill, mechanism, sites, carrier, checked))
+    texts = bm25_scores(target_text(problem, kernel), [skill_text(s) for s, *_ in usable])
+    for (skill, mechanism, sites, carrier, checked), text in zip(usable, texts, strict=True):
         scope = scope_score(skill, problem, arch)
         measured = skill.effect.measured
         geo = skill.effect.geomean_speedup or 1.0
@@ -294,6 +335,8 @@ def retrieve(
                 unrelieved=nothing_to_relieve(skill, mechanism, profile)
                 or enough_threads(mechanism, kernel, problem)
                 or "",
+                carrier=carrier.model_dump(exclude_none=True),
+                checked="; ".join(dict.fromkeys(c.prose for c in checked)),
             )
         )
     result.ranked.sort(key=lambda r: (bool(r.unrelieved), -r.score, r.skill))

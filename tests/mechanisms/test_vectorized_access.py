@@ -565,3 +565,64 @@ def test_lanes_that_do_not_keep_their_row_are_no_rows_candidate(
     # the untampered kernel is one
     vectorized = apply_everywhere(KernelSource(text), mechanism, Carrier())
     assert [c.detail["form"] for c in mechanism.candidates(vectorized)] == ["rows"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A loop vectorized behind a run-time alignment test (check=aligned)
+# ---------------------------------------------------------------------------------------------
+
+
+def _block_rows(problem: str) -> KernelSource:
+    """The held-out kernel with a block per row (what block_per_row writes first)."""
+    naive = KernelSource.from_file(REPO / "heldout" / problem / "kernel.cu")
+    return apply_everywhere(naive, get("block_per_row"), Carrier())
+
+
+def test_a_checked_loop_tests_its_pointers_and_comes_back() -> None:
+    kernel = _block_rows("log_softmax")
+    site = next(c for c in mechanism.candidates(kernel) if c.detail.get("form") == "loop")
+    static = mechanism.conditions(kernel, site)
+    assert {(c.axis, c.k) for c in static if isinstance(c, AxisDivisible)} == {("cols", 4)}
+    assert all(mechanism.run_time_check(kernel, site, c) for c in static)
+    checked = mechanism.apply(kernel, site, Carrier(check="aligned"))
+    assert "if (reinterpret_cast<unsigned long long>(in) % 16 == 0) {\n" in checked.text
+    assert "  } else {\n    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)" in (
+        checked.text
+    )
+    (found,) = mechanism.detect(checked)
+    assert found.supported and found.detail["check"] == "aligned"
+    assert mechanism.carrier_of(checked, found) == Carrier(vector_width=4, check="aligned")
+    assert not [c for c in mechanism.conditions(checked, found) if isinstance(c, PointerAlignment)]
+    assert mechanism.remove(checked, found).text == kernel.text
+    with pytest.raises(MechanismRefused, match="check='always'"):
+        mechanism.apply(kernel, site, Carrier(check="always"))
+
+
+def test_a_tampered_check_is_not_taken_for_the_checked_form() -> None:
+    kernel = _block_rows("log_softmax")
+    site = next(c for c in mechanism.candidates(kernel) if c.detail.get("form") == "loop")
+    checked = mechanism.apply(kernel, site, Carrier(check="aligned")).text
+    tampered = KernelSource(checked.replace("% 16 == 0) {", "% 8 == 0) {", 1))
+    assert all("check" not in s.detail for s in mechanism.detect(tampered))
+
+
+@pytest.mark.nvcc
+def test_checked_loops_compute_the_block_rows_outputs_on_the_host() -> None:
+    """log_softmax with a block per row, every loop vectorized behind its alignment test, on
+    the CPU: rows of odd length (every row misaligned but one in four), of a multiple of 4
+    with the buffer aligned and not: the outputs agree within float rounding (a vector's
+    lanes sum in another order)."""
+    kernel = _block_rows("log_softmax")
+    checked = apply_everywhere(kernel, mechanism, Carrier(check="aligned"))
+    assert checked.text.count("% 16 == 0") == 4  # in, in, in and out
+    cases = []
+    for rows, cols, offset in ((5, 301, 0), (3, 256, 0), (3, 256, 1), (2, 7, 0)):
+        buffers = [
+            Buffer("x", "float", "rows * cols", offset=offset),
+            Buffer("y", "float", "rows * cols", output=True),
+        ]
+        cases.append(
+            Case({"rows": rows, "cols": cols}, buffers, "log_softmax_rows(x, y, rows, cols)",
+                 "", grid="dim3((unsigned)rows)", block_dims="dim3(256)")
+        )  # fmt: skip
+    assert_close(floats(run_on_host(checked.text, cases)), floats(run_on_host(kernel.text, cases)))

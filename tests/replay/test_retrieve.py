@@ -92,3 +92,38 @@ def test_a_skill_no_forward_rule_applies_is_dropped(
     assert found.ranked == []
     (dropped,) = found.dropped
     assert dropped.reason == "no forward rule applies the form it was mined in"
+
+
+def test_a_condition_the_rule_tests_at_run_time_keeps_the_skill_with_its_carrier(
+    library: list[Skill],
+) -> None:
+    # log_softmax's rows of 50,257 floats are not 16-byte aligned; the loop form of
+    # vectorized_access can test alignment at run time (check=aligned), so its skills stay,
+    # each with that carrier, instead of being dropped for the one workload
+    from klineage.mechanisms import Carrier
+    from klineage.mining.removal import apply_everywhere
+
+    problem = load_problem(REPO / "heldout" / "log_softmax")
+    rows = apply_everywhere(problem.kernel_source(), get("block_per_row"), Carrier())
+    found = retrieve(library, problem, rows)
+    vectors = [r for r in found.ranked if r.mechanism == "vectorized_access"]
+    assert vectors and all(r.carrier == {"check": "aligned"} for r in vectors)
+    assert all("cols must be divisible by 4" in r.checked for r in vectors)
+    # a condition its expert learned still has to hold: not a thing a rule tests at run time
+    learned = [
+        d
+        for d in found.dropped
+        if d.mechanism == "vectorized_access" and d.reason == "a condition fails"
+    ]
+    for dropped in learned:
+        skill = next(s for s in library if s.id == dropped.skill)
+        assert skill.conditions, dropped
+    # where every workload keeps the rows aligned, nothing is tested at run time
+    layernorm = load_problem(REPO / "heldout" / "layernorm")
+    aligned = apply_everywhere(layernorm.kernel_source(), get("block_per_row"), Carrier())
+    plain = [
+        r
+        for r in retrieve(library, layernorm, aligned).ranked
+        if r.mechanism == "vectorized_access"
+    ]
+    assert plain and all(r.carrier == {} and r.checked == "" for r in plain)
