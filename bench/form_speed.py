@@ -10,7 +10,9 @@ site, the rule's default carrier), the second on that state at its candidate of 
 - ``rows``: vectorized_access, then its rows form (a vector's lanes split by row once);
 - ``coarsen``: vectorized_access, then thread_coarsening (several vectors a thread);
 - ``mma``: smem_staging, then tensor_core_mma (the staged f16 tiles on mma.sync), and the
-  same tiles with thread_coarsening's register tile beside it, the rival a replay races.
+  same tiles with thread_coarsening's register tile beside it, the rival a replay races;
+- ``checked_loops``: block_per_row, then vectorized_access at every loop behind its run-time
+  alignment test (rows of 50,257 floats).
 
 The second state is gated against the first: checked on every workload, then timed in one
 interleaved loop with the first and the PyTorch reference. Kept per workload: both latencies,
@@ -29,6 +31,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +49,24 @@ from klineage.mechanisms import Carrier, get  # noqa: E402
 from klineage.mining.removal import apply_everywhere  # noqa: E402
 from klineage.problem import load_problem  # noqa: E402
 
-FORMS: dict[str, tuple[str, str, str | None, list[str]]] = {
-    "rows": (
+
+@dataclass(frozen=True)
+class Form:
+    """A pair of moves: the first on the naive kernel, the second on what it wrote."""
+
+    first: str
+    second: str
+    candidate: str | None
+    """The second rule's candidate form (``detail["form"]``), None for its plain one."""
+    problems: list[str]
+    carrier: dict[str, Any] = field(default_factory=dict)
+    """The second move's choices (its rule's defaults for the rest)."""
+    everywhere: bool = False
+    """Apply the second at every candidate (as a replay's skill move does), not at one."""
+
+
+FORMS: dict[str, Form] = {
+    "rows": Form(
         "vectorized_access",
         "vectorized_access",
         "rows",
@@ -62,31 +81,37 @@ FORMS: dict[str, tuple[str, str, str | None, list[str]]] = {
             "heldout/sgemm",
         ],
     ),
-    "coarsen": (
+    "coarsen": Form(
         "vectorized_access",
         "thread_coarsening",
         None,
         ["heldout/cast_f32_to_bf16", "heldout/gelu", "heldout/nchw_to_nhwc"],
     ),
-    "mma": ("smem_staging", "tensor_core_mma", "mma_tile", ["heldout/batched_hgemm"]),
-    "register_tile": (
-        "smem_staging",
-        "thread_coarsening",
-        "register_tile",
-        ["heldout/batched_hgemm"],
+    "mma": Form("smem_staging", "tensor_core_mma", "mma_tile", ["heldout/batched_hgemm"]),
+    "register_tile": Form(
+        "smem_staging", "thread_coarsening", "register_tile", ["heldout/batched_hgemm"]
+    ),
+    "checked_loops": Form(
+        "block_per_row",
+        "vectorized_access",
+        "loop",
+        ["heldout/log_softmax", "heldout/cross_entropy"],
+        {"check": "aligned"},
+        everywhere=True,
     ),
 }
-"""form -> (first mechanism, second mechanism, the second's candidate form, problems)."""
 
 
-def pair(
-    naive: KernelSource, first: str, second: str, form: str | None
-) -> tuple[KernelSource, KernelSource]:
+def pair(naive: KernelSource, form: Form) -> tuple[KernelSource, KernelSource]:
     """(the first move's state, the second's) written from the naive kernel."""
-    parent = apply_everywhere(naive, get(first), Carrier())
-    rule = get(second)
-    (site,) = [c for c in rule.candidates(parent) if c.supported and c.detail.get("form") == form]
-    return parent, rule.apply(parent, site)
+    parent = apply_everywhere(naive, get(form.first), Carrier())
+    rule, carrier = get(form.second), Carrier.model_validate(form.carrier)
+    if form.everywhere:
+        return parent, apply_everywhere(parent, rule, carrier)
+    (site,) = [
+        c for c in rule.candidates(parent) if c.supported and c.detail.get("form") == form.candidate
+    ]
+    return parent, rule.apply(parent, site, carrier)
 
 
 def workloads(verdict: GateVerdict) -> Iterator[dict[str, Any]]:
@@ -118,13 +143,13 @@ def main() -> None:
     report: dict[str, Any] = {"command": command_line(sys.argv), "forms": {}}
     verdict = None
     with Gate() as gate:
-        for form in args.forms.split(","):
-            first, second, candidate, folders = FORMS[form]
-            for folder in args.problems or folders:
-                if args.problems and folder not in folders:
+        for name in args.forms.split(","):
+            form = FORMS[name]
+            for folder in args.problems or form.problems:
+                if args.problems and folder not in form.problems:
                     continue
                 problem = load_problem(REPO / folder)
-                parent, child = pair(problem.kernel_source(), first, second, candidate)
+                parent, child = pair(problem.kernel_source(), form)
                 if args.log is not None:
                     log = GateLog(args.log / f"{problem.name}.jsonl", gate, resume=True, share=True)
                     verdict = log.run(problem, child, against=parent)
@@ -137,13 +162,13 @@ def main() -> None:
                     for key in ("form_over_parent", "form_vs_pytorch", "parent_vs_pytorch")
                 }
                 print(
-                    f"{form:14s} {problem.name:24s} {verdict.status.value:14s} "
+                    f"{name:14s} {problem.name:24s} {verdict.status.value:14s} "
                     + "  ".join(f"{k} {v:.3f}" for k, v in summary.items() if v is not None),
                     flush=True,
                 )
-                report["forms"].setdefault(form, {})[problem.name] = {
+                report["forms"].setdefault(name, {})[problem.name] = {
                     "folder": folder,
-                    "moves": [first, f"{second}" + (f" ({candidate})" if candidate else "")],
+                    "moves": [form.first, form.second, form.candidate, form.carrier],
                     "status": verdict.status.value,
                     "form_fingerprint": child.fingerprint,
                     "parent_fingerprint": parent.fingerprint,
