@@ -148,7 +148,14 @@ FORWARD = REPO / "tests" / "fixtures" / "mechanisms" / "tensor_core_mma" / "forw
 HOST_MMA = """
 static unsigned kl_mma_a[32][32][4], kl_mma_b[32][32][2];
 static float kl_half_bits(unsigned bits) {
+#ifdef KL_BF16
+  const unsigned wide = bits << 16;
+  float value;
+  memcpy(&value, &wide, sizeof(value));
+  return value;
+#else
   return __half2float(__ushort_as_half((unsigned short)bits));
+#endif
 }
 static void kl_mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
   const unsigned warp = kl_linear() / 32, lane = kl_linear() % 32;
@@ -181,8 +188,21 @@ def _on_host(kernel: KernelSource) -> str:
     start = text.index('  asm volatile(\n      "mma.sync')
     end = text.index(");\n", start) + 3
     text = text[:start] + "  kl_mma(d, a, b);\n" + text[end:]
-    first = text.index("// two f16 values")
-    return text[:first] + HOST_MMA + text[first:]
+    first = text.index("// two ")
+    bf16 = "#define KL_BF16\n" if "klineage_mma_m16n8k16_bf16" in text else ""
+    return text[:first] + bf16 + HOST_MMA + text[first:]
+
+
+def _as_bf16(text: str) -> str:
+    """A half kernel written for bf16 (the same code with the other 16-bit type)."""
+    for old, new in (
+        ("#include <cuda_fp16.h>", "#include <cuda_bf16.h>"),
+        ("__half2float", "__bfloat162float"),
+        ("__float2half", "__float2bfloat16"),
+        ("__half", "__nv_bfloat16"),
+    ):
+        text = text.replace(old, new)
+    return text
 
 
 def _mma_tile(kernel: KernelSource) -> KernelSource:
@@ -259,3 +279,26 @@ def test_the_tensor_core_tile_compiles_with_hmma(mechanism_builder: Builder) -> 
     (kernel,) = [f for f in result.machine_code.functions if f.entry]
     assert kernel.histogram is not None
     assert kernel.histogram.get("HMMA.16816.F32", 0) == 32, kernel.histogram  # 2 k steps x 16
+
+
+@pytest.mark.nvcc
+def test_a_bf16_tile_product_goes_to_bf16_tensor_cores_with_the_naive_bits() -> None:
+    from tests.mechanisms.host_emulation import Buffer, run_on_host
+    from tests.mechanisms.test_thread_coarsening import _gemm_cases
+
+    staged = KernelSource(_as_bf16((STAGED / "batched_hgemm_tiles.naive.cu").read_text()))
+    applied = _mma_tile(staged)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in applied.text
+    assert "__float2bfloat16_rn(0.0f)" in applied.text
+
+    def cases(tiles: tuple[int, int] | None) -> list:
+        found = _gemm_cases("batched_hgemm", tiles)
+        for case in found:
+            case.buffers[:] = [
+                Buffer(b.name, "__nv_bfloat16", b.count, b.output, b.offset) for b in case.buffers
+            ]
+        return found
+
+    naive = _as_bf16((REPO / "heldout" / "batched_hgemm" / "kernel.cu").read_text())
+    want = run_on_host(naive, cases(None))
+    assert run_on_host(_on_host(applied), cases((128, 128))) == want
