@@ -261,13 +261,35 @@ def test_the_tensor_core_tile_computes_the_naive_bits_on_the_host() -> None:
     from tests.mechanisms.host_emulation import run_on_host
     from tests.mechanisms.test_thread_coarsening import _gemm_cases
 
-    want = run_on_host(
-        (REPO / "heldout" / "batched_hgemm" / "kernel.cu").read_text(),
-        _gemm_cases("batched_hgemm", None),
-    )
+    naive = (REPO / "heldout" / "batched_hgemm" / "kernel.cu").read_text()
     applied = KernelSource.from_file(FORWARD / "batched_hgemm_tiles.applied.cu")
+    want = run_on_host(naive, _gemm_cases("batched_hgemm", None))
     got = run_on_host(_on_host(applied), _gemm_cases("batched_hgemm", (128, 128)))
     assert got == want
+    # past one block tile on both sides (a second block row and column, each partly past m
+    # and n) and a k of two stages and a bit
+    wide = [_wide_case(None), _wide_case((128, 128))]
+    assert run_on_host(_on_host(applied), wide[1:]) == run_on_host(naive, wide[:1])
+
+
+def _wide_case(tiles: tuple[int, int] | None):  # -> Case
+    from tests.mechanisms.host_emulation import Buffer, Case
+
+    buffers = [
+        Buffer("a", "__half", "batch * m * k"),
+        Buffer("b", "__half", "batch * k * n", offset=1),
+        Buffer("c", "__half", "batch * m * n", output=True),
+    ]
+    grid = (
+        "" if tiles is None else "dim3((unsigned)((n + 127) / 128), (unsigned)((m + 127) / 128), 1)"
+    )
+    return Case(
+        {"batch": 1, "m": 131, "n": 137, "k": 70},
+        buffers,
+        "batched_hgemm(a, b, c, batch, m, n, k)",
+        "batch * m * n",
+        grid=grid,
+    )
 
 
 @pytest.mark.nvcc
