@@ -59,9 +59,13 @@ class _Type:
     """A 16-bit operand type and how the rewrite writes it."""
 
     element: str
+    """The C++ type: ``__half`` or ``__nv_bfloat16``."""
     ptx: str
+    """Its name in the mma.sync mnemonic: ``f16`` or ``bf16``."""
     narrow: str
+    """The conversion from float (the zero fill)."""
     bits: str
+    """The reinterpretation as 16 bits (packing two into a register)."""
 
 
 _TYPES = {
