@@ -10,7 +10,8 @@ site, the rule's default carrier), the second on that state at its candidate of 
 - ``rows``: vectorized_access, then its rows form (a vector's lanes split by row once);
 - ``coarsen``: vectorized_access, then thread_coarsening (several vectors a thread);
 - ``mma``: smem_staging, then tensor_core_mma (the staged f16 tiles on mma.sync), and the
-  same tiles with thread_coarsening's register tile beside it, the rival a replay races;
+  same tiles with thread_coarsening's register tile beside it (4 x 4, and the experts' 8 x 8
+  a replay races beside it), the rivals a replay races;
 - ``checked_loops``: block_per_row, then vectorized_access at every loop behind its run-time
   alignment test (rows of 50,257 floats).
 
@@ -89,7 +90,17 @@ FORMS: dict[str, Form] = {
     ),
     "mma": Form("smem_staging", "tensor_core_mma", "mma_tile", ["heldout/batched_hgemm"]),
     "register_tile": Form(
-        "smem_staging", "thread_coarsening", "register_tile", ["heldout/batched_hgemm"]
+        "smem_staging",
+        "thread_coarsening",
+        "register_tile",
+        ["heldout/batched_hgemm", "heldout/sgemm"],
+    ),
+    "register_tile_8x8": Form(
+        "smem_staging",
+        "thread_coarsening",
+        "register_tile",
+        ["heldout/batched_hgemm", "heldout/sgemm"],
+        {"tm": 8, "tn": 8},
     ),
     "checked_loops": Form(
         "block_per_row",

@@ -388,6 +388,11 @@ class Mechanism(ABC):
         """The choices :meth:`apply` uses for keys the caller leaves out."""
         return Carrier()
 
+    def alternative_carriers(self, kernel: KernelSource) -> list[Carrier]:
+        """Choices beside the default worth a gate run on ``kernel`` once a carrier of this
+        mechanism is kept there (replay races them): none unless a rule says which."""
+        return []
+
     # -- the protocol -------------------------------------------------------------------------
 
     def detect(self, kernel: KernelSource) -> list[Site]:

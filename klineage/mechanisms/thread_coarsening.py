@@ -102,6 +102,9 @@ Layout = Literal["strided", "contiguous"]
 DEFAULT_COARSEN = 4
 DEFAULT_MICRO_TILE = 4
 DEFAULT_STAGE = 16
+EXPERT_MICRO_TILE = 8
+"""The micro-tile the SIMT GEMM experts use (our linear_relu, SGEMM_CUDA's and leimao's: 8 x 8
+outputs a thread on 128 x 128 block tiles), raced beside the default on a staged product."""
 REGISTER_TILE = "register_tile"
 """``Site.detail["form"]`` of a staged tile product that takes a register micro-tile."""
 ROWS = "rows"
@@ -614,6 +617,15 @@ class ThreadCoarsening(Mechanism):
             raise self.refuse(str(refused), site) from refused
         region = Edit(found.decl.start_byte, found.loop.end_byte, found.scalar)
         return [region] + [Edit.replace(node, text) for node, text in grids]
+
+    def alternative_carriers(self, kernel: KernelSource) -> list[Carrier]:
+        """On a staged tile product, the experts' 8 x 8 register tile beside the default 4 x 4:
+        a quarter of the blocks, twice the reuse of each shared value, and a grid that may
+        leave SMs idle on a small output, which only a gate run can weigh."""
+        staged = [c for c in self.candidates(kernel) if c.detail.get("form") == REGISTER_TILE]
+        if not any(c.supported for c in staged):
+            return []
+        return [Carrier(tm=EXPERT_MICRO_TILE, tn=EXPERT_MICRO_TILE)]
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         if site.detail.get("form") == ROWS:

@@ -596,7 +596,7 @@ class SkillsMethod(ForwardSearch):
             if mechanism is not None:
                 # a condition the rule tests at run time here is part of every carrier
                 needed = Carrier.model_validate(ranked.carrier)
-                for carrier in self.carriers(skill):
+                for carrier in self.carriers(skill, current):
                     yield Move(mechanism, carrier.merged(needed), origin, skill=skill.id)
             if self.asks_llm:
                 yield Move(
@@ -632,12 +632,14 @@ class SkillsMethod(ForwardSearch):
                 rivals.discard(move.name)
                 yield replace(move, sibling=True)
 
-    def carriers(self, skill: Skill) -> list[Carrier]:
+    def carriers(self, skill: Skill, state: KernelSource | None = None) -> list[Carrier]:
         """The skill's own carrier, then the others its mechanism was seen with; each first
         as it transfers to the target (vector widths keep their bytes), then as learned; choices
         written as expressions over names the target lacks are left out. Last, the rule's own
         default for the target: a choice tuned on one expert (a 512-thread block) must not hide
-        a better one for this kernel, and it is gated only once a learned carrier has passed."""
+        a better one for this kernel, and it is gated only once a learned carrier has passed;
+        then the alternatives the rule names for `state` (an 8 x 8 register tile beside 4 x 4),
+        raced like the others once one is kept."""
         seen, carriers = set(), []
         same = [skill] + [s for s in self.skills.values() if s.mechanism == skill.mechanism]
         path = self.problem.kernel_path
@@ -653,7 +655,14 @@ class SkillsMethod(ForwardSearch):
                     seen.add(key)
                     carriers.append(carrier)
         if Carrier().model_dump_json() not in seen:
+            seen.add(Carrier().model_dump_json())
             carriers.append(Carrier())
+        mechanism = catalog_mechanism(skill.mechanism)
+        if state is not None and mechanism is not None:
+            for carrier in mechanism.alternative_carriers(state):
+                if carrier.model_dump_json() not in seen:
+                    seen.add(carrier.model_dump_json())
+                    carriers.append(carrier)
         return carriers
 
     def ask_llm(self, current: KernelSource, move: Move) -> Move | None:

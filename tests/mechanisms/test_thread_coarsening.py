@@ -156,7 +156,12 @@ def test_an_unroll_pragma_with_a_count_is_still_the_canonical_form() -> None:
 FORWARD = FIXTURES / NAME / "forward"
 """``<case>.naive.cu`` (smem_staging's child of a held-out GEMM) and ``<case>.applied.cu``."""
 TILED = {"sgemm_tiles": "sgemm", "batched_hgemm_tiles": "batched_hgemm"}
-SIZES = [Carrier(tm=2, tn=8, bk=8), Carrier(tm=1, tn=2, bk=32), Carrier(tm=3, tn=1, bk=5)]
+SIZES = [
+    Carrier(tm=2, tn=8, bk=8),
+    Carrier(tm=1, tn=2, bk=32),
+    Carrier(tm=3, tn=1, bk=5),
+    Carrier(tm=8, tn=8),  # the experts' micro-tile, raced beside the default in replay
+]
 
 
 def _register_tile(kernel: KernelSource, carrier: Carrier | None = None) -> KernelSource:
@@ -409,3 +414,10 @@ def test_coarsened_vector_kernels_compile(mechanism_builder: Builder) -> None:
         site = next(s for s in mechanism.candidates(vector) if s.supported)
         sources.append(mechanism.apply(vector, site, Carrier(coarsen=4)))
     compile_ok(mechanism_builder, sources)
+
+
+def test_the_experts_micro_tile_is_raced_only_on_a_staged_product() -> None:
+    staged = KernelSource.from_file(FORWARD / "sgemm_tiles.naive.cu")
+    assert mechanism.alternative_carriers(staged) == [Carrier(tm=8, tn=8)]
+    naive = KernelSource.from_file(REPO / "heldout" / "gelu" / "kernel.cu")
+    assert mechanism.alternative_carriers(naive) == []

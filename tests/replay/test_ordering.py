@@ -81,3 +81,31 @@ def test_a_cycle_is_not_overtaken_by_unrelated_skills() -> None:
     assert ordered == ["bpr1", "fast1", "os1", "bpr2", "prag1"]
     # before: every unrelated skill first, the best-ranked skill fourth
     assert ordered.index("bpr1") < ordered.index("fast1")
+
+
+def test_a_staged_gemm_races_the_experts_micro_tile_beside_the_default(tmp_path) -> None:
+    """The skills method's carriers for a coarsening skill on a staged tile product end with
+    the rule's alternative (8 x 8 outputs a thread), after the learned ones and the default;
+    on a kernel without such a product there is none."""
+    from klineage.gate.log import GateLog
+    from klineage.kernel import KernelSource
+    from klineage.mechanisms import Carrier
+    from klineage.problem import load_problem
+    from klineage.replay.methods import Materializer, SkillsMethod
+    from klineage.skills import SkillLibrary
+    from tests.conftest import FIXTURES, REPO
+
+    skills = list(SkillLibrary.load(REPO / "skills_out"))
+    coarsening = next(s for s in skills if s.mechanism == "thread_coarsening")
+    method = SkillsMethod(
+        Materializer(GateLog(tmp_path / "log.jsonl", None), skills),
+        load_problem(REPO / "heldout" / "sgemm"),
+    )
+    staged = KernelSource.from_file(
+        FIXTURES / "mechanisms" / "thread_coarsening" / "forward" / "sgemm_tiles.naive.cu"
+    )
+    carriers = method.carriers(coarsening, staged)
+    assert carriers[-1] == Carrier(tm=8, tn=8)
+    assert Carrier() in carriers[:-1]
+    naive = KernelSource.from_file(REPO / "heldout" / "sgemm" / "kernel.cu")
+    assert Carrier(tm=8, tn=8) not in method.carriers(coarsening, naive)
