@@ -1,6 +1,7 @@
 """Detection on the public development set: how much of each recorded lineage does the catalog see?
 
     python bench/public_lineages.py [--public DIR] [--out FILE] [--builds DIR] [--mined DIR]
+                                    [--keep-mined FILE]
                                     [--references] [--readme FILE] [--timing-file LABEL=PATH ...]
 
 (defaults: --public bench/public, --out bench/results/public_lineages.json)
@@ -20,8 +21,10 @@ detect finds in them.
 Nothing here fetches, writes or builds third-party code. ``--builds DIR`` reads build-only
 verdicts that ``bench/public_run.sh build`` wrote with ``klineage gate --build-only --json``;
 ``--mined DIR`` reads the ``skills.jsonl`` that ``bench/public_run.sh mine`` wrote (GPU); without
-it "mined as verified skills" stays null. ``--references`` runs each reference on the CPU for its
-smallest workload. ``--readme`` rewrites the table between ``<!-- table -->`` markers.
+it "mined as verified skills" stays null, unless ``--keep-mined FILE`` keeps an earlier output's
+figures (detection rerun on the CPU, mining from the last H200 run). ``--references`` runs
+each reference on the CPU for its smallest workload. ``--readme`` rewrites the table between
+``<!-- table -->`` markers.
 """
 
 from __future__ import annotations
@@ -463,6 +466,22 @@ def totals(lineages: dict[str, dict]) -> dict[str, Any]:
     }
 
 
+def keep_mined(lineages: dict[str, dict], earlier: Path) -> str:
+    """Fill each lineage's missing mined figures from an earlier output; the note that says
+    where they came from."""
+    old = json.loads(earlier.read_text(encoding="utf-8"))
+    kept = []
+    for name, report in lineages.items():
+        before = old.get("lineages", {}).get(name)
+        if report["mined"] is None and before is not None and before.get("mined") is not None:
+            report["mined"] = before["mined"]
+            kept.append(name)
+    return (
+        f"kept from {relative(earlier)} for {len(kept)} lineages (its mining: "
+        f"{old.get('mined_note', 'unknown')}; its command: {old.get('command', 'unknown')})"
+    )
+
+
 def mined_total(lineages: dict[str, dict]) -> dict[str, Any] | None:
     """Mapped mechanisms still present that mining recovered as verified skills, over every
     expert (None until mined on the GPU): the issue's target is 70%."""
@@ -603,6 +622,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--builds", type=Path, help="build-only verdicts (bench/public_run.sh)")
     parser.add_argument("--mined", type=Path, help="a klineage mine --out folder")
     parser.add_argument(
+        "--keep-mined",
+        type=Path,
+        help="an earlier output of this script: keep its mined figures (mining ran on the "
+        "H200; detection reruns here) for the lineages --mined does not give",
+    )
+    parser.add_argument(
         "--references",
         action="store_true",
         help="run each reference on the CPU for its smallest workload",
@@ -625,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         lineages[folder.name] = lineage_report(folder, args, skills, catalog)
     if not lineages:
         raise SystemExit(f"no folder of {args.public} has its kernel.cu (see its README.md)")
+    kept_from = keep_mined(lineages, args.keep_mined) if args.keep_mined else None
     sums = totals(lineages)
     command = ["python", "bench/public_lineages.py"]
     for flag, value in (
@@ -632,6 +658,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ("--out", args.out),
         ("--builds", args.builds),
         ("--mined", args.mined),
+        ("--keep-mined", args.keep_mined),
         ("--readme", args.readme),
     ):
         if value is not None:
@@ -648,7 +675,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             "detected = at least one site of that mechanism anywhere in the file (refused or "
             "not); a step is detected when every mechanism it maps to is"
         ),
-        "mined_note": MINED_NOTE if skills is None else "from " + relative(args.mined),
+        "mined_note": (
+            ("from " + relative(args.mined))
+            if skills is not None
+            else kept_from
+            if kept_from
+            else MINED_NOTE
+        ),
         "skipped_without_kernel": skipped,
         "totals": sums,
         "timing_files": timing_files(args.timing_file, args.repeats),

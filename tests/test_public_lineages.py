@@ -220,3 +220,24 @@ def test_no_kernel_made_from_public_code_is_tracked() -> None:
     assert listed, "bench/public holds no tracked file"
     assert not [f for f in listed if f.endswith((".cu", ".cuh", ".so"))], listed
     assert len(COMMITTED) >= 10
+
+
+def test_mined_figures_of_an_earlier_run_are_kept_where_this_one_has_none(tmp_path: Path) -> None:
+    # detection reruns on the CPU; mining ran on the H200 before: its figures stay, with a note
+    mined = {"verified": 2, "verified_mapped": ["split_k"]}
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(
+        json.dumps(
+            {
+                "command": "python bench/public_lineages.py --mined build/public_mine",
+                "mined_note": "from build/public_mine",
+                "lineages": {"a": {"mined": mined}, "b": {"mined": None}},
+            }
+        )
+    )
+    lineages = {"a": {"mined": None}, "b": {"mined": None}, "c": {"mined": {"verified": 1}}}
+    note = bench.keep_mined(lineages, earlier)
+    assert lineages["a"]["mined"] == mined  # kept
+    assert lineages["b"]["mined"] is None  # none to keep
+    assert lineages["c"]["mined"] == {"verified": 1}  # this run's own stays
+    assert "for 1 lineages" in note and "from build/public_mine" in note
