@@ -234,15 +234,15 @@ def _slot_count_edit(
     host = source.enclosing_function(launch.node)
     if grid is None or host is None or host.body is None:
         raise _refuse("a grid-stride loop writing block slots, launched without a grid")
-    count = grid
-    if grid.type == "call_expression":
-        args = call_arguments(grid)
-        index = _AXES.index(axis)
-        count = strip_parens(args[index]) if index < len(args) else grid
-    elif axis != "x":
-        count = grid.parent or grid  # no count along the axis: refused below
-    name = source.text_of(count)
-    if count.type != "identifier" or "dim3" in local_types(source, host).get(name, "dim3"):
+    args = call_arguments(grid) if grid.type == "call_expression" else [grid]
+    index = _AXES.index(axis)
+    count = strip_parens(args[index]) if index < len(args) else None
+    name = source.text_of(count) if count is not None else ""
+    if (
+        count is None
+        or count.type != "identifier"
+        or "dim3" in local_types(source, host).get(name, "dim3")
+    ):
         raise _refuse(
             f"a kernel writing one slot per block along {axis} (blockIdx.{axis}) launched with "
             f"the grid `{source.snippet(grid, 40)}`, whose count along {axis} is not a local the "

@@ -45,7 +45,7 @@ form found and the form needed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from klineage.cuda.analysis import FunctionIndices, IndexForm, analysis
@@ -63,6 +63,7 @@ __all__ = [
     "register_tile_edits",
     "register_tile_of",
     "staged_loops",
+    "tile_products",
 ]
 
 NEEDED = (
@@ -122,6 +123,19 @@ def staged_loops(source: ParsedSource, function: Function) -> list[Node]:
         ):
             found.append(loop)
     return found
+
+
+def tile_products(
+    source: ParsedSource,
+) -> Iterator[tuple[Function, Node, RegisterTile | NotInForm]]:
+    """Every kernel's staged tile loops, each read as the tile product the rewrites take, or
+    the NotInForm saying what form it is in instead."""
+    for function in source.kernels:
+        for loop in staged_loops(source, function):
+            try:
+                yield function, loop, register_tile_of(source, function, loop)
+            except NotInForm as why:
+                yield function, loop, why
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._mma_tile import mma_tile_edits, mma_tile_of
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
-from klineage.mechanisms._register_tile import register_tile_of, staged_loops
+from klineage.mechanisms._register_tile import register_tile_of, tile_products
 from klineage.mechanisms._tiles_util import (
     FULL_MASK,
     LANE,
@@ -193,25 +193,22 @@ class TensorCoreMma(PtxEmulation):
         (``acc += a * b``), where tensor cores would go but only a re-tiling puts them."""
         yield from super().find_candidates(source)
         staged: set[int] = set()
-        for function in source.kernels:
-            for loop in staged_loops(source, function):
-                try:
-                    tile = register_tile_of(source, function, loop)
-                except NotInForm:
-                    continue  # not a tile product this rule knows: the loop below says so
-                staged.add(tile.inner.start_byte)
-                refusal = None
-                try:
-                    mma_tile_of(source, tile)
-                except NotInForm as why:
-                    refusal = str(why)
-                yield self.site(
-                    source,
-                    loop,
-                    snippet=source.header(loop),
-                    detail={"kernel": function.name, "form": MMA_TILE},
-                    refusal=refusal,
-                )
+        for function, loop, tile in tile_products(source):
+            if isinstance(tile, NotInForm):
+                continue  # not a tile product this rule knows: the scalar loop below says so
+            staged.add(tile.inner.start_byte)
+            refusal = None
+            try:
+                mma_tile_of(source, tile)
+            except NotInForm as why:
+                refusal = str(why)
+            yield self.site(
+                source,
+                loop,
+                snippet=source.header(loop),
+                detail={"kernel": function.name, "form": MMA_TILE},
+                refusal=refusal,
+            )
         for loop in source.loops:
             function = source.enclosing_function(loop.node)
             if function is None or not function.runs_on_device or not _scalar_fma(loop):

@@ -756,7 +756,9 @@ def _write_loop(width: int, checked: bool = False) -> Callable[[ParsedSource, in
     return write
 
 
-def _alignment_guard(source: ParsedSource, vector: Node, tail: Node, scalar: str) -> Node | None:
+def _alignment_guard(
+    source: ParsedSource, vector: Node, tail: Node, scalar: str, width: int
+) -> Node | None:
     """The ``if`` around a vector loop and its tail, alone in its first branch, whose other
     branch is the scalar loop, and which writing the checked form again gives back."""
     block = vector.parent
@@ -771,8 +773,7 @@ def _alignment_guard(source: ParsedSource, vector: Node, tail: Node, scalar: str
     ):
         return None
     region = (guard.start_byte, guard.end_byte)
-    width = _width_of(source, scalar_loop(source, vector).bound)  # type: ignore[union-attr]
-    if width is None or not _regenerates(source, region, scalar, _write_loop(width, True)):
+    if not _regenerates(source, region, scalar, _write_loop(width, True)):
         return None
     return guard
 
@@ -797,7 +798,7 @@ def vector_loops(source: ParsedSource) -> list[_VectorLoop]:
         )
         region = (node.start_byte, tail_node.end_byte)
         if _regenerates(source, region, scalar, _write_loop(width)):
-            guard = _alignment_guard(source, node, tail_node, scalar)
+            guard = _alignment_guard(source, node, tail_node, scalar, width)
             found.append(_VectorLoop(node, tail_node, width, scalar, guard))
     return found
 

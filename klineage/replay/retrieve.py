@@ -179,18 +179,11 @@ def scope_score(skill: Skill, problem: Problem, arch: str) -> float:
 
 def applicable_conditions(
     skill: Skill, problem: Problem, kernel: KernelSource, sites: Sequence[Site]
-) -> list[Condition]:
-    """The mechanism's static conditions at the target's sites, and the skill's learned ones
-    over axes the target has (conditions over other axes cannot be judged here)."""
-    return [c for c, _ in _conditions_with_checks(skill, problem, kernel, sites)]
-
-
-def _conditions_with_checks(
-    skill: Skill, problem: Problem, kernel: KernelSource, sites: Sequence[Site]
 ) -> list[tuple[Condition, Carrier | None]]:
-    """Each applicable condition with the carrier under which the rule tests it at run time
-    instead (None: it must hold). A learned condition must always hold: it is what the expert
-    measured under."""
+    """The mechanism's static conditions at the target's sites, and the skill's learned ones
+    over axes the target has (conditions over other axes cannot be judged here), each with the
+    carrier under which the rule tests it at run time instead (None: it must hold). A learned
+    condition must always hold: it is what the expert measured under."""
     found: list[tuple[Condition, Carrier | None]] = []
     if sites:
         mechanism = get(skill.mechanism)
@@ -297,7 +290,7 @@ def retrieve(
         checked: list[Condition] = []
         if use_conditions:
             violation, carrier, checked = checked_violation(
-                _conditions_with_checks(skill, problem, kernel, sites), problem, context
+                applicable_conditions(skill, problem, kernel, sites), problem, context
             )
             if violation is not None:
                 condition, workload = violation

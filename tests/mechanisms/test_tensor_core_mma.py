@@ -223,24 +223,12 @@ def test_a_staged_f16_tile_product_goes_to_the_tensor_cores_as_the_fixture() -> 
     assert mechanism.apply(simplified, back).text == applied.text
 
 
-@pytest.mark.parametrize(
-    ("change", "reason"),
-    [
-        (("__half2float(a_row", "(float)(a_row"), "not a 16-bit float widened"),
-        (("dim3(16, 16)", "dim3(16, 16)"), None),
-    ],
-)
-def test_tiles_that_are_not_16_bit_values_are_refused(
-    change: tuple[str, str], reason: str | None
-) -> None:
+def test_tiles_that_are_not_16_bit_values_are_refused() -> None:
     text = (STAGED / "batched_hgemm_tiles.naive.cu").read_text()
-    assert change[0] in text
-    kernel = KernelSource(text.replace(*change))
+    assert "__half2float(a_row" in text
+    kernel = KernelSource(text.replace("__half2float(a_row", "(float)(a_row"))
     (site,) = [s for s in mechanism.candidates(kernel) if s.detail.get("form") == "mma_tile"]
-    if reason is None:
-        assert site.supported
-        return
-    assert reason in str(site.refusal)
+    assert "not a 16-bit float widened" in str(site.refusal)
     with pytest.raises(MechanismRefused, match="16-bit float widened"):
         mechanism.apply(kernel, site)
 
