@@ -93,7 +93,9 @@ FORWARD_FORMS: dict[str, str] = {
     "block halving loop over a shared buffer",
     "warp_shuffle_scan": "a shared-memory scan step in the exchange form, or a thread-per-row "
     "running sum stored every turn",
-    "warp_tiling": "none: no forward rule",
+    "warp_tiling": "a block-wide thread grid (row = t / NC, col = t % NC, t the linear "
+    "thread index) that places a SIMT kernel's outputs, in a file without warp-collective "
+    "operations",
 }
 
 Outcome = Literal["applies", "refused", "no site"]

@@ -39,7 +39,7 @@ def test_a_refused_candidate_gives_the_refusal() -> None:
 
 
 def test_a_detect_only_mechanism_says_it_has_no_forward_rule() -> None:
-    row = reach.reach_of(get("warp_tiling"), "sgemm", _kernel("sgemm"))
+    row = reach.reach_of(get("register_fragment_streaming"), "sgemm", _kernel("sgemm"))
     assert row.outcome == "no site" and row.why_not.startswith("no forward rule: ")
 
 

@@ -51,6 +51,8 @@ static dim3 kl_block_dim, kl_grid_dim;
 #define __device__
 #undef __forceinline__
 #define __forceinline__ inline
+#undef __launch_bounds__
+#define __launch_bounds__(...)
 static float kl_int_as_float(int bits) {
   float value;
   memcpy(&value, &bits, sizeof(value));

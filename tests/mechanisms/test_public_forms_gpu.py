@@ -46,6 +46,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "rows_untaken_path": PROBLEMS / "center_rows",
     "row_loader": PROBLEMS / "linear_nt",
     "aligned_vectors": PROBLEMS / "linear_nt",
+    "templated_warps": PROBLEMS / "sgemm_tiles",
+    "linear_warps": PROBLEMS / "sgemm_bounded",
 }
 
 

@@ -3,9 +3,10 @@ idioms (``tests/fixtures/public_forms/<mechanism>/``): removing every removable 
 ``after`` exactly, leaves no removable site, and both states compile.
 
 These forms have no forward rule: their skills are mined (removal, gate) but are not
-transferable, so the round-trip suite (which re-applies) does not cover them. The exception is
-warp_shuffle_reduction, whose removals write its own exchange form: the tests of that
-mechanism walk its ``online_pairs`` and ``quad_columns`` pairs forward again.
+transferable, so the round-trip suite (which re-applies) does not cover them. The exceptions
+are warp_shuffle_reduction, whose removals write its own exchange form (the tests of that
+mechanism walk its ``online_pairs`` and ``quad_columns`` pairs forward again), and warp_tiling,
+whose removal writes the grid its application reads (tests/mechanisms/test_warp_tiling.py).
 """
 
 from __future__ import annotations
