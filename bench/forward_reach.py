@@ -66,8 +66,8 @@ FORWARD_FORMS: dict[str, str] = {
     "packed_half2_math": "a loop over c converting half/bf16 elements p[c] to float on every "
     "turn, or two adjacent statements doing one scalar half/bf16 operation on a pair's halves",
     "pragma_unroll": "a for loop directly in a block of device code, without a pragma",
-    "rasterization": "reads a rasterization removal marked (a grouped order is not written "
-    "from scratch)",
+    "rasterization": "a kernel reading blockIdx.x and blockIdx.y (a 2-D grid of tiles) without "
+    "an order of its own, or the reads a rasterization removal marked",
     "readonly_ldg": "a read through a const pointer in device-only code",
     "register_fragment_streaming": "none: no forward rule",
     "restrict_pointers": "a __global__ pointer parameter without __restrict__",

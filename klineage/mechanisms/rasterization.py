@@ -18,14 +18,16 @@ of each operand is served from L2.
   order, so the mapping stays a bijection and the output is the same; only the order in which
   blocks meet the tiles changes. A run without such a constant is refused: rewriting it to
   row-major would need its tile counts and origins identified, which no rule does;
-- apply: the marked reads get their constant back (a candidate exists only where a removal
-  left its marks; building a grouped order from scratch is not done by rule).
+- apply: the marked reads get their constant back; and on a kernel over a 2-D grid of tiles
+  without an order of its own, a grouped order is written from scratch with ``group_rows``
+  tile-rows a group (:mod:`klineage.mechanisms._raster_grouped`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import ClassVar
 
 from klineage.conditions import Condition, Prose
 from klineage.cuda.edit import Edit
@@ -33,6 +35,7 @@ from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._raster_forms import raster_forms
+from klineage.mechanisms._raster_grouped import DEFAULT_GROUP, grid_kernels, grouped_order
 from klineage.mechanisms._raster_serpentine import serpentine_removal
 from klineage.mechanisms._tiles_util import BLOCK_INDEX, names_in, statements
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
@@ -178,10 +181,29 @@ class Rasterization(Mechanism):
             else:
                 yield form_site(self, source, form)
 
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "group_rows": "tile-rows a group of consecutive blocks walks down before moving right"
+    }
+
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        ordered = set()
         for function, run in self._runs(source):
+            ordered.add(function.name)
             if marked_reads(source, run):
                 yield self._site(source, function, run)
+        ordered |= {f.function.name for f in raster_forms(source, ordered)}
+        for kernel in grid_kernels(source, ordered):
+            function = kernel.function
+            assert function.body is not None
+            yield self.site(
+                source,
+                function.node,
+                span=(function.outer.start_byte, function.outer.end_byte),
+                kind="function_definition",
+                snippet=f"{function.name}: blocks over a 2-D grid of tiles, row by row",
+                detail={"kernel": function.name, "form": "grid_2d"},
+                refusal=kernel.refusal,
+            )
 
     def _run_at(self, source: ParsedSource, site: Site) -> list[Node]:
         for function, run in self._runs(source):
@@ -202,6 +224,12 @@ class Rasterization(Mechanism):
         return [Edit.replace(node, f"1 /* {_MARK} {name} */") for node in nodes]
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") == "grid_2d":
+            for kernel in grid_kernels(source, set()):
+                if kernel.function.name == site.function:
+                    group = carrier.get_int("group_rows", DEFAULT_GROUP) or DEFAULT_GROUP
+                    return grouped_order(source, kernel, group)
+            raise self.refuse("no kernel over a 2-D grid here", site, "apply")
         marks = marked_reads(source, self._run_at(source, site))
         if not marks:
             raise self.refuse("no read of a group size marked by a removal here", site, "apply")
@@ -210,6 +238,12 @@ class Rasterization(Mechanism):
         if missing:
             raise self.refuse(f"the group size {missing[0]} is no longer defined", site, "apply")
         return [Edit(start, end, name) for start, end, name in marks]
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        """The group size a detected grouped order reads, by value."""
+        reads = group_size_reads(kernel.parsed, self._run_at(kernel.parsed, site))
+        value = kernel.parsed.integer_constants.get(reads[0]) if reads else None
+        return Carrier(group_rows=value) if isinstance(value, int) else Carrier()
 
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None

@@ -11,9 +11,9 @@ from klineage.conditions import evaluate_size
 from klineage.cuda.cexpr import to_size_expr
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import get
+from klineage.mechanisms import Carrier, MechanismRefused, get
 from klineage.mechanisms.rasterization import raster_run
-from klineage.mining.removal import remove_mechanism
+from klineage.mining.removal import matching_candidate, remove_mechanism
 from tests.mechanisms.roundtrip import RoundTripSuite, fixture_pairs
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 
@@ -100,3 +100,73 @@ def test_the_gemm_expert_keeps_a_bijection_and_becomes_row_major(M: int, N: int)
     # groups of one tile-row: block b computes tile-row b // tiles_n, tile-column b % tiles_n
     assert plain == [(rows[b // len(cols)], cols[b % len(cols)]) for b in range(len(plain))]
     assert grouped != plain or len(rows) == 1  # the grouped order really differed
+
+
+# ---- a grouped order written from scratch on a kernel over a 2-D grid ------------------------
+
+STAGED = Path(__file__).resolve().parents[1] / "fixtures" / "mechanisms" / "thread_coarsening"
+TILED = STAGED / "forward" / "sgemm_tiles.naive.cu"
+
+
+def _grid_site(kernel: KernelSource):  # -> Site
+    (site,) = mechanism.candidates(kernel)
+    assert site.detail["form"] == "grid_2d" and site.supported
+    return site
+
+
+def test_a_2d_grid_gets_a_grouped_order_that_the_removal_takes_back() -> None:
+    kernel = KernelSource.from_file(TILED)
+    applied = mechanism.apply(kernel, _grid_site(kernel), Carrier(group_rows=4))
+    assert "constexpr int kGroupRows = 4;" in applied.text
+    assert "blockIdx.y * 16" not in applied.text and "tile_y * 16" in applied.text
+    (site,) = mechanism.detect(applied)  # the grouped order the detector knows
+    assert site.supported and mechanism.carrier_of(applied, site) == Carrier(group_rows=4)
+    assert not [c for c in mechanism.candidates(applied) if c.detail.get("form") == "grid_2d"]
+    removed = mechanism.remove(applied, site)
+    candidate = matching_candidate(mechanism, applied, removed)
+    assert candidate is not None
+    assert mechanism.apply(removed, candidate, Carrier(group_rows=4)).text == applied.text
+
+
+def test_a_group_of_one_row_is_refused() -> None:
+    kernel = KernelSource.from_file(TILED)
+    with pytest.raises(MechanismRefused, match="two or more tile-rows"):
+        mechanism.apply(kernel, _grid_site(kernel), Carrier(group_rows=1))
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (
+            ("__global__ void", "__device__ int tile_of() { return blockIdx.y; }\n__global__ void"),
+            "helper tile_of reads the block index",
+        ),
+        (("#include <stdint.h>", "#include <stdint.h>\n// cg::this_grid().sync()"), "this_grid"),
+    ],
+    ids=["helper", "grid_sync"],
+)
+def test_kernels_whose_blocks_see_the_old_order_are_refused(
+    edit: tuple[str, str], reason: str
+) -> None:
+    text = TILED.read_text()
+    assert edit[0] in text
+    (site,) = mechanism.candidates(KernelSource(text.replace(edit[0], edit[1], 1)))
+    assert not site.supported and reason in str(site.refusal)
+
+
+def test_a_kernel_over_a_1d_grid_is_no_candidate() -> None:
+    naive = Path(__file__).resolve().parents[2] / "heldout" / "sgemm" / "kernel.cu"
+    assert mechanism.candidates(KernelSource.from_file(naive)) == []
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("group", [2, 8])
+def test_the_grouped_order_computes_the_same_bits_on_the_host(group: int) -> None:
+    """Blocks take other tiles; each tile's sums are the same, so every output bit is."""
+    from tests.mechanisms.host_emulation import run_on_host
+    from tests.mechanisms.test_thread_coarsening import _gemm_cases
+
+    kernel = KernelSource.from_file(TILED)
+    applied = mechanism.apply(kernel, _grid_site(kernel), Carrier(group_rows=group))
+    cases = _gemm_cases("sgemm", (16, 16))
+    assert run_on_host(applied.text, cases) == run_on_host(kernel.text, cases)
