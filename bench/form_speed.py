@@ -12,6 +12,8 @@ site, the rule's default carrier), the second on that state at its candidate of 
 - ``mma``: smem_staging, then tensor_core_mma (the staged f16 tiles on mma.sync), and the
   same tiles with thread_coarsening's register tile beside it (4 x 4, and the experts' 8 x 8
   a replay races beside it), the rivals a replay races;
+- ``raster``: smem_staging, then rasterization's grouped block order written from scratch
+  (groups of 8 tile-rows over the 2-D grid of tiles);
 - ``checked_loops``: block_per_row, then vectorized_access at every loop behind its run-time
   alignment test (rows of 50,257 floats).
 
@@ -101,6 +103,12 @@ FORMS: dict[str, Form] = {
         "register_tile",
         ["heldout/batched_hgemm", "heldout/sgemm"],
         {"tm": 8, "tn": 8},
+    ),
+    "raster": Form(
+        "smem_staging",
+        "rasterization",
+        "grid_2d",
+        ["heldout/sgemm", "heldout/batched_hgemm", "heldout/transpose_2d"],
     ),
     "checked_loops": Form(
         "block_per_row",

@@ -78,6 +78,10 @@ FORMS_AFTER = [
     # several vectors a thread (4, blockDim apart), the guard and the scalar tail a vector
     ("cast_f32_to_bf16", "vectorized_access", "thread_coarsening", "element"),
     ("gelu", "vectorized_access", "thread_coarsening", "element"),
+    # blocks over staged tiles handed out in groups of tile-rows (a grouped order from scratch)
+    ("sgemm", "smem_staging", "rasterization", "grid_2d"),
+    ("batched_hgemm", "smem_staging", "rasterization", "grid_2d"),
+    ("transpose_2d", "smem_staging", "rasterization", "grid_2d"),
 ]
 """Forms a rule writes on what another rule wrote first (its default carrier, every site)."""
 
