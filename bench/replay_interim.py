@@ -7,9 +7,11 @@ lineage, read for the speed of its final kernel against the naive kernel and aga
 Nothing is built or timed: every latency is one the H200 measured, kept in the lineages of
 the archive (`replay_out/lineages/P.METHOD.json`). Against the naive kernel: the final
 kernel's latency over the start's, per workload; against PyTorch: the reference's latency
-timed in the final verdict's own run over the final kernel's. Geometric means over the
-workloads, then over the problems. `replay.json` (written by the last, `ALL=1`, chunk)
-recomputes these over the runs and replaces this file.
+over the final kernel's, the reference being the median of its timings over the problem's
+gate log (one figure per workload for every method, as `replay.json` has it since
+2026-12-05), and beside it (`_own`) the one timed in the final verdict's own run. Geometric
+means over the workloads, then over the problems. `replay.json` (written by the last,
+`ALL=1`, chunk) recomputes these over the runs and replaces this file.
 
 With ``--served`` (the output of ``bench/replay_served.py --methods skills,blind``), the gate
 runs the skills method and blind search each spent to reach the lower of their two final
@@ -25,20 +27,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from klineage.gate.log import GateLog
 from klineage.gate.result import geomean
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("skills", "blind", "memory", "tree", "profiled")
 
 
-def final_speeds(lineage: dict[str, Any]) -> dict[str, float]:
-    """The final kernel's speed over the start and over PyTorch (geomeans over workloads)."""
+def final_speeds(lineage: dict[str, Any], shared: dict[str, float]) -> dict[str, float]:
+    """The final kernel's speed over the start and over PyTorch (geomeans over workloads):
+    against the reference `shared` by every method (the median over the problem's gate log,
+    as `replay.json` measures since 2026-12-05), and against the final verdict's own."""
     nodes = {node["id"]: node for node in lineage["nodes"]}
     final, start = nodes[lineage["graph"]["final"]], nodes[lineage["graph"]["root"]]
     labels = [w for w in final["latency_ms"] if w in start["latency_ms"]]
+    latency, own = final["latency_ms"], final["reference_ms"]
     return {
-        "vs_naive": geomean([start["latency_ms"][w] / final["latency_ms"][w] for w in labels]),
-        "vs_pytorch": geomean([final["reference_ms"][w] / final["latency_ms"][w] for w in labels]),
+        "vs_naive": geomean([start["latency_ms"][w] / latency[w] for w in labels]),
+        "vs_pytorch": geomean([shared.get(w, own[w]) / latency[w] for w in labels]),
+        "vs_pytorch_own": geomean([own[w] / latency[w] for w in labels]),
     }
 
 
@@ -91,9 +98,12 @@ def main() -> None:
         folder = Path(scratch) / "replay_out" / "lineages"
         finished = json.loads((Path(scratch) / "replay_out" / "finished.json").read_text())
         table: dict[str, dict[str, dict[str, float]]] = {}
+        logs = Path(scratch) / "replay_out" / "gatelog"
         for path in sorted(folder.glob("*.json")):
             problem, method = path.stem.rsplit(".", 1)
-            table.setdefault(problem, {})[method] = final_speeds(json.loads(path.read_text()))
+            shared = GateLog(logs / f"{problem}.jsonl", None).reference_medians(problem)
+            lineage = json.loads(path.read_text())
+            table.setdefault(problem, {})[method] = final_speeds(lineage, shared)
     summary = {}
     for method in METHODS:
         rows = [speeds[method] for speeds in table.values() if method in speeds]
@@ -102,6 +112,8 @@ def main() -> None:
             "vs_pytorch": round(geomean([r["vs_pytorch"] for r in rows]), 3),
             "vs_naive": round(geomean([r["vs_naive"] for r in rows]), 3),
             "faster_than_pytorch": sum(r["vs_pytorch"] > 1.0 for r in rows),
+            "vs_pytorch_own": round(geomean([r["vs_pytorch_own"] for r in rows]), 3),
+            "faster_than_pytorch_own": sum(r["vs_pytorch_own"] > 1.0 for r in rows),
         }
     report: dict[str, Any] = {
         "command": "python bench/replay_interim.py"

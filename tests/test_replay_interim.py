@@ -27,14 +27,17 @@ def _lineage(
 
 def test_speeds_are_geomeans_over_the_workloads_of_the_final_verdict() -> None:
     lineage = _lineage({"w1": 8.0, "w2": 2.0}, {"w1": 1.0, "w2": 1.0}, {"w1": 4.0, "w2": 0.25})
-    speeds = interim.final_speeds(lineage)
+    speeds = interim.final_speeds(lineage, {"w1": 1.0})  # w1's reference ran slow beside it
     assert speeds["vs_naive"] == pytest.approx(4.0)  # sqrt(8 * 2)
-    assert speeds["vs_pytorch"] == pytest.approx(1.0)  # sqrt(4 * 0.25)
+    assert speeds["vs_pytorch_own"] == pytest.approx(1.0)  # sqrt(4 * 0.25)
+    assert speeds["vs_pytorch"] == pytest.approx(0.5)  # sqrt(1 * 0.25): the shared w1
 
 
 def test_a_workload_the_start_lacks_is_left_out() -> None:
     lineage = _lineage({"w1": 3.0}, {"w1": 1.0, "w2": 1.0}, {"w1": 2.0, "w2": 100.0})
-    assert interim.final_speeds(lineage) == pytest.approx({"vs_naive": 3.0, "vs_pytorch": 2.0})
+    assert interim.final_speeds(lineage, {}) == pytest.approx(
+        {"vs_naive": 3.0, "vs_pytorch": 2.0, "vs_pytorch_own": 2.0}
+    )
 
 
 def test_runs_to_blind_speed_count_from_one_and_skip_problems_without_a_gain() -> None:

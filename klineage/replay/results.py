@@ -80,7 +80,15 @@ class MethodResult(BaseModel):
     )
     start_ms: dict[str, float] = Field(description="naive kernel latency per workload")
     best_ms: dict[str, float] = Field(description="best state's latency per workload")
-    reference_ms: dict[str, float] = Field(description="PyTorch reference per workload")
+    reference_ms: dict[str, float] = Field(
+        description="PyTorch reference per workload: since 2026-12-05 the median over every "
+        "verdict of the problem's replay (each times it in its own run); before, the best "
+        "state's own"
+    )
+    reference_ms_own: dict[str, float] = Field(
+        default_factory=dict,
+        description="the reference as the best state's own verdict timed it (older reports: {})",
+    )
     start_joules: dict[str, float] = Field(
         default_factory=dict,
         description="naive kernel's energy per call (J) per workload, when the gate measured it",
@@ -99,6 +107,10 @@ class MethodResult(BaseModel):
     )
     speedup: float = Field(description="geometric-mean speedup over the naive kernel")
     speedup_vs_reference: float = Field(description="geometric mean of reference / best")
+    speedup_vs_reference_own: float | None = Field(
+        default=None,
+        description="the same against the best state's own reference timing (older: None)",
+    )
     runs_to_90: int = Field(description="gate runs to reach 90% of the final speedup")
     runs_to_best: int = Field(
         default=0, description="gate runs to reach the final speedup (0: no gain; older reports)"
@@ -111,6 +123,23 @@ class MethodResult(BaseModel):
     seconds: float = Field(description="wall time of this call (short when the log served it)")
     gate_seconds: float = Field(
         default=0.0, description="what the method's verdicts cost to make, the start's included"
+    )
+
+
+def against_reference(result: MethodResult, reference_ms: dict[str, float]) -> MethodResult:
+    """`result` measured against `reference_ms` (a figure per workload shared by every method,
+    :meth:`klineage.gate.log.GateLog.reference_medians`), its own reference kept beside."""
+    best = result.best_ms
+    shared = {k: reference_ms[k] for k in best if k in reference_ms}
+    if not shared:
+        return result
+    return result.model_copy(
+        update={
+            "reference_ms": shared,
+            "reference_ms_own": result.reference_ms,
+            "speedup_vs_reference": geomean([shared[k] / best[k] for k in shared]),
+            "speedup_vs_reference_own": result.speedup_vs_reference,
+        }
     )
 
 

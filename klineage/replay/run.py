@@ -39,7 +39,12 @@ from klineage.replay.methods import (
     Materializer,
 )
 from klineage.replay.misses import Miss, explain_misses
-from klineage.replay.results import GateRunRecord, MethodResult, ReplayBudget
+from klineage.replay.results import (
+    GateRunRecord,
+    MethodResult,
+    ReplayBudget,
+    against_reference,
+)
 from klineage.replay.sources import SkillSources
 
 FAST_P = (1.0, 1.5)
@@ -300,7 +305,8 @@ def replay(
             result, lineage = materializer.run(problem, naive, method)
             lineage.save(root / "lineages" / f"{problem.name}.{method}.json")
             results.append(result)
-        return results
+        references = log.reference_medians(problem.name)
+        return [against_reference(result, references) for result in results]
 
     per_problem = spread(list(gates), len(loaded), lambda i, on: one_problem(loaded[i], on))
     results = [r for rows in per_problem for r in rows]
