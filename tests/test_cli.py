@@ -66,3 +66,22 @@ def test_no_probes_exits_2(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "no probes workloads" in result.output
+
+
+@pytest.mark.parametrize("command", ["mine", "replay"])
+def test_mine_and_replay_check_their_folders_before_looking_for_a_gpu(
+    tmp_path: Path, command: str
+) -> None:
+    """On a machine without a GPU, a folder being prepared is still checked: the first one
+    that is not a problem, or lacks its kernel, is named (not the missing GPU)."""
+    extra = ["--skills", str(REPO / "skills_out")] if command == "replay" else []
+    empty = tmp_path / "p"
+    empty.mkdir()
+    (empty / "kernel.cu").write_text("// a kernel copied in before its definition\n")
+    result = runner.invoke(app, [command, str(empty), "--out", str(tmp_path / "o"), *extra])
+    assert result.exit_code == 2
+    assert "definition.json not found" in result.output and "GPU" not in result.output
+    folder = FIXTURES / "problems" / "scale_rows"  # a definition and workloads, no kernel
+    result = runner.invoke(app, [command, str(folder), "--out", str(tmp_path / "o"), *extra])
+    assert result.exit_code == 2
+    assert "no kernel.cu" in result.output and "scale_rows" in result.output

@@ -3,6 +3,7 @@ replay`, and the live table of tasks per worker."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,6 +15,7 @@ from rich.text import Text
 from klineage.executors import Executor, ExecutorError, ExecutorKind, TaskTally, open_executor
 from klineage.gate.gate import GateSetupError
 from klineage.gate.pool import parse_devices
+from klineage.problem import load_problem
 
 ExecutorOption = Annotated[
     ExecutorKind,
@@ -49,6 +51,23 @@ def open_cli_executor(
     except GateSetupError as err:  # a cluster of this host's GPUs, on a host without one
         errors.print(Text(f"gate error: {err}", "red"))
         raise typer.Exit(2) from None
+
+
+def check_problem_folders(folders: list[Path], what: str, errors: Console) -> None:
+    """Every problem folder loads and holds its kernel.cu (`what` it is for), or a one-line
+    error naming the first that does not and exit 2: before the GPU is looked for, so a
+    folder being prepared on a machine without one is checked all the same."""
+    for folder in folders:
+        try:
+            problem = load_problem(folder)
+        except (FileNotFoundError, ValueError) as err:
+            errors.print(Text(str(err), "red"))
+            raise typer.Exit(2) from None
+        if problem.kernel_path is None or not problem.kernel_path.is_file():
+            errors.print(
+                Text(f"{folder}: no kernel.cu ({what}); add it beside definition.json", "red")
+            )
+            raise typer.Exit(2)
 
 
 def refuse_profile_on_a_cluster(kind: ExecutorKind, profile: bool, errors: Console) -> None:

@@ -18,6 +18,7 @@ from klineage.cli.executor import (
     ExecutorOption,
     SchedulerOption,
     WorkerProgress,
+    check_problem_folders,
     open_cli_executor,
     refuse_profile_on_a_cluster,
 )
@@ -157,6 +158,7 @@ def mine_command(
       openai-compatible:MODEL@http://HOST:PORT/v1"""
     from klineage.gate.gate import GateSetupError
 
+    check_problem_folders(problems, "the expert kernel mining walks backward", errors)
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
     refuse_profile_on_a_cluster(executor, profile, errors)
     running = open_cli_executor(executor, scheduler, devices, errors)

@@ -15,6 +15,7 @@ from klineage.cli.executor import (
     ExecutorOption,
     SchedulerOption,
     WorkerProgress,
+    check_problem_folders,
     open_cli_executor,
     refuse_profile_on_a_cluster,
 )
@@ -142,6 +143,7 @@ def replay_command(
             Text("--offline serves the logs alone: no executor, devices, LLM or --fresh", "red")
         )
         raise typer.Exit(2)
+    check_problem_folders(problems, "the naive kernel replay starts from", errors)
     provider = open_llm(llm, llm_cache, llm_replay_only, errors)  # before any gate run
     refuse_profile_on_a_cluster(executor, profile, errors)
     running = open_cli_executor(executor, scheduler, devices, errors)
