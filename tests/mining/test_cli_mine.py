@@ -67,14 +67,15 @@ def test_mine_report_keeps_each_finished_problem_when_a_later_one_fails(
         yield [_gate(builder)]
 
     monkeypatch.setattr(klineage.gate.pool, "open_gates", stand_in_gates)
-    no_kernel = tmp_path / "no_kernel"
-    no_kernel.mkdir()
+    broken = tmp_path / "broken"  # a complete folder whose expert does not compile
+    broken.mkdir()
     for name in ("definition.json", "workloads.jsonl"):
-        (no_kernel / name).write_text((PROBLEM / name).read_text())
+        (broken / name).write_text((PROBLEM / name).read_text())
+    (broken / "kernel.cu").write_text('extern "C" int run() { return nope; }\n')
     report = tmp_path / "report.json"
-    args = ["mine", str(PROBLEM), str(no_kernel), "--out", str(tmp_path / "out")]
+    args = ["mine", str(PROBLEM), str(broken), "--out", str(tmp_path / "out")]
     result = runner.invoke(app, [*args, "--report", str(report)])
-    assert result.exit_code == 2 and "no kernel.cu" in result.output
+    assert result.exit_code == 2 and "broken" in result.output, result.output
     problems = json.loads(report.read_text())["problems"]
     assert [p["problem"] for p in problems] == ["exp_scale_f32"]
     assert problems[0]["termination"] == "complete"
