@@ -106,20 +106,20 @@ def test_the_chunk_script_orders_only_unfinished_problems() -> None:
 def test_settle_marks_what_the_log_serves_and_names_what_it_lacks(tmp_path: Path) -> None:
     """A real offline replay (nvcc builds, the committed gate log of one problem): the problem
     the log serves whole is finished without a GPU; the one without a log needs the GPU."""
-    for name in ("transpose_2d", "gelu"):
+    for name in ("histogram", "gelu"):
         (tmp_path / "heldout").mkdir(exist_ok=True)
         (tmp_path / "heldout" / name).symlink_to(REPO / "heldout" / name)
     (tmp_path / "skills_out").symlink_to(REPO / "skills_out")
     (tmp_path / "bench/results").mkdir(parents=True)
     baseline = REPO / "bench/results/heldout_baseline.json"
     (tmp_path / "bench/results/heldout_baseline.json").write_bytes(baseline.read_bytes())
-    member = "replay_out/gatelog/transpose_2d_f32.jsonl"
+    member = "replay_out/gatelog/histogram_i32.jsonl"
     with tarfile.open(REPO / "bench/state/replay_gatelog.tar.xz") as archive:
         archive.extractall(tmp_path, members=[archive.getmember(member)], filter="data")
 
     settled, needs_gpu = finished.settle(tmp_path, ["skills"], profile=False)
 
-    assert settled == ["heldout/transpose_2d"]
+    assert settled == ["heldout/histogram"]
     assert list(needs_gpu) == ["heldout/gelu"]
     assert "no logged verdict" in needs_gpu["heldout/gelu"]
     assert finished.to_run(tmp_path, tmp_path / "replay_out", ["skills"]) == ["heldout/gelu"]
