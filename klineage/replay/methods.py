@@ -5,7 +5,8 @@ workload, and faster than the current state overall and in every trial, timed in
 
 - `skills`: retrieved skills in rank order (conditions checked before any gate run), a skill
   whose rewrite would close another's candidate sites moved after it
-  (:mod:`klineage.replay.ordering`),
+  (:mod:`klineage.replay.ordering`), and a mechanism gated at an earlier state on the way
+  without passing the keep rule there (its latest evidence) moved after the rest,
   each mechanism applied at every candidate site with the carrier its evidence supports (a
   vector width keeps its bytes on the target's element size); when one carrier passes the
   keep rule, the skill's other carriers, and the rule's default choice for the target, are
@@ -228,6 +229,8 @@ class ForwardSearch(ABC):
         self._written: set[str] = set()  # kernels gated for the kept skill's carriers
         # at a state: each kept move and the carriers gated after it, with their gate-run numbers
         self._waiting: dict[str, list[tuple[Step, int]]] = {}
+        # at a state: each mechanism gated there, and whether one of its runs was kept-worthy
+        self._outcomes: dict[str, dict[str, bool]] = {}
 
     @abstractmethod
     def candidates(self, current: KernelSource) -> Iterator[Move]:
@@ -462,6 +465,21 @@ class ForwardSearch(ABC):
                 uses.append(use)
         return uses[::-1]
 
+    def failed_before(self, state: KernelSource) -> set[str]:
+        """Mechanisms whose latest evidence on the way to `state` is a failure: at the nearest
+        earlier state where they were gated, no run of theirs passed the keep rule."""
+        failed: set[str] = set()
+        decided: set[str] = set()
+        at = state.fingerprint
+        while at in self._came_from:
+            at = self._came_from[at][0]
+            for mechanism, kept in self._outcomes.get(at, {}).items():
+                if mechanism not in decided:
+                    decided.add(mechanism)
+                    if not kept:
+                        failed.add(mechanism)
+        return failed
+
     def nothing_to_try(self, state: KernelSource) -> Ending:
         """No candidate move: the method has nothing more to offer."""
         return Ending.COMPLETE
@@ -530,6 +548,8 @@ class ForwardSearch(ABC):
         is `outranked`."""
         speedup = self._speedups[current.fingerprint]
         record = run_record(number, tried.move, tried.verdict, speedup, kept=tried.accepted)
+        outcomes = self._outcomes.setdefault(current.fingerprint, {})
+        outcomes[tried.move.name] = outcomes.get(tried.move.name, False) or tried.accepted
         if tried.accepted and not chosen:
             record.outcome, record.speedup = "outranked", speedup
         add_edge(self.lineage, current, tried.child, tried.verdict, tried.move, chosen, number - 1)
@@ -588,6 +608,11 @@ class SkillsMethod(ForwardSearch):
         ordered = [
             *keep_options_open(hopeful, lambda r: r.mechanism, closed),
             *keep_options_open(last, lambda r: r.mechanism, closed),
+        ]
+        # what measured slower at an earlier state on the way here is tried after the rest
+        failed = self.failed_before(current)
+        ordered = [r for r in ordered if r.mechanism not in failed] + [
+            r for r in ordered if r.mechanism in failed
         ]
         for ranked in ordered:
             skill = self.skills[ranked.skill]
