@@ -5,8 +5,9 @@ workload, and faster than the current state overall and in every trial, timed in
 
 - `skills`: retrieved skills in rank order (conditions checked before any gate run), a skill
   whose rewrite would close another's candidate sites moved after it
-  (:mod:`klineage.replay.ordering`), and a mechanism gated at an earlier state on the way
-  without passing the keep rule there (its latest evidence) moved after the rest,
+  (:mod:`klineage.replay.ordering`), and a mechanism whose latest evidence on the way is a
+  failure (at the nearest earlier state where it was gated, rejected or measurably slower)
+  moved after the rest,
   each mechanism applied at every candidate site with the carrier its evidence supports (a
   vector width keeps its bytes on the target's element size); when one carrier passes the
   keep rule, the skill's other carriers, and the rule's default choice for the target, are
@@ -103,6 +104,12 @@ CARRIERS_FIRST = 2
 for every later move. In the audited replay (chunks 1-10), `launch_bounds` took 65 of the
 skills method's 244 gate runs, four to six carriers at each state, and was kept 3 times: its
 first carrier passed once (a sibling then measured faster), its second once, its third once."""
+
+SLOWER = 0.98
+"""A run whose ratio falls below this measured the move slower than its state, past timing
+noise. Only such a run (or a rejected one) counts against the move at the next states: on
+l2_normalize's warp-per-row state, `__restrict__` measured 1.006 (not kept, within noise) and,
+one state later, after fast math, 1.233."""
 
 MoveKey = tuple[str, str, str, str | None]
 """A move at a state: (state fingerprint, mechanism or 'llm:<skill>', carrier JSON, site)."""
@@ -229,7 +236,8 @@ class ForwardSearch(ABC):
         self._written: set[str] = set()  # kernels gated for the kept skill's carriers
         # at a state: each kept move and the carriers gated after it, with their gate-run numbers
         self._waiting: dict[str, list[tuple[Step, int]]] = {}
-        # at a state: each mechanism gated there, and whether one of its runs was kept-worthy
+        # at a state: each mechanism gated there, and whether it failed there (no run of it
+        # kept-worthy, and each either rejected or measurably slower)
         self._outcomes: dict[str, dict[str, bool]] = {}
 
     @abstractmethod
@@ -467,16 +475,17 @@ class ForwardSearch(ABC):
 
     def failed_before(self, state: KernelSource) -> set[str]:
         """Mechanisms whose latest evidence on the way to `state` is a failure: at the nearest
-        earlier state where they were gated, no run of theirs passed the keep rule."""
+        earlier state where they were gated, every run of theirs was rejected or measurably
+        slower (below `SLOWER`; a run within noise of the state is no evidence)."""
         failed: set[str] = set()
         decided: set[str] = set()
         at = state.fingerprint
         while at in self._came_from:
             at = self._came_from[at][0]
-            for mechanism, kept in self._outcomes.get(at, {}).items():
+            for mechanism, failed_there in self._outcomes.get(at, {}).items():
                 if mechanism not in decided:
                     decided.add(mechanism)
-                    if not kept:
+                    if failed_there:
                         failed.add(mechanism)
         return failed
 
@@ -549,7 +558,11 @@ class ForwardSearch(ABC):
         speedup = self._speedups[current.fingerprint]
         record = run_record(number, tried.move, tried.verdict, speedup, kept=tried.accepted)
         outcomes = self._outcomes.setdefault(current.fingerprint, {})
-        outcomes[tried.move.name] = outcomes.get(tried.move.name, False) or tried.accepted
+        comparison = tried.verdict.comparison
+        failed = not tried.accepted and (
+            not tried.verdict.passed or (comparison is not None and comparison.ratio < SLOWER)
+        )
+        outcomes[tried.move.name] = outcomes.get(tried.move.name, True) and failed
         if tried.accepted and not chosen:
             record.outcome, record.speedup = "outranked", speedup
         add_edge(self.lineage, current, tried.child, tried.verdict, tried.move, chosen, number - 1)

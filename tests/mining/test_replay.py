@@ -106,14 +106,16 @@ def test_replay_methods_on_the_same_budget(builder: Builder, skills: Path, tmp_p
     assert (tmp_path / "replay.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize(("fast_math", "waits"), [(0.9, True), (0.995, False)])
 def test_a_skill_that_measured_slower_on_the_way_waits_behind_the_rest(
-    builder: Builder, skills: Path, tmp_path: Path
+    builder: Builder, skills: Path, tmp_path: Path, fast_math: float, waits: bool
 ) -> None:
-    # fast_math, ranked first, makes this target slower; the other three each gain
+    """fast_math, ranked first, makes this target slower (measurably, or within noise, which
+    is no evidence: it is tried first again); the other three each gain."""
     gate = StandInGate(
         builder,
         cost={
-            "fast_math": 0.9,
+            "fast_math": fast_math,
             "readonly_ldg": 1.3,
             "launch_bounds": 1.2,
             "restrict_pointers": 1.1,
@@ -125,13 +127,14 @@ def test_a_skill_that_measured_slower_on_the_way_waits_behind_the_rest(
     )
     [result] = report.results
     actions = [(r.action, r.outcome) for r in result.runs]
-    # slower at the start, fast_math is not tried again at the next states until the skills
-    # not yet measured slower have had their turn (before: once at every state, first)
+    # measurably slower at the start, fast_math is not tried again at the next states until
+    # the skills not yet measured slower have had their turn (before: first at every state)
     assert actions[0] == ("fast_math", "slower")
     kept = [a for a, outcome in actions if outcome == "kept"]
     assert sorted(kept[:3]) == ["launch_bounds", "readonly_ldg", "restrict_pointers"]
     last_kept = max(i for i, (_, outcome) in enumerate(actions) if outcome == "kept")
-    assert [a for a, _ in actions[1 : last_kept + 1]].count("fast_math") == 0
+    retried = [a for a, _ in actions[1 : last_kept + 1]].count("fast_math")
+    assert retried == (0 if waits else 2)  # within noise: first again at both later states
     assert result.speedup == pytest.approx(1.3 * 1.2 * 1.1, rel=0.02)
 
 
