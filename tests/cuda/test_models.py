@@ -86,6 +86,37 @@ def test_cooperative_groups_are_read_as_warps_ranks_reductions_and_barriers() ->
     assert load.offset.coefficient("warp").atoms() == {"cols"}
 
 
+GROUP_PARAMETERS = """\
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+template <int TILE>
+__device__ float any_tile(const cg::thread_block_tile<TILE>& tile, float v) { return v; }
+__device__ float by_warp(cg::thread_block_tile<32>& warp, float v) {
+  return cg::reduce(warp, v, cg::plus<float>{});
+}
+__device__ float by_half(const cg::thread_block_tile<16> &half, float v) {
+  return cg::reduce(half, v, cg::plus<float>{});
+}
+__device__ void by_block(cooperative_groups::thread_block block) { block.sync(); }
+"""
+
+
+def test_groups_handed_to_a_helper_are_known_by_their_parameter_types() -> None:
+    source = KernelSource(GROUP_PARAMETERS).parsed
+    groups = analysis(source).cooperative_groups
+    functions = {f.name: f for f in source.functions}
+    warp = groups.group(functions["by_warp"], "warp")
+    assert warp is not None and warp.is_warp
+    half = groups.group(functions["by_half"], "half")
+    assert half is not None and (half.kind, half.size) == ("tile", 16) and not half.is_warp
+    block = groups.group(functions["by_block"], "block")
+    assert block is not None and block.kind == "block"
+    assert [b.scope for b in groups.barriers] == ["block"]
+    # a tile whose size is a template parameter is not taken for a warp
+    assert groups.group(functions["any_tile"], "tile") is None
+    assert [r.group.size if r.group else None for r in groups.reduces] == [32, 16]
+
+
 def test_packed_structs_typedefs_and_helpers_are_vectors() -> None:
     source = KernelSource(PACKED).parsed
     vectors = analysis(source).vectors

@@ -31,6 +31,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "rotation": PROBLEMS / "scale_tiles",
     "guarded_tree": PROBLEMS / "block_totals",
     "online_pairs": PROBLEMS / "row_logsumexp",
+    "tile_parameter": PROBLEMS / "row_logsumexp",
     "quad_columns": PROBLEMS / "column_totals",
     "loads_per_turn": PROBLEMS / "vector_total",
     "chunk_partials": PROBLEMS / "vector_chunk_total",

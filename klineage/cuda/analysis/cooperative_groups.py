@@ -49,6 +49,14 @@ _TEMPLATED_DECLARATION = re.compile(
     re.S,
 )
 _TILE_SIZE = re.compile(r"<\s*(\w+)\s*>|,\s*(\w+)\s*\)?\s*$")
+_GROUP_TYPES: dict[str, GroupKind] = {
+    "thread_block_tile": "tile",
+    "thread_block": "block",
+    "coalesced_group": "coalesced",
+    "grid_group": "grid",
+    "cluster_group": "cluster",
+}
+_GROUP_TYPE = re.compile(r"^(?:const\s+)?(?:[\w]+::)*(\w+)\s*(?:<\s*(\w+)\s*(?:,[^>]*)?>)?\s*&?$")
 
 
 def _folded(source: ParsedSource, text: str) -> int | None:
@@ -181,6 +189,16 @@ class CooperativeGroups:
     def _declare_groups(self, function: Function) -> None:
         source = self.source
         assert function.body is not None
+        # a helper handed a group: `prepare(cg::thread_block_tile<32>& warp, ...)`
+        for param in function.params:
+            match = _GROUP_TYPE.match(param.type)
+            if param.name is None or match is None or match.group(1) not in _GROUP_TYPES:
+                continue
+            kind = _GROUP_TYPES[match.group(1)]
+            threads = _folded(source, match.group(2)) if match.group(2) else None
+            if kind == "tile" and threads is None:
+                continue  # a tile of a size the helper does not fix
+            self.groups[(function.name, param.name)] = Group(param.name, kind, threads, param.node)
         for declaration in source.iter_nodes("declaration", within=function.body):
             for declarator in declaration.children_by_field_name("declarator"):
                 if declarator.type != "init_declarator":
