@@ -104,11 +104,45 @@ class _Place:
         return f"{where}, the tile {'; '.join(parts) or 'stored directly'}"
 
 
+def _scratch(source: ParsedSource, function: Function) -> set[str]:
+    """Shared buffers the kernel updates in place (a tree reduction's `sdata[tid] +=
+    sdata[tid + s]`: a compound assignment, or a store of a value read from the same buffer):
+    scratch a computation works in, not a tile staged for reading."""
+    shared = analysis(source).shared(function)
+    loads = [a for a in shared.accesses if a.direction == "load"]
+    found = set()
+    for store in shared.accesses:
+        if store.direction in ("load", "address") or store.helper is not None:
+            continue
+        assignment = store.node.parent
+        while assignment is not None and assignment.type == "parenthesized_expression":
+            assignment = assignment.parent
+        if assignment is None or assignment.type != "assignment_expression":
+            continue
+        operator = assignment.child_by_field_name("operator")
+        value = assignment.child_by_field_name("right")
+        compound = operator is not None and operator.type != "="
+        reads_itself = value is not None and any(
+            load.buffer.name == store.buffer.name
+            and value.start_byte <= load.node.start_byte < value.end_byte
+            for load in loads
+        )
+        if compound or reads_itself:
+            found.add(store.buffer.name)
+    return found
+
+
 def _places(source: ParsedSource, function: Function) -> list[_Place]:
     shared = analysis(source).shared(function)
     barriers = shared.barriers
+    scratch = _scratch(source, function)
     copies: list[tuple[Node, _Place]] = []
     for copy in shared.copies:
+        if (
+            copy.store.buffer.name in scratch
+            and _loop_around(copy.store.node, function, barriers) is None
+        ):
+            continue  # a value put into a reduction's scratch once, not a tile to read
         helpers = {copy.store.helper} if copy.store.helper is not None else set()
         aliased = _through_alias(source, copy.store)
         copies.append((copy.store.node, _Place(copy.store.node, False, helpers, aliased)))

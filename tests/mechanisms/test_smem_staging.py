@@ -255,3 +255,33 @@ def test_a_tile_loop_fed_by_copies_made_synchronous_says_so() -> None:
     [after] = [s for s in rule.detect(synchronous) if s.refusal and "tiles arrive" in s.refusal]
     assert "that cp_async_pipeline's removal made synchronous" in str(after.refusal)
     assert "remove cp_async_pipeline first" not in str(after.refusal)
+
+
+TREE_SCRATCH = """\
+__global__ void block_sums(const float* in, float* out, int n) {
+  __shared__ float partial[256];
+  const int tid = threadIdx.x;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  partial[tid] = i < n ? in[i] : 0.f;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (tid < s) STEP;
+    __syncthreads();
+  }
+  if (tid == 0) out[blockIdx.x] = partial[0];
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "step", ["partial[tid] += partial[tid + s]", "partial[tid] = partial[tid] + partial[tid + s]"]
+)
+def test_a_reductions_scratch_filled_once_is_not_a_staged_tile(step: str) -> None:
+    """Shared memory a block reduction updates in place is scratch, not a tile staged for
+    reading: no smem_staging site."""
+    kernel = KernelSource(TREE_SCRATCH.replace("STEP", step))
+    assert mechanism.detect(kernel) == []
+    # a tile written once more, by a value that does not read it, is still a (refused) tile
+    kept = KernelSource(TREE_SCRATCH.replace("STEP", "out[0] = partial[tid + s]"))
+    (site,) = mechanism.detect(kept)
+    assert not site.supported and "staged once" in str(site.refusal)
