@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from klineage.conditions import Condition
+from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
@@ -375,11 +376,28 @@ class _HandWritten:
     index: Node
 
 
+_FRAGMENT_FAMILIES = ("mma", "ldmatrix", "stmatrix", "wgmma", "wgmma_sync")
+"""Warp-wide tensor-core instructions: a loop issuing them walks a warp's fragments (its warp
+tile), which is not one thread's share of elements."""
+
+
+def _fragment_loop(source: ParsedSource, loop: Node) -> bool:
+    """Whether the loop issues a warp-wide tensor-core instruction (PTX inline, through a
+    macro or a helper) or a wmma fragment call."""
+    for site in analysis(source).ptx.of_family(*_FRAGMENT_FAMILIES):
+        if loop.start_byte <= site.node.start_byte < loop.end_byte:
+            return True
+    return "wmma::" in source.text_of(loop)
+
+
 def handwritten(source: ParsedSource, skip: list[tuple[int, int]]) -> Iterator[_HandWritten]:
     """Loops ``for (int k = 0; k < K; ++k)`` with a compile-time ``K`` in device code whose
-    body computes an element index from ``k`` (``base + k * stride``)."""
+    body computes an element index from ``k`` (``base + k * stride``); not a loop over a
+    warp's tensor-core fragments."""
     for node in source.nodes("for_statement"):
         if any(start <= node.start_byte < end for start, end in skip):
+            continue
+        if _fragment_loop(source, node):
             continue
         function = source.enclosing_function(node)
         init = node.child_by_field_name("initializer")

@@ -421,3 +421,31 @@ def test_the_experts_micro_tile_is_raced_only_on_a_staged_product() -> None:
     assert mechanism.alternative_carriers(staged) == [Carrier(tm=8, tn=8)]
     naive = KernelSource.from_file(REPO / "heldout" / "gelu" / "kernel.cu")
     assert mechanism.alternative_carriers(naive) == []
+
+
+FRAGMENT_LOOP = """\
+#include <stdint.h>
+__global__ void tiles(const uint32_t* a, float* c, int lda) {
+  float d[4][4] = {};
+  for (int i = 0; i < 4; ++i) {
+    const int row = (threadIdx.x / 4) + i * 16;
+    const uint32_t x = a[row * lda + threadIdx.x % 4];
+    ISSUE
+    c[row * lda + threadIdx.x % 4] = d[i][0];
+  }
+}
+"""
+_MMA = (
+    'asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, '
+    '{%4,%4,%4,%4}, {%4,%4}, {%0,%1,%2,%3};" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), '
+    '"+f"(d[i][3]) : "r"(x));'
+)
+
+
+def test_a_loop_over_a_warps_mma_fragments_is_not_coarsening() -> None:
+    """A loop that issues mma.sync walks the warp's tiles of fragments (warp tiling), not one
+    thread's share of elements; the same loop without it reads as hand-written coarsening."""
+    coarsening = get("thread_coarsening")
+    plain = coarsening.detect(KernelSource(FRAGMENT_LOOP.replace("ISSUE", "d[i][0] += x;")))
+    assert [s.detail.get("coarsen") for s in plain] == ["4"]
+    assert coarsening.detect(KernelSource(FRAGMENT_LOOP.replace("ISSUE", _MMA))) == []
