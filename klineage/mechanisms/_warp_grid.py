@@ -37,11 +37,12 @@ from dataclasses import dataclass
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import NotInForm, binary_operands, operator_of
+from klineage.cuda.tree import WARP_SIZE, NotInForm, binary_operands, operator_of
 from klineage.mechanisms._tiles_util import (
     Locals,
     fresh_name,
     function_names,
+    names_in,
     strip_casts,
     substitute,
     top_declarations,
@@ -59,7 +60,7 @@ __all__ = [
     "warp_tiled_grid",
 ]
 
-WARP = 32
+WARP = WARP_SIZE
 STRIPS = "// threads fill a block-wide grid row by row, so a warp is a strip of it"
 """The comment the removal writes above the grid it rebuilds the warps from."""
 WHOLE_ROWS = "whole rows of lanes in a warp"
@@ -221,8 +222,6 @@ class WarpLaneGrid:
     function: Function
     warp: _Index
     lane: _Index
-    thread: str
-    """The thread index both divide, as written."""
     warp_cols: str
     """WC: warps per row of the warp grid (a number, or a parenthesized expression valid
     where the first of the two indices is declared)."""
@@ -266,7 +265,6 @@ def warp_lane_grid(source: ParsedSource, function: Function) -> WarpLaneGrid | N
         function,
         warp,
         lane,
-        _text(source, warp.thread),
         _count_text(source, locals_, warp_cols, warp_uses, at),
         _count_text(source, locals_, lane_cols, lane_uses, at),
     )
@@ -356,7 +354,6 @@ def block_wide_grid(source: ParsedSource, grid: WarpLaneGrid) -> list[Edit]:
     wc, cw = grid.warp_cols, grid.lane_cols
     used = function_names(source, function)
     row = fresh_name(used, "thread_row")
-    used.add(row)
     col = fresh_name(used, "thread_col")
     thread = _wrapped(_hoisted(source, locals_, grid.warp.thread, at))
     lines = [
@@ -390,7 +387,6 @@ class GridPair:
     function: Function
     row: _Index
     col: _Index
-    thread: str
     columns: str
     """NC, as written (a number where it folds)."""
 
@@ -401,7 +397,7 @@ def _compile_time(source: ParsedSource, function: Function, node: Node, depth: i
     if fold_int(source, node) is not None:
         return True
     allowed = set(function.template_params) | set(source.integer_constants)
-    names = names_in_text(source, node)
+    names = names_in(source, node)
     if not names:
         return False
     locals_ = Locals(source, function)
@@ -441,7 +437,7 @@ def _pointers(source: ParsedSource, locals_: Locals) -> set[str]:
     pointers = {p.name for p in function.params if p.name and "*" in p.type}
     for name, entries in locals_.declared.items():
         value = entries[0][1] if len(entries) == 1 else None
-        if value is None or not names_in_text(source, value) & pointers:
+        if value is None or not names_in(source, value) & pointers:
             continue
         declarators = entries[0][0].children_by_field_name("declarator")
         if any(_is_pointer(d) for d in declarators):
@@ -472,7 +468,7 @@ def _stores(source: ParsedSource, locals_: Locals) -> list[tuple[str, Node]]:
                 break
             base = strip_casts(inner)
         if base is not left:
-            for name in sorted(names_in_text(source, base) & pointers):
+            for name in sorted(names_in(source, base) & pointers):
                 found.append((name, left))
     return found
 
@@ -495,7 +491,7 @@ def _global_stores(source: ParsedSource, locals_: Locals) -> list[Node]:
         written = {pointer for pointer, _ in _stores(source, Locals(source, helper))}
         passed = arguments.named_children
         for index, param in enumerate(helper.params):
-            global_ = index < len(passed) and names_in_text(source, passed[index]) & pointers
+            global_ = index < len(passed) and names_in(source, passed[index]) & pointers
             if param.name in written and global_:
                 found.extend(passed)
                 break
@@ -508,12 +504,6 @@ def _is_pointer(declarator: Node) -> bool:
     return declarator.type == "pointer_declarator" or (
         inner is not None and inner.type == "pointer_declarator"
     )
-
-
-def names_in_text(source: ParsedSource, node: Node) -> set[str]:
-    """The identifiers an expression reads."""
-    names = {source.text_of(n) for n in source.iter_nodes("identifier", within=node)}
-    return names | ({source.text_of(node)} if node.type == "identifier" else set())
 
 
 def block_grid(source: ParsedSource, function: Function) -> list[GridPair]:
@@ -555,7 +545,7 @@ def block_grid(source: ParsedSource, function: Function) -> list[GridPair]:
         # loop counters and advanced pointers are not looked through: a heuristic of which
         # grid places outputs (any grid may be permuted soundly; only this one is worth it)
         if any(locals_.depends_on(store, places, locals_.assigned) for store in stores):
-            pairs.append(GridPair(function, row, col, key[0], key[1]))
+            pairs.append(GridPair(function, row, col, key[1]))
     return pairs
 
 
@@ -585,7 +575,6 @@ def warp_tiled_grid(source: ParsedSource, pair: GridPair, lane_cols: int | str) 
     at = first.start_byte
     used = function_names(source, function)
     warp = fresh_name(used, "warp")
-    used.add(warp)
     lane = fresh_name(used, "lane")
     locals_ = Locals(source, function)
     thread = _wrapped(_hoisted(source, locals_, pair.row.thread, at))
@@ -665,7 +654,7 @@ def rebuilt_grid(source: ParsedSource, function: Function) -> RebuiltGrid | None
     if set(found) != {"warp", "lane"} or found["warp"][1] != found["lane"][1]:
         return None
     row, col = grids[found["warp"][1][0]], grids[found["warp"][1][1]]
-    pair = GridPair(function, row, col, _text(source, row.thread), "")
+    pair = GridPair(function, row, col, "")
     first = min(row.declaration, col.declaration, key=lambda n: n.start_byte)
     last = max(row.declaration, col.declaration, key=lambda n: n.start_byte)
     start = first.start_byte

@@ -103,10 +103,9 @@ Layout = Literal["strided", "contiguous"]
 DEFAULT_COARSEN = 4
 DEFAULT_MICRO_TILE = 4
 DEFAULT_STAGE = 16
-EXPERT_MICRO_TILE = 8
-"""The micro-tile SIMT GEMM experts commonly choose (8 x 8 outputs a thread on 128 x 128 block
-tiles: 64 fused multiply-adds for every 16 shared values read), raced beside the default on a
-staged product."""
+WIDE_MICRO_TILE = 8
+"""The wider register micro-tile raced beside the default on a staged product: 8 x 8 outputs
+a thread on 128 x 128 block tiles, 64 fused multiply-adds for every 16 shared values read."""
 REGISTER_TILE = "register_tile"
 """``Site.detail["form"]`` of a staged tile product that takes a register micro-tile."""
 ROWS = "rows"
@@ -381,12 +380,11 @@ _FRAGMENT_FAMILIES = ("mma", "ldmatrix", "stmatrix", "wgmma", "wgmma_sync")
 tile), which is not one thread's share of elements."""
 
 
-def _fragment_loop(source: ParsedSource, loop: Node) -> bool:
-    """Whether the loop issues a warp-wide tensor-core instruction (PTX inline, through a
-    macro or a helper) or a wmma fragment call."""
-    for site in analysis(source).ptx.of_family(*_FRAGMENT_FAMILIES):
-        if loop.start_byte <= site.node.start_byte < loop.end_byte:
-            return True
+def _fragment_loop(source: ParsedSource, loop: Node, fragments: list[int]) -> bool:
+    """Whether the loop issues a warp-wide tensor-core instruction (`fragments`: where the
+    file issues them, PTX inline, through a macro or a helper) or a wmma fragment call."""
+    if any(loop.start_byte <= at < loop.end_byte for at in fragments):
+        return True
     return "wmma::" in source.text_of(loop)
 
 
@@ -394,10 +392,13 @@ def handwritten(source: ParsedSource, skip: list[tuple[int, int]]) -> Iterator[_
     """Loops ``for (int k = 0; k < K; ++k)`` with a compile-time ``K`` in device code whose
     body computes an element index from ``k`` (``base + k * stride``); not a loop over a
     warp's tensor-core fragments."""
+    fragments = [
+        site.node.start_byte for site in analysis(source).ptx.of_family(*_FRAGMENT_FAMILIES)
+    ]
     for node in source.nodes("for_statement"):
         if any(start <= node.start_byte < end for start, end in skip):
             continue
-        if _fragment_loop(source, node):
+        if _fragment_loop(source, node, fragments):
             continue
         function = source.enclosing_function(node)
         init = node.child_by_field_name("initializer")
@@ -632,13 +633,13 @@ class ThreadCoarsening(Mechanism):
         return [region] + [Edit.replace(node, text) for node, text in grids]
 
     def alternative_carriers(self, kernel: KernelSource) -> list[Carrier]:
-        """On a staged tile product, the experts' 8 x 8 register tile beside the default 4 x 4:
+        """On a staged tile product, an 8 x 8 register tile beside the default 4 x 4:
         a quarter of the blocks, twice the reuse of each shared value, and a grid that may
         leave SMs idle on a small output, which only a gate run can weigh."""
         staged = [c for c in self.candidates(kernel) if c.detail.get("form") == REGISTER_TILE]
         if not any(c.supported for c in staged):
             return []
-        return [Carrier(tm=EXPERT_MICRO_TILE, tn=EXPERT_MICRO_TILE)]
+        return [Carrier(tm=WIDE_MICRO_TILE, tn=WIDE_MICRO_TILE)]
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         if site.detail.get("form") == ROWS:
