@@ -147,8 +147,9 @@ def test_kept_results_read_back_as_models_without_a_gpu() -> None:
     from klineage import ReplayReport
 
     report = ReplayReport.load(REPO / "bench" / "results" / "replay.json")
-    assert {r.method for r in report.results} == {"skills", "blind", "memory"}
-    assert [s.method for s in report.summary] == ["skills", "blind", "memory"]
+    methods = ["skills", "blind", "memory", "tree", "profiled"]
+    assert {r.method for r in report.results} == set(methods)
+    assert [s.method for s in report.summary] == methods
     with pytest.raises(ValueError, match=r"mine\.json: not a report written by `klineage replay`"):
         ReplayReport.load(REPO / "bench" / "results" / "mine.json")
 

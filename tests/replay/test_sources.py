@@ -100,8 +100,18 @@ def test_the_replay_command_takes_several_folders_and_names_a_missing_one(
     assert "nowhere" in result.output and "no such folder" in result.output
 
 
-def test_an_older_report_names_its_one_folder_as_a_list() -> None:
-    report = ReplayReport.load(KEPT_REPORT)
+def test_an_older_report_names_its_one_folder_as_a_list(tmp_path: Path) -> None:
+    # the kept report written back as reports were before several folders: one folder named
+    # by a string, no folder on each used skill
+    data = json.loads(KEPT_REPORT.read_text(encoding="utf-8"))
+    data["skills"] = "skills_out"
+    for result in data["results"]:
+        for use in result["skills_used"]:
+            del use["folder"]
+    assert any(result["skills_used"] for result in data["results"])
+    older = tmp_path / "replay.json"
+    older.write_text(json.dumps(data), encoding="utf-8")
+    report = ReplayReport.load(older)
     assert report.skills == ["skills_out"]
     assert all(u.folder == "" for r in report.results for u in r.skills_used)
 
