@@ -366,19 +366,24 @@ def test_a_mechanisms_third_carrier_waits_for_the_next_skills_first(
     assert 512 in waited
 
 
+def _save_with_bounds_of_512(skills: Path, folder: Path) -> None:
+    """The library in `skills`, its launch_bounds skills learned at block size 512, saved in
+    `folder`."""
+    tuned = [
+        s.model_copy(update={"carrier": {"block_size": 512}})
+        if s.mechanism == "launch_bounds"
+        else s
+        for s in SkillLibrary.load(skills)
+    ]
+    SkillLibrary(folder, tuned).save()
+
+
 def test_the_rules_default_carrier_competes_with_learned_ones(
     builder: Builder, skills: Path, tmp_path: Path
 ) -> None:
     """A carrier learned on one expert (block size 512) passes; the rule's default for this
     target (its 256-thread launch) is then gated from the same state and kept, faster."""
-    library = SkillLibrary.load(skills)
-    tuned = [
-        s.model_copy(update={"carrier": {"block_size": 512}})
-        if s.mechanism == "launch_bounds"
-        else s
-        for s in library
-    ]
-    SkillLibrary(tmp_path / "lib", tuned).save()
+    _save_with_bounds_of_512(skills, tmp_path / "lib")
     # the bound the target's own launch implies (256) is worth 1.3x more; the tuned 512 is not
     gate = _BoundAwareGate(
         builder, 256, cost={"launch_bounds": 1.02, "bounds_256": 1.3}, expert_mechanisms=EXPERT
@@ -389,6 +394,25 @@ def test_the_rules_default_carrier_competes_with_learned_ones(
     assert kept.ratio == pytest.approx(1.02 * 1.3, rel=0.01)
     [passed_over] = [r for r in bounds_runs if r.outcome == "outranked"]
     assert passed_over.carrier.get("block_size") == 512
+
+
+@pytest.mark.parametrize(("edge", "kept_bound"), [(1.01, None), (1.05, 512)])
+def test_within_noise_of_a_learned_carrier_the_rules_default_is_kept(
+    builder: Builder, skills: Path, tmp_path: Path, edge: float, kept_bound: int | None
+) -> None:
+    """The learned block size 512 measures `edge` faster than the rule's default (the target's
+    own 256): within timing noise (1%) the default's kernel is the one the walk goes on from;
+    past it (5%), the learned carrier's."""
+    _save_with_bounds_of_512(skills, tmp_path / "lib")
+    gate = _BoundAwareGate(
+        builder, 512, cost={"launch_bounds": 1.05, "bounds_512": edge}, expert_mechanisms=EXPERT
+    )
+    bounds_runs = _skills_bounds_runs(tmp_path, gate)
+    [kept] = [r for r in bounds_runs if r.outcome == "kept"]
+    assert kept.carrier.get("block_size") == kept_bound
+    [passed_over] = [r for r in bounds_runs if r.outcome == "outranked"]
+    assert passed_over.carrier.get("block_size") == (512 if kept_bound is None else None)
+    assert passed_over.ratio > kept.ratio if kept_bound is None else passed_over.ratio < kept.ratio
 
 
 def test_each_used_skill_names_the_folder_it_came_from(

@@ -1,0 +1,86 @@
+"""A launch bound's register cap, lifted where a rewrite spills under it: real nvcc builds of
+a staged product whose accumulators outgrow 64 registers a thread (256 threads x 4 blocks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.gate.build import Builder
+from klineage.kernel import KernelSource
+from klineage.replay.register_cap import lift_register_cap, spill_bytes, without_min_blocks
+
+# one output a thread: few registers, no spill under the cap
+LIGHT = """#include <cuda_runtime.h>
+__global__ void __launch_bounds__(256, 4) product(const float* a, const float* b, float* c, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float acc = 0.f;
+  for (int k = 0; k < 64; ++k) acc += a[k * n + i] * b[k];
+  c[i] = acc;
+}
+extern "C" int run(const float* a, const float* b, float* c, int n, cudaStream_t stream) {
+  product<<<(n + 255) / 256, 256, 0, stream>>>(a, b, c, n);
+  return (int)cudaGetLastError();
+}
+"""
+
+# a 10 x 10 register tile of accumulators a thread: more than 64 registers
+HEAVY = """#include <cuda_runtime.h>
+__global__ void __launch_bounds__(256, 4) product(const float* a, const float* b, float* c, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  float acc[10][10] = {};
+  for (int k = 0; k < 64; ++k) {
+    float ra[10], rb[10];
+#pragma unroll
+    for (int r = 0; r < 10; ++r) ra[r] = a[k * n + i * 10 + r];
+#pragma unroll
+    for (int s = 0; s < 10; ++s) rb[s] = b[k * 10 + s];
+#pragma unroll
+    for (int r = 0; r < 10; ++r)
+#pragma unroll
+      for (int s = 0; s < 10; ++s) acc[r][s] += ra[r] * rb[s];
+  }
+#pragma unroll
+  for (int r = 0; r < 10; ++r)
+#pragma unroll
+    for (int s = 0; s < 10; ++s) c[(i * 10 + r) * 10 + s] = acc[r][s];
+}
+extern "C" int run(const float* a, const float* b, float* c, int n, cudaStream_t stream) {
+  product<<<(n + 255) / 256, 256, 0, stream>>>(a, b, c, n);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def test_minimum_blocks_are_dropped_and_the_max_threads_kept() -> None:
+    kernel = KernelSource(
+        "template <int T>\n"
+        "__global__ void __launch_bounds__(T, 4) a(float* x) { x[0] = 1.f; }\n"
+        "__global__ void __launch_bounds__(256 /* threads */, 2) b(float* x) { x[0] = 2.f; }\n"
+        "__global__ void __launch_bounds__(128) c(float* x) { x[0] = 3.f; }\n"
+    )
+    lifted = without_min_blocks(kernel)
+    assert lifted is not None
+    assert "__launch_bounds__(T) a(" in lifted.text
+    assert "__launch_bounds__(256) b(" in lifted.text
+    assert "__launch_bounds__(128) c(" in lifted.text
+    assert without_min_blocks(KernelSource("__global__ void __launch_bounds__(64) d() {}")) is None
+
+
+@pytest.mark.nvcc
+def test_a_rewrite_that_spills_under_the_cap_is_written_without_it(
+    shared_builder: Builder,
+) -> None:
+    light, heavy = KernelSource(LIGHT), KernelSource(HEAVY)
+    assert spill_bytes(shared_builder.build(light.text)) == 0
+    assert (spill_bytes(shared_builder.build(heavy.text)) or 0) > 0
+    lifted = lift_register_cap(shared_builder, light, heavy)
+    assert lifted is not None
+    kernel, why = lifted
+    assert "__launch_bounds__(256) product(" in kernel.text
+    assert spill_bytes(shared_builder.build(kernel.text)) == 0
+    assert "spilled" in why and "0 without it" in why
+    # the state spilled as much already: not the rewrite's doing, nothing lifted
+    assert lift_register_cap(shared_builder, heavy, heavy) is None
+    # no spill: nothing to lift
+    assert lift_register_cap(shared_builder, light, light) is None
