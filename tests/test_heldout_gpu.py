@@ -122,3 +122,32 @@ def test_loops_vectorized_behind_an_alignment_test_pass_their_gate(gate, name: s
     assert "% 16 == 0" in checked.text
     verdict = gate.run(problem, checked, time_it=False)
     assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]
+
+
+@pytest.mark.parametrize(
+    ("name", "axis", "threshold"),
+    [
+        ("log_softmax", "cols", 1024),
+        ("cross_entropy", "tokens", 512),
+        ("l2_normalize", "rows", 4096),
+    ],
+)
+def test_a_dispatch_between_block_and_warp_rows_passes_its_gate(
+    gate, name: str, axis: str, threshold: int
+) -> None:
+    """Replay's dispatch between two rivals (a warp per row at or below the threshold, a
+    block per row above, the splits the finished replay's verdicts predict) is correct on
+    every workload, each workload taking one kernel or the other."""
+    from klineage.mechanisms import Carrier, get
+    from klineage.mining.removal import apply_everywhere
+    from klineage.replay.dispatch import Split, write_dispatch
+
+    problem = load_problem(REPO / "heldout" / name)
+    naive = KernelSource.from_file(problem.kernel_path)
+    block = apply_everywhere(naive, get("block_per_row"), Carrier())
+    warp = apply_everywhere(naive, get("warp_per_row"), Carrier())
+    dispatch = write_dispatch([block, warp], Split(axis, threshold, 1, 1.1))
+    values = {w.axes[axis] for w in problem.workloads}
+    assert min(values) <= threshold < max(values)  # both kernels run
+    verdict = gate.run(problem, dispatch, time_it=False)
+    assert verdict.passed, [(w.label, w.message) for w in verdict.workloads if not w.passed]

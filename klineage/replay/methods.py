@@ -68,6 +68,7 @@ from klineage.llm.proposals import Rejection, materialize_skill
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Refusal, all_mechanisms
 from klineage.mining.removal import apply_everywhere
 from klineage.problem import Problem
+from klineage.replay.dispatch import DispatchRefused, best_split, write_dispatch
 from klineage.replay.ordering import (
     closes,
     keep_options_open,
@@ -254,6 +255,10 @@ class ForwardSearch(ABC):
         """Moves to gate from `state` after `kept` passed the keep rule there (none)."""
         return iter(())
 
+    def dispatches(self, state: KernelSource) -> Iterator[Move]:
+        """Moves to gate from `state` once a kept move's siblings are gated there (none)."""
+        return iter(())
+
     def ask_llm(self, current: KernelSource, move: Move) -> Move | None:
         """The LLM's application of a skill; None: this method never asks one."""
         return None
@@ -345,6 +350,7 @@ class ForwardSearch(ABC):
                     if tried[-1].move.source is None:  # a rule wrote it: its other carriers too
                         later = [*queue[index + 1 :], *(waiting if turn == 0 else ())]
                         yield from self.siblings(later, planned, state)
+                        yield from self.dispatches(state)
                     kept += 1
                     if kept >= self.branching:
                         return
@@ -719,6 +725,54 @@ class SkillsMethod(ForwardSearch):
                 rivals.discard(move.name)
                 yield replace(move, sibling=True)
 
+    def dispatches(self, state: KernelSource) -> Iterator[Move]:
+        """A launch-size dispatch (the library's `launch_size_dispatch` skill, applied by
+        :mod:`klineage.replay.dispatch`) between the fastest kernel kept at `state` and the
+        first other kept one that is faster on some workloads, by the var axis that separates
+        them, where the verdicts predict it beats the fastest alone past noise. One a state."""
+        skill = self._dispatch_skill()
+        mechanism = catalog_mechanism("launch_size_dispatch")
+        kept = [step for step, _ in self._waiting.get(state.fingerprint, []) if step.accepted]
+        if skill is None or mechanism is None or len(kept) < 2:
+            return
+        kept.sort(key=lambda one: _ratio(one.verdict), reverse=True)
+        fastest = kept[0]
+        for other in kept[1:]:
+            split = best_split(self.problem, [_latencies(fastest), _latencies(other)])
+            if split is None:
+                continue
+            pair = (fastest.child, other.child)
+            try:
+                kernel = write_dispatch(pair, split)
+            except DispatchRefused as err:
+                self.refusals.append(f"skill:{skill.id} {mechanism.name}: {err}")
+                continue
+            names = (fastest.move.name, other.move.name)
+            low, high = names[split.low], names[1 - split.low]
+            yield Move(
+                mechanism,
+                Carrier(axis=split.axis, threshold=split.threshold),
+                f"skill:{skill.id}",
+                skill=skill.id,
+                source=kernel,
+                sibling=True,
+                intent=(
+                    f"{low} where {split.axis} <= {split.threshold}, {high} above "
+                    f"(predicted {split.gain:.2f}x over {fastest.move.name} alone)"
+                ),
+            )
+            return
+
+    def _dispatch_skill(self) -> Skill | None:
+        """The library's launch-size dispatch skill that gained most on its expert (never one
+        mined from this problem); None without one."""
+        found = [
+            s
+            for s in self.skills.values()
+            if s.mechanism == "launch_size_dispatch" and s.evidence.problem != self.problem.name
+        ]
+        return max(found, key=lambda s: s.effect.geomean_speedup or 1.0, default=None)
+
     def carriers(self, skill: Skill, state: KernelSource | None = None) -> list[Carrier]:
         """The skill's own carrier, then the others its mechanism was seen with; each first
         as it transfers to the target (vector widths keep their bytes), then as learned; choices
@@ -918,6 +972,11 @@ class Materializer:
     def llm_origin(self) -> str:
         """`llm:<kind>:<model>` of the LLM asked, or '' without one."""
         return f"{LLM_PREFIX}{self.llm.kind}:{self.llm.model}" if self.llm is not None else ""
+
+
+def _latencies(step: Step) -> dict[str, float]:
+    """A gated move's latency per workload, by label."""
+    return {w.label: w.latency_ms for w in step.verdict.workloads if w.latency_ms}
 
 
 def _ratio(verdict: GateVerdict) -> float:
