@@ -88,6 +88,9 @@ def write_dispatch(kernels: Sequence[KernelSource], split: Split) -> KernelSourc
     renamed `run_variant`, and an `extern "C" run` calling the one the axis chooses. The
     parameters are the `low` kernel's `run`'s (the ABI makes both the same)."""
     low, high = kernels[split.low], kernels[1 - split.low]
+    for kernel in (low, high):
+        if any(f"namespace {name}" in kernel.text for name in NAMESPACES):
+            raise DispatchRefused(f"{kernel.name} is a dispatch already; one level is written")
     declared = declared_run(low.text)
     if declared is None:
         raise DispatchRefused(f"{low.name} defines no run(...)")

@@ -95,6 +95,9 @@ def test_a_kernel_without_run_or_the_axis_is_refused() -> None:
         write_dispatch([no_run, warp], Split("cols", 1024, 0, 1.2))
     with pytest.raises(DispatchRefused, match="no parameter named tokens"):
         write_dispatch([block, warp], Split("tokens", 8, 0, 1.2))
+    once = write_dispatch([block, warp], Split("cols", 1024, 1, 1.2))
+    with pytest.raises(DispatchRefused, match="a dispatch already"):
+        write_dispatch([once, block], Split("cols", 4096, 0, 1.2))
 
 
 class _RowLengthGate(StandInGate):
