@@ -975,8 +975,13 @@ class Materializer:
 
 
 def _latencies(step: Step) -> dict[str, float]:
-    """A gated move's latency per workload, by label."""
-    return {w.label: w.latency_ms for w in step.verdict.workloads if w.latency_ms}
+    """A gated move's latency per workload, by label, relative to the state it was timed
+    against in the same run (state latency / ratio): two moves gated from one state compare
+    without the drift between their runs. Absolute latencies where a workload has no ratio."""
+    workloads = step.verdict.workloads
+    if all(w.comparison is not None and w.comparison.ratio > 0 for w in workloads):
+        return {w.label: 1.0 / w.comparison.ratio for w in workloads if w.comparison}
+    return {w.label: w.latency_ms for w in workloads if w.latency_ms}
 
 
 def _ratio(verdict: GateVerdict) -> float:
