@@ -146,7 +146,8 @@ def test_a_dispatch_between_block_and_warp_rows_passes_its_gate(
     naive = KernelSource.from_file(problem.kernel_path)
     block = apply_everywhere(naive, get("block_per_row"), Carrier())
     warp = apply_everywhere(naive, get("warp_per_row"), Carrier())
-    dispatch = write_dispatch([block, warp], Split(axis, threshold, 1, 1.1))
+    split = Split(axis, threshold, 1, 1.1)
+    dispatch = write_dispatch([block, warp], split, problem.definition.var_axes())
     values = {w.axes[axis] for w in problem.workloads}
     assert min(values) <= threshold < max(values)  # both kernels run
     verdict = gate.run(problem, dispatch, time_it=False)

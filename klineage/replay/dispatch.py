@@ -83,10 +83,14 @@ class DispatchRefused(ValueError):
     """The two kernels cannot be put in one source by this writer; says why."""
 
 
-def write_dispatch(kernels: Sequence[KernelSource], split: Split) -> KernelSource:
+def write_dispatch(
+    kernels: Sequence[KernelSource], split: Split, axes: Sequence[str]
+) -> KernelSource:
     """One source: the `low` kernel and the other, each in its own namespace with its `run`
     renamed `run_variant`, and an `extern "C" run` calling the one the axis chooses. The
-    parameters are the `low` kernel's `run`'s (the ABI makes both the same)."""
+    parameters are the `low` kernel's `run`'s (the ABI makes both the same); the axis is the
+    one at its place among the var axes `axes` (the ABI passes them in definition order, just
+    before the stream), whatever the source calls it."""
     low, high = kernels[split.low], kernels[1 - split.low]
     for kernel in (low, high):
         if any(f"namespace {name}" in kernel.text for name in NAMESPACES):
@@ -95,8 +99,9 @@ def write_dispatch(kernels: Sequence[KernelSource], split: Split) -> KernelSourc
     if declared is None:
         raise DispatchRefused(f"{low.name} defines no run(...)")
     names = [_param_name(p.text) for p in declared.params]
-    if split.axis not in names:
-        raise DispatchRefused(f"run(...) of {low.name} has no parameter named {split.axis}")
+    if split.axis not in axes or len(names) < len(axes) + 1:
+        raise DispatchRefused(f"run(...) of {low.name} has no parameter for the axis {split.axis}")
+    size = names[len(names) - 1 - len(axes) + list(axes).index(split.axis)]
     includes: list[str] = []
     bodies = []
     for namespace, kernel in zip(NAMESPACES, (low, high), strict=True):
@@ -113,7 +118,7 @@ def write_dispatch(kernels: Sequence[KernelSource], split: Split) -> KernelSourc
     dispatch = (
         f"// {split.axis} <= {split.threshold}: the kernel faster there; above it, the other\n"
         f'extern "C" int run({params}) {{\n'
-        f"  if ({split.axis} <= {split.threshold}) return {low_space}::run_variant({args});\n"
+        f"  if ({size} <= {split.threshold}) return {low_space}::run_variant({args});\n"
         f"  return {high_space}::run_variant({args});\n"
         "}\n"
     )

@@ -743,7 +743,7 @@ class SkillsMethod(ForwardSearch):
                 continue
             pair = (fastest.child, other.child)
             try:
-                kernel = write_dispatch(pair, split)
+                kernel = write_dispatch(pair, split, self.problem.definition.var_axes())
             except DispatchRefused as err:
                 self.refusals.append(f"skill:{skill.id} {mechanism.name}: {err}")
                 continue

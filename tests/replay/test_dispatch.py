@@ -5,6 +5,7 @@ GPU boundary, timing each kernel by the rows it is fast on)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from tests.conftest import REPO
 from tests.mining.stand_in_gate import BASE_MS, StandInGate, _timing, replay_gated
 
 LOG_SOFTMAX = REPO / "heldout" / "log_softmax"
+AXES = ["rows", "cols"]  # log_softmax's var axes, in definition order
 # its workloads, in order: rows x cols 4096 x 128, 4096 x 1024, 4096 x 4096, 2048 x 32000,
 # 1024 x 50257
 BLOCK = [12.6, 16.7, 43.9, 206.0, 260.0]  # a block per row: slow on short rows
@@ -70,7 +72,7 @@ def _rivals() -> tuple[Problem, KernelSource, KernelSource]:
 @pytest.mark.nvcc
 def test_the_dispatch_holds_both_kernels_and_builds(shared_builder: Builder) -> None:
     problem, block, warp = _rivals()
-    kernel = write_dispatch([block, warp], Split("cols", 1024, 1, 1.2))
+    kernel = write_dispatch([block, warp], Split("cols", 1024, 1, 1.2), AXES)
     low, high = NAMESPACES
     assert f"if (cols <= 1024) return {low}::run_variant(x, y, rows, cols, stream);" in kernel.text
     assert f"return {high}::run_variant(x, y, rows, cols, stream);" in kernel.text
@@ -92,12 +94,16 @@ def test_a_kernel_without_run_or_the_axis_is_refused() -> None:
     _, block, warp = _rivals()
     no_run = KernelSource("__global__ void k(float* y) { y[0] = 1.f; }\n")
     with pytest.raises(DispatchRefused, match="defines no run"):
-        write_dispatch([no_run, warp], Split("cols", 1024, 0, 1.2))
-    with pytest.raises(DispatchRefused, match="no parameter named tokens"):
-        write_dispatch([block, warp], Split("tokens", 8, 0, 1.2))
-    once = write_dispatch([block, warp], Split("cols", 1024, 1, 1.2))
+        write_dispatch([no_run, warp], Split("cols", 1024, 0, 1.2), AXES)
+    with pytest.raises(DispatchRefused, match="no parameter for the axis tokens"):
+        write_dispatch([block, warp], Split("tokens", 8, 0, 1.2), AXES)
+    # the ABI passes the axes by place: a `run` that names its column count otherwise
+    renamed = KernelSource(re.sub(r"\bcols\b", "width", warp.text), warp.name)
+    kernel = write_dispatch([block, renamed], Split("cols", 1024, 1, 1.2), AXES)
+    assert "if (width <= 1024) return" in kernel.text
+    once = write_dispatch([block, warp], Split("cols", 1024, 1, 1.2), AXES)
     with pytest.raises(DispatchRefused, match="a dispatch already"):
-        write_dispatch([once, block], Split("cols", 4096, 0, 1.2))
+        write_dispatch([once, block], Split("cols", 4096, 0, 1.2), AXES)
 
 
 class _RowLengthGate(StandInGate):
