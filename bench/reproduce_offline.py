@@ -15,11 +15,14 @@ walk the H200 recorded (`reextracted` on a CPU afterwards: an edge relabelled
 no_machine_code_change there was accepted by the gate). Top-k's committed lineage comes from a
 later re-mine with the machine-code check (bench/remine_offline.py): its counts are compared.
 
-Replay: each held-out problem and method of bench/results/replay.json is replayed with the 67
-skills it used (bench/state/replay_skills.jsonl.xz) from bench/state/replay_gatelog.tar.xz,
-and each gate run's record (action, origin, carrier, status, outcome, speedup) is compared with
-the committed one, in order. A problem whose current rules write a kernel the H200 never gated
-stops at that run (`missing`): the rules changed since, not the search.
+Replay: each held-out problem and method of bench/results/replay.json (the audited replay,
+five methods) is replayed with the 88 skills it used (bench/state/replay_skills.jsonl.xz) from
+bench/state/replay_gatelog.tar.xz as the chunks ran it (the machine-code check on nvcc builds,
+profiles served from the log, the skills method ranking without them beside `profiled`), and
+each gate run's record (action, origin, carrier, status, outcome, speedup) is compared with the
+committed one, in order. A problem whose current rules or moves write a kernel the H200 never
+gated stops at that run (`missing`): the code changed since (the report says at which commit
+it was made), not the search.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from klineage.kernel import KernelSource
 from klineage.lineage import AttemptStatus, LineageGraph
 from klineage.mining.mine import mine
 from klineage.problem import load_problem
-from klineage.replay.methods import METHODS, Materializer
+from klineage.replay.methods import Materializer
 from klineage.replay.results import ReplayBudget
 from klineage.skills import Skill
 
@@ -172,6 +175,8 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
     _unpack(STATE / "replay_gatelog.tar.xz", out)
     skills = _h200_skills()
     budget = ReplayBudget.model_validate(committed["budget"])
+    methods = [s["method"] for s in committed["summary"]]
+    builder = Builder()
     folders = [p for p in sorted((REPO / "heldout").iterdir()) if (p / "definition.json").is_file()]
     rows = []
     for folder in folders:
@@ -179,11 +184,11 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
         if problems and problem.name not in problems:
             continue
         path = out / "replay_out" / "gatelog" / f"{problem.name}.jsonl"
-        # replay.json was made by the gate before the audits; the audited rerun's verdicts,
-        # logged since in the same files, would serve other decisions
-        log = GateLog(path, LogOnlyGate(None), resume=True, only_older=True)
+        # as the chunks ran: real builds (no-ops refused, verdicts shared by machine code), the
+        # profiles the tree and profiled methods rank by served from the log
+        log = GateLog(path, LogOnlyGate(builder, profiles=True), resume=True, share=True)
         naive = KernelSource.from_file(folder / "kernel.cu")
-        for method in METHODS:
+        for method in methods:
             want = by_run.get((problem.name, method))
             if want is None:
                 continue
@@ -194,15 +199,22 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
 
             found: dict[str, Any] = {"problem": problem.name, "method": method}
             runs_before = log.runs
-            # replay.json was made before carriers went breadth first (CARRIERS_FIRST)
             materializer = Materializer(
-                log, skills, budget, on_run=keep, skip_no_ops=False, carriers_first=None
+                log,
+                skills,
+                budget,
+                on_run=keep,
+                carriers_first=committed["carriers_first"],
+                beam_width=committed["beam_width"],
+                skills_rank_by_profile="profiled" not in methods,
             )
             try:
                 result, _ = materializer.run(problem, naive, method)
                 found["speedup"] = result.speedup
             except VerdictMissing as err:
                 found["missing"] = str(err)
+            # the tree records a level's kept runs when the level is settled: by gate-run order
+            seen.sort(key=lambda record: record["index"])
             differences = _run_differences(seen, want["runs"])
             found["runs"], found["committed_runs"] = len(seen), len(want["runs"])
             found["same_runs"] = next(
