@@ -1010,6 +1010,7 @@ def run_record(
         ratio=comparison.ratio if comparison else None,
         speedup=new_speedup,
         message=message[:RUN_MESSAGE_KEPT],
+        intent=move.intent,
         gate_seconds=verdict_seconds(verdict),
     )
 

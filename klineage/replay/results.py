@@ -41,6 +41,12 @@ class GateRunRecord(BaseModel):
         "run reached if kept, else of the state it was gated from)"
     )
     message: str = Field(default="", description="the gate's message when rejected")
+    intent: str = Field(
+        default="",
+        description="what the move wrote beside its rule's rewrite, in words: a launch-size "
+        "dispatch's split, a launch bound's register cap lifted, or what an LLM says it changed "
+        "('' for a plain rule application; older reports: '')",
+    )
     gate_seconds: float = Field(
         default=0.0,
         description="what the verdict cost when it was made: nvcc plus check and time "

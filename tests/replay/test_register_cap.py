@@ -3,11 +3,21 @@ a staged product whose accumulators outgrow 64 registers a thread (256 threads x
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, get
+from klineage.mining.removal import apply_everywhere
+from klineage.problem import load_problem
 from klineage.replay.register_cap import lift_register_cap, spill_bytes, without_min_blocks
+from klineage.replay.run import ReplayBudget
+from klineage.skills import SkillLibrary
+from tests.conftest import REPO
+from tests.mining.stand_in_gate import StandInGate, replay_gated
 
 # one output a thread: few registers, no spill under the cap
 LIGHT = """#include <cuda_runtime.h>
@@ -84,3 +94,38 @@ def test_a_rewrite_that_spills_under_the_cap_is_written_without_it(
     assert lift_register_cap(shared_builder, heavy, heavy) is None
     # no spill: nothing to lift
     assert lift_register_cap(shared_builder, light, light) is None
+
+
+@pytest.mark.nvcc
+def test_replay_races_the_wide_register_tile_without_the_cap_it_spills_under(
+    shared_builder: Builder, tmp_path: Path
+) -> None:
+    """sgemm's staged tiles under `__launch_bounds__(256, 4)`, as the finished replay had them:
+    the 4 x 4 register tile is kept, and the 8 x 8 raced beside it (4,764 bytes of spills
+    under the cap) is gated without the minimum blocks, the run saying so. A stand-in gate
+    at the GPU boundary times both tiles alike."""
+    problem = tmp_path / "sgemm"
+    shutil.copytree(REPO / "heldout" / "sgemm", problem)
+    naive = load_problem(problem).kernel_source()
+    staged = apply_everywhere(naive, get("smem_staging"), Carrier(tile_size=16))
+    bounds = Carrier(block_size=256, min_blocks=4)
+    capped = apply_everywhere(staged, get("launch_bounds"), bounds)
+    (problem / "kernel.cu").write_text(capped.text, encoding="utf-8")
+    committed = SkillLibrary.load(REPO / "skills_out")
+    coarsening = [s for s in committed if s.mechanism == "thread_coarsening"]
+    SkillLibrary(tmp_path / "lib", coarsening).save()
+    report = replay_gated(
+        [problem],
+        tmp_path / "lib",
+        tmp_path / "out",
+        gate=StandInGate(shared_builder, cost={"thread_coarsening": 2.0}),
+        methods=["skills"],
+        budget=ReplayBudget(gate_runs=4),
+    )
+    [result] = report.results
+    wide = [r for r in result.runs if r.carrier.get("tm") == 8]
+    assert wide, [(r.action, r.carrier, r.outcome) for r in result.runs]
+    assert "without its minimum blocks" in wide[0].intent
+    assert "spilled 4764 bytes" in wide[0].intent
+    narrow = [r for r in result.runs if r.action == "thread_coarsening" and "tm" not in r.carrier]
+    assert narrow and all(r.intent == "" for r in narrow)  # no spill: written as the rule did
