@@ -145,6 +145,9 @@ class Move:
     default: bool = False
     """The rule's own choices for the target (no learned carrier): preferred among kept
     carriers within timing noise of the fastest (:meth:`ForwardSearch.choose`)."""
+    combines: tuple[str, ...] = ()
+    """Skills whose kernels this move's kernel holds besides its own skill's (a dispatch's
+    two rivals), listed before it among the skills used."""
 
     @property
     def name(self) -> str:
@@ -235,7 +238,7 @@ class ForwardSearch(ABC):
         """Distinct kept moves to gate at a state before moving on (greedy: the first)."""
         self._verdicts: dict[str, GateVerdict] = {}  # a state reached, by fingerprint
         self._speedups: dict[str, float] = {}  # its speedup over the start
-        self._came_from: dict[str, tuple[str, SkillUse | None]] = {}  # its parent, the skill
+        self._came_from: dict[str, tuple[str, list[SkillUse]]] = {}  # its parent, the skills
         self._tried: set[MoveKey] = set()
         self._applied: set[tuple[str, str]] = set()  # (state, skill) a rule could apply
         self._prepared: dict[MoveKey, KernelSource | MechanismRefused] = {}
@@ -501,25 +504,25 @@ class ForwardSearch(ABC):
         if self._speedups.get(child, 0.0) >= chosen.record.speedup:
             return  # reached before, by a path at least as fast
         self._verdicts[child], self._speedups[child] = chosen.verdict, chosen.record.speedup
-        use = None
-        if chosen.move.skill is not None:
-            skill = self.skills[chosen.move.skill]
-            use = SkillUse(
-                skill=skill.id,
-                source=skill.evidence.problem,
-                folder=self.materializer.skill_folders.get(skill.id, ""),
-                origin=chosen.move.origin,
+        move = chosen.move
+        uses = [
+            SkillUse(
+                skill=self.skills[skill].id,
+                source=self.skills[skill].evidence.problem,
+                folder=self.materializer.skill_folders.get(skill, ""),
+                origin=move.origin if skill == move.skill else f"skill:{skill}",
             )
-        self._came_from[child] = (parent.fingerprint, use)
+            for skill in dict.fromkeys([*move.combines, *filter(None, [move.skill])])
+        ]
+        self._came_from[child] = (parent.fingerprint, uses)
 
     def _uses_to(self, state: KernelSource) -> list[SkillUse]:
         """The skills kept on the way from the start to `state`, in order."""
         uses: list[SkillUse] = []
         at = state.fingerprint
         while at in self._came_from:
-            at, use = self._came_from[at]
-            if use is not None:
-                uses.append(use)
+            at, kept = self._came_from[at]
+            uses.extend(reversed(kept))
         return uses[::-1]
 
     def failed_before(self, state: KernelSource) -> set[str]:
@@ -749,6 +752,7 @@ class SkillsMethod(ForwardSearch):
                 continue
             names = (fastest.move.name, other.move.name)
             low, high = names[split.low], names[1 - split.low]
+            rivals = (fastest.move.skill, other.move.skill)
             yield Move(
                 mechanism,
                 Carrier(axis=split.axis, threshold=split.threshold),
@@ -756,6 +760,7 @@ class SkillsMethod(ForwardSearch):
                 skill=skill.id,
                 source=kernel,
                 sibling=True,
+                combines=tuple(s for s in rivals if s is not None),
                 intent=(
                     f"{low} where {split.axis} <= {split.threshold}, {high} above "
                     f"(predicted {split.gain:.2f}x over {fastest.move.name} alone)"

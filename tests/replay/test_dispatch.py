@@ -162,7 +162,10 @@ def test_after_a_race_the_skills_method_gates_a_dispatch_between_the_rivals(
     [dispatch] = [r for r in result.runs if r.action == "launch_size_dispatch"]
     assert dispatch.carrier == {"axis": "cols", "threshold": 1024}
     assert dispatch.intent.startswith("warp_per_row where cols <= 1024, block_per_row above")
-    assert [u.skill.split("--")[0] for u in result.skills_used] == ["launch_size_dispatch"]
+    # the rivals' skills are used too, each once, before the dispatch's
+    used = [u.skill.split("--")[0] for u in result.skills_used]
+    assert used[-1] == "launch_size_dispatch"
+    assert sorted(used[:-1]) == ["block_per_row", "warp_per_row"]
     # the walk went on from the dispatch: as fast as the faster kernel on every workload
     best = {
         w.label: min(b, v)
