@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))  # _environment, when loaded as a module
 
 from _environment import command_line, nvidia_smi  # noqa: E402
+from _verdicts import workload_rows  # noqa: E402
 
 from klineage.gate.result import GateVerdict  # noqa: E402
 from klineage.kernel import KernelSource  # noqa: E402
@@ -90,19 +91,12 @@ def record(final: FinalKernel, verdict: GateVerdict, seconds: float) -> dict[str
         "energy_unavailable": verdict.energy_unavailable,
         "workloads": [
             {
-                "label": w.label,
-                "latency_ms": w.latency_ms,
-                "reference_ms": w.reference_latency_ms,
-                "joules_per_call": w.joules_per_call,
-                "reference_joules_per_call": (
-                    w.reference_energy.joules_per_call if w.reference_energy else None
-                ),
-                "mean_watts": w.energy.mean_watts if w.energy else None,
+                **row,
                 "reference_mean_watts": (
                     w.reference_energy.mean_watts if w.reference_energy else None
                 ),
             }
-            for w in verdict.workloads
+            for row, w in zip(workload_rows(verdict), verdict.workloads, strict=True)
         ],
     }
 

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _environment import nvidia_smi  # noqa: E402
+from _verdicts import workload_rows  # noqa: E402
 
 from klineage.gate.build import Builder  # noqa: E402
 from klineage.gate.energy import EnergyConfig  # noqa: E402
@@ -48,19 +49,7 @@ def summary(verdict: GateVerdict, wall_s: float) -> dict[str, object]:
         "profile_cached": profile.cached if profile is not None else None,
         "profile_skipped": profile.skipped if profile is not None else None,
         "energy_unavailable": verdict.energy_unavailable,
-        "workloads": [
-            {
-                "label": w.label,
-                "latency_ms": w.latency_ms,
-                "reference_ms": w.reference_latency_ms,
-                "joules_per_call": w.joules_per_call,
-                "reference_joules_per_call": (
-                    w.reference_energy.joules_per_call if w.reference_energy else None
-                ),
-                "mean_watts": w.energy.mean_watts if w.energy else None,
-            }
-            for w in verdict.workloads
-        ],
+        "workloads": workload_rows(verdict),
         "profiled_workload": profile.label if profile is not None else None,
         "bottleneck": call.kind.value if call is not None else None,
         "evidence": call.evidence if call is not None else [],

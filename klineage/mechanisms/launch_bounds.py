@@ -32,7 +32,8 @@ _WORD = re.compile(r"\b[A-Za-z_]\w*\b")
 MAX_THREADS = 1024
 
 
-def _bound_args(node: Node) -> list[Node]:
+def bound_args(node: Node) -> list[Node]:
+    """The arguments of a `__launch_bounds__(...)` node (max threads, min blocks, ...)."""
     return [c for c in node.named_children if c.type != "comment"]
 
 
@@ -103,7 +104,7 @@ class LaunchBounds(Mechanism):
             node = kernel.launch_bounds
             if node is None:
                 continue
-            args = _bound_args(node)
+            args = bound_args(node)
             detail: dict[str, str | int] = {}
             if args:
                 detail["max_threads"] = source.text_of(args[0])
@@ -135,7 +136,7 @@ class LaunchBounds(Mechanism):
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         source = kernel.parsed
         node = self.node_at(source, site, "launch_bounds")
-        args = _bound_args(node)
+        args = bound_args(node)
         values: dict[str, int | str] = {}
         if args:
             value = fold_int(source, args[0])

@@ -261,6 +261,8 @@ class DeclaredParam:
     """Declared with `*` or `[]`."""
     type_name: str
     """The type without qualifiers or the parameter name (`float`, `cudaStream_t`)."""
+    name: str = ""
+    """The parameter's name (`x`); empty where the declaration names none (`float`)."""
 
 
 @dataclass(frozen=True)
@@ -337,8 +339,11 @@ def _declared_param(text: str) -> DeclaredParam:
     words = [w for w in _IDENTIFIER.findall(folded.split("[")[0]) if w not in _QUALIFIERS]
     joined = " ".join(words)
     # `long long` and `float` name no parameter; otherwise the last word is the name
-    type_name = joined if len(words) <= 1 or joined in _VALUE_KINDS else " ".join(words[:-1])
-    return DeclaredParam(text=folded, is_pointer=is_pointer, type_name=type_name)
+    named = len(words) > 1 and joined not in _VALUE_KINDS
+    type_name = " ".join(words[:-1]) if named else joined
+    return DeclaredParam(
+        text=folded, is_pointer=is_pointer, type_name=type_name, name=words[-1] if named else ""
+    )
 
 
 def _differences(expected: Sequence[AbiParam], declared: Sequence[DeclaredParam]) -> list[str]:

@@ -16,24 +16,24 @@ dispatch on the row length runs each where it wins, as the experts' dispatches d
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from klineage.gate.result import geomean
 from klineage.kernel import KernelSource
 from klineage.problem import Problem
 from klineage.problem.abi import declared_run
 
 NOISE = 1.05
 """A split must predict at least this much over the faster kernel alone (geomean over the
-workloads) to be worth a gate run. The two latencies of a workload come from two verdicts,
-each timed against the state in a run of its own: 2-3% apart is within their noise (one
-replay split the vector widths at 1.02-1.03x on one-token workloads of a few microseconds)."""
+workloads) to be worth a gate run. A workload's two figures come from two verdicts, each
+timed against the state in a run of its own: 2-3% apart is within their noise (served from
+the finished replay's verdicts, splits between vector widths predicted 1.02-1.03x on
+one-token workloads of a few microseconds)."""
 
 _INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b.*$", re.MULTILINE)
 _RUN = re.compile(r'extern\s+"C"\s+(int\s+)run\s*\(')
-_NAME = re.compile(r"([A-Za-z_]\w*)\s*(?:\[[^\]]*\])?\s*$")
 NAMESPACES = ("klineage_dispatch_low", "klineage_dispatch_high")
 """The namespaces of the kernel that runs at or below the threshold, and of the other."""
 
@@ -61,19 +61,18 @@ def best_split(problem: Problem, latencies: Sequence[Mapping[str, float]]) -> Sp
     if not workloads or any(w.label not in first or w.label not in second for w in workloads):
         return None
 
-    def geomean(choice: Sequence[int]) -> float:
+    def mean(choice: Sequence[int]) -> float:
         pairs = zip(choice, workloads, strict=True)
-        logs = [math.log((first, second)[c][w.label]) for c, w in pairs]
-        return math.exp(sum(logs) / len(logs))
+        return geomean([(first, second)[c][w.label] for c, w in pairs])
 
-    alone = min(geomean([0] * len(workloads)), geomean([1] * len(workloads)))
+    alone = min(mean([0] * len(workloads)), mean([1] * len(workloads)))
     best: Split | None = None
     for axis in problem.definition.var_axes():
         values = sorted({w.axes[axis] for w in workloads if axis in w.axes})
         for threshold in values[:-1]:
             for low in (0, 1):
                 choice = [low if w.axes[axis] <= threshold else 1 - low for w in workloads]
-                gain = alone / geomean(choice)
+                gain = alone / mean(choice)
                 if gain >= NOISE and (best is None or gain > best.gain):
                     best = Split(axis, threshold, low, gain)
     return best
@@ -98,7 +97,10 @@ def write_dispatch(
     declared = declared_run(low.text)
     if declared is None:
         raise DispatchRefused(f"{low.name} defines no run(...)")
-    names = [_param_name(p.text) for p in declared.params]
+    names = [p.name for p in declared.params]
+    if not all(names):
+        unnamed = next(p.text for p in declared.params if not p.name)
+        raise DispatchRefused(f"run(...) of {low.name} does not name its parameter `{unnamed}`")
     if split.axis not in axes or len(names) < len(axes) + 1:
         raise DispatchRefused(f"run(...) of {low.name} has no parameter for the axis {split.axis}")
     size = names[len(names) - 1 - len(axes) + list(axes).index(split.axis)]
@@ -124,11 +126,3 @@ def write_dispatch(
     )
     text = "\n".join(includes) + "\n\n" + "\n".join(bodies) + "\n" + dispatch
     return KernelSource(text, low.name)
-
-
-def _param_name(declaration: str) -> str:
-    """The name a parameter declaration declares (`const float* __restrict__ x` -> x)."""
-    match = _NAME.search(declaration)
-    if match is None:
-        raise DispatchRefused(f"cannot read the parameter name of `{declaration}`")
-    return match.group(1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from klineage.gate.build import Builder, BuildResult
 from klineage.kernel import KernelSource
+from klineage.mechanisms.launch_bounds import bound_args
 
 BOUND = "__launch_bounds__"
 
@@ -33,7 +34,7 @@ def without_min_blocks(kernel: KernelSource) -> KernelSource | None:
         node = function.launch_bounds
         if node is None:
             continue
-        args = [c for c in node.named_children if c.type != "comment"]
+        args = bound_args(node)
         if len(args) < 2:
             continue
         threads = source.data[args[0].start_byte : args[0].end_byte]
