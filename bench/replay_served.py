@@ -68,6 +68,16 @@ def served(
         row["finished"] = round(result.speedup, 3)
     except VerdictMissing as missing:
         row["missing"] = str(missing)
+        # a dispatch says in its own source which split it is and what it predicts
+        asked = gate.missing[-1][0].text if gate.missing else ""
+        row["missing_dispatch"] = next(
+            (
+                line[3:]
+                for line in asked.splitlines()
+                if line.startswith("// ") and "the kernel faster there" in line
+            ),
+            "",
+        )
     row["served"] = len(runs)
     row["best"] = round(max((r.speedup for r in runs), default=1.0), 3)
     row["speedups"] = [round(r.speedup, 4) for r in runs]  # after each run, for runs to a speed

@@ -118,7 +118,8 @@ def write_dispatch(
     args = ", ".join(names)
     low_space, high_space = NAMESPACES
     dispatch = (
-        f"// {split.axis} <= {split.threshold}: the kernel faster there; above it, the other\n"
+        f"// {split.axis} <= {split.threshold}: the kernel faster there; above it, the other "
+        f"(predicted {split.gain:.2f}x over the faster alone)\n"
         f'extern "C" int run({params}) {{\n'
         f"  if ({size} <= {split.threshold}) return {low_space}::run_variant({args});\n"
         f"  return {high_space}::run_variant({args});\n"
