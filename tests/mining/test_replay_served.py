@@ -53,6 +53,7 @@ def test_a_logged_replay_is_served_run_for_run_and_a_cut_log_says_where_it_stops
     assert "finished" not in cut
     assert cut["served"] == 3
     assert "no logged verdict" in cut["missing"] and "needs the GPU" in cut["missing"]
+    assert cut["missing_dispatch"] == ""  # a plain rule's kernel, no dispatch
 
 
 def test_methods_the_log_cannot_serve_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,7 @@ GPU boundary, timing each kernel by the rows it is fast on)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from klineage.replay.dispatch import (
 )
 from klineage.replay.run import ReplayBudget
 from klineage.skills import SkillLibrary
+from tests.bench_scripts import load_bench_script
 from tests.conftest import REPO
 from tests.mining.stand_in_gate import BASE_MS, StandInGate, _timing, replay_gated
 
@@ -172,3 +174,42 @@ def test_after_a_race_the_skills_method_gates_a_dispatch_between_the_rivals(
         for w, b, v in zip(load_problem(LOG_SOFTMAX).workloads, BLOCK, WARP, strict=True)
     }
     assert result.best_ms == pytest.approx({k: BASE_MS * v for k, v in best.items()}, rel=0.01)
+
+
+@pytest.mark.nvcc
+def test_a_served_replay_that_stops_for_a_dispatch_names_its_split(
+    shared_builder: Builder, tmp_path: Path
+) -> None:
+    """bench/replay_served.py on the log of the replay above, its dispatch's verdict cut: it
+    stops there and says which split it needed and what the split predicts."""
+    committed = SkillLibrary.load(REPO / "skills_out")
+    wanted = {"block_per_row", "warp_per_row", "launch_size_dispatch"}
+    SkillLibrary(tmp_path / "lib", [s for s in committed if s.mechanism in wanted]).save()
+    replay_gated(
+        [LOG_SOFTMAX],
+        tmp_path / "lib",
+        tmp_path / "out",
+        gate=_RowLengthGate(shared_builder),
+        methods=["skills"],
+        budget=ReplayBudget(gate_runs=6),
+    )
+    lineage = json.loads((tmp_path / "out/lineages/log_softmax_f32.skills.json").read_text())
+    [dispatch] = [e["target"] for e in lineage["edges"] if e["mechanism"] == "launch_size_dispatch"]
+    log = tmp_path / "out" / "gatelog" / "log_softmax_f32.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["verdict"]["fingerprint"] != dispatch]
+    assert len(kept) == len(lines) - 1
+    log.write_text("".join(kept))
+    served = load_bench_script("replay_served").served
+    row = served(
+        LOG_SOFTMAX,
+        "skills",
+        log.parent,
+        skills=tmp_path / "lib",
+        budget=6,
+        skip_no_ops=False,
+        builder=shared_builder,
+    )
+    assert "needs the GPU" in row["missing"]
+    assert row["missing_dispatch"].startswith("cols <= 1024: the kernel faster there")
+    assert "predicted 1.22x" in row["missing_dispatch"]  # (12.6 * 16.7 / 6 / 13) ** (1 / 5)
