@@ -27,7 +27,7 @@ from klineage.replay.dispatch import (
     best_split,
     write_dispatch,
 )
-from klineage.replay.run import ReplayBudget
+from klineage.replay.run import ReplayBudget, ReplayReport
 from klineage.skills import SkillLibrary
 from tests.bench_scripts import load_bench_script
 from tests.conftest import REPO
@@ -143,21 +143,27 @@ class _RowLengthGate(StandInGate):
         return self._model(load_problem(LOG_SOFTMAX), kernel)
 
 
+def _replay_with_rivals(builder: Builder, tmp_path: Path) -> ReplayReport:
+    """The skills method on log_softmax with the committed block-per-row, warp-per-row and
+    dispatch skills, on the stand-in gate above (6 gate runs; out: tmp_path/out)."""
+    committed = SkillLibrary.load(REPO / "skills_out")
+    wanted = {"block_per_row", "warp_per_row", "launch_size_dispatch"}
+    SkillLibrary(tmp_path / "lib", [s for s in committed if s.mechanism in wanted]).save()
+    return replay_gated(
+        [LOG_SOFTMAX],
+        tmp_path / "lib",
+        tmp_path / "out",
+        gate=_RowLengthGate(builder),
+        methods=["skills"],
+        budget=ReplayBudget(gate_runs=6),
+    )
+
+
 @pytest.mark.nvcc
 def test_after_a_race_the_skills_method_gates_a_dispatch_between_the_rivals(
     shared_builder: Builder, tmp_path: Path
 ) -> None:
-    committed = SkillLibrary.load(REPO / "skills_out")
-    wanted = {"block_per_row", "warp_per_row", "launch_size_dispatch"}
-    SkillLibrary(tmp_path / "lib", [s for s in committed if s.mechanism in wanted]).save()
-    report = replay_gated(
-        [LOG_SOFTMAX],
-        tmp_path / "lib",
-        tmp_path / "out",
-        gate=_RowLengthGate(shared_builder),
-        methods=["skills"],
-        budget=ReplayBudget(gate_runs=6),
-    )
+    report = _replay_with_rivals(shared_builder, tmp_path)
     [result] = report.results
     actions = [(r.action, r.outcome) for r in result.runs]
     assert ("launch_size_dispatch", "kept") in actions
@@ -182,17 +188,7 @@ def test_a_served_replay_that_stops_for_a_dispatch_names_its_split(
 ) -> None:
     """bench/replay_served.py on the log of the replay above, its dispatch's verdict cut: it
     stops there and says which split it needed and what the split predicts."""
-    committed = SkillLibrary.load(REPO / "skills_out")
-    wanted = {"block_per_row", "warp_per_row", "launch_size_dispatch"}
-    SkillLibrary(tmp_path / "lib", [s for s in committed if s.mechanism in wanted]).save()
-    replay_gated(
-        [LOG_SOFTMAX],
-        tmp_path / "lib",
-        tmp_path / "out",
-        gate=_RowLengthGate(shared_builder),
-        methods=["skills"],
-        budget=ReplayBudget(gate_runs=6),
-    )
+    _replay_with_rivals(shared_builder, tmp_path)
     lineage = json.loads((tmp_path / "out/lineages/log_softmax_f32.skills.json").read_text())
     [dispatch] = [e["target"] for e in lineage["edges"] if e["mechanism"] == "launch_size_dispatch"]
     log = tmp_path / "out" / "gatelog" / "log_softmax_f32.jsonl"
