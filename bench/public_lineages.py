@@ -476,10 +476,26 @@ def keep_mined(lineages: dict[str, dict], earlier: Path) -> str:
         if report["mined"] is None and before is not None and before.get("mined") is not None:
             report["mined"] = before["mined"]
             kept.append(name)
-    return (
-        f"kept from {relative(earlier)} for {len(kept)} lineages (its mining: "
-        f"{old.get('mined_note', 'unknown')}; its command: {old.get('command', 'unknown')})"
-    )
+    note, command = mining_origin(old)
+    return f"kept from {relative(earlier)} for {len(kept)} lineages (mined {note}; by: {command})"
+
+
+_CARRIED = re.compile(r"\(mined (?P<note>.*?); by: (?P<command>.*)\)$")
+_CARRIED_BEFORE = re.compile(  # the nested form of older outputs
+    r"its mining: (?P<note>from [^;(]+); its command: (?P<command>[^)]+)\)"
+)
+
+
+def mining_origin(output: dict[str, Any]) -> tuple[str, str]:
+    """Where an output's mined figures were made, and by what command: its own note, or,
+    where it kept them from a still earlier output, that output's origin (so notes carried
+    from run to run name the mining once instead of nesting)."""
+    note = output.get("mined_note", "unknown")
+    for pattern in (_CARRIED, _CARRIED_BEFORE):
+        found = pattern.search(note)
+        if note.startswith("kept from") and found:
+            return found["note"], found["command"]
+    return note, output.get("command", "unknown")
 
 
 def mined_total(lineages: dict[str, dict]) -> dict[str, Any] | None:

@@ -241,3 +241,43 @@ def test_mined_figures_of_an_earlier_run_are_kept_where_this_one_has_none(tmp_pa
     assert lineages["b"]["mined"] is None  # none to keep
     assert lineages["c"]["mined"] == {"verified": 1}  # this run's own stays
     assert "for 1 lineages" in note and "from build/public_mine" in note
+
+
+def test_figures_carried_twice_name_the_mining_once(tmp_path: Path) -> None:
+    # each detection rerun keeps the figures again: the note still names the one mining run
+    first = tmp_path / "first.json"
+    first.write_text(
+        json.dumps(
+            {
+                "command": "python bench/public_lineages.py --mined build/public_mine",
+                "mined_note": "from build/public_mine",
+                "lineages": {"a": {"mined": {"verified": 1}}},
+            }
+        )
+    )
+    lineages: dict[str, dict] = {"a": {"mined": None}}
+    second = tmp_path / "second.json"
+    second.write_text(
+        json.dumps(
+            {
+                "command": "python bench/public_lineages.py --keep-mined first.json",
+                "mined_note": bench.keep_mined(lineages, first),
+                "lineages": lineages,
+            }
+        )
+    )
+    again: dict[str, dict] = {"a": {"mined": None}}
+    note = bench.keep_mined(again, second)
+    assert again["a"]["mined"] == {"verified": 1}
+    assert note.count("from build/public_mine") == 1 and "kept from" not in note[9:]
+    assert "--mined build/public_mine" in note and "--keep-mined" not in note
+
+
+def test_a_nested_note_of_older_outputs_is_read_to_its_mining() -> None:
+    nested = (
+        "kept from r.json for 2 lineages (its mining: kept from r.json for 2 lineages (its "
+        "mining: from build/public_mine; its command: python x.py --mined m); its command: "
+        "python x.py --keep-mined r.json)"
+    )
+    origin = bench.mining_origin({"mined_note": nested, "command": "python x.py --keep"})
+    assert origin == ("from build/public_mine", "python x.py --mined m")
