@@ -89,6 +89,8 @@ from klineage.search import Beam, Ending, Frontier, Tried, VerdictBudget, search
 from klineage.skills import Skill, render_skill_md
 
 NO_CHANGE = "no machine code change (the same SASS and host code as the current state)"
+SAME_AS_GATED = "the same SASS and host code as a kernel already gated from this state"
+"""A move whose verdict is known: timing it would time a binary this state's runs timed."""
 METHODS = ("skills", "blind", "memory")
 """The experiment's methods: the skills, greedily, and the two baselines."""
 TREE = "tree"
@@ -244,6 +246,8 @@ class ForwardSearch(ABC):
         self._prepared: dict[MoveKey, KernelSource | MechanismRefused] = {}
         self._written: set[str] = set()  # kernels gated for the kept skill's carriers
         self._defaults: dict[str, set[str]] = {}  # at a state: kernels the rules' defaults wrote
+        # at a state: the machine code of each kernel gated from it, and the move that wrote it
+        self._gated_code: dict[str, list[tuple[str, MachineCode]]] = {}
         # at a state: each kept move and the carriers gated after it, with their gate-run numbers
         self._waiting: dict[str, list[tuple[Step, int]]] = {}
         # at a state: each mechanism gated there, and whether it failed there (no run of it
@@ -388,6 +392,8 @@ class ForwardSearch(ABC):
             if self._no_machine_code_change(state, new):
                 self.refusals.append(f"{move.origin} {move.name}: {NO_CHANGE}")
                 return None
+            if self._gated_before(state, move, new):
+                return None
             return move, new
         realized = move
         if move.ask_llm:
@@ -410,6 +416,8 @@ class ForwardSearch(ABC):
         if self._no_machine_code_change(state, new):
             # timing it would time the current binary twice: no gate run, any method
             self.refusals.append(f"{move.origin} {move.name}: {NO_CHANGE}")
+            return None
+        if self._gated_before(state, realized, new):
             return None
         self._written = {new.text}
         return realized, new
@@ -560,6 +568,24 @@ class ForwardSearch(ABC):
             return False
         before = builder.build(current.text, current.name).machine_code
         return same_machine_code(before, builder.build(new.text, new.name).machine_code)
+
+    def _gated_before(self, state: KernelSource, move: Move, new: KernelSource) -> bool:
+        """Whether `new` runs the machine code of a kernel already gated from `state` (its
+        verdict would be that one's: the gate shares verdicts by machine code), recorded as a
+        refusal that costs no gate run; otherwise `new` is remembered as gated there."""
+        builder = self._builder()
+        if builder is None or not self.materializer.skip_no_ops:
+            return False
+        code = builder.build(new.text, new.name).machine_code
+        if code is None:
+            return False
+        gated = self._gated_code.setdefault(state.fingerprint, [])
+        for label, earlier in gated:
+            if same_machine_code(earlier, code):
+                self.refusals.append(f"{move.origin} {move.name}: {SAME_AS_GATED} ({label})")
+                return True
+        gated.append((f"{move.origin} {move.name}", code))
+        return False
 
     def _machine_code(self, kernel: KernelSource) -> MachineCode | None:
         """The target state's machine code with histograms (a cached build), for retrieval."""

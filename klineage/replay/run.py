@@ -35,6 +35,7 @@ from klineage.replay.methods import (
     CARRIERS_FIRST,
     NO_CHANGE,
     PROFILED,
+    SAME_AS_GATED,
     TREE,
     Materializer,
 )
@@ -71,6 +72,11 @@ class MethodSummary(BaseModel):
         description="moves not gated because they left the machine code as it was (the same "
         "SASS and host code as the state they apply to), all problems: gate runs the "
         "machine-code check saved (older reports: 0)",
+    )
+    same_as_gated: int = Field(
+        default=0,
+        description="moves not gated because they wrote the machine code of a kernel already "
+        "gated from the same state (its verdict known), all problems (older reports: 0)",
     )
 
 
@@ -184,6 +190,7 @@ def summarize(results: Sequence[MethodResult]) -> list[MethodSummary]:
                 no_machine_code_change=sum(
                     reason.endswith(NO_CHANGE) for r in rows for reason in r.refusals
                 ),
+                same_as_gated=sum(SAME_AS_GATED in reason for r in rows for reason in r.refusals),
             )
         )
     return summaries

@@ -610,7 +610,7 @@ def test_of_two_skills_that_close_each_other_the_faster_is_kept(
 def test_the_summary_counts_the_moves_the_machine_code_check_left_ungated() -> None:
     """Each refusal for an unchanged machine code is a gate run the check saved; refusals for
     other reasons are not."""
-    from klineage.replay.methods import NO_CHANGE
+    from klineage.replay.methods import NO_CHANGE, SAME_AS_GATED
     from klineage.replay.results import MethodResult
     from klineage.replay.run import summarize
 
@@ -624,8 +624,11 @@ def test_the_summary_counts_the_moves_the_machine_code_check_left_ungated() -> N
         result("skills", [f"skill:a pragma_unroll: {NO_CHANGE}", "skill:b split_k: refused"]),
         result("skills", [f"skill:c restrict_pointers: {NO_CHANGE}"]),
         result("blind", ["blind launch_bounds: refused"]),
+        result("blind", [f"blind launch_bounds: {SAME_AS_GATED} (blind launch_bounds)"]),
     ])  # fmt: skip
     assert {s.method: s.no_machine_code_change for s in summary} == {"skills": 2, "blind": 0}
+    # a kernel of machine code gated from its state already: counted apart
+    assert {s.method: s.same_as_gated for s in summary} == {"skills": 0, "blind": 1}
 
 
 @pytest.mark.nvcc
