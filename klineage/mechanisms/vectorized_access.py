@@ -32,7 +32,11 @@ kernels write them: ``v = __ldg(row4 + c)``, ``a.raw = x16[c]``, ``out4[c] = mak
   ``check=aligned`` the two loops sit behind a run-time test that every vectorized pointer
   is aligned to a vector, the original loop in the other branch: a row that starts
   misaligned (a row length not a multiple of the width) takes the scalar loop, so no
-  alignment condition is needed; retrieval asks for it where a workload breaks one
+  alignment condition is needed. With ``check=peeled`` (pointers of one element size) the
+  loop first runs the scalar elements before the first pointer's first aligned vector, then
+  the vectors from there and the tail, behind a test that the other pointers share that
+  misalignment (the loop as it was in the other branch): misaligned rows take vectors too.
+  Retrieval asks for one of the two where a workload breaks alignment
   (:meth:`run_time_check`);
 - a one-thread-per-element kernel (``i = blockIdx.x * blockDim.x + threadIdx.x; if (i >= n)
   return; ...``) gives each thread ``W`` consecutive elements: a vector path for full
@@ -136,6 +140,9 @@ ROWS = "rows"
 
 CHECK_ALIGNED = "aligned"
 """The ``check`` carrier's value: test vectorized pointers' alignment at run time."""
+CHECK_PEELED = "peeled"
+"""The ``check`` carrier's value: peel scalar elements until the pointers are aligned."""
+CHECKS = (CHECK_ALIGNED, CHECK_PEELED)
 
 
 @dataclass
@@ -428,30 +435,41 @@ def _check_names(source: ParsedSource, plan: _Plan, index: str, scope: Node | No
         raise Refused(f"the names {', '.join(clash)} are already used in {plan.function.name}")
 
 
-def _vector_lines(plan: _Plan, vectors: dict[str, str], vec: str) -> tuple[list[str], list[str]]:
-    """The vector loads before the lanes and the vector stores after them."""
+def _vector_lines(
+    plan: _Plan, vectors: dict[str, str], vec: str, offset: str | None = None
+) -> tuple[list[str], list[str]]:
+    """The vector loads before the lanes and the vector stores after them (vectors counted
+    from element `offset` of each pointer, when given)."""
     loads, stores = [], []
     for p in plan.pointers:
         vector = vectors[p.name]
+        base = p.name if offset is None else f"{p.name} + {offset}"
         if p.loads:
             const = "" if p.stored else "const "
-            source = f"reinterpret_cast<const {vector}*>({p.name})[{vec}]"
+            source = f"reinterpret_cast<const {vector}*>({base})[{vec}]"
             loads.append(f"{const}{vector} {p.name}_vec = {source};")
         else:
             loads.append(f"{vector} {p.name}_vec;")
         if p.stored:
-            stores.append(f"reinterpret_cast<{vector}*>({p.name})[{vec}] = {p.name}_vec;")
+            stores.append(f"reinterpret_cast<{vector}*>({base})[{vec}] = {p.name}_vec;")
     return loads, stores
 
 
 def _lanes(
-    plan: _Plan, index_type: str, index: str, width: int, body: str, indent: str
+    plan: _Plan,
+    index_type: str,
+    index: str,
+    width: int,
+    body: str,
+    indent: str,
+    offset: str | None = None,
 ) -> list[str]:
     """The lane loop at ``indent``: ``body`` (text at ``indent`` + 2) runs per lane."""
     vec, lane = f"{index}_vec", f"{index}_lane"
     declare = ""
     if plan.index_used:
-        declare = f"\n{indent}  const {index_type} {index} = {vec} * {width} + {lane};"
+        first = "" if offset is None else f"{offset} + "
+        declare = f"\n{indent}  const {index_type} {index} = {first}{vec} * {width} + {lane};"
     return [
         f"{indent}#pragma unroll",
         f"{indent}for (int {lane} = 0; {lane} < {width}; ++{lane}) {{{declare}{shift(body, 2)}",
@@ -582,8 +600,59 @@ def checked_loop_text(source: ParsedSource, loop: _Loop, plan: _Plan, width: int
     )
 
 
-def loop_text(source: ParsedSource, loop: _Loop, plan: _Plan, width: int) -> str:
-    """The canonical vectorized form of ``loop`` (replacing its text)."""
+def peeled_loop_text(source: ParsedSource, loop: _Loop, plan: _Plan, width: int) -> str:
+    """``loop`` peeled to alignment: scalar elements up to the first pointer's first
+    vector-aligned element, whole vectors from there, then the tail. The pointers must share
+    one misalignment, which holds for rows of one length in buffers that start aligned;
+    where they do not (tested at run time when there are several), the loop as it was."""
+    sizes = {p.size for p in plan.pointers}
+    if len(sizes) != 1:
+        raise Refused(
+            "its vectorized pointers have elements of different sizes, so no one count of "
+            "scalar elements aligns them all"
+        )
+    vectors = width * sizes.pop()
+    indent = source.indent_of(loop.node.start_byte)
+    head, peel = f"{loop.var}_head", f"{loop.var}_peel"
+    clash = sorted({head, peel} & {source.text_of(n) for n in identifiers(source, loop.node)})
+    if clash:
+        raise Refused(f"the loop reads {', '.join(clash)}, which the peel would declare")
+    first = plan.pointers[0].name
+    address = f"reinterpret_cast<unsigned long long>({first})"
+    bound = operand(source, loop.bound, 12)
+    head_loop = splice(source, loop.node.start_byte, loop.node.end_byte, [(loop.bound, head)])
+    peeled = [
+        f"const {loop.type} {peel} = ({loop.type})(({vectors} - {address} % {vectors}) % "
+        f"{vectors} / {vectors // width});",
+        f"const {loop.type} {head} = {peel} < {bound} ? {peel} : {bound};",
+        head_loop,
+        loop_text(source, loop, plan, width, offset=head),
+    ]
+    inner = indent + "  "
+    block = "\n".join(inner + line.replace("\n", "\n  ") for line in peeled)
+    if len(plan.pointers) == 1:
+        return f"{{  // peeled to alignment\n{block}\n{indent}}}"
+    same = " && ".join(
+        f"(reinterpret_cast<unsigned long long>({p.name}) - {address}) % {vectors} == 0"
+        for p in plan.pointers[1:]
+    )
+    scalar = source.text_of(loop.node).replace("\n", "\n  ")
+    return "\n".join(
+        [
+            f"if ({same}) {{  // one peel aligns every pointer",
+            block,
+            f"{indent}}} else {{",
+            f"{indent}  {scalar}",
+            f"{indent}}}",
+        ]
+    )
+
+
+def loop_text(
+    source: ParsedSource, loop: _Loop, plan: _Plan, width: int, offset: str | None = None
+) -> str:
+    """The canonical vectorized form of ``loop`` (replacing its text); with `offset`, the
+    vectors start at that element (the peeled form's aligned part) and the tail after them."""
     refusal = _loop_refusal(source, loop)
     if refusal is not None:
         raise Refused(refusal)
@@ -601,14 +670,18 @@ def loop_text(source: ParsedSource, loop: _Loop, plan: _Plan, width: int) -> str
         loop.update.end_byte,
         [(n, vec) for n in identifiers(source, loop.update) if source.text_of(n) == loop.var],
     )
-    loads, stores = _vector_lines(plan, vectors, vec)
+    loads, stores = _vector_lines(plan, vectors, vec, offset)
     body = _body_text(source, loop.body, plan.replacements(f"{loop.var}_lane"))
+    if offset is not None:
+        bound = f"({operand(source, loop.bound, 12)} - {offset})"
     lines = [f"for ({loop.type} {vec} = {start}; {vec} < {bound} / {width}; {update}) {{"]
     lines += [f"{indent}  {line}" for line in loads]
-    lines += _lanes(plan, loop.type, loop.var, width, body, indent + "  ")
+    lines += _lanes(plan, loop.type, loop.var, width, body, indent + "  ", offset)
     lines += [f"{indent}  {line}" for line in stores]
     lines.append(f"{indent}}}")
     tail_start = f"{bound} / {width} * {width}"
+    if offset is not None:
+        tail_start = f"{offset} + {tail_start}"
     if start != "0":
         tail_start += f" + {operand(source, loop.start, 12)}"
     tail = splice(source, loop.node.start_byte, loop.node.end_byte, [(loop.start, tail_start)])
@@ -723,7 +796,10 @@ class _VectorLoop:
     width: int
     scalar: str
     guard: Node | None = None
-    """The ``if`` testing alignment at run time around them, the scalar loop in its else."""
+    """The ``if`` testing alignment at run time around them, the scalar loop in its else (or,
+    peeled, the statement holding the peel, its head loop, them)."""
+    check: str = CHECK_ALIGNED
+    """How `guard` handles alignment (:data:`CHECKS`)."""
 
     @property
     def region(self) -> tuple[int, int]:
@@ -741,7 +817,7 @@ def _width_of(source: ParsedSource, node: Node) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _write_loop(width: int, checked: bool = False) -> Callable[[ParsedSource, int], str]:
+def _write_loop(width: int, check: str = "") -> Callable[[ParsedSource, int], str]:
     def write(temp: ParsedSource, start: int) -> str:
         node = next(n for n in temp.nodes("for_statement") if n.start_byte == start)
         loop = scalar_loop(temp, node)
@@ -749,11 +825,35 @@ def _write_loop(width: int, checked: bool = False) -> Callable[[ParsedSource, in
         if loop is None or function is None:
             raise Refused("no loop")
         plan = plan_vectorization(temp, function, loop.var, _loop_nodes(loop))
-        if checked:
+        if check == CHECK_ALIGNED:
             return checked_loop_text(temp, loop, plan, width)
+        if check == CHECK_PEELED:
+            return peeled_loop_text(temp, loop, plan, width)
         return loop_text(temp, loop, plan, width)
 
     return write
+
+
+def _peel(source: ParsedSource, vector: Node, tail: Node, scalar: str, width: int) -> Node | None:
+    """The statement holding a peeled loop (:func:`peeled_loop_text`): the block of the peel,
+    the head loop, the vector loop and its tail, or the ``if`` whose first branch that block
+    is and whose other branch is the scalar loop; and which writing it again gives back."""
+    block = vector.parent
+    if block is None or block.type != "compound_statement":
+        return None
+    held = statements(block)
+    if len(held) != 5 or held[3:] != [vector, tail]:
+        return None
+    holder = block.parent
+    statement = block
+    if holder is not None and holder.type == "if_statement":
+        if holder.child_by_field_name("consequence") != block:
+            return None
+        statement = holder
+    region = (statement.start_byte, statement.end_byte)
+    if not _regenerates(source, region, scalar, _write_loop(width, CHECK_PEELED)):
+        return None
+    return statement
 
 
 def _alignment_guard(
@@ -773,7 +873,7 @@ def _alignment_guard(
     ):
         return None
     region = (guard.start_byte, guard.end_byte)
-    if not _regenerates(source, region, scalar, _write_loop(width, True)):
+    if not _regenerates(source, region, scalar, _write_loop(width, CHECK_ALIGNED)):
         return None
     return guard
 
@@ -800,6 +900,10 @@ def vector_loops(source: ParsedSource) -> list[_VectorLoop]:
         if _regenerates(source, region, scalar, _write_loop(width)):
             guard = _alignment_guard(source, node, tail_node, scalar, width)
             found.append(_VectorLoop(node, tail_node, width, scalar, guard))
+            continue
+        peel = _peel(source, node, tail_node, scalar, width)
+        if peel is not None:
+            found.append(_VectorLoop(node, tail_node, width, scalar, peel, CHECK_PEELED))
     return found
 
 
@@ -1211,6 +1315,21 @@ def merged_text(source: ParsedSource, split: _Split) -> str:
 Form = Literal["loop", "kernel", "load", "store"]
 
 
+def _run_time_check(source: ParsedSource, site: Site) -> str:
+    """``peeled`` for a scalar loop whose vectorized pointers share one element size (so one
+    count of scalar elements aligns them all), else ``aligned``."""
+    node = next((n for n in source.nodes("for_statement") if n.start_byte == site.start_byte), None)
+    loop = scalar_loop(source, node) if node is not None else None
+    function = source.enclosing_function(site.start_byte)
+    if loop is None or function is None:
+        return CHECK_ALIGNED
+    try:
+        plan = plan_vectorization(source, function, loop.var, _loop_nodes(loop))
+    except Refused:
+        return CHECK_ALIGNED
+    return CHECK_PEELED if len({p.size for p in plan.pointers}) == 1 else CHECK_ALIGNED
+
+
 @register
 class VectorizedAccess(Mechanism):
     name = "vectorized_access"
@@ -1225,7 +1344,9 @@ class VectorizedAccess(Mechanism):
         "vector_width": "elements per access (2, 4, or 8 for 16-byte accesses of 2-byte "
         "types); default: 16 bytes of the widest element",
         "check": f"'{CHECK_ALIGNED}': a loop tests its pointers' alignment at run time and "
-        "keeps the scalar loop for the rest (no alignment condition); default: none",
+        f"keeps the scalar loop for the rest; '{CHECK_PEELED}': a loop runs scalar elements "
+        "until its pointers are aligned, then vectors (either: no alignment condition); "
+        "default: none",
     }
 
     # -- detection ------------------------------------------------------------------------------
@@ -1264,7 +1385,7 @@ class VectorizedAccess(Mechanism):
         for loop in loops:
             detail: dict[str, str | int] = {"form": "loop", "width": loop.width}
             if loop.guard is not None:
-                detail["check"] = CHECK_ALIGNED
+                detail["check"] = loop.check
             yield self.site(source, loop.guard or loop.vector, span=loop.region, detail=detail)
         rows = self._rows(source)
         for found in kernels:
@@ -1468,10 +1589,12 @@ class VectorizedAccess(Mechanism):
         plan = plan_vectorization(source, function, loop.var, _loop_nodes(loop))
         width = self._width(carrier, default_width(plan), site)
         check = carrier.get_str("check", "")
-        if check not in ("", CHECK_ALIGNED):
-            raise self.refuse(f"check={check!r} is not {CHECK_ALIGNED!r}", site, "apply")
+        if check not in ("", *CHECKS):
+            raise self.refuse(f"check={check!r} is not one of {CHECKS}", site, "apply")
         if check == CHECK_ALIGNED:
             return [Edit.replace(node, checked_loop_text(source, loop, plan, width))]
+        if check == CHECK_PEELED:
+            return [Edit.replace(node, peeled_loop_text(source, loop, plan, width))]
         return [Edit.replace(node, loop_text(source, loop, plan, width))]
 
     def _apply_kernel(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
@@ -1489,19 +1612,21 @@ class VectorizedAccess(Mechanism):
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         width = site.detail.get("width")
         carrier = Carrier(vector_width=width) if isinstance(width, int) else Carrier()
-        if site.detail.get("check") == CHECK_ALIGNED:
-            carrier = carrier.merged(Carrier(check=CHECK_ALIGNED))
+        check = site.detail.get("check")
+        if check in CHECKS:
+            carrier = carrier.merged(Carrier(check=check))
         return carrier
 
     def run_time_check(
         self, kernel: KernelSource, site: Site, condition: Condition
     ) -> Carrier | None:
-        """A loop's alignment (and the row length that keeps it) is tested at run time under
-        ``check=aligned``, so a workload that breaks it takes the scalar loop instead."""
+        """A loop's alignment (and the row length that keeps it) is handled at run time: a
+        misaligned row is peeled to alignment (``check=peeled``) where one peel can align
+        every vectorized pointer, else it takes the scalar loop (``check=aligned``)."""
         if site.detail.get("form") == "loop" and isinstance(
             condition, (PointerAlignment, AxisDivisible)
         ):
-            return Carrier(check=CHECK_ALIGNED)
+            return Carrier(check=_run_time_check(kernel.parsed, site))
         return None
 
     def conditions(
@@ -1548,7 +1673,7 @@ class VectorizedAccess(Mechanism):
         except (Refused, StopIteration):
             return []
         chosen = width if isinstance(width, int) else default_width(plan) if plan.pointers else 1
-        if site.detail.get("check") == CHECK_ALIGNED:
+        if site.detail.get("check") in CHECKS:
             return merge_conditions(found)  # alignment is tested at run time
         for pointer in plan.pointers:
             first = pointer.accesses()[0].child_by_field_name("argument")

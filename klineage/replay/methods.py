@@ -574,7 +574,8 @@ class ForwardSearch(ABC):
         verdict would be that one's: the gate shares verdicts by machine code), recorded as a
         refusal that costs no gate run; otherwise `new` is remembered as gated there."""
         builder = self._builder()
-        if builder is None or not self.materializer.skip_no_ops:
+        materializer = self.materializer
+        if builder is None or not (materializer.skip_no_ops and materializer.skip_same_as_gated):
             return False
         code = builder.build(new.text, new.name).machine_code
         if code is None:
@@ -958,6 +959,7 @@ class Materializer:
         beam_width: int = BEAM_WIDTH,
         skills_rank_by_profile: bool = True,
         carriers_first: int | None = CARRIERS_FIRST,
+        skip_same_as_gated: bool = True,
     ) -> None:
         if beam_width < 1:
             raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
@@ -978,6 +980,10 @@ class Materializer:
         """Never gate a move whose kernel runs the current state's machine code, and pass
         the current state's machine code to retrieval (which drops a skill whose signature
         the state already shows); False: no machine-code check at all."""
+        self.skip_same_as_gated = skip_same_as_gated
+        """With `skip_no_ops`: never gate a move whose kernel runs the machine code of one
+        already gated from the same state either (False: gate it, its verdict shared, as
+        replays before 2026-12-05 did)."""
         self.skills = {s.id: s for s in skills}
         self.budget = budget or ReplayBudget()
         self.arch = arch

@@ -626,3 +626,89 @@ def test_checked_loops_compute_the_block_rows_outputs_on_the_host() -> None:
                  "", grid="dim3((unsigned)rows)", block_dims="dim3(256)")
         )  # fmt: skip
     assert_close(floats(run_on_host(checked.text, cases)), floats(run_on_host(kernel.text, cases)))
+
+
+# ---------------------------------------------------------------------------------------------
+# A loop peeled to alignment (check=peeled)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_peeled_loop_runs_scalars_to_alignment_then_vectors_and_comes_back() -> None:
+    kernel = _block_rows("log_softmax")
+    sites = [c for c in mechanism.candidates(kernel) if c.detail.get("form") == "loop"]
+    # rows of 50,257 floats break the alignment: every loop here can be peeled instead
+    static = mechanism.conditions(kernel, sites[0])
+    assert {mechanism.run_time_check(kernel, sites[0], c) for c in static} == {
+        Carrier(check="peeled")
+    }
+    one = mechanism.apply(kernel, sites[0], Carrier(check="peeled"))
+    assert "{  // peeled to alignment\n" in one.text
+    assert "reinterpret_cast<const float4*>(in + c_head)[c_vec]" in one.text
+    assert "for (int64_t c = threadIdx.x; c < c_head; c += blockDim.x)" in one.text
+    (found,) = mechanism.detect(one)
+    assert found.supported and found.detail["check"] == "peeled"
+    assert mechanism.carrier_of(one, found) == Carrier(vector_width=4, check="peeled")
+    assert not [c for c in mechanism.conditions(one, found) if isinstance(c, PointerAlignment)]
+    assert mechanism.remove(one, found).text == kernel.text
+    # the store loop reads and writes: one peel aligns both only when they share a misalignment
+    peeled = apply_everywhere(kernel, mechanism, Carrier(check="peeled"))
+    assert peeled.text.count("{  // peeled to alignment") == 2
+    assert peeled.text.count("% 16 == 0) {  // one peel aligns every pointer") == 1
+    assert "} else {\n    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c]" in (
+        peeled.text
+    )
+    assert [s.detail["check"] for s in mechanism.detect(peeled)] == ["peeled"] * 3
+    undone = peeled
+    for _ in range(3):
+        undone = mechanism.remove(undone, mechanism.detect(undone)[0])
+    assert undone.text == kernel.text
+
+
+def test_pointers_of_two_element_sizes_are_not_peeled() -> None:
+    kernel = KernelSource(
+        "#include <cuda_bf16.h>\n"
+        "#include <stdint.h>\n"
+        "__global__ void narrow(const float* x, __nv_bfloat16* y, int64_t cols) {\n"
+        "  const float* in = x + blockIdx.x * cols;\n"
+        "  __nv_bfloat16* out = y + blockIdx.x * cols;\n"
+        "  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {\n"
+        "    out[c] = __float2bfloat16(in[c]);\n"
+        "  }\n"
+        "}\n"
+    )
+    (site,) = [c for c in mechanism.candidates(kernel) if c.detail.get("form") == "loop"]
+    # a row length that breaks the vectors' alignment: the scalar loop takes those rows
+    broken = AxisDivisible(axis="cols", k=4)
+    assert mechanism.run_time_check(kernel, site, broken) == Carrier(check="aligned")
+    with pytest.raises(MechanismRefused, match="different sizes"):
+        mechanism.apply(kernel, site, Carrier(check="peeled"))
+
+
+def test_a_tampered_peel_is_not_taken_for_the_peeled_form() -> None:
+    kernel = _block_rows("log_softmax")
+    peeled = apply_everywhere(kernel, mechanism, Carrier(check="peeled")).text
+    tampered = KernelSource(peeled.replace("% 16 / 4);", "% 16 / 2);", 1))
+    # its vector load is still one (a single access), but the loop is not the peeled form
+    assert [s.detail.get("check") for s in mechanism.detect(tampered)] == [None] + ["peeled"] * 2
+    assert mechanism.detect(tampered)[0].detail["form"] == "load"
+
+
+@pytest.mark.nvcc
+def test_peeled_loops_compute_the_block_rows_outputs_on_the_host() -> None:
+    """log_softmax with a block per row, every loop peeled to alignment, on the CPU: rows of
+    odd length (each starting at another alignment), rows shorter than a peel, rows of a
+    multiple of 4 with the buffer aligned and not, and input and output misaligned apart (the
+    store loop's scalar branch): the outputs agree within float rounding."""
+    kernel = _block_rows("log_softmax")
+    peeled = apply_everywhere(kernel, mechanism, Carrier(check="peeled"))
+    cases = []
+    for rows, cols, offset in ((5, 301, 0), (6, 3, 0), (3, 256, 0), (3, 256, 1), (4, 301, 2)):
+        buffers = [
+            Buffer("x", "float", "rows * cols", offset=offset),
+            Buffer("y", "float", "rows * cols", output=True),
+        ]
+        cases.append(
+            Case({"rows": rows, "cols": cols}, buffers, "log_softmax_rows(x, y, rows, cols)",
+                 "", grid="dim3((unsigned)rows)", block_dims="dim3(256)")
+        )  # fmt: skip
+    assert_close(floats(run_on_host(peeled.text, cases)), floats(run_on_host(kernel.text, cases)))

@@ -98,8 +98,8 @@ def test_a_condition_the_rule_tests_at_run_time_keeps_the_skill_with_its_carrier
     library: list[Skill],
 ) -> None:
     # log_softmax's rows of 50,257 floats are not 16-byte aligned; the loop form of
-    # vectorized_access can test alignment at run time (check=aligned), so its skills stay,
-    # each with that carrier, instead of being dropped for the one workload
+    # vectorized_access can peel each row to alignment at run time (check=peeled), so its
+    # skills stay, each with that carrier, instead of being dropped for the one workload
     from klineage.mechanisms import Carrier
     from klineage.mining.removal import apply_everywhere
 
@@ -107,7 +107,7 @@ def test_a_condition_the_rule_tests_at_run_time_keeps_the_skill_with_its_carrier
     rows = apply_everywhere(problem.kernel_source(), get("block_per_row"), Carrier())
     found = retrieve(library, problem, rows)
     vectors = [r for r in found.ranked if r.mechanism == "vectorized_access"]
-    assert vectors and all(r.carrier == {"check": "aligned"} for r in vectors)
+    assert vectors and all(r.carrier == {"check": "peeled"} for r in vectors)
     assert all("cols must be divisible by 4" in r.checked for r in vectors)
     # a condition its expert learned still has to hold: not a thing a rule tests at run time
     learned = [
