@@ -578,6 +578,21 @@ def _block_rows(problem: str) -> KernelSource:
     return apply_everywhere(naive, get("block_per_row"), Carrier())
 
 
+def _log_softmax_cases(shapes: tuple[tuple[int, int, int], ...]) -> list[Case]:
+    """Block-per-row log_softmax launches of (rows, cols, x's element offset) for the host."""
+    cases = []
+    for rows, cols, offset in shapes:
+        buffers = [
+            Buffer("x", "float", "rows * cols", offset=offset),
+            Buffer("y", "float", "rows * cols", output=True),
+        ]
+        cases.append(
+            Case({"rows": rows, "cols": cols}, buffers, "log_softmax_rows(x, y, rows, cols)",
+                 "", grid="dim3((unsigned)rows)", block_dims="dim3(256)")
+        )  # fmt: skip
+    return cases
+
+
 def test_a_checked_loop_tests_its_pointers_and_comes_back() -> None:
     kernel = _block_rows("log_softmax")
     site = next(c for c in mechanism.candidates(kernel) if c.detail.get("form") == "loop")
@@ -615,16 +630,7 @@ def test_checked_loops_compute_the_block_rows_outputs_on_the_host() -> None:
     kernel = _block_rows("log_softmax")
     checked = apply_everywhere(kernel, mechanism, Carrier(check="aligned"))
     assert checked.text.count("% 16 == 0") == 4  # in, in, in and out
-    cases = []
-    for rows, cols, offset in ((5, 301, 0), (3, 256, 0), (3, 256, 1), (2, 7, 0)):
-        buffers = [
-            Buffer("x", "float", "rows * cols", offset=offset),
-            Buffer("y", "float", "rows * cols", output=True),
-        ]
-        cases.append(
-            Case({"rows": rows, "cols": cols}, buffers, "log_softmax_rows(x, y, rows, cols)",
-                 "", grid="dim3((unsigned)rows)", block_dims="dim3(256)")
-        )  # fmt: skip
+    cases = _log_softmax_cases(((5, 301, 0), (3, 256, 0), (3, 256, 1), (2, 7, 0)))
     assert_close(floats(run_on_host(checked.text, cases)), floats(run_on_host(kernel.text, cases)))
 
 
@@ -701,14 +707,5 @@ def test_peeled_loops_compute_the_block_rows_outputs_on_the_host() -> None:
     store loop's scalar branch): the outputs agree within float rounding."""
     kernel = _block_rows("log_softmax")
     peeled = apply_everywhere(kernel, mechanism, Carrier(check="peeled"))
-    cases = []
-    for rows, cols, offset in ((5, 301, 0), (6, 3, 0), (3, 256, 0), (3, 256, 1), (4, 301, 2)):
-        buffers = [
-            Buffer("x", "float", "rows * cols", offset=offset),
-            Buffer("y", "float", "rows * cols", output=True),
-        ]
-        cases.append(
-            Case({"rows": rows, "cols": cols}, buffers, "log_softmax_rows(x, y, rows, cols)",
-                 "", grid="dim3((unsigned)rows)", block_dims="dim3(256)")
-        )  # fmt: skip
+    cases = _log_softmax_cases(((5, 301, 0), (6, 3, 0), (3, 256, 0), (3, 256, 1), (4, 301, 2)))
     assert_close(floats(run_on_host(peeled.text, cases)), floats(run_on_host(kernel.text, cases)))
