@@ -330,7 +330,28 @@ def _skill_figures(skill: dict) -> dict[str, Any]:
         "verified": skill.get("verified"),
         "transferable": skill.get("transferable"),
         "round_trip_ratio": skill.get("round_trip_ratio"),
+        "round_trip_reproduced": skill.get("round_trip_reproduced"),
     }
+
+
+REPRODUCED_RATIO = 0.99
+"""A round trip's optimized / re-applied latency at or above which the rule's kernel ran as
+fast as the expert's (the card's `round_trip_reproduced` also asks it of every trial)."""
+
+
+def reproduced_mapped(mined: dict[str, Any], present: Sequence[str]) -> list[str]:
+    """Mapped mechanisms whose skill's forward rule wrote a kernel as fast as the expert's,
+    whether or not the step gained anything on the H200: the card's flag, or, in figures
+    kept from before it was recorded, the overall round-trip ratio."""
+    found = set()
+    for skill in mined.get("skill_figures", []):
+        flag = skill.get("round_trip_reproduced")
+        ratio = skill.get("round_trip_ratio")
+        if flag is None and ratio is not None:
+            flag = ratio >= REPRODUCED_RATIO
+        if flag:
+            found.add(skill["mechanism"])
+    return sorted(found & set(present))
 
 
 WALK_FIGURES = (
@@ -506,10 +527,15 @@ def mined_total(lineages: dict[str, dict]) -> dict[str, Any] | None:
         return None
     recovered = sum(len(r["mined"]["verified_mapped"]) for r in mined)
     present = sum(len(r["expert"]["mapped_present"]) for r in mined)
+    reproduced = sum(
+        len(reproduced_mapped(r["mined"], r["expert"]["mapped_present"])) for r in mined
+    )
     return {
         "recovered": recovered,
         "mapped_present": present,
         "share": round(recovered / present, 4) if present else None,
+        "round_trip_reproduced": reproduced,
+        "round_trip_share": round(reproduced / present, 4) if present else None,
         "experts_mined": len(mined),
     }
 
@@ -568,11 +594,12 @@ def environment() -> dict[str, Any]:
 def table(lineages: dict[str, dict], sums: dict[str, Any]) -> str:
     head = (
         "| lineage | recorded steps (mapped) | mapped, present in expert | detected | recall "
-        "| steps detected | mined as verified skills | refused sites | parse+detect CPU s (lines) |"
+        "| steps detected | mined as verified skills | round trip at the expert's speed "
+        "| refused sites | parse+detect CPU s (lines) |"
     )
-    rows = [head, "|" + "---|" * 9]
+    rows = [head, "|" + "---|" * 10]
 
-    def row(label: str, r: dict, m: dict, steps: str, mined: str) -> str:
+    def row(label: str, r: dict, m: dict, steps: str, mined: str, reproduced: str) -> str:
         refused = (
             ", ".join(f"{k} {v['sites']}" for k, v in m["refused_by_mechanism"].items()) or "none"
         )
@@ -580,7 +607,7 @@ def table(lineages: dict[str, dict], sums: dict[str, Any]) -> str:
         return (
             f"| {label} | {steps} | {', '.join(m['mapped_present']) or '-'} | "
             f"{', '.join(m['detected']) or 'none'} | {recall} | "
-            f"{m['steps_detected']}/{m['steps_present']} | {mined} | {refused} | "
+            f"{m['steps_detected']}/{m['steps_present']} | {mined} | {reproduced} | {refused} | "
             f"{m['file']['parse_detect_cpu_s']:.3f} ({m['file']['lines']}) |"
         )
 
@@ -590,10 +617,16 @@ def table(lineages: dict[str, dict], sums: dict[str, Any]) -> str:
             if r["mined"] is None
             else (f"{r['mined']['verified']} ({', '.join(r['mined']['verified_mapped']) or '-'})")
         )
+        reproduced = (
+            "null (H200)"
+            if r["mined"] is None
+            else ", ".join(reproduced_mapped(r["mined"], r["expert"]["mapped_present"])) or "-"
+        )
         steps = f"{r['recorded_steps']} ({r['recorded_steps_with_mapping']})"
-        rows.append(row(f"`{name}` ({r['expert_version']})", r, r["expert"], steps, mined))
+        label = f"`{name}` ({r['expert_version']})"
+        rows.append(row(label, r, r["expert"], steps, mined, reproduced))
         for alt in r["alternates"]:
-            rows.append(row(f"`{name}` alt {alt['version']}", r, alt, "", ""))
+            rows.append(row(f"`{name}` alt {alt['version']}", r, alt, "", "", ""))
     e = sums["experts"]
     m = sums.get("mined_verified_mapped")
     mined_all = (
@@ -601,11 +634,18 @@ def table(lineages: dict[str, dict], sums: dict[str, Any]) -> str:
         if m is None
         else f"**{m['recovered']}/{m['mapped_present']} ({100 * (m['share'] or 0):.0f}%)**"
     )
+    reproduced_all = (
+        "-"
+        if m is None or m.get("round_trip_reproduced") is None
+        else f"{m['round_trip_reproduced']}/{m['mapped_present']} "
+        f"({100 * (m['round_trip_share'] or 0):.0f}%)"
+    )
     rows.append(
         f"| **all {sums['lineages']} experts** | {sums['recorded_steps']} "
         f"({sums['recorded_steps_with_mapping']}) | {e['mapped_present']} | {e['detected']} | "
         f"**{e['detected']}/{e['mapped_present']} ({100 * (e['recall'] or 0):.0f}%)** | "
-        f"{e['steps_detected']}/{e['steps_present']} | {mined_all} | {e['refused_sites']} | "
+        f"{e['steps_detected']}/{e['steps_present']} | {mined_all} | {reproduced_all} | "
+        f"{e['refused_sites']} | "
         f"max {sums['max_parse_detect_cpu_s']:.3f} |"
     )
     return "\n".join(rows)

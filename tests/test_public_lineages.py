@@ -127,7 +127,13 @@ def test_build_verdicts_and_mined_skills_are_read_when_given(tmp_path: Path) -> 
     evidence = {"problem": "toy_row_sum_f32"}
     gain = {"measured": "gain", "geomean_speedup": 1.2, "workloads": [{"before_ms": 1.0}]}
     skills = [
-        {"mechanism": "launch_bounds", "verified": True, "evidence": evidence, "effect": gain},
+        {
+            "mechanism": "launch_bounds",
+            "verified": True,
+            "round_trip_reproduced": True,
+            "evidence": evidence,
+            "effect": gain,
+        },
         {"mechanism": "fast_math", "verified": False, "evidence": evidence},
         {"mechanism": "fast_math", "verified": True, "evidence": {"problem": "other"}},
     ]
@@ -157,6 +163,7 @@ def test_build_verdicts_and_mined_skills_are_read_when_given(tmp_path: Path) -> 
                 "verified": True,
                 "transferable": None,
                 "round_trip_ratio": None,
+                "round_trip_reproduced": True,
             },
             {
                 "id": None,
@@ -166,6 +173,7 @@ def test_build_verdicts_and_mined_skills_are_read_when_given(tmp_path: Path) -> 
                 "verified": False,
                 "transferable": None,
                 "round_trip_ratio": None,
+                "round_trip_reproduced": None,
             },
         ],
         "walk": walk,
@@ -175,6 +183,8 @@ def test_build_verdicts_and_mined_skills_are_read_when_given(tmp_path: Path) -> 
         "recovered": 1,
         "mapped_present": present,
         "share": round(1 / present, 4),
+        "round_trip_reproduced": 1,
+        "round_trip_share": round(1 / present, 4),
         "experts_mined": 1,
     }
     assert f"| **1/{present} (" in bench.table(result["lineages"], result["totals"])
@@ -281,3 +291,20 @@ def test_a_nested_note_of_older_outputs_is_read_to_its_mining() -> None:
     )
     origin = bench.mining_origin({"mined_note": nested, "command": "python x.py --keep"})
     assert origin == ("from build/public_mine", "python x.py --mined m")
+
+
+def test_a_round_trip_at_the_experts_speed_counts_with_or_without_a_gain() -> None:
+    # a step within noise on the H200 whose rule still wrote the expert's kernel back at its
+    # speed is reproduced, not verified; figures from before the flag was kept use the ratio
+    mined = {
+        "skill_figures": [
+            {"mechanism": "pragma_unroll", "verified": False, "round_trip_reproduced": True},
+            {"mechanism": "fast_math", "verified": False, "round_trip_ratio": 0.995},
+            {"mechanism": "split_k", "verified": False, "round_trip_ratio": 0.97},
+            {"mechanism": "smem_staging", "verified": True, "round_trip_reproduced": False,
+             "round_trip_ratio": 1.0},
+            {"mechanism": "launch_bounds", "round_trip_reproduced": True},
+        ]
+    }  # fmt: skip
+    present = ["pragma_unroll", "fast_math", "split_k", "smem_staging"]
+    assert bench.reproduced_mapped(mined, present) == ["fast_math", "pragma_unroll"]
