@@ -41,17 +41,15 @@ is recognized by writing it again from that loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from klineage.cuda.analysis import IndexForm, analysis
 from klineage.cuda.cexpr import fold_int
-from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, call_name, plain_assignment
 from klineage.cuda.tree import NotInForm, assigned_names, call_arguments, fresh_name
-from klineage.kernel import KernelSource
 from klineage.mechanisms._local_util import (
     binary,
     expr_type,
-    form_text,
     identifiers,
     index_declaration,
     is_side_effect_free,
@@ -59,7 +57,6 @@ from klineage.mechanisms._local_util import (
     shift,
     statements,
     strip_parens,
-    unshift,
     walk,
 )
 from klineage.mechanisms._scan_rows import _added
@@ -146,10 +143,10 @@ def _guarded_load(
     return (declared[0], pointer) if pointer is not None else None
 
 
-def _guarded_store(
-    source: ParsedSource, statement: Node, element: str, bound: str, value: str
-) -> tuple[str, str] | None:
-    """``(P, carry)`` of ``if (element < bound) P[element] = carry + value;``."""
+def guarded_assignment(
+    source: ParsedSource, statement: Node, element: str, bound: str
+) -> tuple[Node, Node] | None:
+    """``(target, value)`` of ``if (element < bound) target = value;`` (braced or not)."""
     if statement.type != "if_statement" or statement.child_by_field_name("alternative"):
         return None
     condition = statement.child_by_field_name("condition")
@@ -161,7 +158,14 @@ def _guarded_store(
     if body is not None and body.type == "compound_statement":
         inside = statements(body)
         body = inside[0] if len(inside) == 1 else None
-    stored = plain_assignment(body)
+    return plain_assignment(body)
+
+
+def _guarded_store(
+    source: ParsedSource, statement: Node, element: str, bound: str, value: str
+) -> tuple[str, str] | None:
+    """``(P, carry)`` of ``if (element < bound) P[element] = carry + value;``."""
+    stored = guarded_assignment(source, statement, element, bound)
     if stored is None:
         return None
     pointer = _subscript_at(source, stored[0], element)
@@ -223,11 +227,9 @@ def _only_scans(source: ParsedSource, scan: list[Node], value: str) -> bool:
     return True
 
 
-def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
-    """The chunked warp scan ``loop`` is; :class:`NotInForm` says what differs."""
-    function = source.enclosing_function(loop)
-    if function is None or not function.runs_on_device:
-        raise NotInForm("a loop outside device code", "a loop of a kernel")
+def chunk_header(source: ParsedSource, loop: Node, step: str) -> tuple[str, str, Node, Node]:
+    """``(base, its type, N, K)`` of a chunk loop ``for (T base = 0; base < N; base += K)``;
+    :class:`NotInForm` (naming `step`, the turn the form needs) otherwise."""
     init = loop.child_by_field_name("initializer")
     header = index_declaration(source, init) if init is not None else None
     if header is None or source.text_of(header[2]) != "0":
@@ -237,13 +239,22 @@ def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
     sides = binary(strip_parens(condition), "<") if condition is not None else None
     if sides is None or source.text_of(sides[0]) != base:
         raise NotInForm(f"a loop not bounded by {base} < N", "a chunk loop to a bound")
-    bound = source.text_of(sides[1])
     update = loop.child_by_field_name("update")
-    step = update if update is not None and update.type == "assignment_expression" else None
-    step_by = step.child_by_field_name("right") if step is not None else None
-    step_op = step.child_by_field_name("operator") if step is not None else None
+    assigned = update if update is not None and update.type == "assignment_expression" else None
+    step_by = assigned.child_by_field_name("right") if assigned is not None else None
+    step_op = assigned.child_by_field_name("operator") if assigned is not None else None
     if step_op is None or step_op.type != "+=" or step_by is None:
-        raise NotInForm(f"a loop that does not add to {base}", "a loop stepping 32")
+        raise NotInForm(f"a loop that does not add to {base}", f"a loop stepping {step}")
+    return base, index_type, sides[1], step_by
+
+
+def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
+    """The chunked warp scan ``loop`` is; :class:`NotInForm` says what differs."""
+    function = source.enclosing_function(loop)
+    if function is None or not function.runs_on_device:
+        raise NotInForm("a loop outside device code", "a loop of a kernel")
+    base, index_type, bound_node, step_by = chunk_header(source, loop, "32")
+    bound = source.text_of(bound_node)
     if fold_int(source, step_by) != 32:
         raise NotInForm("a loop that does not step by 32", "one element per lane a turn")
     body = loop.child_by_field_name("body")
@@ -280,7 +291,7 @@ def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
     if not _only_scans(source, scan, value):
         raise NotInForm("statements between load and store that do more than scan", "a scan")
     written = assigned_names(source, [*scan, inside[0], inside[1]])
-    used = _texts(source, sides[1]) | {source_pointer, stored[0]}
+    used = _texts(source, bound_node) | {source_pointer, stored[0]}
     if written & used or lane in written:
         raise NotInForm("a loop that changes its bound or pointers", "fixed pointers")
     for pointer in (source_pointer, stored[0]):
@@ -294,8 +305,55 @@ def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
     )  # fmt: skip
 
 
-def vector_scan_text(source: ParsedSource, scan: WarpScanLoop, width: int) -> str:
-    """The vector loop behind its check, and the scalar loop as the fallback."""
+class ChunkedScan(Protocol):
+    """What writing the vector form reads of a chunked scan loop, a warp's or a block's."""
+
+    @property
+    def loop(self) -> Node: ...
+    @property
+    def base(self) -> str: ...
+    @property
+    def index_type(self) -> str: ...
+    @property
+    def bound(self) -> str: ...
+    @property
+    def element(self) -> str: ...
+    @property
+    def value(self) -> str: ...
+    @property
+    def source_pointer(self) -> str: ...
+    @property
+    def target_pointer(self) -> str: ...
+    @property
+    def scan(self) -> list[Node]: ...
+
+
+@dataclass(frozen=True)
+class ScanTurn:
+    """How one kind of chunked scan spells a turn in its vector form: a warp's or a block's."""
+
+    step: str
+    """What a scalar turn covers (``32``, ``blockDim.x``): the vector turn covers W of it."""
+    index: str
+    """Whose W floats a turn (the lane, ``threadIdx.x``)."""
+    first_lane: str
+    """The test for lane 0 of a warp, which has no lanes below it."""
+    mask: str
+    added: list[str]
+    """What each element adds besides the lanes below (the carry, the warps below)."""
+    tail: list[str]
+    """The statements after the store (the carry grows; a block's barrier)."""
+
+
+def chunked_vector_text(
+    source: ParsedSource,
+    scan: ChunkedScan,
+    width: int,
+    turn: ScanTurn,
+    pragma: bool = False,
+) -> str:
+    """The vector loop of a chunked scan behind its check, and the scalar loop as the
+    fallback (each after a ``#pragma unroll`` where the loop had one: `pragma`)."""
     vector = VECTORS.get(width)
     if vector is None:
         raise NotInForm(f"vector_width={width}", "a width of 2 or 4 floats")
@@ -310,20 +368,22 @@ def vector_scan_text(source: ParsedSource, scan: WarpScanLoop, width: int) -> st
     body, inner = at + "  ", at + "    "
     scalar = source.text_of(scan.loop)
     n, src, dst = scan.bound, scan.source_pointer, scan.target_pointer
-    lane = scan.lane if scan.lane.isidentifier() else f"({scan.lane})"
     bytes_ = 4 * width
     zero = f"make_{vector}({', '.join(['0.0f'] * width)})"
+    unroll = [f"{body}#pragma unroll"] if pragma else []
     scan_lines = [
         inner + line.strip() if k == 0 else line
         for s in scan.scan
         for k, line in enumerate(shift(source.text_of(s).rstrip(), 2).split("\n"))
     ]
+    added = " + ".join([*turn.added, below])
     return "\n".join([
         f"if ({n} % {width} == 0 && reinterpret_cast<unsigned long long>({src}) % {bytes_} == 0 &&",
         f"{at}    reinterpret_cast<unsigned long long>({dst}) % {bytes_} == 0) {{",
+        *unroll,
         f"{body}for ({scan.index_type} {scan.base} = 0; {scan.base} < {n}; "
-        f"{scan.base} += 32 * {width}) {{",
-        f"{inner}const {scan.index_type} {scan.element} = {scan.base} + {width} * {lane};",
+        f"{scan.base} += {turn.step} * {width}) {{",
+        f"{inner}const {scan.index_type} {scan.element} = {scan.base} + {width} * {turn.index};",
         f"{inner}{vector} {packed} = {zero};",
         f"{inner}if ({scan.element} < {n}) "
         f"{packed} = *reinterpret_cast<const {vector}*>(&{src}[{scan.element}]);",
@@ -332,69 +392,27 @@ def vector_scan_text(source: ParsedSource, scan: WarpScanLoop, width: int) -> st
         f"{inner}for (int {i} = 1; {i} < {width}; ++{i}) {lanes}[{i}] += {lanes}[{i} - 1];",
         f"{inner}float {v} = {lanes}[{width - 1}];",
         *scan_lines,
-        f"{inner}float {below} = __shfl_up_sync({scan.mask}, {v}, 1);",
-        f"{inner}if ({lane} == 0) {below} = 0.0f;",
+        f"{inner}float {below} = __shfl_up_sync({turn.mask}, {v}, 1);",
+        f"{inner}if ({turn.first_lane}) {below} = 0.0f;",
         f"{inner}if ({scan.element} < {n}) {{",
         f"{inner}  #pragma unroll",
-        f"{inner}  for (int {i} = 0; {i} < {width}; ++{i}) {lanes}[{i}] += {scan.carry} + {below};",
+        f"{inner}  for (int {i} = 0; {i} < {width}; ++{i}) {lanes}[{i}] += {added};",
         f"{inner}  *reinterpret_cast<{vector}*>(&{dst}[{scan.element}]) = {packed};",
         f"{inner}}}",
-        f"{inner}{scan.carry} += __shfl_sync({scan.mask}, {v}, 31);",
+        *[f"{inner}{line}" for line in turn.tail],
         f"{body}}}",
         f"{at}}} else {{",
+        *unroll,
         f"{body}{shift(scalar, 2)}",
         f"{at}}}",
     ])  # fmt: skip
 
 
-@dataclass(frozen=True)
-class VectorScan:
-    """A vectorized warp scan this module wrote: the ``if``, its width, the scalar loop."""
-
-    node: Node
-    width: int
-    scalar: str
-
-
-def vector_scans(source: ParsedSource) -> list[VectorScan]:
-    """The vectorized warp scans of a kernel, each recognized by writing it again."""
-    found = []
-    for node in source.nodes("if_statement"):
-        other = node.child_by_field_name("alternative")
-        block = other.named_children[-1] if other is not None and other.named_children else None
-        inside = (
-            statements(block) if block is not None and block.type == "compound_statement" else []
-        )
-        if len(inside) != 1 or inside[0].type != "for_statement":
-            continue
-        condition = node.child_by_field_name("condition")
-        first = binary(strip_parens(condition.named_children[-1]), "&&") if condition else None
-        head = binary(strip_parens(first[0]), "&&") if first is not None else None
-        modulo = binary(strip_parens(head[0]), "==") if head is not None else None
-        width_node = binary(strip_parens(modulo[0]), "%") if modulo is not None else None
-        width = fold_int(source, width_node[1]) if width_node is not None else None
-        if width not in VECTORS:
-            continue
-        scalar = unshift(source.text_of(inside[0]), 2)
-        if scalar is None:
-            continue
-        data = source.data
-        text = data[: node.start_byte] + scalar.encode("utf-8") + data[node.end_byte :]
-        temp = KernelSource(text.decode("utf-8"), name=source.kernel.name).parsed
-        loop = next((n for n in temp.nodes("for_statement") if n.start_byte == node.start_byte),
-                    None)  # fmt: skip
-        if loop is None:
-            continue
-        try:
-            again = vector_scan_text(temp, warp_scan_loop(temp, loop), width)
-        except NotInForm:
-            continue
-        if form_text(again) == form_text(source.text_of(node)):
-            assert width is not None
-            found.append(VectorScan(node, width, scalar))
-    return found
-
-
-def vector_scan_edit(source: ParsedSource, loop: Node, width: int) -> Edit:
-    """The edit that vectorizes the warp scan ``loop``."""
-    return Edit.replace(loop, vector_scan_text(source, warp_scan_loop(source, loop), width))
+def vector_scan_text(
+    source: ParsedSource, scan: WarpScanLoop, width: int, pragma: bool = False
+) -> str:
+    """The vector loop behind its check, and the scalar loop as the fallback."""
+    lane = scan.lane if scan.lane.isidentifier() else f"({scan.lane})"
+    carry = f"{scan.carry} += __shfl_sync({scan.mask}, {scan.value}, 31);"
+    turn = ScanTurn("32", lane, f"{lane} == 0", scan.mask, [scan.carry], [carry])
+    return chunked_vector_text(source, scan, width, turn, pragma)

@@ -115,12 +115,12 @@ from klineage.mechanisms._local_util import (
 )
 from klineage.mechanisms._vector_lanes import split_lanes
 from klineage.mechanisms._vector_rows import RowsForm, rows_forms, rows_text
-from klineage.mechanisms._vector_scan import (
-    VECTORS,
+from klineage.mechanisms._vector_scan import VECTORS
+from klineage.mechanisms._vector_scan_forms import (
     VectorScan,
+    scan_loop,
     vector_scan_edit,
     vector_scans,
-    warp_scan_loop,
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -1480,7 +1480,7 @@ class VectorizedAccess(Mechanism):
 
     def _scan_candidate(self, source: ParsedSource, node: Node) -> Site | None:
         try:
-            scan = warp_scan_loop(source, node)
+            scan = scan_loop(source, node)
         except NotInForm:
             return None
         header = source.snippet((node.start_byte, scan.loop.child_by_field_name("body").start_byte))

@@ -395,6 +395,92 @@ def test_a_scan_width_of_eight_floats_is_refused() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Chunked block scans (form=scan): W floats a thread a turn, the scalar loop as the fallback
+# ---------------------------------------------------------------------------------------------
+
+BLOCK_SCAN_FIXTURE = FIXTURES / "vectorized_access" / "block_scan.after.cu"
+
+
+def _block_scan_cases(call: str, cols_name: str) -> list[Case]:
+    """Rows a block each, of 64 threads: lengths that are multiples of 4 over one turn of 256
+    and over several (the carry), one not a multiple, one starting misaligned."""
+    cases = []
+    for rows, cols, offset in ((3, 128, 0), (2, 600, 0), (2, 600, 1), (3, 70, 0), (1, 4, 0)):
+        buffers = [
+            Buffer("x", "float", f"rows * {cols_name}", offset=offset),
+            Buffer("y", "float", f"rows * {cols_name}", output=True),
+        ]
+        cases.append(
+            Case({"rows": rows, cols_name: cols}, buffers, call, "", grid="dim3((unsigned)rows)",
+                 block_dims="dim3(64)")
+        )  # fmt: skip
+    return cases
+
+
+def _block_rows_cumsum() -> KernelSource:
+    """cumsum_rows with a block per row: block_per_row's scan form."""
+    naive = KernelSource.from_file(REPO / "heldout" / "cumsum_rows" / "kernel.cu")
+    return apply_everywhere(naive, get("block_per_row"), Carrier())
+
+
+@pytest.mark.nvcc
+def test_a_vectorized_block_scan_gives_the_scalar_scans_sums() -> None:
+    """The fixture's block scan (a thread as ``tid``, ``__ldg``, totals picked by a
+    conditional) and cumsum_rows after block_per_row: the vector form's sums match the scalar
+    loop's, over several turns and on rows the vector path leaves to the scalar loop."""
+    for kernel, call, cols in (
+        (KernelSource.from_file(BLOCK_SCAN_FIXTURE), "block_prefix_sums(x, y, rows, n)", "n"),
+        (_block_rows_cumsum(), "cumsum_rows(x, y, rows, cols)", "cols"),
+    ):
+        vectorized = _scanned(kernel)
+        assert "base += blockDim.x * 4" in vectorized.text
+        cases = _block_scan_cases(call, cols)
+        assert_close(floats(run_on_host(vectorized.text, cases)),
+                     floats(run_on_host(kernel.text, cases)))  # fmt: skip
+
+
+@pytest.mark.nvcc
+def test_an_unrolled_block_scan_keeps_its_pragma_on_both_loops(shared_builder: Builder) -> None:
+    """The replay kept ``#pragma unroll`` on cumsum's chunk loop (1.07x): the vector form
+    puts one before each loop, none before the ``if`` (where nvcc warns that it unrolls
+    nothing), and the removal gives the unrolled loop back."""
+    kernel = _block_rows_cumsum()
+    loop = "  for (int64_t c_base = 0;"
+    assert kernel.text.count(loop) == 1
+    unrolled = KernelSource(kernel.text.replace(loop, "  #pragma unroll\n" + loop))
+    vectorized = _scanned(unrolled)
+    assert vectorized.text.count("#pragma unroll\n    for (int64_t c_base = 0;") == 2
+    assert "#pragma unroll\n  if (" not in vectorized.text
+    build = shared_builder.build(vectorized.text)
+    assert build.ok and "must precede a loop" not in build.log
+    (site,) = [s for s in mechanism.detect(vectorized) if s.detail.get("form") == "scan"]
+    assert mechanism.remove(vectorized, site).text == unrolled.text
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        ("base += blockDim.x)", "base += 2 * blockDim.x)", "two floats a thread a turn"),
+        ("out[i] = running + below + x;", "out[i] = running + below;", "no thread's float"),
+        ("out[i] = running + below + x;", "out[i] = below + x;", "the carry is not added"),
+        ("const int i = base + tid;", "const int i = base + wid;", "not the thread"),
+        ("    __syncthreads();  // warp_sums", "    // warp_sums", "no barrier at the end"),
+        ("if (lane == 31) warp_sums[wid] = x;", "if (lane == 31) out[wid] = x;", "a global store"),
+        ("const int tid = threadIdx.x;", "const int tid = threadIdx.x + 0 * threadIdx.y;",
+         "a 2-D block"),
+    ],
+)  # fmt: skip
+def test_a_chunk_loop_in_another_form_is_no_block_scan_candidate(
+    old: str, new: str, why: str
+) -> None:
+    text = BLOCK_SCAN_FIXTURE.read_text()
+    assert old in text
+    changed = KernelSource(text.replace(old, new))
+    found = [c for c in mechanism.candidates(changed) if c.detail.get("form") == "scan"]
+    assert found == [], why
+
+
+# ---------------------------------------------------------------------------------------------
 # Lanes in one row (form=rows): the row split done once a vector when D % W == 0
 # ---------------------------------------------------------------------------------------------
 
