@@ -207,8 +207,10 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
                 carriers_first=committed["carriers_first"],
                 beam_width=committed["beam_width"],
                 skills_rank_by_profile="profiled" not in methods,
-                # the committed replay gated kernels of machine code gated from their state
+                # the committed replay gated kernels of machine code gated from their state,
+                # and tried mechanisms idle on the way in rank order
                 skip_same_as_gated=False,
+                idle_last=False,
             )
             try:
                 result, _ = materializer.run(problem, naive, method)

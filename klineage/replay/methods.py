@@ -88,6 +88,9 @@ from klineage.replay.retrieve import bm25_scores, retrieve
 from klineage.search import Beam, Ending, Frontier, Tried, VerdictBudget, search
 from klineage.skills import Skill, render_skill_md
 
+FAILED, IDLE, GAINED = "failed", "idle", "gained"
+"""What a mechanism's runs at a state came to: every one rejected or measurably slower; none
+kept, some within noise; one kept."""
 NO_CHANGE = "no machine code change (the same SASS and host code as the current state)"
 SAME_AS_GATED = "the same SASS and host code as a kernel already gated from this state"
 """A move whose verdict is known: timing it would time a binary this state's runs timed."""
@@ -253,6 +256,8 @@ class ForwardSearch(ABC):
         # at a state: each mechanism gated there, and whether it failed there (no run of it
         # kept-worthy, and each either rejected or measurably slower)
         self._outcomes: dict[str, dict[str, bool]] = {}
+        # at a state: the mechanisms a run of which passed the keep rule there
+        self._kept_at: dict[str, set[str]] = {}
 
     @abstractmethod
     def candidates(self, current: KernelSource) -> Iterator[Move]:
@@ -537,17 +542,30 @@ class ForwardSearch(ABC):
         """Mechanisms whose latest evidence on the way to `state` is a failure: at the nearest
         earlier state where they were gated, every run of theirs was rejected or measurably
         slower (below `SLOWER`; a run within noise of the state is no evidence)."""
-        failed: set[str] = set()
-        decided: set[str] = set()
+        return {m for m, evidence in self._latest_evidence(state).items() if evidence == FAILED}
+
+    def idle_before(self, state: KernelSource) -> set[str]:
+        """Mechanisms whose latest evidence on the way to `state` is no change: at the nearest
+        earlier state where they were gated, none was kept and some run was within noise."""
+        return {m for m, evidence in self._latest_evidence(state).items() if evidence == IDLE}
+
+    def _latest_evidence(self, state: KernelSource) -> dict[str, str]:
+        """Per mechanism gated on the way to `state`: what its runs at the nearest earlier state
+        where it was gated came to (:data:`FAILED`, :data:`IDLE` or :data:`GAINED`)."""
+        latest: dict[str, str] = {}
         at = state.fingerprint
         while at in self._came_from:
             at = self._came_from[at][0]
             for mechanism, failed_there in self._outcomes.get(at, {}).items():
-                if mechanism not in decided:
-                    decided.add(mechanism)
-                    if failed_there:
-                        failed.add(mechanism)
-        return failed
+                if mechanism in latest:
+                    continue
+                if failed_there:
+                    latest[mechanism] = FAILED
+                elif mechanism in self._kept_at.get(at, set()):
+                    latest[mechanism] = GAINED
+                else:
+                    latest[mechanism] = IDLE
+        return latest
 
     def nothing_to_try(self, state: KernelSource) -> Ending:
         """No candidate move: the method has nothing more to offer."""
@@ -642,6 +660,8 @@ class ForwardSearch(ABC):
             not tried.verdict.passed or (comparison is not None and comparison.ratio < SLOWER)
         )
         outcomes[tried.move.name] = outcomes.get(tried.move.name, True) and failed
+        if tried.accepted:
+            self._kept_at.setdefault(current.fingerprint, set()).add(tried.move.name)
         if tried.accepted and not chosen:
             record.outcome, record.speedup = "outranked", speedup
         add_edge(self.lineage, current, tried.child, tried.verdict, tried.move, chosen, number - 1)
@@ -701,10 +721,14 @@ class SkillsMethod(ForwardSearch):
             *keep_options_open(hopeful, lambda r: r.mechanism, closed),
             *keep_options_open(last, lambda r: r.mechanism, closed),
         ]
-        # what measured slower at an earlier state on the way here is tried after the rest
+        # what changed nothing at an earlier state on the way here is tried after the rest,
+        # and what measured slower there after that
         failed = self.failed_before(current)
-        ordered = [r for r in ordered if r.mechanism not in failed] + [
-            r for r in ordered if r.mechanism in failed
+        idle = self.idle_before(current) if self.materializer.idle_last else set()
+        ordered = [
+            *(r for r in ordered if r.mechanism not in failed | idle),
+            *(r for r in ordered if r.mechanism in idle),
+            *(r for r in ordered if r.mechanism in failed),
         ]
         for ranked in ordered:
             skill = self.skills[ranked.skill]
@@ -960,6 +984,7 @@ class Materializer:
         skills_rank_by_profile: bool = True,
         carriers_first: int | None = CARRIERS_FIRST,
         skip_same_as_gated: bool = True,
+        idle_last: bool = True,
     ) -> None:
         if beam_width < 1:
             raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
@@ -984,6 +1009,11 @@ class Materializer:
         """With `skip_no_ops`: never gate a move whose kernel runs the machine code of one
         already gated from the same state either (False: gate it, its verdict shared, as
         replays before 2026-12-05 did)."""
+        self.idle_last = idle_last
+        """The skills methods try a mechanism whose runs changed nothing (within noise) at
+        the nearest earlier state where it was gated after the untried ones (False: in rank
+        order, as replays before 2026-12-05 did); one that measured slower goes last either
+        way."""
         self.skills = {s.id: s for s in skills}
         self.budget = budget or ReplayBudget()
         self.arch = arch

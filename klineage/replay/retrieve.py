@@ -102,8 +102,9 @@ class Ranked(BaseModel):
     carrier: dict[str, Any] = Field(
         default_factory=dict,
         description="choices every application here needs, whatever the skill's carrier: "
-        "the rule tests at run time a condition some workload breaks (check=aligned: a loop "
-        "vectorized where its pointers are aligned, scalar elsewhere)",
+        "the rule handles at run time a condition some workload breaks (check=peeled: a "
+        "loop's rows peeled to alignment, then vectors; check=aligned: vectors where the "
+        "pointers are aligned, the scalar loop elsewhere)",
     )
     checked: str = Field(
         default="", description="the conditions tested at run time instead, in prose"

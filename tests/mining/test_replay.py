@@ -106,12 +106,12 @@ def test_replay_methods_on_the_same_budget(builder: Builder, skills: Path, tmp_p
     assert (tmp_path / "replay.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize(("fast_math", "waits"), [(0.9, True), (0.995, False)])
+@pytest.mark.parametrize("fast_math", [0.9, 0.995])
 def test_a_skill_that_measured_slower_on_the_way_waits_behind_the_rest(
-    builder: Builder, skills: Path, tmp_path: Path, fast_math: float, waits: bool
+    builder: Builder, skills: Path, tmp_path: Path, fast_math: float
 ) -> None:
-    """fast_math, ranked first, makes this target slower (measurably, or within noise, which
-    is no evidence: it is tried first again); the other three each gain."""
+    """fast_math, ranked first, makes this target slower (measurably, or within noise: it
+    changed nothing, and before 2026-12-05 was tried first again); the other three each gain."""
     gate = StandInGate(
         builder,
         cost={
@@ -134,7 +134,7 @@ def test_a_skill_that_measured_slower_on_the_way_waits_behind_the_rest(
     assert sorted(kept[:3]) == ["launch_bounds", "readonly_ldg", "restrict_pointers"]
     last_kept = max(i for i, (_, outcome) in enumerate(actions) if outcome == "kept")
     retried = [a for a, _ in actions[1 : last_kept + 1]].count("fast_math")
-    assert retried == (0 if waits else 2)  # within noise: first again at both later states
+    assert retried == 0  # neither slower nor idle goes before a skill not yet tried
     assert result.speedup == pytest.approx(1.3 * 1.2 * 1.1, rel=0.02)
 
 

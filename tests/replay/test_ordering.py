@@ -109,3 +109,33 @@ def test_a_staged_gemm_races_the_experts_micro_tile_beside_the_default(tmp_path)
     assert Carrier() in carriers[:-1]
     naive = KernelSource.from_file(REPO / "heldout" / "sgemm" / "kernel.cu")
     assert Carrier(tm=8, tn=8) not in method.carriers(coarsening, naive)
+
+
+def test_what_changed_nothing_or_measured_slower_on_the_way_goes_after_the_rest(
+    tmp_path: Path,
+) -> None:
+    # layernorm's naive kernel as if reached from a parent state where block_per_row's runs
+    # were within noise (idle), fast_math's slower (failed) and vectorized_access kept
+    problem = load_problem(ROOT / "heldout" / "layernorm")
+    naive = KernelSource.from_file(problem.kernel_path)
+    library = list(SkillLibrary.load(ROOT / "skills_out"))
+    materializer = Materializer(GateLog(tmp_path / "log.jsonl", None), library)  # type: ignore[arg-type]
+    search = materializer.method("skills", problem)
+    fresh = [m.name for m in search.candidates(naive)]
+    assert fresh[0] == "block_per_row" and "fast_math" in fresh
+    search._came_from[naive.fingerprint] = ("parent", [])
+    search._outcomes["parent"] = {
+        "block_per_row": False,
+        "fast_math": True,
+        "vectorized_access": False,
+    }
+    search._kept_at["parent"] = {"vectorized_access"}
+    assert search.idle_before(naive) == {"block_per_row"}
+    assert search.failed_before(naive) == {"fast_math"}
+    names = [m.name for m in search.candidates(naive)]
+    rest = [n for n in names if n not in ("block_per_row", "fast_math")]
+    assert names == rest + ["block_per_row"] * fresh.count("block_per_row") + [
+        "fast_math"
+    ] * fresh.count("fast_math")
+    # a kept mechanism keeps its rank: vectorized_access is not moved
+    assert rest == [n for n in fresh if n not in ("block_per_row", "fast_math")]
