@@ -13,11 +13,16 @@ every workload, timed against the PyTorch reference, then each called back to ba
 least 0.3 s while NVML's energy counter is read. Methods that ended on the same kernel share
 one verdict; the naive kernel is measured too. One JSON object a line, appended as each
 verdict is made, so a device call cut short keeps what it finished and `--skip-done` goes on.
+
+On a lent GPU machine, carry the wheel: `device-wheels nvidia-ml-py` deletes what it fetched
+(it drops every `nvidia_*` wheel, meant for the CUDA ones), so `pip download nvidia-ml-py
+--no-deps -d .whl` after it. Without the module this stops before gating anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -170,6 +175,11 @@ class Gates(Protocol):
 def measure(args: argparse.Namespace, gate: Gates | None = None) -> None:
     """Gate every final kernel not yet in `--out`, energy on, appending each record."""
     if gate is None:
+        if importlib.util.find_spec("pynvml") is None:
+            raise SystemExit(
+                "final_energy: no module pynvml, so every verdict would say energy unavailable; "
+                "install nvidia-ml-py (the `energy` extra) where the GPU is"
+            )
         from klineage.gate.build import Builder
         from klineage.gate.energy import EnergyConfig
         from klineage.gate.gate import Gate

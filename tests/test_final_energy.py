@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from klineage.gate.energy import Energy
 from klineage.gate.result import GateVerdict, Status, Timing, WorkloadVerdict
 from klineage.kernel import KernelSource
@@ -102,3 +104,19 @@ def test_a_cut_run_goes_on_and_the_summary_ranks_by_energy(tmp_path: Path) -> No
     assert summary["naive"]["least_energy"] == 0
     assert summary["naive"]["energy_vs_pytorch"] < summary["skills"]["energy_vs_pytorch"]
     assert sum(s["least_energy"] for s in summary.values()) >= 2
+
+
+def test_without_nvml_bindings_nothing_is_gated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every verdict would say "energy unavailable": stop before the first gate run instead
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pynvml" else real(name, *a)
+    )
+    out = tmp_path / "final_energy.jsonl"
+    with pytest.raises(SystemExit, match="nvidia-ml-py"):
+        energy.main(["--out", str(out), "--problems", "gelu_tanh_f32"])
+    assert not out.exists()
