@@ -4,6 +4,7 @@ whose launch bounds (256, 2) and (512, 1) both cap it at 128 registers a thread.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,6 @@ def test_a_kernel_of_machine_code_gated_from_the_state_is_not_gated_again(
     # from another state, the same machine code is a new comparison
     other = KernelSource(UNBOUNDED.text.replace("k < 64", "k < 32"))
     assert search.realize(other, _bound(512, 1)) is not None
+    # raced there as a carrier of a kept move (the sibling path): the same rule
+    assert search.realize(other, replace(_bound(256, 2), sibling=True)) is None
+    assert len(search.refusals) == 2 and SAME_AS_GATED in search.refusals[1]
