@@ -252,6 +252,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
         Column.figure("mean runs to best", optional=True),
         Column.figure("wasted"),
         Column.figure("no-ops not gated", optional=True),
+        Column.figure("repeats not gated", optional=True),
     ]
     print_rows(
         show,
@@ -267,6 +268,7 @@ def print_report(report: ReplayReport, out: Console | None = None) -> None:
                 f"{s.mean_runs_to_best:.1f}",
                 str(s.total_wasted),
                 str(s.no_machine_code_change),
+                str(s.same_as_gated),
             ]
             for s in report.summary
         ],

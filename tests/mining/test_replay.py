@@ -162,6 +162,7 @@ def test_print_report_shows_every_method(builder: Builder, skills: Path, tmp_pat
     print_report(report, wide)
     text = wide.export_text()
     assert "exp_target_f32" in text and "geomean vs naive" in text
+    assert "repeats not gated" in text  # moves of machine code already gated from a state
 
 
 class _RecordingGate(StandInGate):
