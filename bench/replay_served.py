@@ -11,6 +11,13 @@ gate's only. Profiles are served from the log's `profiles/` (logged since 2026-1
 whose profile is missing stops the `tree` and `profiled` methods as a missing verdict does).
 As the chunks run them, the `skills` method does not rank by profile (the `profiled` method
 runs beside it). Use it to size the chunks of a rerun before spending device time.
+
+    python bench/replay_served.py --summarize SERVED.jsonl [--method skills]
+
+reads such a file back: per problem both the method and blind search finished from the log,
+the gate runs each spent to the speed both reached (the lower final speedup), and the sums;
+what a change of the search would do to issue 18's "2x fewer runs than blind", before the
+device measures it.
 """
 
 from __future__ import annotations
@@ -85,6 +92,46 @@ def served(
     return row
 
 
+def runs_to(speedups: list[float], speed: float) -> int | None:
+    """The first run after which the method was at `speed` or above (0 at or below 1.0;
+    None if it never was), with the report's tolerance (:func:`klineage.replay.run.
+    runs_to_reach`)."""
+    if speed <= 1.0:
+        return 0
+    return next((i + 1 for i, s in enumerate(speedups) if s >= speed * (1 - 1e-3)), None)
+
+
+def matched(rows: list[dict[str, Any]], method: str = "skills") -> dict[str, Any]:
+    """Per problem both `method` and blind finished from the log (and both gained), the runs
+    each spent to the lower of their two final speedups; and the sums."""
+    finished = {(r["problem"], r["method"]): r for r in rows if r.get("finished") is not None}
+    problems = []
+    for (problem, name), row in sorted(finished.items()):
+        blind = finished.get((problem, "blind"))
+        if name != method or blind is None:
+            continue
+        speed = min(row["finished"], blind["finished"])
+        if speed <= 1.01:
+            continue
+        problems.append(
+            {
+                "problem": problem,
+                "speed": speed,
+                "runs": runs_to(row["speedups"], speed),
+                "blind_runs": runs_to(blind["speedups"], speed),
+            }
+        )
+    runs = sum(p["runs"] or 0 for p in problems)
+    blind_runs = sum(p["blind_runs"] or 0 for p in problems)
+    return {
+        "method": method,
+        "problems": problems,
+        "runs": runs,
+        "blind_runs": blind_runs,
+        "fewer": round(blind_runs / runs, 3) if runs else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -92,7 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--problems", nargs="*", default=[], help="problem names (default: all)")
     parser.add_argument("--archive", type=Path, default=ARCHIVE, help="the replay state archive")
+    parser.add_argument("--summarize", type=Path, help="a served file: runs to blind's speed")
+    parser.add_argument("--method", default="skills", help="with --summarize: against blind")
     args = parser.parse_args(argv)
+    if args.summarize is not None:
+        text = args.summarize.read_text(encoding="utf-8")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        print(json.dumps(matched(rows, args.method), indent=1))
+        return 0
     methods = [m for m in args.methods.split(",") if m]
     unknown = [m for m in methods if m not in SERVABLE]
     if unknown:

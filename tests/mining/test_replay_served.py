@@ -91,3 +91,25 @@ def test_the_profiled_method_is_served_with_the_profiles_its_run_logged(
     shutil.rmtree(gatelog / "profiles")
     cut = bench.served(TARGET, "profiled", gatelog, **options)
     assert "no logged profile" in cut["missing"] and cut["served"] == 0
+
+
+def test_a_served_file_says_the_runs_each_method_spent_to_the_speed_both_reached() -> None:
+    rows = [
+        {"problem": "a", "method": "skills", "finished": 3.0, "speedups": [1.0, 2.0, 3.0, 3.0]},
+        {"problem": "a", "method": "blind", "finished": 2.0, "speedups": [1.0, 1.0, 1.0, 2.0]},
+        # blind ahead: both are counted to skills' speed
+        {"problem": "b", "method": "skills", "finished": 1.5, "speedups": [1.5, 1.5]},
+        {"problem": "b", "method": "blind", "finished": 1.8, "speedups": [1.0, 1.6, 1.8]},
+        # a problem the log did not finish for skills, and one neither gained on, are left out
+        {"problem": "c", "method": "skills", "missing": "no logged verdict", "speedups": [1.2]},
+        {"problem": "c", "method": "blind", "finished": 1.3, "speedups": [1.3]},
+        {"problem": "d", "method": "skills", "finished": 1.0, "speedups": [1.0]},
+        {"problem": "d", "method": "blind", "finished": 1.0, "speedups": [1.0]},
+    ]
+    summary = bench.matched(rows)
+    assert [(p["problem"], p["runs"], p["blind_runs"]) for p in summary["problems"]] == [
+        ("a", 2, 4),
+        ("b", 1, 2),
+    ]
+    assert (summary["runs"], summary["blind_runs"], summary["fewer"]) == (3, 6, 2.0)
+    assert bench.runs_to([1.0, 1.2], 1.5) is None  # never reached
