@@ -58,15 +58,16 @@ from klineage.mechanisms._local_util import (
     strip_parens,
     walk,
 )
+from klineage.mechanisms._reductions_tree import _is_syncthreads
 from klineage.mechanisms._scan_rows import _added
 from klineage.mechanisms._vector_scan import (
     ScanTurn,
-    _declares,
     _guarded_load,
     _subscript_at,
     chunk_header,
     chunked_vector_text,
     guarded_assignment,
+    only_scans,
 )
 
 BLOCK_SCAN_CALLS = frozenset({"__shfl_up_sync", "__shfl_sync", "__syncwarp", "__syncthreads"})
@@ -130,53 +131,6 @@ def _guarded_store(
     return pointer, [t for t in terms if t != value]
 
 
-def _is_syncthreads(source: ParsedSource, statement: Node) -> bool:
-    call = statement.named_children[0] if statement.named_children else None
-    return (
-        statement.type == "expression_statement"
-        and call is not None
-        and call.type == "call_expression"
-        and call_name(source, call) == "__syncthreads"
-    )
-
-
-def _shared_store(source: ParsedSource, function: Function, target: Node) -> bool:
-    """Whether ``target`` is an element of a ``__shared__`` array."""
-    if target.type != "subscript_expression":
-        return False
-    base = target.child_by_field_name("argument")
-    if base is None or base.type != "identifier":
-        return False
-    name = source.text_of(base)
-    return any(
-        "__shared__" in source.text_of(d) and name in {source.text_of(n) for n in walk(d)}
-        for d in walk(function.node)
-        if d.type == "declaration"
-    )
-
-
-def _only_block_scans(
-    source: ParsedSource, function: Function, scan: list[Node], value: str
-) -> bool:
-    """Whether `scan` writes only `value`, its own locals and shared memory, and calls only
-    shuffles and barriers: run once a turn in both forms, it then does the same on the
-    threads' totals."""
-    local = {source.text_of(n) for s in scan for n in walk(s) if _declares(n)}
-    for node in (n for s in scan for n in walk(s)):
-        if node.type == "call_expression" and call_name(source, node) not in BLOCK_SCAN_CALLS:
-            return False
-        if node.type in ("assignment_expression", "update_expression"):
-            target = node.child_by_field_name("left") or node.child_by_field_name("argument")
-            target = strip_parens(target) if target is not None else None
-            if target is None:
-                return False
-            if target.type == "identifier" and source.text_of(target) in local | {value}:
-                continue
-            if not _shared_store(source, function, target):
-                return False  # a store to global memory would run once a turn for W elements
-    return True
-
-
 def block_scan_loop(source: ParsedSource, loop: Node) -> BlockScanLoop:
     """The chunked block scan ``loop`` is; :class:`NotInForm` says what differs."""
     function = source.enclosing_function(loop)
@@ -224,7 +178,15 @@ def block_scan_loop(source: ParsedSource, loop: Node) -> BlockScanLoop:
     if not {"__shfl_up_sync", "__syncthreads"} <= calls:
         raise NotInForm("statements between load and store that are no block scan", "a scan")
     names = {source.text_of(n) for s in scan for n in walk(s) if n.type == "identifier"}
-    if names & {element, carry, base} or not _only_block_scans(source, function, scan, value):
+    shared = frozenset(
+        name
+        for declaration in source.shared_declarations
+        if function.node.start_byte <= declaration.node.start_byte < function.node.end_byte
+        for name in declaration.names
+    )
+    if names & {element, carry, base} or not only_scans(
+        source, scan, value, BLOCK_SCAN_CALLS, shared
+    ):
         raise NotInForm("statements between load and store that do more than scan", "a scan")
     written = assigned_names(source, [*scan, inside[0], inside[1]])
     fixed = {source.text_of(n) for n in walk(bound_node) if n.type == "identifier"}

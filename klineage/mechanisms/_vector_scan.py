@@ -210,20 +210,32 @@ def _declares(node: Node) -> bool:
     return parent.type == "init_declarator" and parent.child_by_field_name("declarator") == node
 
 
-def _only_scans(source: ParsedSource, scan: list[Node], value: str) -> bool:
-    """Whether `scan` writes only `value` and its own locals, and calls only shuffles: run
-    once a turn in both forms, it then does the same on the lanes' totals."""
+def only_scans(
+    source: ParsedSource,
+    scan: list[Node],
+    value: str,
+    calls: frozenset[str] = SCAN_CALLS,
+    shared: frozenset[str] = frozenset(),
+) -> bool:
+    """Whether `scan` writes only `value`, its own locals and elements of the `shared` arrays,
+    and calls only `calls`: run once a turn in both forms, it then does the same on the lanes'
+    (or threads') totals."""
     local = {source.text_of(n) for s in scan for n in walk(s) if _declares(n)}
     for node in (n for s in scan for n in walk(s)):
-        if node.type == "call_expression" and call_name(source, node) not in SCAN_CALLS:
+        if node.type == "call_expression" and call_name(source, node) not in calls:
             return False
         if node.type in ("assignment_expression", "update_expression"):
             target = node.child_by_field_name("left") or node.child_by_field_name("argument")
             target = strip_parens(target) if target is not None else None
-            if target is None or target.type != "identifier":
-                return False  # a store to memory would run once a turn for W elements
-            if source.text_of(target) not in local | {value}:
+            if target is None:
                 return False
+            if target.type == "identifier" and source.text_of(target) in local | {value}:
+                continue
+            array = target.child_by_field_name("argument")
+            if target.type != "subscript_expression" or array is None:
+                return False
+            if source.text_of(array) not in shared:
+                return False  # a store to global memory would run once a turn for W elements
     return True
 
 
@@ -288,7 +300,7 @@ def warp_scan_loop(source: ParsedSource, loop: Node) -> WarpScanLoop:
         for n in walk(s)
     ):
         raise NotInForm("statements between load and store that are no warp scan", "a scan")
-    if not _only_scans(source, scan, value):
+    if not only_scans(source, scan, value):
         raise NotInForm("statements between load and store that do more than scan", "a scan")
     written = assigned_names(source, [*scan, inside[0], inside[1]])
     used = _texts(source, bound_node) | {source_pointer, stored[0]}

@@ -30,7 +30,8 @@ __all__ = ["VectorScan", "scan_loop", "vector_scan_edit", "vector_scans"]
 
 @dataclass(frozen=True)
 class VectorScan:
-    """A vectorized warp scan this module wrote: the ``if``, its width, the scalar loop."""
+    """A vectorized warp or block scan this module wrote: the ``if``, its width, the scalar
+    loop."""
 
     node: Node
     width: int
@@ -38,7 +39,8 @@ class VectorScan:
 
 
 def vector_scans(source: ParsedSource) -> list[VectorScan]:
-    """The vectorized warp scans of a kernel, each recognized by writing it again."""
+    """The vectorized warp and block scans of a kernel, each recognized by writing it
+    again."""
     found = []
     for node in source.nodes("if_statement"):
         other = node.child_by_field_name("alternative")
