@@ -22,6 +22,19 @@ grid into the declaration of the host variable the launch's grid reads along ``d
 buffer's size and the second pass, which read that variable, follow it; refused where the grid
 along ``d`` is not such a variable, or the new value would read a name declared after it.
 
+Sample code often names the first index and the stride once, before the loop::
+
+    int step = gridDim.x * blockDim.x;
+    int first = blockDim.x * blockIdx.x + threadIdx.x;
+    for (int i = first; i < n; i += step) { ... }
+
+or declares the index before a loop with no initializer, ``for (; idx < n; idx += step)``. A
+local whose every read is in the loop's header (directly or through another such local) and
+that nothing writes is part of the header: its reads of ``blockIdx.d`` and ``gridDim.d`` are the
+loop's own, and a local the removal leaves unread (the stride) is deleted with it. An index
+declared before the loop becomes ``if (idx < n)``, when nothing but the loop's update writes it
+and nothing after the loop reads it (there it would hold its last value past ``n``).
+
 Refused (with the form) when the index is written in the body, the body returns or leaves
 the loop with code after it, the kernel reads ``gridDim.d`` elsewhere or ``blockIdx.d`` other
 than as a store's slot, the bound is not expressible at a launch, or a launch's grid or block
@@ -57,6 +70,7 @@ from klineage.mechanisms._local_util import (
     statements,
 )
 from klineage.mechanisms._multipass import declaration_of, reassignments
+from klineage.mechanisms._reductions_util import line_deletion
 
 __all__ = ["index_loop_removal"]
 
@@ -177,9 +191,8 @@ def _grid_edit(source: ParsedSource, launch: Launch, axis: str, blocks: str) -> 
     function = source.enclosing_function(launch.node)
     declared = local_types(source, function) if function is not None else {}
     if stripped.type == "identifier" and "dim3" in declared.get(source.text_of(stripped), ""):
-        raise _refuse(
-            f"a grid-stride loop launched with the dim3 variable {source.text_of(stripped)} as grid"
-        )
+        assert function is not None
+        return _dim3_grid_edit(source, function, launch, stripped, axis, blocks)
     if axis != "x":
         raise _refuse(
             f"a grid-stride loop launched with a grid `{source.snippet(grid, 40)}` of no {axis} "
@@ -188,8 +201,111 @@ def _grid_edit(source: ParsedSource, launch: Launch, axis: str, blocks: str) -> 
     return Edit.replace(grid, blocks)
 
 
-def _reads_elsewhere(source: ParsedSource, function: Function, loop: Node, axis: str) -> list[Node]:
-    """The reads of ``blockIdx.axis`` and ``gridDim.axis`` outside the loop's header."""
+def _dim3_grid_edit(
+    source: ParsedSource, host: Function, launch: Launch, grid: Node, axis: str, blocks: str
+) -> Edit:
+    """The edit that writes ``blocks`` along ``axis`` into the declaration of the ``dim3``
+    variable a launch takes as its grid (``dim3 grid(a, b, c);``, ``dim3 grid = dim3(a, b);``
+    or ``dim3 grid{a, b}``), when nothing writes the variable after it and only launches of
+    the same kernel read it (another kernel's grid must not change with this one's)."""
+    name = source.text_of(grid)
+    try:
+        declaration, value = _dim3_declaration(source, host, name)
+    except NotInForm as why:
+        raise _refuse(
+            f"a grid-stride loop launched with the dim3 {name}, declared without its sizes"
+        ) from why
+    if reassignments(source, host, name) or _fields_written(source, host, name):
+        raise _refuse(
+            f"a grid-stride loop launched with the dim3 {name}, written after its declaration"
+        )
+    for use in walk(host.body) if host.body is not None else []:
+        if use.type != "identifier" or source.text_of(use) != name:
+            continue
+        if declaration.start_byte <= use.start_byte < declaration.end_byte:
+            continue
+        reader = next(
+            (o for o in source.launches if o.node.start_byte <= use.start_byte < o.node.end_byte),
+            None,
+        )
+        if reader is None:
+            raise _refuse(
+                f"a grid-stride loop launched with the dim3 {name}, which "
+                f"`{source.snippet(use.parent or use, 40)}` reads too"
+            )
+        if (
+            reader.kernel != launch.kernel
+            or reader.grid is None
+            or strip_parens(reader.grid) != use
+        ):
+            raise _refuse(
+                f"a grid-stride loop launched with the dim3 {name}, which the launch of "
+                f"{reader.kernel} reads too"
+            )
+    stripped = strip_parens(value)
+    if stripped.type == "call_expression":
+        args = call_arguments(stripped)
+    elif stripped.type in ("argument_list", "initializer_list"):
+        args = list(stripped.named_children)
+    elif stripped.type == "parameter_list":  # `dim3 grid(blocks);`, parsed as a declarator
+        args = [p.child_by_field_name("type") or p for p in stripped.named_children]
+    else:
+        args = []
+    args = [a for a in args if a.type != "comment"]
+    index = _AXES.index(axis)
+    if index >= len(args):
+        raise _refuse(f"a grid-stride loop launched with the dim3 {name} of no {axis} size")
+    _read_before_declared(
+        source, host, declaration, blocks, f"a grid-stride loop launched with the dim3 {name}"
+    )
+    return Edit.replace(args[index], blocks)
+
+
+def _dim3_declaration(source: ParsedSource, host: Function, name: str) -> tuple[Node, Node]:
+    """The declaration of the dim3 ``name`` in ``host`` and what holds its sizes. ``dim3
+    grid(blocks);`` with one name between the parentheses parses as a function declarator
+    (C++'s vexing parse); in a function body it declares the variable, and its parameter
+    list holds the sizes, each a bare name."""
+    assert host.body is not None
+    for decl in source.iter_nodes("declaration", within=host.body):
+        for declarator in decl.children_by_field_name("declarator"):
+            inner = declarator.child_by_field_name("declarator")
+            parameters = declarator.child_by_field_name("parameters")
+            if (
+                declarator.type == "function_declarator"
+                and inner is not None
+                and source.text_of(inner) == name
+                and parameters is not None
+                and all(
+                    p.type == "parameter_declaration"
+                    and p.child_by_field_name("declarator") is None
+                    and (p.child_by_field_name("type") or p).type == "type_identifier"
+                    for p in parameters.named_children
+                )
+            ):
+                return decl, parameters
+    return declaration_of(source, host, name)
+
+
+def _fields_written(source: ParsedSource, host: Function, name: str) -> list[Node]:
+    """Assignments to a field of ``name`` (``grid.x = ...``) in ``host``."""
+    assert host.body is not None
+    found = []
+    for node in walk(host.body):
+        left = node.child_by_field_name("left") if node.type == "assignment_expression" else None
+        target = strip_parens(left) if left is not None else None
+        if target is not None and target.type == "field_expression":
+            base = strip_parens(target.child_by_field_name("argument") or target)
+            if base.type == "identifier" and source.text_of(base) == name:
+                found.append(node)
+    return found
+
+
+def _reads_elsewhere(
+    source: ParsedSource, function: Function, loop: Node, axis: str, header: list[Node]
+) -> list[Node]:
+    """The reads of ``blockIdx.axis`` and ``gridDim.axis`` outside the loop's header and the
+    declarations that are part of it (``header``)."""
     assert function.body is not None
     body = loop.child_by_field_name("body")
     found = []
@@ -197,8 +313,95 @@ def _reads_elsewhere(source: ParsedSource, function: Function, loop: Node, axis:
         builtin = builtin_of(source, node) if node.type == "field_expression" else None
         if builtin not in (f"blockIdx.{axis}", f"gridDim.{axis}"):
             continue
-        if not (body is not None and loop.start_byte <= node.start_byte < body.start_byte):
+        if body is not None and loop.start_byte <= node.start_byte < body.start_byte:
+            continue
+        if not any(d.start_byte <= node.start_byte < d.end_byte for d in header):
             found.append(node)
+    return found
+
+
+def _header_locals(
+    source: ParsedSource, function: Function, loop: Node, index: Node | None
+) -> dict[str, Node]:
+    """The declarations, before ``loop`` at the kernel's top level, of locals (``int step =
+    gridDim.x * blockDim.x;``) read only in the loop's header or in the declaration ``index``
+    of its index, directly or through one another, and written nowhere: by name."""
+    assert function.body is not None
+    body = loop.child_by_field_name("body")
+    end = body.start_byte if body is not None else loop.end_byte
+    declared: dict[str, Node] = {}
+    for statement in statements(function.body):
+        if statement.start_byte >= loop.start_byte:
+            break
+        parsed = index_declaration(source, statement)
+        if parsed is not None and statement != index:
+            declared[parsed[0]] = statement
+    written = assigned_names(source, function.body)
+    reads: dict[str, list[int]] = {name: [] for name in declared}
+    for node in walk(function.body):
+        name = source.text_of(node) if node.type == "identifier" else ""
+        if (
+            name in reads
+            and not declared[name].start_byte <= node.start_byte < declared[name].end_byte
+        ):
+            reads[name].append(node.start_byte)
+    found = {name: decl for name, decl in declared.items() if name not in written}
+    allowed = [(loop.start_byte, end)] + ([(index.start_byte, index.end_byte)] if index else [])
+    while True:
+        spans = allowed + [(d.start_byte, d.end_byte) for d in found.values()]
+        kept = {
+            name: decl
+            for name, decl in found.items()
+            if all(any(a <= at < b for a, b in spans) for at in reads[name])
+        }
+        if kept.keys() == found.keys():
+            return kept
+        found = kept
+
+
+def _unread_after(source: ParsedSource, header: dict[str, Node], text: str) -> list[Edit]:
+    """Deletions of the header locals that neither ``text`` (the loop's new header) nor a
+    kept local reads any more."""
+    live = {name for name in _identifiers(text) if name in header}
+    grown = True
+    while grown:
+        reached = {
+            name
+            for kept in live
+            for name in _identifiers(source.text_of(header[kept]))
+            if name in header
+        }
+        grown = not reached <= live
+        live |= reached
+    return [line_deletion(source, decl) for name, decl in header.items() if name not in live]
+
+
+def _declared_before(
+    source: ParsedSource, function: Function, loop: Node, name: str
+) -> tuple[Node, str, Node]:
+    """``T name = value;`` in the block of ``loop``, before it, for a loop with no
+    initializer: (declaration, specifiers, value), when only the loop's update writes the
+    index and nothing after the loop reads it."""
+    assert function.body is not None
+    block = loop.parent
+    found = None
+    for statement in statements(block):
+        if statement.start_byte >= loop.start_byte:
+            break
+        parsed = index_declaration(source, statement)
+        if parsed is not None and parsed[0] == name:
+            found = (statement, parsed[1], parsed[2])
+    if found is None:
+        raise _refuse(f"a grid-stride loop over {name}, declared other than `T {name} = value;`")
+    if reassignments(source, function, name):
+        raise _refuse(f"a grid-stride loop over {name}, which statements other than its own write")
+    after = [
+        n
+        for n in walk(function.body)
+        if n.type == "identifier" and source.text_of(n) == name and n.start_byte >= loop.end_byte
+    ]
+    if after:
+        raise _refuse(f"a grid-stride loop over {name}, which code after the loop reads")
     return found
 
 
@@ -254,14 +457,20 @@ def _slot_count_edit(
         raise _refuse(f"a grid count {name} not declared with a value in {host.name}") from why
     if value.type == "initializer_list" or reassignments(source, host, name):
         raise _refuse(f"a grid count {name} written elsewhere than in `= value` at its declaration")
+    _read_before_declared(source, host, declaration, blocks, f"a grid count {name}")
+    return Edit(value.start_byte, value.end_byte, blocks)
+
+
+def _read_before_declared(
+    source: ParsedSource, host: Function, declaration: Node, value: str, what: str
+) -> None:
+    """Refuse writing ``value`` into ``declaration`` where it reads a name declared later."""
     later = _declared_after(source, host, declaration.start_byte)
-    used = {n for n in _identifiers(blocks) if n in later}
+    used = {n for n in _identifiers(value) if n in later}
     if used:
         raise _refuse(
-            f"a grid count {name} declared before {', '.join(sorted(used))}, which its new "
-            "value reads"
+            f"{what}, declared before {', '.join(sorted(used))}, which its new size reads"
         )
-    return Edit(value.start_byte, value.end_byte, blocks)
 
 
 def _declared_after(source: ParsedSource, host: Function, position: int) -> set[str]:
@@ -287,6 +496,10 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
     body = loop.child_by_field_name("body")
     header = source.snippet((loop.start_byte, body.start_byte if body else loop.end_byte), 60)
     declared = index_declaration(source, init) if init is not None else None
+    before: Node | None = None  # the index's declaration, when the loop has no initializer
+    if init is None and variable is not None and function.body is not None:
+        before, specifiers, value = _declared_before(source, function, loop, variable.name)
+        declared = (variable.name, specifiers, value)
     if variable is None or variable.step is None or declared is None or body is None:
         raise _refuse(f"a grid-stride loop `{header}` without a declared index")
     stride = _stride_of(variable.init, variable.step)
@@ -314,7 +527,9 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
     if jumps and not last:
         raise _refuse(f"a grid-stride loop left by `{source.snippet(jumps[0])}` with code after it")
     axis = stride.axis
-    elsewhere = _reads_elsewhere(source, function, loop, axis)
+    locals_ = _header_locals(source, function, loop, before)
+    part = list(locals_.values()) + ([before] if before is not None else [])
+    elsewhere = _reads_elsewhere(source, function, loop, axis, part)
     for read in elsewhere:
         if source.text_of(read).startswith("gridDim") or not _is_slot(source, function, read):
             raise _refuse(
@@ -343,13 +558,17 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
         edits[(edit.start_byte, edit.end_byte)] = edit
     close = [c for c in loop.children if c.type == ")" and c.end_byte <= body.start_byte]
     gid = source.text_of(value)
-    if last:
+    if before is not None:  # declared already: only the bound is left to test
+        text = f"if ({name} < {source.text_of(bound)})"
+    elif last:
         indent = source.indent_of(loop.start_byte)
         text = f"{specifiers} {name} = {gid};\n{indent}if ({name} < {source.text_of(bound)})"
     else:
         text = f"if ({specifiers} {name} = {gid}; {name} < {source.text_of(bound)})"
     loop_edits = [Edit(loop.start_byte, close[-1].end_byte, text)]
     loop_edits += [Edit.replace(jump, "return;") for jump in jumps]
+    reading = text + (source.text_of(before) if before is not None else "")
+    loop_edits += _unread_after(source, locals_, reading)
     return loop_edits + list(edits.values())
 
 

@@ -45,6 +45,7 @@ from klineage.conditions import Condition
 from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._grid_stride_forms import grid_stride_forms
@@ -180,6 +181,15 @@ def _removal_refusal(source: ParsedSource, loop: _GridLoop, loops: list[_GridLoo
     if jumps and not _is_last(loop):
         return f"the body leaves the loop ({source.snippet(jumps[0])}) and code follows it"
     return None
+
+
+def _index_removal_takes(source: ParsedSource, loop: _GridLoop) -> bool:
+    """Whether the removal read by the index analysis takes the canonical ``loop``."""
+    try:
+        index_loop_removal(source, loop.function, loop.node)
+    except NotInForm:
+        return False
+    return True
 
 
 def removal_edits(source: ParsedSource, loop: _GridLoop) -> list[Edit]:
@@ -342,14 +352,12 @@ class GridStrideLoop(Mechanism):
                     grid_edits(source, loop.function, loop.bound, 1)
                 except Refused as refused:
                     refusal = str(refused)
+            detail = {"kernel": loop.function.name}
+            if refusal is not None and _index_removal_takes(source, loop):
+                # the general removal writes launches the canonical one cannot (a dim3 grid)
+                refusal, detail = None, {**detail, "form": "index"}
             header = source.snippet((loop.node.start_byte, loop.body.start_byte)).rstrip(" {")
-            yield self.site(
-                source,
-                loop.node,
-                snippet=header,
-                detail={"kernel": loop.function.name},
-                refusal=refusal,
-            )
+            yield self.site(source, loop.node, snippet=header, detail=detail, refusal=refusal)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for element in element_kernels(source):

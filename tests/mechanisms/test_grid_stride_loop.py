@@ -11,7 +11,7 @@ from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, get
 from klineage.mechanisms.recall import detection_recall
 from tests.conftest import REPO
-from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok
+from tests.mechanisms.roundtrip import PUBLIC_FORMS, RoundTripSuite, compile_ok
 from tests.mechanisms.test_vectorized_access import listing_experts
 
 NAME = "grid_stride_loop"
@@ -96,7 +96,6 @@ def test_an_sm_count_grid_becomes_a_grid_that_covers_n() -> None:
         (f"{LOOP} {{\n    if (x[i] < 0.0f) return;\n    x[i] = 1.0f;\n  }}", "returns"),
         (f"{LOOP} {{\n    if (x[i] < 0.0f) break;\n  }}\n  x[0] = 0.0f;", "code follows"),
         (f"{LOOP} x[i] = blockIdx.x;", "reads blockIdx.x"),
-        (f"{LOOP} {{\n    x[i] = 0.0f;\n    __syncthreads();\n  }}", "__syncthreads"),
         (f"{LOOP} x[i] = 0.0f;\n{LOOP.replace('< n', '< n / 2')} x[i] = 1.0f;", "different bound"),
     ],
 )
@@ -106,6 +105,16 @@ def test_unsafe_loops_are_detected_but_refused(body: str, reason: str) -> None:
     assert reason in (site.refusal or "")
     with pytest.raises(MechanismRefused):
         mechanism.remove(kernel, site)
+
+
+def test_a_barrier_in_the_loop_goes_to_the_general_removal() -> None:
+    # a thread past n skipped the barrier in the loop's last turn as it skips it now
+    kernel = _kernel(f"{LOOP} {{\n    x[i] = 0.0f;\n    __syncthreads();\n  }}")
+    (site,) = mechanism.detect(kernel)
+    assert site.supported and site.detail.get("form") == "index", site.refusal
+    after = mechanism.remove(kernel, site).text
+    assert "if (i < n) {\n    x[i] = 0.0f;\n    __syncthreads();" in after
+    assert "k<<<(unsigned)((n + 256 - 1) / 256), 256, 0, s>>>(x, n);" in after
 
 
 def test_a_loop_in_a_device_helper_is_refused() -> None:
@@ -127,3 +136,123 @@ def test_a_zero_cap_is_refused() -> None:
     kernel = KernelSource.from_file(REPO / "heldout/gelu/kernel.cu")
     with pytest.raises(MechanismRefused, match="at least 1"):
         mechanism.apply(kernel, mechanism.candidates(kernel)[0], Carrier(max_blocks=0))
+
+
+def _named_stride() -> str:
+    path = PUBLIC_FORMS / NAME / "named_stride.before.cu"
+    return path.read_text(encoding="utf-8")
+
+
+def test_a_named_stride_and_first_index_are_part_of_the_loop() -> None:
+    kernel = KernelSource(_named_stride())
+    sites = {s.function: s for s in mechanism.detect(kernel)}
+    assert {name: s.supported for name, s in sites.items()} == {
+        "scale_front": True,
+        "scale_back": True,
+    }
+    after = mechanism.remove(kernel, sites["scale_front"]).text
+    # the stride is read by nothing once the loop is gone; the first index still is
+    assert "const size_t threads" not in after
+    assert "const size_t tid = blockDim.x" in after
+    assert "size_t k = tid;\n  if (k < count) {" in after
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "function", "reason"),
+    [
+        (  # the stride's local is read in the body too: its gridDim.x read is the kernel's
+            "out[k] = alpha * in[k];",
+            "out[k] = alpha * in[k] + (float)(threads & 1);",
+            "scale_front",
+            "also reads gridDim.x",
+        ),
+        (  # the first index's local is written: it is not the header's alone
+            "  for (size_t k = tid;",
+            "  tid += 0;\n  for (size_t k = tid;",
+            "scale_front",
+            "also reads blockIdx.x",
+        ),
+        (  # after the loop the index holds its last value, past count
+            "    out[pos] = alpha * in[pos];\n  }\n",
+            "    out[pos] = alpha * in[pos];\n  }\n  if (pos == count) out[0] = 0.f;\n",
+            "scale_back",
+            "which code after the loop reads",
+        ),
+        (  # written before the loop by a statement of its own
+            "  for (; pos < count;",
+            "  pos += 1;\n  for (; pos < count;",
+            "scale_back",
+            "which statements other than its own write",
+        ),
+    ],
+)
+def test_named_loop_parts_are_refused_where_they_are_not_the_loops_alone(
+    old: str, new: str, function: str, reason: str
+) -> None:
+    text = _named_stride()
+    assert old in text
+    kernel = KernelSource(text.replace(old, new, 1))
+    (site,) = [s for s in mechanism.detect(kernel) if s.function == function]
+    assert reason in str(site.refusal), site.refusal
+    with pytest.raises(MechanismRefused):
+        mechanism.remove(kernel, site)
+
+
+def _dim3_grid() -> str:
+    path = PUBLIC_FORMS / NAME / "dim3_grid.before.cu"
+    return path.read_text(encoding="utf-8")
+
+
+def test_a_dim3_grid_variable_gets_the_new_size_in_its_declaration() -> None:
+    kernel = KernelSource(_dim3_grid())
+    (site,) = mechanism.detect(kernel)
+    after = mechanism.remove(kernel, site).text
+    assert "dim3 dimGrid((unsigned)((count + dimBlock.x - 1) / dimBlock.x), 1, 1);" in after
+    assert "scale_all<<<dimGrid, dimBlock, 0, stream>>>" in after
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        (  # another kernel's grid would change with this one's
+            "  return (int)cudaGetLastError();",
+            "  other<<<dimGrid, dimBlock, 0, stream>>>(y);\n  return (int)cudaGetLastError();",
+            "which the launch of other reads too",
+        ),
+        (
+            "  scale_all<<<",
+            "  dimGrid.x = 128;\n  scale_all<<<",
+            "written after its declaration",
+        ),
+        (  # the new size reads the block, declared after the grid
+            "  dim3 dimBlock(256, 1, 1);\n  dim3 dimGrid(264, 1, 1);",
+            "  dim3 dimGrid(264, 1, 1);\n  dim3 dimBlock(256, 1, 1);",
+            "declared before dimBlock, which its new size reads",
+        ),
+    ],
+)
+def test_a_dim3_grid_variable_is_refused_where_its_new_size_would_not_be_this_launchs(
+    old: str, new: str, reason: str
+) -> None:
+    text = _dim3_grid()
+    assert old in text
+    text = text.replace(old, new)
+    text = text.replace(
+        'extern "C"', '__global__ void other(float* p) { p[0] = 0.f; }\n\nextern "C"'
+    )
+    kernel = KernelSource(text)
+    (site,) = [s for s in mechanism.detect(kernel) if s.function == "scale_all"]
+    assert reason in str(site.refusal), site.refusal
+    with pytest.raises(MechanismRefused):
+        mechanism.remove(kernel, site)
+
+
+def test_a_canonical_loop_launched_with_dim3_variables_goes_to_the_general_removal() -> None:
+    text = _dim3_grid().replace("  int id = threadIdx.x + blockIdx.x * blockDim.x;\n", "")
+    text = text.replace("(int i = id;", "(int i = threadIdx.x + blockIdx.x * blockDim.x;")
+    kernel = KernelSource(text)
+    (site,) = mechanism.detect(kernel)
+    assert site.supported and site.detail.get("form") == "index", site.refusal
+    after = mechanism.remove(kernel, site).text
+    assert "int i = threadIdx.x + blockIdx.x * blockDim.x;\n  if (i < count) {" in after
+    assert "dim3 dimGrid((unsigned)((count + dimBlock.x - 1) / dimBlock.x), 1, 1);" in after

@@ -49,6 +49,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "aligned_vectors": PROBLEMS / "linear_nt",
     "templated_warps": PROBLEMS / "sgemm_tiles",
     "linear_warps": PROBLEMS / "sgemm_bounded",
+    "named_stride": PROBLEMS / "scale_tiles",
+    "dim3_grid": PROBLEMS / "scale_tiles",
 }
 
 

@@ -129,10 +129,10 @@ def _rows_by_z() -> str:
             "if (blockIdx.x == 0) out[0] = 0.f;\n  const int first = threadIdx.x",
             "in a kernel that also reads blockIdx.x",
         ),
-        (
+        (  # a dim3 grid whose size a later statement sets: its declaration is not the size
             "center_rows<<<blocks,",
-            "dim3 grid(blocks);\n  center_rows<<<grid,",
-            "launched with the dim3 variable grid as grid",
+            "dim3 grid(blocks);\n  grid.x = blocks;\n  center_rows<<<grid,",
+            "launched with the dim3 grid, written after its declaration",
         ),
         (
             "blockDim.z + threadIdx.z;",
@@ -181,7 +181,7 @@ def _row_turns() -> str:
         (  # the new count would read the block before it is declared
             "  const dim3 block = {kRowLanes, kSlab, 8};\n",
             "",
-            "a grid count turns declared before block, which its new value reads",
+            "a grid count turns, declared before block, which its new size reads",
         ),
         (  # blockIdx.y read for something other than the block's slot
             "if (threadIdx.z == 0 && threadIdx.x == 0",
@@ -232,3 +232,15 @@ def test_reapply_still_refuses_a_site_left_without_its_candidate() -> None:
     removal.states[-1] = KernelSource(kernel.text.replace("cg::reduce", "cg_reduce_elsewhere"))
     with pytest.raises(MechanismRefused):
         reapply(removal)
+
+
+def test_a_dim3_grid_declared_with_one_name_gets_the_new_size() -> None:
+    # `dim3 grid(blocks);` parses as a function declarator; in a body it is the variable
+    text = _rows_by_z().replace(
+        "center_rows<<<blocks,", "dim3 grid(blocks);\n  center_rows<<<grid,"
+    )
+    kernel = KernelSource(text)
+    (site,) = grid_stride.detect(kernel)
+    assert site.supported, site.refusal
+    after = grid_stride.remove(kernel, site).text
+    assert "dim3 grid((unsigned)((((int)rows) + rows_per_block - 1) / rows_per_block));" in after
