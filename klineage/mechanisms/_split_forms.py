@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from klineage.cuda.analysis import analysis
+from klineage.cuda.analysis import FunctionIndices, LoopVariable, analysis
 from klineage.cuda.source import Function, Launch, Node, ParsedSource, strip_casts
 from klineage.cuda.tree import call_arguments, statements, strip_parens
 
@@ -71,6 +71,7 @@ def k_range_declarations(source: ParsedSource, function: Function) -> list[Node]
         return []
     indices = analysis(source).indices(function)
     used = set()
+    apart = set()  # dimensions some loop shows to pick rows, not chunks of one range
     for loop in indices.loops:
         bound = indices.form(loop.bound).base_atoms() if loop.bound is not None else frozenset()
         for dimension in _SPLIT_DIMENSIONS:
@@ -79,6 +80,9 @@ def k_range_declarations(source: ParsedSource, function: Function) -> list[Node]
                 continue  # a grid-stride loop, not a range
             if f"blockIdx.{dimension}" in (loop.init.base_atoms() | bound):
                 used.add(dimension)
+                if _rows_apart(indices, loop, dimension):
+                    apart.add(dimension)
+    used -= apart
     found = []
     for statement in statements(function.body):
         if statement.type != "declaration":
@@ -95,6 +99,36 @@ def k_range_declarations(source: ParsedSource, function: Function) -> list[Node]
                 if ranged and not indices.thread_atoms(rest):
                     found.append(statement)
     return found
+
+
+def _rows_apart(indices: FunctionIndices, loop: LoopVariable, dimension: str) -> bool:
+    """Whether the loop's range, started at ``blockIdx.d * S``, is ``S`` divided by a factor
+    of two or more: the blocks along ``d`` then walk ranges with gaps between them (the rows
+    of a tiled product, ``a`` from ``wA * TILE * blockIdx.y`` to ``a + wA - 1``), not chunks
+    of one range split among them, each as long as the step from one block's start to the
+    next (or clamped, which reads as opaque and keeps the reading)."""
+    if loop.bound is None:
+        return False
+    scale = loop.init.coefficient(f"blockIdx.{dimension}")
+    extent = indices.form(loop.bound) - loop.init
+    condition = loop.loop.child_by_field_name("condition")
+    operator = condition.child_by_field_name("operator") if condition is not None else None
+    if operator is not None and operator.type == "<=":
+        extent = extent + 1
+    if extent.opaque or scale.opaque or extent.depends_on(f"blockIdx.{dimension}"):
+        return False
+    if indices.thread_atoms(extent) or len(scale.terms) != 1 or len(extent.terms) != 1:
+        return False
+    ((scale_atoms, scale_count),) = scale.terms
+    ((extent_atoms, extent_count),) = extent.terms
+    if extent_count <= 0 or scale_count % extent_count:
+        return False
+    rest = list(scale_atoms)
+    for atom in extent_atoms:
+        if atom not in rest:
+            return False
+        rest.remove(atom)
+    return bool(rest) or scale_count // extent_count >= 2
 
 
 def partial_loops(source: ParsedSource, function: Function) -> list[Node]:

@@ -213,3 +213,53 @@ def test_a_sum_stored_through_an_epilogue_meets_in_a_workspace() -> None:
     assert host.index("mean_pool_finish<<<") < host.index("cudaFreeAsync(split_sums, stream);")
     (site,) = [s for s in mechanism.detect(KernelSource(text)) if s.supported]
     assert site.detail == {"side": "host"}
+
+
+TILED_PRODUCT = """
+#define TILE 16
+__global__ void tiled_product(float* c, const float* a, const float* b, int wa, int wb) {
+  __shared__ float sa[TILE][TILE];
+  __shared__ float sb[TILE][TILE];
+  const int a_first = wa * TILE * blockIdx.y;
+  const int a_last = a_first + wa - 1;
+  const int b_first = TILE * blockIdx.x;
+  float acc = 0.f;
+  for (int ia = a_first, ib = b_first; ia <= a_last; ia += TILE, ib += TILE * wb) {
+    sa[threadIdx.y][threadIdx.x] = a[ia + wa * threadIdx.y + threadIdx.x];
+    sb[threadIdx.y][threadIdx.x] = b[ib + wb * threadIdx.y + threadIdx.x];
+    __syncthreads();
+    for (int k = 0; k < TILE; ++k) acc += sa[threadIdx.y][k] * sb[k][threadIdx.x];
+    __syncthreads();
+  }
+  c[wb * TILE * blockIdx.y + TILE * blockIdx.x + wb * threadIdx.y + threadIdx.x] = acc;
+}
+"""
+
+K_CHUNKS = """
+__global__ void chunk_sums(float* partial, const float* x, int rows, int cols, int chunk) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  const int r_first = blockIdx.y * chunk;
+  const int r_end = r_first + chunk;
+  float acc = 0.f;
+  for (int r = r_first; r < r_end; ++r) acc += x[(size_t)r * cols + col];
+  partial[(size_t)blockIdx.y * cols + col] = acc;
+}
+"""
+
+
+def test_a_tiled_product_walking_its_block_row_is_no_k_split() -> None:
+    # a row of A from wa * TILE * blockIdx.y, wa long: the blocks along y walk rows TILE
+    # apart, not chunks of one K range (cuda-samples matrixMul's spelling)
+    assert mechanism.detect(KernelSource(TILED_PRODUCT)) == []
+
+
+def test_chunks_as_long_as_the_step_between_blocks_are_a_k_split() -> None:
+    sites = mechanism.detect(KernelSource(K_CHUNKS))
+    assert [s.snippet.split(" = ")[0] for s in sites] == [
+        "chunk_sums: const int r_first",
+        "chunk_sums: const int r_end",
+    ]
+    assert all("host-side choice" in str(s.refusal) for s in sites)
+    # the same chunk read as a row of a wider matrix: rows apart again
+    rows = K_CHUNKS.replace("blockIdx.y * chunk;", "blockIdx.y * chunk * 4;")
+    assert mechanism.detect(KernelSource(rows)) == []
