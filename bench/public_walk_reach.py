@@ -27,57 +27,20 @@ from pathlib import Path
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import MechanismError, detect_all, get
-from klineage.mining.removal import remove_mechanism
+from klineage.mechanisms import detect_all
+from klineage.mining.plan import MAX_STEPS, plan_walk
 from klineage.problem import load_problem
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = 40
+STEPS = MAX_STEPS
 """At most this many removals a walk (each removes one mechanism everywhere)."""
 
 
-def _stranded(kernel: KernelSource) -> set[str]:
-    """Mechanisms detected in ``kernel`` whose every site the rules refuse."""
-    status: dict[str, bool] = {}
-    for site in detect_all(kernel):
-        status[site.mechanism] = status.get(site.mechanism, False) or site.supported
-    return {name for name, removable in status.items() if not removable}
-
-
-def _rank(name: str, children: dict[str, KernelSource]) -> tuple[bool, bool, str]:
-    """Whether removing ``name`` strands another removable mechanism, whether it takes one
-    along, and the name (see :func:`walk`)."""
-    child = children[name]
-    others = set(children) - {name}
-    detected = {site.mechanism for site in detect_all(child)}
-    return bool(others & _stranded(child)), bool(others - detected), name
-
-
 def walk(kernel: KernelSource) -> tuple[KernelSource, list[str]]:
-    """The state no removal changes any more, and the mechanisms removed, in order.
-
-    One removal a step, chosen as mining chooses among accepted removals: a removal that
-    leaves another removable mechanism with only refused sites goes after that mechanism
-    (taking it first strands the walk). Mining then peels the removal that costs least speed;
-    without timing, a removal that takes another removable mechanism along with it (one
-    thread per row takes the row's reduction) stands for the costly one and goes after the
-    others. Ties by name."""
-    removed: list[str] = []
-    for _ in range(STEPS):
-        children: dict[str, KernelSource] = {}
-        for name in sorted({site.mechanism for site in detect_all(kernel)}):
-            try:
-                removal = remove_mechanism(kernel, get(name))
-            except MechanismError:
-                continue  # a rule that fails on this state takes nothing (mining logs it)
-            if removal.sites:
-                children[name] = removal.simplified
-        if not children:
-            break
-        chosen = min(children, key=lambda name: _rank(name, children))
-        kernel = children[chosen]
-        removed.append(chosen)
-    return kernel, removed
+    """The state no removal changes any more, and the mechanisms removed, in order
+    (:func:`klineage.mining.plan.plan_walk`)."""
+    plan, final = plan_walk(kernel, max_steps=STEPS)
+    return final, plan.removed
 
 
 def main() -> None:

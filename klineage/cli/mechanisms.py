@@ -8,6 +8,10 @@
     klineage mechanisms remove KERNEL.cu MECHANISM [--site N|ID] [--out FILE | --in-place]
     klineage mechanisms apply KERNEL.cu MECHANISM [--site N|ID] [--carrier k=v ...]
                                                   [--out FILE | --in-place]
+    klineage mechanisms walk KERNEL.cu|PROBLEM_DIR [--no-build] [--json]
+
+``walk`` plans a mining walk on the CPU (no gate): the removals in mining's order, each state
+built with nvcc, and the sites that stay with their rules' reasons.
 
 ``--site N`` is the ``#`` column of ``detect`` (for remove) or ``candidates`` (for apply):
 the N-th site of that mechanism, counting from 0; a site id works too. Without ``--out`` or
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -38,6 +43,9 @@ from klineage.mechanisms import (
     all_mechanisms,
     get,
 )
+
+if TYPE_CHECKING:
+    from klineage.mining.plan import WalkPlan
 
 mechanisms_app = typer.Typer(
     help="The mechanism catalog: list, detect, remove and apply optimizations.",
@@ -302,3 +310,108 @@ def _reapplied(mechanism: Mechanism, result: KernelSource, candidate: Site) -> S
     if not sites:
         return candidate
     return min(sites, key=lambda s: abs(s.start_byte - candidate.start_byte))
+
+
+def _builder_for(path: Path) -> Callable[[KernelSource], str] | None:
+    """A build under the problem's compile options (a folder with definition.json), or
+    plain; None, saying why, where nvcc cannot run."""
+    from klineage.gate.build import Builder, BuildToolError
+    from klineage.problem import ProblemError, load_problem
+
+    options = None
+    if path.is_dir() and (path / "definition.json").is_file():
+        try:
+            options = load_problem(path).compile_options
+        except ProblemError as err:
+            _fail(f"{path}: {err}")
+    builder = Builder(options=options)
+    try:
+        _ = builder.nvcc_version
+    except BuildToolError as err:
+        errors.print(Text(f"note: states not built ({err})", style="yellow"))
+        return None
+
+    def build(state: KernelSource) -> str:
+        result = builder.build(state.text, state.name)
+        return "OK" if result.ok else (result.message.strip().splitlines() or ["failed"])[0]
+
+    return build
+
+
+@mechanisms_app.command()
+def walk(
+    kernel: Annotated[
+        Path,
+        typer.Argument(
+            metavar="KERNEL",
+            help="A CUDA kernel source (.cu), or a problem folder (its kernel.cu, built "
+            "under its compile options).",
+        ),
+    ],
+    build: Annotated[
+        bool, typer.Option("--build/--no-build", help="Build each state with nvcc.")
+    ] = True,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Plan a mining walk on the CPU: the mechanisms removals take out of KERNEL, in
+    mining's order, and why the others stay. No gate runs: mining also needs each step
+    correct and timed on a GPU, so this is the most it can recover."""
+    from klineage.mining.plan import PlannedStep, plan_walk
+
+    source = _read(_kernel_file(kernel))
+    builder = _builder_for(kernel) if build else None
+
+    def shown(step: PlannedStep) -> None:
+        if not json_out:
+            errors.print(Text(f"removed {step.mechanism} (lines {_lines(step.lines)})"))
+
+    plan, _ = plan_walk(source, builder, on_step=shown)
+    if json_out:
+        typer.echo(plan.model_dump_json(indent=2))
+        return
+    _print_plan(plan)
+
+
+def _lines(lines: list[int]) -> str:
+    return ", ".join(map(str, lines[:6])) + (f" (+{len(lines) - 6})" if len(lines) > 6 else "")
+
+
+def _print_plan(plan: WalkPlan) -> None:
+    steps: list[list[Cell]] = [
+        [
+            str(index),
+            step.mechanism,
+            _lines(step.lines),
+            Text(step.build or "-", style="" if step.build in (None, "OK") else "red"),
+        ]
+        for index, step in enumerate(plan.steps, start=1)
+    ]
+    step_columns = [
+        Column("step", key=True, justify="right"),
+        Column("removed", key=True),
+        Column("lines", short=True),
+        Column("build", min_width=10),
+    ]
+    if steps:
+        print_rows(console, step_columns, steps, title=f"walk of {plan.kernel} (no gate)")
+    else:
+        console.print(f"no removal takes a site of {plan.kernel}")
+    staying: list[list[Cell]] = [
+        [site.mechanism, site.function, str(site.line), Text(site.refusal, style="yellow")]
+        for site in plan.staying
+    ]
+    if staying:
+        stay_columns = [
+            Column("mechanism", key=True),
+            Column("function", key=True),
+            Column("line", short=True, justify="right"),
+            Column("why it stays", min_width=30),
+        ]
+        print_rows(console, stay_columns, staying, title=f"{len(staying)} sites stay")
+    failed = [s for s in plan.steps if s.build not in (None, "OK")]
+    console.print(
+        f"{len(plan.steps)} steps, {len({s.mechanism for s in plan.staying})} mechanisms "
+        f"stay detected, {len(failed)} states that do not compile; "
+        f"{plan.cpu_seconds:.2f} s of CPU. Mining gates each step on a GPU: this is the "
+        "most it can recover."
+    )
