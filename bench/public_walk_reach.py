@@ -59,7 +59,9 @@ def main() -> None:
             continue
         mapped = sorted(lineage["expert"]["mapped_present"])
         started = time.process_time()
-        final, removed = walk(KernelSource.from_file(path))
+        plan, final = plan_walk(KernelSource.from_file(path), max_steps=STEPS)
+        removed = plan.removed
+        forward = {s.mechanism: s for s in plan.steps}
         left = {}
         for site in detect_all(final):
             left.setdefault(site.mechanism, site.refusal or "removable, but no step took it")
@@ -74,6 +76,14 @@ def main() -> None:
                 "mapped": mapped,
                 "removed_in_order": removed,
                 "mapped_removed": sorted(set(mapped) & set(removed)),
+                "mapped_forward": sorted(
+                    m for m in mapped if m in forward and forward[m].transferable
+                ),
+                "forward_refused": {
+                    m: forward[m].forward_refusal
+                    for m in mapped
+                    if m in forward and not forward[m].transferable
+                },
                 "mapped_left": {
                     m: left.get(m, "not detected in the last state")
                     for m in mapped
@@ -86,15 +96,20 @@ def main() -> None:
         print(f"{name}: {len(rows[-1]['mapped_removed'])} of {len(mapped)} mapped removed")
     total = sum(len(r["mapped"]) for r in rows)
     reached = sum(len(r["mapped_removed"]) for r in rows)
+    transferable = sum(len(r["mapped_forward"]) for r in rows)
     payload = {
         "command": "python bench/public_walk_reach.py" + (" --build" if args.build else ""),
         "note": "CPU only: an upper bound on what mining recovers (no gate, no timing)",
         "mapped": total,
         "mapped_removed": reached,
+        "mapped_forward": transferable,
         "experts": rows,
     }
     args.out.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-    print(f"{reached} of {total} mapped mechanisms removed by some walk; wrote {args.out}")
+    print(
+        f"{reached} of {total} mapped mechanisms removed by some walk, {transferable} of them "
+        f"with a forward rule that applies again; wrote {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from klineage.mechanisms import (
 )
 
 if TYPE_CHECKING:
-    from klineage.mining.plan import WalkPlan
+    from klineage.mining.plan import PlannedStep, WalkPlan
 
 mechanisms_app = typer.Typer(
     help="The mechanism catalog: list, detect, remove and apply optimizations.",
@@ -356,7 +356,7 @@ def walk(
     """Plan a mining walk on the CPU: the mechanisms removals take out of KERNEL, in
     mining's order, and why the others stay. No gate runs: mining also needs each step
     correct and timed on a GPU, so this is the most it can recover."""
-    from klineage.mining.plan import PlannedStep, plan_walk
+    from klineage.mining.plan import plan_walk
 
     source = _read(_kernel_file(kernel))
     builder = _builder_for(kernel) if build else None
@@ -376,12 +376,20 @@ def _lines(lines: list[int]) -> str:
     return ", ".join(map(str, lines[:6])) + (f" (+{len(lines) - 6})" if len(lines) > 6 else "")
 
 
+def _forward(step: PlannedStep) -> Text:
+    """What the mechanism's forward rule does where the step removed it."""
+    if step.transferable:
+        return Text("exact" if step.exact else "rewrites")
+    return Text(f"refused: {step.forward_refusal}", style="yellow")
+
+
 def _print_plan(plan: WalkPlan) -> None:
     steps: list[list[Cell]] = [
         [
             str(index),
             step.mechanism,
             _lines(step.lines),
+            _forward(step),
             Text(step.build or "-", style="" if step.build in (None, "OK") else "red"),
         ]
         for index, step in enumerate(plan.steps, start=1)
@@ -390,6 +398,7 @@ def _print_plan(plan: WalkPlan) -> None:
         Column("step", key=True, justify="right"),
         Column("removed", key=True),
         Column("lines", short=True),
+        Column("forward rule", min_width=12),
         Column("build", min_width=10),
     ]
     if steps:
@@ -409,8 +418,10 @@ def _print_plan(plan: WalkPlan) -> None:
         ]
         print_rows(console, stay_columns, staying, title=f"{len(staying)} sites stay")
     failed = [s for s in plan.steps if s.build not in (None, "OK")]
+    forward = sum(s.transferable for s in plan.steps)
     console.print(
-        f"{len(plan.steps)} steps, {len({s.mechanism for s in plan.staying})} mechanisms "
+        f"{len(plan.steps)} steps ({forward} with a forward rule), "
+        f"{len({s.mechanism for s in plan.staying})} mechanisms "
         f"stay detected, {len(failed)} states that do not compile; "
         f"{plan.cpu_seconds:.2f} s of CPU. Mining gates each step on a GPU: this is the "
         "most it can recover."

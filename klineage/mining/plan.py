@@ -12,8 +12,12 @@ removal takes a site:
   the row's reduction) stands for a costly step and goes after the others;
 - ties by name.
 
-Each state after a step can be built with nvcc (the caller's ``build``, under the problem's
-compile options): a removal whose code does not compile would cost mining a gate run. The
+Each step also says what the mechanism's forward rule (what replay applies to new code)
+does where the step removed it: write the state before the step again (exact), write other
+code the gate would judge, or refuse (mining then keeps the skill as evidence only, not
+transferable). Each state after a step can be built with nvcc (the caller's ``build``,
+under the problem's compile options): a removal whose code does not compile would cost
+mining a gate run. The
 plan is an upper bound on what mining recovers: mining also needs every step correct on every
 workload, and a verified skill a measured gain.
 
@@ -32,8 +36,8 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from klineage.kernel import KernelSource
-from klineage.mechanisms import MechanismError, detect_all, get
-from klineage.mining.removal import remove_mechanism
+from klineage.mechanisms import MechanismError, MechanismRefused, detect_all, get
+from klineage.mining.removal import Removal, reapply, remove_mechanism
 
 __all__ = ["MAX_STEPS", "PlannedStep", "StayingSite", "WalkPlan", "plan_walk"]
 
@@ -54,6 +58,18 @@ class PlannedStep(BaseModel):
         default=None,
         description="OK when the state after the step compiled, else the compiler's first "
         "message; None when the plan was not built",
+    )
+    transferable: bool = Field(
+        description="whether the mechanism's forward rule applies where the step removed it "
+        "(what replay does on new code); mining keeps a skill whose rule refuses as evidence "
+        "only, its round trip restored from the lineage edge"
+    )
+    exact: bool = Field(
+        description="whether that forward application wrote the state before the step again, "
+        "byte for byte (else the gate judges the code it wrote)"
+    )
+    forward_refusal: str | None = Field(
+        default=None, description="why the forward rule refused, where it did"
     )
 
 
@@ -99,6 +115,29 @@ def _rank(name: str, children: dict[str, KernelSource]) -> tuple[bool, bool, str
     return bool(others & _stranded(child)), bool(others - detected), name
 
 
+def _step(removal: Removal, before: KernelSource) -> PlannedStep:
+    """The step ``removal`` makes from ``before``, with what its forward rule does there."""
+    lines = sorted({site.start_line for site in removal.sites})
+    try:
+        again = reapply(removal)
+    except (MechanismRefused, MechanismError) as err:
+        # a rule that fails (MechanismError) transfers no more than one that refuses
+        reason = err.reason if isinstance(err, MechanismRefused) else str(err)
+        return PlannedStep(
+            mechanism=removal.mechanism.name,
+            lines=lines,
+            transferable=False,
+            exact=False,
+            forward_refusal=reason,
+        )
+    return PlannedStep(
+        mechanism=removal.mechanism.name,
+        lines=lines,
+        transferable=True,
+        exact=again.fingerprint == before.fingerprint,
+    )
+
+
 def plan_walk(
     kernel: KernelSource,
     build: Callable[[KernelSource], str] | None = None,
@@ -116,7 +155,7 @@ def plan_walk(
     steps: list[PlannedStep] = []
     for _ in range(max_steps):
         children: dict[str, KernelSource] = {}
-        lines: dict[str, list[int]] = {}
+        removals: dict[str, Removal] = {}
         for name in sorted({site.mechanism for site in detect_all(kernel)}):
             try:
                 removal = remove_mechanism(kernel, get(name))
@@ -124,12 +163,12 @@ def plan_walk(
                 continue
             if removal.sites:
                 children[name] = removal.simplified
-                lines[name] = sorted({site.start_line for site in removal.sites})
+                removals[name] = removal
         if not children:
             break
         chosen = min(children, key=lambda name: _rank(name, children))
+        step = _step(removals[chosen], kernel)
         kernel = children[chosen]
-        step = PlannedStep(mechanism=chosen, lines=lines[chosen])
         if build is not None:
             before = time.process_time()
             step.build = build(kernel)

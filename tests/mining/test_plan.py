@@ -38,6 +38,18 @@ def test_a_plan_takes_the_cache_before_the_warp_rows_and_builds_each_state() -> 
     assert [s for s in detect_all(last) if s.supported] == []
 
 
+def test_each_step_says_what_its_forward_rule_does_there() -> None:
+    plan, _ = plan_walk(KernelSource.from_file(ROW_CACHE))
+    steps = {step.mechanism: step for step in plan.steps}
+    # the vectors come back byte for byte; the row cache has no forward rule (evidence only)
+    assert steps["vectorized_access"].transferable and steps["vectorized_access"].exact
+    assert not steps["smem_staging"].transferable
+    assert "no candidate site" in str(steps["smem_staging"].forward_refusal)
+    # the exchange loop turns back into shuffles, though not the expert's own text
+    assert steps["warp_shuffle_reduction"].transferable
+    assert not steps["warp_shuffle_reduction"].exact
+
+
 def test_the_sites_that_stay_carry_their_rules_reasons() -> None:
     kernel = KernelSource.from_file(PUBLIC_FORMS / "grid_stride_loop" / "row_turns.before.cu")
     plan, _ = plan_walk(kernel, max_steps=1)
