@@ -16,8 +16,11 @@ for the stage it needs, so loads and math overlap.
   issued). This is semantics-preserving for any race-free pipeline: a read that was ordered
   after its copy's ``wait_group`` and barrier still is, and the ring of stages stays valid
   with synchronous stores. Commits and waits are refused while an asynchronous copy remains
-  (they still order it). ``bulk`` (TMA) copies, mbarrier completion and
-  ``cuda::memcpy_async`` are refused with a reason;
+  (they still order it). libcu++'s ``cuda::memcpy_async(dst, src, size, sync)`` of one thread
+  is made synchronous too, where ``sync`` is a ``cuda::barrier`` (its waits stay) or a
+  one-thread ``cuda::pipeline`` (its steps become no-ops), :mod:`klineage.mechanisms._cpp_async`.
+  ``bulk`` (TMA) copies, mbarrier completion, group copies and pipelines shared by threads are
+  refused with a reason;
 - apply: puts an instruction back where this mechanism made it synchronous (commits and
   waits before the copies), or turns the tile loads of a canonical staged loop (see
   :mod:`klineage.mechanisms._staging`; each tile stored as ``cond ? p[i] : 0`` or ``p[i]``
@@ -42,6 +45,13 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Call, Function, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._cpp_async import (
+    CPP_COPY,
+    cpp_copy,
+    cpp_copy_lines,
+    cpp_kind,
+    sync_refusal,
+)
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
 from klineage.mechanisms._staging import (
     NotStaged,
@@ -96,7 +106,9 @@ def _kind(statement: Any) -> str | None:
             return "group"
         return "copy" if mnemonic.startswith("cp.async") else None
     if isinstance(statement, Call):
-        return "copy" if statement.name == _PIPELINE_COPY else "group"
+        if statement.name == _PIPELINE_COPY:
+            return "copy"
+        return "group" if statement.name in _PIPELINE_GROUPS else cpp_kind(statement)
     return None
 
 
@@ -449,26 +461,31 @@ class CpAsyncPipeline(PtxEmulation):
         call = next((c for c in source.calls if c.node == call_node), None)
         if call is not None and call.name in (_PIPELINE_COPY, *_PIPELINE_GROUPS):
             return call
-        return None
+        return call if call is not None and cpp_kind(call) is not None else None
 
     def describe(self, statement: Any) -> str:
         return statement.name if isinstance(statement, Call) else super().describe(statement)
 
     def statement_nodes(self, source: ParsedSource) -> Iterator[Node]:
         nodes = [s.statement for s in asm_statements(source)]
-        for call in source.calls_named(_PIPELINE_COPY, *_PIPELINE_GROUPS):
+        for call in source.calls:
+            if call.name not in (_PIPELINE_COPY, *_PIPELINE_GROUPS) and cpp_kind(call) is None:
+                continue
             if call.node.parent is not None and call.node.parent.type == "expression_statement":
                 nodes.append(call.node.parent)
         yield from sorted(nodes, key=lambda n: n.start_byte)
 
     def extra_sites(self, source: ParsedSource) -> Iterator[Site]:
         for call in source.calls_named(*_CPP_ASYNC):
+            if cpp_kind(call) == "copy":
+                continue  # a thread's copy: a statement site of its own
             yield self.site(
                 source,
                 call.node,
                 detail={"instruction": call.name},
-                refusal=f"{call.name} completes through a pipeline or barrier object whose "
-                "waits this rewrite does not follow",
+                refusal=f"{call.name} copies for a whole group of threads, which complete "
+                "together through the group's waits; only a thread's own copies are made "
+                "synchronous",
             )
 
     def emulation(self, source: ParsedSource, statement: Any) -> list[str]:
@@ -476,6 +493,8 @@ class CpAsyncPipeline(PtxEmulation):
             if isinstance(statement, AsmStatement) and len(statement.instructions) != 1:
                 raise Unsupported("the asm statement holds more than one instruction")
             return []
+        if isinstance(statement, Call) and cpp_kind(statement) == "copy":
+            return cpp_copy_lines(cpp_copy(source, statement))
         if isinstance(statement, Call):
             return _copy_lines(_pipeline_copy(source, statement))
         return _copy_lines(_asm_copy(source, statement))
@@ -489,9 +508,17 @@ class CpAsyncPipeline(PtxEmulation):
             for site in analysis(source).ptx.sites
             if site.via == "macro" and "cp_async" in site.families()
         )
-        return count + macros + len(source.calls_named(_PIPELINE_COPY))
+        cpp = sum(1 for call in source.calls_named(CPP_COPY) if cpp_kind(call) == "copy")
+        return count + macros + len(source.calls_named(_PIPELINE_COPY)) + cpp
 
     def removal_refusal(self, source: ParsedSource, statement: Any) -> str | None:
+        if isinstance(statement, Call) and cpp_kind(statement) is not None:
+            why = sync_refusal(source, statement)
+            if why is not None:
+                return (
+                    f"{statement.name} completes through a sync object this rewrite does "
+                    f"not follow: {why}"
+                )
         if _kind(statement) == "group" and self._async_copies(source):
             return (
                 "asynchronous copies remain in the file and this commit/wait still orders "

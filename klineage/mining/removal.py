@@ -71,6 +71,9 @@ def remove_mechanism(
     for _ in range(REMOVAL_LIMIT):
         current = removal.states[-1]
         chosen = None
+        # detection's refusals are read again in every state: a removal may lift one (a
+        # pipeline's wait, refused while a copy remained, once the copies are synchronous)
+        unsupported: list[tuple[Site, str]] = []
         for site in mechanism.detect(current):
             if site.id in refused_ids:
                 continue
@@ -79,8 +82,7 @@ def remove_mechanism(
                 refused_ids.add(site.id)
                 continue
             if not site.supported:
-                removal.refused.append((site, site.refusal or "unsupported"))
-                refused_ids.add(site.id)
+                unsupported.append((site, site.refusal or "unsupported"))
                 continue
             try:
                 following = mechanism.remove(current, site)
@@ -91,6 +93,7 @@ def remove_mechanism(
             chosen = (site, following)
             break
         if chosen is None:
+            removal.refused.extend(unsupported)
             return removal
         site, following = chosen
         removal.carriers.append(mechanism.carrier_of(current, site))

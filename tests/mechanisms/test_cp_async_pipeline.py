@@ -8,8 +8,8 @@ import pytest
 from klineage.conditions import ArchAtLeast, SharedMemoryAtMost
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Carrier, MechanismRefused, get
-from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok, fixture_pairs
+from klineage.mechanisms import Carrier, MechanismRefused, get, remove_all
+from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite, compile_ok, fixture_pairs
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 
 mechanism = get("cp_async_pipeline")
@@ -93,16 +93,61 @@ def test_a_converting_tile_load_is_refused() -> None:
     assert "not a plain element" in (candidate.refusal or "")
 
 
-def test_cpp_memcpy_async_and_bulk_copies_are_refused() -> None:
+def test_group_and_bulk_copies_and_undeclared_pipelines_are_refused() -> None:
     source = KernelSource(
         "#include <cuda/pipeline>\n__global__ void k(float* s, const float* g, uint64_t* bar) {\n"
         "  cuda::memcpy_async(s, g, 16, pipe);\n"
+        "  cuda::memcpy_async(block, s, g, 16, barrier);\n"
         '  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes '
         '[%0], [%1], 64, [%2];" :: "r"(0), "l"(g), "r"(0) : "memory");\n}\n'
     )
     reasons = sorted(s.refusal or "" for s in mechanism.detect(source))
-    assert any("pipeline or barrier object" in r for r in reasons)
+    assert any("pipe is not declared in k" in r for r in reasons)
+    assert any("copies for a whole group of threads" in r for r in reasons)
     assert any("bulk copies complete on an mbarrier" in r for r in reasons)
+
+
+LIBCU = FIXTURES / "cp_async_pipeline" / "libcu.before.cu"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        (  # a pipeline of the block orders one thread's copies for another thread's reads
+            "cuda::pipeline<cuda::thread_scope_thread> pipe = cuda::make_pipeline();",
+            "__shared__ cuda::pipeline_shared_state<cuda::thread_scope_block, 1> state;\n"
+            "  auto pipe = cuda::make_pipeline(cuda::this_thread_block(), &state);",
+            "pipe is a pipeline made by `cuda::make_pipeline(cuda::this_thread",
+        ),
+        (  # a helper's sync object is what its callers pass: here a pipeline of the block
+            "copy_row(row, in + base, cols, (*bar_ptr));",
+            "copy_row(row, in + base, cols, shared_pipe);",
+            "shared_pipe is not declared in scale_rows",
+        ),
+    ],
+)
+def test_copies_through_a_pipeline_of_many_threads_are_refused(
+    old: str, new: str, reason: str
+) -> None:
+    text = LIBCU.read_text(encoding="utf-8")
+    assert old in text
+    kernel = KernelSource(text.replace(old, new))
+    copies = [s for s in mechanism.detect(kernel) if "memcpy_async" in s.snippet]
+    refused = [s for s in copies if not s.supported]
+    assert refused and all(reason in str(s.refusal) for s in refused), [s.refusal for s in copies]
+
+
+def test_a_libcu_copy_becomes_one_vector_store_where_its_size_is_aligned() -> None:
+    pair = next(p for p in fixture_pairs("cp_async_pipeline") if p.case == "libcu")
+    assert "*reinterpret_cast<uint4*>(&dst[c]) =" in pair.after.text
+    assert "bar.arrive_and_wait();" in pair.after.text  # the barrier still orders the reads
+    unaligned = KernelSource(
+        LIBCU.read_text(encoding="utf-8").replace(
+            "cuda::aligned_size_t<16>(sizeof(float4))", "sizeof(float4)"
+        )
+    )
+    after = remove_all(unaligned, mechanism)
+    assert "memcpy(&dst[c], &src[c], sizeof(float4));" in after.text
 
 
 @pytest.mark.nvcc
@@ -132,3 +177,20 @@ def test_the_converting_tiles_staging_writes_for_halves_are_refused_with_the_rea
     assert "converts each element (__half2float)" in (candidate.refusal or "")
     with pytest.raises(MechanismRefused, match=r"cp\.async copies bytes unchanged"):
         mechanism.apply(tiled, candidate)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_the_libcu_copies_made_synchronous_keep_the_kernel_correct(tmp_path) -> None:
+    # y = 2 x: 100 x 300 takes the barrier's row path, 2048 x 4096 the pipeline's tiles
+    from klineage.gate.gate import Gate
+    from klineage.problem import load_problem
+
+    problem = load_problem(FIXTURES.parent / "public_forms" / "problems" / "scale_tiles")
+    pair = next(p for p in fixture_pairs("cp_async_pipeline") if p.case == "libcu")
+    with Gate(Builder(cache_dir=tmp_path)) as gate:
+        for state, kernel in (("before", pair.before), ("after", pair.after)):
+            source = KernelSource(kernel.text, name=f"libcu.{state}.cu")
+            verdict = gate.run(problem, source, time_it=False)
+            failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+            assert verdict.passed, (state, verdict.build.message, failing)
