@@ -8,10 +8,11 @@
     klineage mechanisms remove KERNEL.cu MECHANISM [--site N|ID] [--out FILE | --in-place]
     klineage mechanisms apply KERNEL.cu MECHANISM [--site N|ID] [--carrier k=v ...]
                                                   [--out FILE | --in-place]
-    klineage mechanisms walk KERNEL.cu|PROBLEM_DIR [--no-build] [--json]
+    klineage mechanisms walk KERNEL.cu|PROBLEM_DIR|REPO_DIR [--no-build] [--json]
 
 ``walk`` plans a mining walk on the CPU (no gate): the removals in mining's order, each state
-built with nvcc, and the sites that stay with their rules' reasons.
+built with nvcc, and the sites that stay with their rules' reasons; on a folder of CUDA files
+(a repository), one line a file.
 
 ``--site N`` is the ``#`` column of ``detect`` (for remove) or ``candidates`` (for apply):
 the N-th site of that mechanism, counting from 0; a site id works too. Without ``--out`` or
@@ -338,14 +339,18 @@ def _builder_for(path: Path) -> Callable[[KernelSource], str] | None:
     return build
 
 
+CUDA_SUFFIXES = (".cu", ".cuh")
+
+
 @mechanisms_app.command()
 def walk(
     kernel: Annotated[
         Path,
         typer.Argument(
             metavar="KERNEL",
-            help="A CUDA kernel source (.cu), or a problem folder (its kernel.cu, built "
-            "under its compile options).",
+            help="A CUDA kernel source (.cu), a problem folder (its kernel.cu, built under "
+            "its compile options), or any other folder (every .cu/.cuh file under it, "
+            "summarized, not built).",
         ),
     ],
     build: Annotated[
@@ -355,9 +360,13 @@ def walk(
 ) -> None:
     """Plan a mining walk on the CPU: the mechanisms removals take out of KERNEL, in
     mining's order, and why the others stay. No gate runs: mining also needs each step
-    correct and timed on a GPU, so this is the most it can recover."""
+    correct and timed on a GPU, so this is the most it can recover. Given a folder of CUDA
+    files (a repository), one line per file: where a walk would find something to mine."""
     from klineage.mining.plan import plan_walk
 
+    if kernel.is_dir() and not (kernel / "kernel.cu").is_file():
+        _walk_repository(kernel, json_out)
+        return
     source = _read(_kernel_file(kernel))
     builder = _builder_for(kernel) if build else None
 
@@ -370,6 +379,69 @@ def walk(
         typer.echo(plan.model_dump_json(indent=2))
         return
     _print_plan(plan)
+
+
+def _walk_repository(folder: Path, json_out: bool) -> None:
+    """One plan per CUDA file under ``folder`` (not built: a repository's headers and flags
+    are its own), summarized one line a file."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from klineage.mining.plan import plan_walk
+
+    files = sorted(p for p in folder.rglob("*") if p.suffix in CUDA_SUFFIXES and p.is_file())
+    if not files:
+        _fail(f"{folder}: no .cu or .cuh file under it; pass a kernel file or a problem folder")
+    plans: list[tuple[Path, WalkPlan]] = []
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=errors,
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task("planning walks", total=len(files))
+        for path in files:
+            progress.update(task, description=f"planning {path.relative_to(folder)}")
+            text = path.read_text(encoding="utf-8", errors="replace")
+            plan, _ = plan_walk(KernelSource(text, name=str(path.relative_to(folder))))
+            plans.append((path, plan))
+            progress.advance(task)
+    if json_out:
+        typer.echo(json.dumps([plan.model_dump(mode="json") for _, plan in plans], indent=2))
+        return
+    columns = [
+        Column("file", key=True),
+        Column("steps", short=True, justify="right"),
+        Column("removed, in order", min_width=20),
+        Column("stay", short=True, justify="right"),
+    ]
+    rows: list[list[Cell]] = [
+        [
+            plan.kernel,
+            str(len(plan.steps)),
+            ", ".join(
+                step.mechanism + ("" if step.transferable else " (evidence only)")
+                for step in plan.steps
+            )
+            or "-",
+            str(len(plan.staying)),
+        ]
+        for _, plan in plans
+        if plan.steps or plan.staying
+    ]
+    if rows:
+        print_rows(console, columns, rows, title=f"walks of {len(files)} files under {folder}")
+    mined = sum(1 for _, plan in plans if plan.steps)
+    console.print(
+        f"{mined} of {len(files)} files have a step a walk can take "
+        f"({sum(len(p.steps) for _, p in plans)} steps, "
+        f"{sum(s.transferable for _, p in plans for s in p.steps)} with a forward rule); "
+        f"{sum(len(p.staying) for _, p in plans)} sites stay. `klineage mechanisms walk FILE` "
+        "shows one file's steps and why its sites stay; `klineage new` makes a problem "
+        "folder to mine it."
+    )
 
 
 def _lines(lines: list[int]) -> str:

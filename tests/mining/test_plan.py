@@ -84,3 +84,25 @@ def test_the_cli_builds_a_problem_folders_states_under_its_options(tmp_path: Pat
     result = runner.invoke(app, ["mechanisms", "walk", str(folder), "--json"])
     steps = json.loads(result.stdout)["steps"]
     assert steps and all(step["build"] != "OK" for step in steps)
+
+
+def test_the_cli_summarizes_a_folder_of_cuda_files(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    shutil.copy(ROW_CACHE, repo / "src" / "rows.cuh")
+    shutil.copy(PUBLIC_FORMS / "grid_stride_loop" / "named_stride.before.cu", repo / "a.cu")
+    (repo / "notes.txt").write_text("not CUDA")
+    result = runner.invoke(app, ["mechanisms", "walk", str(repo), "--json"])
+    assert result.exit_code == 0, result.output
+    plans = {plan["kernel"]: plan for plan in json.loads(result.stdout)}
+    assert set(plans) == {"a.cu", "src/rows.cuh"}
+    assert [s["mechanism"] for s in plans["a.cu"]["steps"]] == ["grid_stride_loop"]
+    result = runner.invoke(app, ["mechanisms", "walk", str(repo)])
+    assert "2 of 2 files have a step a walk can take" in " ".join(result.stdout.split())
+    assert "smem_staging (evidence only)" in result.stdout
+
+
+def test_the_cli_says_when_a_folder_holds_no_cuda(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["mechanisms", "walk", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "no .cu or .cuh file under it" in result.stderr
