@@ -645,6 +645,11 @@ class _ThreadWalker:
             argument = expression.child_by_field_name("argument")
             if argument is not None and argument.type == "identifier":
                 return
+        stored = _intrinsic_store(self.source, expression)
+        if stored is not None:  # __stcs(mean + row, m): a store through a cache hint
+            self.store(node, stored[0], loop=None)
+            self.reads(stored[1], in_loop=False)
+            return
         raise NotCanonical(
             f"the statement at line {self.line(node)} is not an assignment, so every thread "
             "of a group would repeat its effect"
@@ -707,11 +712,21 @@ class _ThreadWalker:
                 return self.source.text_of(base), " ".join(self.source.text_of(indices).split())
         if target.type == "pointer_expression":
             return "*", " ".join(self.source.text_of(target).split())
+        offset = _pointer_offset(self.source, target)
+        if offset is not None:
+            return offset[0], " ".join(self.source.text_of(offset[1]).split())
         raise NotCanonical(
             f"the store to {self.source.text_of(target)} (line {self.line(target)}) is not p[index]"
         )
 
     def reads(self, node: Node, in_loop: bool) -> None:
+        for call in inside(self.source, node, "call_expression"):
+            arguments = arguments_of(call)
+            if call_name(self.source, call) in _LOAD_INTRINSICS and len(arguments) == 1:
+                offset = _pointer_offset(self.source, strip_parens(arguments[0]))
+                if offset is not None:  # __ldcs(x + c): a load through a cache hint
+                    index = " ".join(self.source.text_of(offset[1]).split())
+                    self.loads.append((offset[0], index, call, in_loop))
         for read in inside(self.source, node, "subscript_expression", "pointer_expression"):
             if read.type == "pointer_expression" and not self.source.text_of(read).startswith("*"):
                 continue
@@ -785,6 +800,11 @@ class _ThreadWalker:
             argument = expression.child_by_field_name("argument")
             if argument is not None and self.source.text_of(argument) in local:
                 return
+        stored = _intrinsic_store(self.source, expression) if expression is not None else None
+        if stored is not None:  # __stcs(o + c, v): the loop's element through a cache hint
+            self.store(node, stored[0], loop)
+            self.reads(stored[1], in_loop=True)
+            return
         if expression is None or expression.type != "assignment_expression":
             raise NotCanonical(f"the statement at line {self.line(node)} in a row loop")
         left = expression.child_by_field_name("left")
@@ -912,6 +932,46 @@ class _ThreadWalker:
                 )
 
 
+_STORE_INTRINSICS = frozenset({"__stcs", "__stcg", "__stwt", "__stwb"})
+_LOAD_INTRINSICS = frozenset({"__ldg", "__ldcs", "__ldcg", "__ldca", "__ldlu", "__ldcv"})
+"""Stores and loads through a cache hint: ``__stcs(p + i, v)`` is ``p[i] = v``."""
+
+
+def _intrinsic_store(source: ParsedSource, expression: Node) -> tuple[Node, Node] | None:
+    """(address, value) of ``__stcs(address, value)`` and its kin whose address is
+    ``p + index``; None for anything else."""
+    if expression.type != "call_expression" or call_name(source, expression) not in (
+        _STORE_INTRINSICS
+    ):
+        return None
+    arguments = arguments_of(expression)
+    if len(arguments) != 2 or _pointer_offset(source, strip_parens(arguments[0])) is None:
+        return None
+    return strip_parens(arguments[0]), arguments[1]
+
+
+def _pointer_offset(source: ParsedSource, node: Node) -> tuple[str, Node] | None:
+    """(p, index) of an address ``p + index`` (or ``index + p``) with ``p`` a name its
+    function declares a pointer, which the index does not read; None for anything else."""
+    function = source.enclosing_function(node)
+    if node.type != "binary_expression" or _op(node) != "+" or function is None:
+        return None
+    types = source.local_types(function)
+    left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+    for base, index in ((left, right), (right, left)):
+        if base is None or index is None:
+            continue
+        base = strip_parens(base)
+        name = source.text_of(base)
+        if (
+            base.type == "identifier"
+            and "*" in types.get(name, "")
+            and name not in {source.text_of(n) for n in inside(source, index, "identifier")}
+        ):
+            return name, index
+    return None
+
+
 def _offset_by(source: ParsedSource, target: Node, variable: str) -> bool:
     """Whether a store ``p[index]`` has ``index = variable`` or ``... + variable + ...`` with
     the variable nowhere else: each iteration then writes its own element."""
@@ -919,9 +979,13 @@ def _offset_by(source: ParsedSource, target: Node, variable: str) -> bool:
     indices = (
         target.child_by_field_name("indices") if target.type == "subscript_expression" else None
     )
-    if indices is None or len(indices.named_children) != 1:
+    offset = _pointer_offset(source, target) if indices is None else None
+    if offset is not None:
+        terms = [offset[1]]
+    elif indices is None or len(indices.named_children) != 1:
         return False
-    terms = [indices.named_children[0]]
+    else:
+        terms = [indices.named_children[0]]
     found = 0
     while terms:
         term = strip_parens(terms.pop())
@@ -1599,22 +1663,64 @@ class _GroupWalker:
             self.delete(statement)
 
     def unused_rank_declarations(self) -> None:
-        """Declarations of thread ranks (``warp_id = threadIdx.x / 32``) that only deleted
-        code read go too."""
+        """Declarations of thread ranks (``warp_id = threadIdx.x / 32``) and of cooperative
+        groups (``cg::thread_block_tile<32> warp = cg::tiled_partition<32>(block);``) that
+        only deleted code read go too, the groups' namespace alias with the last of them."""
+        groups = analysis(self.source).cooperative_groups
+        declared = {  # a tile's `T<32> warp = ...;` parses as an expression statement
+            group.declaration.start_byte: name
+            for (function, name), group in groups.groups.items()
+            if function == self.kernel.name
+        }
+        deleted = True
+        while deleted:  # the warp's declaration reads the block: the block goes after it
+            deleted = False
+            for statement in named_statements(self.body):
+                if any(within(statement, h) or within(h, statement) for h in self.handled):
+                    continue
+                group_names = [
+                    name
+                    for start, name in declared.items()
+                    if statement.start_byte <= start < statement.end_byte
+                ]
+                group = bool(group_names)
+                if statement.type == "declaration":
+                    names = declaration_names(self.source, statement) + group_names
+                elif group:
+                    names = group_names
+                else:
+                    continue
+                if not group and not builtin_uses(self.source, statement):
+                    continue
+                reads = [
+                    node
+                    for node in inside(self.source, self.body, "identifier")
+                    if self.source.text_of(node) in names and not within(node, statement)
+                ]
+                if (reads or group) and all(self._removed(n) for n in reads):
+                    self.delete(statement)
+                    deleted = True
+        self._unused_namespace_alias()
+
+    def _removed(self, node: Node) -> bool:
+        return any(a <= node.start_byte and node.end_byte <= b for a, b in self.removed)
+
+    def _unused_namespace_alias(self) -> None:
+        """``namespace cg = cooperative_groups;`` once nothing left in the body names cg."""
         for statement in named_statements(self.body):
-            if statement.type != "declaration" or not builtin_uses(self.source, statement):
+            if statement.type != "namespace_alias_definition":
                 continue
-            if any(within(statement, h) or within(h, statement) for h in self.handled):
-                continue
-            names = declaration_names(self.source, statement)
-            reads = [
+            name = statement.child_by_field_name("name")
+            alias = self.source.text_of(name) if name is not None else None
+            used = [
                 node
-                for node in inside(self.source, self.body, "identifier")
-                if self.source.text_of(node) in names and not within(node, statement)
+                for node in walk(self.body)
+                if node.type == "namespace_identifier"
+                and self.source.text_of(node) == alias
+                and not within(node, statement)
+                and not self._removed(node)
             ]
-            if reads and all(
-                any(a <= n.start_byte and n.end_byte <= b for a, b in self.removed) for n in reads
-            ):
+            if alias is not None and not used:
                 self.delete(statement)
 
     def inline_reductions(self) -> None:

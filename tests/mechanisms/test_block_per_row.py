@@ -430,3 +430,66 @@ def test_a_merge_read_inside_its_statement_after_a_loop_is_refused() -> None:
     (candidate,) = [c for c in mechanism.candidates(peeking) if c.function == "softmax_online_rows"]
     with pytest.raises(MechanismRefused, match=r"acc is read at line \d+, after a loop"):
         mechanism.apply(peeking, candidate, removal.carriers[0])
+
+
+CACHE_HINTS = """
+__global__ void row_stats(float* out, float* mean, const float* inp, int rows, int cols) {
+  int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= rows) return;
+  const float* x = inp + row * cols;
+  float total = 0.0f;
+  for (int c = 0; c < cols; ++c) total += __ldcs(x + c);
+  const float m = total / cols;
+  if (mean != nullptr) {
+    __stcs(mean + row, m);
+  }
+  float* o = out + row * cols;
+  for (int c = 0; c < cols; ++c) __stcs(o + c, __ldcs(x + c) - m);
+}
+
+extern "C" int run(const float* inp, float* out, float* mean, int rows, int cols,
+                   cudaStream_t stream) {
+  row_stats<<<(rows + 255) / 256, 256, 0, stream>>>(out, mean, inp, rows, cols);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def test_cache_hinted_loads_and_stores_are_a_thread_rows_reads_and_writes() -> None:
+    # llm.c writes its row statistics with __stcs(mean + row, m) and streams with __ldcs
+    kernel = KernelSource(CACHE_HINTS)
+    (site,) = mechanism.candidates(kernel)
+    assert site.supported, site.refusal
+    applied = mechanism.apply(kernel, site).text
+    assert "if (threadIdx.x == 0) __stcs(mean + row, m);" in applied
+    assert "for (int c = threadIdx.x; c < cols; c += blockDim.x) __stcs(o + c," in applied
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        (  # one address for every element: two threads of the block would write it
+            "__stcs(o + c, __ldcs(x + c) - m);",
+            "__stcs(o + row, __ldcs(x + c) - m);",
+            "so two threads of a group could write one element",
+        ),
+        (  # the statistics read back where another thread of the block stored them
+            "  float* o = out + row * cols;",
+            "  const float again = __ldcs(mean + row);\n  float* o = out + row * cols;",
+            "is read at line",
+        ),
+    ],
+)
+def test_cache_hinted_accesses_are_refused_where_threads_would_share_them(
+    old: str, new: str, reason: str
+) -> None:
+    assert old in CACHE_HINTS
+    (site,) = mechanism.candidates(KernelSource(CACHE_HINTS.replace(old, new)))
+    assert reason in str(site.refusal), site.refusal
+
+
+@pytest.mark.nvcc
+def test_cache_hinted_rows_applied_compile(mechanism_builder: Builder) -> None:
+    kernel = KernelSource(CACHE_HINTS)
+    (site,) = mechanism.candidates(kernel)
+    compile_ok(mechanism_builder, [kernel, mechanism.apply(kernel, site)])
