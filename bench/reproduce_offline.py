@@ -211,6 +211,7 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
                 # and tried mechanisms idle on the way in rank order
                 skip_same_as_gated=False,
                 idle_last=False,
+                spread_first=False,
             )
             try:
                 result, _ = materializer.run(problem, naive, method)

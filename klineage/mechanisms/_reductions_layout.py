@@ -40,6 +40,7 @@ class RowLayoutMechanism(Mechanism):
 
     group: ClassVar[Group]
     fills_threads = True
+    spreads_loop = "lanes"
     carrier_keys: ClassVar[dict[str, str]] = {
         "block_size": f"threads per block, a multiple of 32 up to {MAX_BLOCK} "
         f"(default {DEFAULT_BLOCK})",

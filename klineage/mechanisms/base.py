@@ -346,6 +346,12 @@ class Mechanism(ABC):
     over blocks): where the
     target already launches enough threads to fill the GPU on every workload, replay tries it
     last, profile or not (:func:`klineage.replay.relief.enough_threads`)."""
+    spreads_loop: ClassVar[str | None] = None
+    """Where it sends the iterations of a thread's reduction loop: ``lanes`` (a warp or a
+    block per row: consecutive lanes take consecutive iterations) or ``blocks`` (a split:
+    each block takes a chunk, a thread's lanes unchanged); None for neither. Replay races
+    such rivals in the order the target's loads favor
+    (:func:`klineage.replay.coalescing.loop_spread`)."""
 
     # -- to implement -------------------------------------------------------------------------
 

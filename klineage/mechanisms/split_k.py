@@ -246,6 +246,7 @@ class SplitK(Mechanism):
     category = "parallelism"
     signature = ("host",)
     fills_threads = True  # a thread's sum over blocks: nothing to gain where the GPU is full
+    spreads_loop = "blocks"
     family = "block and warp tiling"
     intent = (
         "Split the reduction dimension across blocks when the output alone cannot fill the "

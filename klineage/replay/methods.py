@@ -68,6 +68,7 @@ from klineage.llm.proposals import Rejection, materialize_skill
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Refusal, all_mechanisms
 from klineage.mining.removal import apply_everywhere
 from klineage.problem import Problem
+from klineage.replay.coalescing import spread_first
 from klineage.replay.dispatch import DispatchRefused, best_split, write_dispatch
 from klineage.replay.ordering import (
     closes,
@@ -721,6 +722,10 @@ class SkillsMethod(ForwardSearch):
             *keep_options_open(hopeful, lambda r: r.mechanism, closed),
             *keep_options_open(last, lambda r: r.mechanism, closed),
         ]
+        if self.materializer.spread_first:
+            # rival layouts of a loop (a warp or block per row, a split) raced in the order
+            # the target's loads favor: the race is the same, its winner is reached sooner
+            ordered = spread_first(ordered, lambda r: r.mechanism, closed, current)
         # what changed nothing at an earlier state on the way here is tried after the rest,
         # and what measured slower there after that
         failed = self.failed_before(current)
@@ -985,6 +990,7 @@ class Materializer:
         carriers_first: int | None = CARRIERS_FIRST,
         skip_same_as_gated: bool = True,
         idle_last: bool = True,
+        spread_first: bool = True,
     ) -> None:
         if beam_width < 1:
             raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
@@ -1014,6 +1020,10 @@ class Materializer:
         the nearest earlier state where it was gated after the untried ones (False: in rank
         order, as replays before 2026-12-05 did); one that measured slower goes last either
         way."""
+        self.spread_first = spread_first
+        """Whether rival loop layouts are raced in the order the target's loads favor
+        (:mod:`klineage.replay.coalescing`; False: retrieval's order, as replays before
+        2026-12-05 ran)."""
         self.skills = {s.id: s for s in skills}
         self.budget = budget or ReplayBudget()
         self.arch = arch
