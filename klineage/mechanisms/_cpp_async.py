@@ -19,9 +19,10 @@ the group copies (``cuda::memcpy_async(group, ...)``, ``cooperative_groups::memc
 The sync object is read from its declaration: a local or ``__shared__`` variable, a
 parameter, or a template parameter whose every call site passes one of the two kinds.
 
-A copy whose size is ``cuda::aligned_size_t<A>(S)`` with ``S`` 4, 8 or 16 bytes and ``A``
-at least ``S`` is written as one vector copy (the alignment is the copy's contract); any
-other size as ``memcpy``.
+A copy whose size is written ``cuda::aligned_size_t<A>(S)`` in the call, with ``S`` 4, 8
+or 16 bytes and ``A`` at least ``S``, is written as one vector copy (the alignment is the
+copy's contract); any other size, a local holding an aligned size included, as ``memcpy``
+(the emulation must follow from the remembered call alone, which does not declare it).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ __all__ = [
     "cpp_copy",
     "cpp_copy_lines",
     "cpp_kind",
+    "pipeline_copies",
+    "sync_object",
     "sync_refusal",
 ]
 
@@ -213,14 +216,9 @@ def cpp_copy(source: ParsedSource, call: Call) -> CppCopy:
 
 
 def _aligned_bytes(source: ParsedSource, call: Call, size: Node) -> int | None:
-    """4, 8 or 16 where ``size`` is (a local holding) ``cuda::aligned_size_t<A>(S)`` with
-    ``S`` that many bytes and ``A >= S``."""
-    size_name = source.text_of(size)
-    if size.type == "identifier":  # `const auto shape = cuda::aligned_size_t<16>(16);`
-        function = source.enclosing_function(call.node)
-        declared = None if function is None else _declared_type(source, function, size_name)
-        held = declared[1] if declared is not None else None
-        return None if held is None else _aligned_bytes(source, call, strip_parens(held))
+    """4, 8 or 16 where ``size`` is ``cuda::aligned_size_t<A>(S)``, written in the call, with
+    ``S`` that many bytes and ``A >= S``. A size held in a local is not read: the emulation
+    is read again from the remembered call alone, where the local is not declared."""
     if size.type != "call_expression":
         return None
     callee = size.child_by_field_name("function")
@@ -267,3 +265,32 @@ def cpp_copy_lines(copy: CppCopy) -> list[str]:
         f"*reinterpret_cast<{vector}*>({copy.destination}) =",
         f"    *reinterpret_cast<const {vector}*>({copy.source});",
     ]
+
+
+def pipeline_copies(source: ParsedSource, step: Call) -> list[Call]:
+    """The asynchronous copies a pipeline step of one thread still orders: the
+    ``cuda::memcpy_async`` calls through the same pipeline in the step's function, and the
+    calls there that hand the pipeline to a function making such copies."""
+    target = sync_object(source, step)
+    function = source.enclosing_function(step.node)
+    if target is None or function is None or function.body is None:
+        return []
+    name = source.text_of(target)
+    copying = {
+        f.name
+        for f in source.functions
+        if f.body is not None
+        and any(
+            cpp_kind(c) == "copy" and source.enclosing_function(c.node) == f
+            for c in source.calls_named(CPP_COPY)
+        )
+    }
+    found = []
+    for call in source.calls:
+        if source.enclosing_function(call.node) != function:
+            continue
+        passed = [source.text_of(strip_parens(a)) for a in call.args]
+        own_copy = cpp_kind(call) == "copy" and passed[3] == name
+        if own_copy or (_base_name(call) in copying and name in passed):
+            found.append(call)
+    return found

@@ -557,7 +557,7 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
             raise _refuse("launches sharing a grid count that need different grids")
         edits[(edit.start_byte, edit.end_byte)] = edit
     close = [c for c in loop.children if c.type == ")" and c.end_byte <= body.start_byte]
-    gid = source.text_of(value)
+    gid = _first_index_text(source, value, specifiers, locals_)
     if before is not None:  # declared already: only the bound is left to test
         text = f"if ({name} < {source.text_of(bound)})"
     elif last:
@@ -570,6 +570,28 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
     reading = text + (source.text_of(before) if before is not None else "")
     loop_edits += _unread_after(source, locals_, reading)
     return loop_edits + list(edits.values())
+
+
+def _first_index_text(
+    source: ParsedSource, value: Node, specifiers: str, header: dict[str, Node]
+) -> str:
+    """The index's first value as the one-element form writes it: a header local that only
+    names it (``for (int i = id; ...)``, ``int id = blockIdx.x * blockDim.x + threadIdx.x``)
+    is replaced by its own value where both have one type, so the kernel reads
+    ``int i = <global index>; if (i < n)``, the form the forward rule takes (the local,
+    unread then, goes)."""
+    value = strip_parens(value)
+    name = source.text_of(value)
+    declared = index_declaration(source, header[name]) if name in header else None
+    if value.type != "identifier" or declared is None:
+        return source.text_of(value)
+
+    def plain(text: str) -> str:
+        return " ".join(w for w in text.split() if w not in ("const", "constexpr"))
+
+    if plain(declared[1]) != plain(specifiers):
+        return source.text_of(value)  # a conversion on the way: keep it
+    return source.text_of(declared[2])
 
 
 def _launches(source: ParsedSource, function: Function) -> list[Launch]:

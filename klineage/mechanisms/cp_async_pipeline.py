@@ -50,6 +50,8 @@ from klineage.mechanisms._cpp_async import (
     cpp_copy,
     cpp_copy_lines,
     cpp_kind,
+    pipeline_copies,
+    sync_object,
     sync_refusal,
 )
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
@@ -429,6 +431,22 @@ def _ring_edits(source: ParsedSource, ring: _Ring) -> list[Edit]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _pipeline_scope(
+    source: ParsedSource, block: Node, found: tuple[ParsedSource, Any]
+) -> tuple[str, str] | None:
+    """(function, sync object) of a remembered libcu++ copy or pipeline step, its block in
+    ``source``; None for the PTX and intrinsic forms (their groups order every copy of the
+    thread, wherever it is written)."""
+    snippet, statement = found
+    if not isinstance(statement, Call) or cpp_kind(statement) is None:
+        return None
+    target = sync_object(snippet, statement)
+    function = source.enclosing_function(block)
+    if target is None or function is None:
+        return None
+    return function.name, snippet.text_of(target)
+
+
 @register
 class CpAsyncPipeline(PtxEmulation):
     name = "cp_async_pipeline"
@@ -519,6 +537,13 @@ class CpAsyncPipeline(PtxEmulation):
                     f"{statement.name} completes through a sync object this rewrite does "
                     f"not follow: {why}"
                 )
+            if cpp_kind(statement) == "group":  # a pipeline's step orders its own copies
+                if pipeline_copies(source, statement):
+                    return (
+                        f"copies through {statement.name.split('.')[0]} remain in this "
+                        "function and this step still orders them; remove the copies first"
+                    )
+                return None
         if _kind(statement) == "group" and self._async_copies(source):
             return (
                 "asynchronous copies remain in the file and this commit/wait still orders "
@@ -531,9 +556,14 @@ class CpAsyncPipeline(PtxEmulation):
         found = None if original is None else self.statement_of_text(source, original)
         if _kind(found[1] if found is not None else None) != "copy":
             return None
+        assert found is not None
+        # a libcu++ copy waits on its own pipeline's steps, in its own function
+        scope = _pipeline_scope(source, block, found)
         for other_block, other in stash_blocks(source, self.name):
             again = self.statement_of_text(source, other)
-            if other_block != block and again is not None and _kind(again[1]) == "group":
+            if other_block == block or again is None or _kind(again[1]) != "group":
+                continue
+            if scope is None or _pipeline_scope(source, other_block, again) == scope:
                 return (
                     "the commit and wait groups made no-ops are still missing; restore them "
                     "first, or this copy would never be waited for"

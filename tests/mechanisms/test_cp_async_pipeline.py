@@ -194,3 +194,38 @@ def test_the_libcu_copies_made_synchronous_keep_the_kernel_correct(tmp_path) -> 
             verdict = gate.run(problem, source, time_it=False)
             failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
             assert verdict.passed, (state, verdict.build.message, failing)
+
+
+SHARED_PIPELINE = """
+__global__ void shared_copy(const float* in, float* out) {
+  __shared__ float tile[256];
+  __shared__ cuda::pipeline_shared_state<cuda::thread_scope_block, 1> state;
+  auto block = cooperative_groups::this_thread_block();
+  auto pipe = cuda::make_pipeline(block, &state);
+  pipe.producer_acquire();
+  cuda::memcpy_async(&tile[threadIdx.x], &in[threadIdx.x], sizeof(float), pipe);
+  pipe.producer_commit();
+  pipe.consumer_wait();
+  out[threadIdx.x] = tile[255 - threadIdx.x];
+  pipe.consumer_release();
+}
+"""
+
+
+def test_a_pipeline_shared_by_a_block_keeps_only_its_own_steps() -> None:
+    # its copy stays asynchronous (refused), and so do its steps; the one-thread pipelines
+    # of the other kernels lose their copies and their steps, and the round trip is exact
+    from klineage.mining.removal import reapply, remove_mechanism
+
+    text = LIBCU.read_text(encoding="utf-8")
+    text = text.replace('extern "C" int run(', SHARED_PIPELINE + '\nextern "C" int run(')
+    kernel = KernelSource(text)
+    removal = remove_mechanism(kernel, mechanism)
+    after = removal.simplified.text
+    shared = after[after.index("void shared_copy") :]
+    assert "pipe.producer_acquire();\n  cuda::memcpy_async(&tile" in shared
+    assert "  pipe.consumer_wait();" in shared
+    assert "{ /* klineage:cp_async_pipeline: pipe.consumer_release(); */ ; }" in after
+    refused = {site.function for site, _ in removal.refused}
+    assert refused == {"shared_copy"}
+    assert reapply(removal).text == kernel.text

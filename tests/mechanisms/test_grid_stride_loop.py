@@ -151,10 +151,17 @@ def test_a_named_stride_and_first_index_are_part_of_the_loop() -> None:
         "scale_back": True,
     }
     after = mechanism.remove(kernel, sites["scale_front"]).text
-    # the stride is read by nothing once the loop is gone; the first index still is
-    assert "const size_t threads" not in after
-    assert "const size_t tid = blockDim.x" in after
-    assert "size_t k = tid;\n  if (k < count) {" in after
+    # the stride is read by nothing once the loop is gone, and the first index is written
+    # where the one-element form declares it: the forward rule takes the kernel back
+    assert "const size_t threads" not in after and "tid" not in after
+    assert "size_t k = blockDim.x * (size_t)blockIdx.x + threadIdx.x;\n  if (k < count) {" in after
+    front = [c for c in mechanism.candidates(KernelSource(after)) if c.function == "scale_front"]
+    assert front and front[0].supported
+    # a first index of another type converts on the way: it stays named
+    converting = KernelSource(_named_stride().replace("const size_t tid", "const int tid"))
+    (site,) = [s for s in mechanism.detect(converting) if s.function == "scale_front"]
+    kept = mechanism.remove(converting, site).text
+    assert "const int tid = blockDim.x" in kept and "size_t k = tid;" in kept
 
 
 @pytest.mark.parametrize(
