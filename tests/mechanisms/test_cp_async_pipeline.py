@@ -229,3 +229,50 @@ def test_a_pipeline_shared_by_a_block_keeps_only_its_own_steps() -> None:
     refused = {site.function for site, _ in removal.refused}
     assert refused == {"shared_copy"}
     assert reapply(removal).text == kernel.text
+
+
+HELPER_PIPELINE = """
+#include <cuda/pipeline>
+template <typename Sync>
+__device__ void stage(float* dst, const float* src, Sync& sync) {
+  cuda::memcpy_async(dst, src, cuda::aligned_size_t<4>(sizeof(float)), sync);
+}
+
+__global__ void halves(const float* in, float* out) {
+  __shared__ float tile[256];
+  cuda::pipeline<cuda::thread_scope_thread> pipe = cuda::make_pipeline();
+  pipe.producer_acquire();
+  stage(&tile[threadIdx.x], &in[threadIdx.x], pipe);
+  pipe.producer_commit();
+  pipe.consumer_wait();
+  __syncthreads();
+  out[threadIdx.x] = tile[255 - threadIdx.x];
+  pipe.consumer_release();
+}
+"""
+
+
+def test_a_pipeline_handed_to_a_helper_keeps_its_steps_until_the_helper_copies_go() -> None:
+    kernel = KernelSource(HELPER_PIPELINE)
+    steps = [s for s in mechanism.detect(kernel) if "pipe." in s.snippet]
+    assert steps and all(
+        "copies through pipe remain in this function" in str(s.refusal) for s in steps
+    )
+    after = remove_all(kernel, mechanism).text
+    assert "pipe.consumer_wait(); */ ; }" in after  # the helper's copy went, then the steps
+    assert "*reinterpret_cast<unsigned*>(dst) =" in after
+
+
+def test_a_helper_given_different_sync_objects_is_refused() -> None:
+    # one caller passes a barrier, the other a pipeline of the block: no one reading holds
+    text = HELPER_PIPELINE.replace(
+        "__global__ void halves(",
+        "__global__ void shared(const float* in, float* out) {\n"
+        "  __shared__ float tile[256];\n"
+        "  __shared__ cuda::pipeline_shared_state<cuda::thread_scope_block, 1> state;\n"
+        "  auto pipe = cuda::make_pipeline(cooperative_groups::this_thread_block(), &state);\n"
+        "  stage(&tile[threadIdx.x], &in[threadIdx.x], pipe);\n"
+        "}\n\n__global__ void halves(",
+    )
+    (copy,) = [s for s in mechanism.detect(KernelSource(text)) if "memcpy_async" in s.snippet]
+    assert "the calls of stage pass different kinds of sync" in str(copy.refusal), copy.refusal

@@ -106,3 +106,20 @@ def test_the_cli_says_when_a_folder_holds_no_cuda(tmp_path: Path) -> None:
     result = runner.invoke(app, ["mechanisms", "walk", str(tmp_path)])
     assert result.exit_code == 2
     assert "no .cu or .cuh file under it" in result.stderr
+
+
+def test_the_cli_plans_without_builds_where_nvcc_cannot_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import klineage.gate.build as build
+
+    def missing(_: str) -> tuple[str, str]:
+        raise build.BuildToolError("nvcc not found on PATH")
+
+    monkeypatch.setattr(build, "_probe_nvcc", missing)
+    kernel = tmp_path / "kernel.cu"
+    shutil.copy(ROW_CACHE, kernel)
+    result = runner.invoke(app, ["mechanisms", "walk", str(kernel), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "states not built (nvcc not found on PATH)" in " ".join(result.stderr.split())
+    assert all(step["build"] is None for step in json.loads(result.stdout)["steps"])
