@@ -13,11 +13,13 @@ As the chunks run them, the `skills` method does not rank by profile (the `profi
 runs beside it). Use it to size the chunks of a rerun before spending device time.
 
     python bench/replay_served.py --summarize SERVED.jsonl [--method skills]
+        [--report bench/results/replay.json]
 
 reads such a file back: per problem both the method and blind search finished from the log,
 the gate runs each spent to the speed both reached (the lower final speedup), and the sums;
 what a change of the search would do to issue 18's "2x fewer runs than blind", before the
-device measures it.
+device measures it. With ``--report``, a method the log does not finish on a problem counts
+with that finished replay's runs instead of being left out.
 """
 
 from __future__ import annotations
@@ -101,10 +103,33 @@ def runs_to(speedups: list[float], speed: float) -> int | None:
     return next((i + 1 for i, s in enumerate(speedups) if s >= speed * (1 - 1e-3)), None)
 
 
-def matched(rows: list[dict[str, Any]], method: str = "skills") -> dict[str, Any]:
+def report_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """A finished replay report's results as served rows: the final speedup, and the speedup
+    recorded after each gate run."""
+    return [
+        {
+            "problem": result["problem"],
+            "method": result["method"],
+            "finished": result["speedup"],
+            "speedups": [run.get("speedup") or 1.0 for run in result["runs"]],
+        }
+        for result in report["results"]
+    ]
+
+
+def matched(
+    rows: list[dict[str, Any]], method: str = "skills", report: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Per problem both `method` and blind finished from the log (and both gained), the runs
-    each spent to the lower of their two final speedups; and the sums."""
+    each spent to the lower of their two final speedups; and the sums. With `report` (a
+    finished replay's), a method the log does not finish on a problem counts with the
+    report's runs there."""
     finished = {(r["problem"], r["method"]): r for r in rows if r.get("finished") is not None}
+    if report is not None:
+        served = {r["problem"] for r in rows}
+        for row in report_rows(report):
+            if row["problem"] in served:
+                finished.setdefault((row["problem"], row["method"]), row)
     problems = []
     for (problem, name), row in sorted(finished.items()):
         blind = finished.get((problem, "blind"))
@@ -141,11 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--archive", type=Path, default=ARCHIVE, help="the replay state archive")
     parser.add_argument("--summarize", type=Path, help="a served file: runs to blind's speed")
     parser.add_argument("--method", default="skills", help="with --summarize: against blind")
+    parser.add_argument(
+        "--report", type=Path, help="with --summarize: a finished replay report for the rest"
+    )
     args = parser.parse_args(argv)
     if args.summarize is not None:
         text = args.summarize.read_text(encoding="utf-8")
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        print(json.dumps(matched(rows, args.method), indent=1))
+        report = json.loads(args.report.read_text(encoding="utf-8")) if args.report else None
+        print(json.dumps(matched(rows, args.method, report), indent=1))
         return 0
     methods = [m for m in args.methods.split(",") if m]
     unknown = [m for m in methods if m not in SERVABLE]

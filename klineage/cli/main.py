@@ -8,7 +8,6 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from klineage import __version__
@@ -17,6 +16,7 @@ from klineage.cli.import_export import export_command, import_command, new_comma
 from klineage.cli.mechanisms import mechanisms_app
 from klineage.cli.mine import lineage_app, mine_command, skills_app
 from klineage.cli.profile_view import print_profile
+from klineage.cli.progress import progress_bar
 from klineage.cli.replay import replay_command
 from klineage.cli.tables import Column, print_rows, short_kernel_names
 from klineage.gate.build import Builder, BuildResult, check_abi
@@ -122,7 +122,7 @@ def gate(
     try:
         with (
             Gate(builder, device=device, **optional_stages(profile, energy)) as judge,
-            _progress() as progress,
+            progress_bar(console) as progress,
         ):
             task = progress.add_task(f"gating {source.name}", total=len(chosen))
 
@@ -181,17 +181,6 @@ def _kernel_source(problem: Problem, kernel: Path | None) -> KernelSource:
     if problem.kernel_path is None:
         _fail(f"{problem.root}: no kernel.cu in the problem folder; pass --kernel FILE")
     return _read_kernel(problem.kernel_path)
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
 
 
 def _print_build(source: KernelSource, build: BuildResult) -> None:

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
+from klineage.cli.progress import progress_bar
 from klineage.cli.tables import Cell, Column, print_rows
 from klineage.kernel import KernelSource
 from klineage.mechanisms import (
@@ -384,32 +385,22 @@ def walk(
 def _walk_repository(folder: Path, json_out: bool) -> None:
     """One plan per CUDA file under ``folder`` (not built: a repository's headers and flags
     are its own), summarized one line a file."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from klineage.mining.plan import plan_walk
 
     files = sorted(p for p in folder.rglob("*") if p.suffix in CUDA_SUFFIXES and p.is_file())
     if not files:
         _fail(f"{folder}: no .cu or .cuh file under it; pass a kernel file or a problem folder")
-    plans: list[tuple[Path, WalkPlan]] = []
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=errors,
-        transient=True,
-    )
-    with progress:
+    plans: list[WalkPlan] = []
+    with progress_bar(errors) as progress:
         task = progress.add_task("planning walks", total=len(files))
         for path in files:
-            progress.update(task, description=f"planning {path.relative_to(folder)}")
+            name = str(path.relative_to(folder))
+            progress.update(task, description=f"planning {name}")
             text = path.read_text(encoding="utf-8", errors="replace")
-            plan, _ = plan_walk(KernelSource(text, name=str(path.relative_to(folder))))
-            plans.append((path, plan))
+            plans.append(plan_walk(KernelSource(text, name=name))[0])
             progress.advance(task)
     if json_out:
-        typer.echo(json.dumps([plan.model_dump(mode="json") for _, plan in plans], indent=2))
+        typer.echo(json.dumps([plan.model_dump(mode="json") for plan in plans], indent=2))
         return
     columns = [
         Column("file", key=True),
@@ -428,17 +419,17 @@ def _walk_repository(folder: Path, json_out: bool) -> None:
             or "-",
             str(len(plan.staying)),
         ]
-        for _, plan in plans
+        for plan in plans
         if plan.steps or plan.staying
     ]
     if rows:
         print_rows(console, columns, rows, title=f"walks of {len(files)} files under {folder}")
-    mined = sum(1 for _, plan in plans if plan.steps)
+    mined = sum(1 for plan in plans if plan.steps)
     console.print(
         f"{mined} of {len(files)} files have a step a walk can take "
-        f"({sum(len(p.steps) for _, p in plans)} steps, "
-        f"{sum(s.transferable for _, p in plans for s in p.steps)} with a forward rule); "
-        f"{sum(len(p.staying) for _, p in plans)} sites stay. `klineage mechanisms walk FILE` "
+        f"({sum(len(p.steps) for p in plans)} steps, "
+        f"{sum(s.transferable for p in plans for s in p.steps)} with a forward rule); "
+        f"{sum(len(p.staying) for p in plans)} sites stay. `klineage mechanisms walk FILE` "
         "shows one file's steps and why its sites stay; `klineage new` makes a problem "
         "folder to mine it."
     )

@@ -30,6 +30,7 @@ __all__ = [
     "call_arguments",
     "callee_name",
     "descendants",
+    "dim3_extents",
     "fresh_name",
     "identifier_names",
     "integer_literal",
@@ -141,6 +142,23 @@ def call_arguments(call: Node) -> list[Node]:
     """The argument expressions of a call, comments left out."""
     arguments = call.child_by_field_name("arguments")
     return [a for a in (arguments.named_children if arguments else []) if a.type != "comment"]
+
+
+def dim3_extents(node: Node) -> list[Node]:
+    """The sizes a ``dim3`` is built from, comments left out: the arguments of ``dim3(x,
+    y)``, of ``dim3 g(x, y);`` (``(x, y)``) or ``dim3 g{x, y};``, or of ``dim3 g(blocks);``,
+    which parses as a function declarator whose parameter types are the names; [] for
+    anything else."""
+    node = strip_parens(node)
+    if node.type == "call_expression":
+        return call_arguments(node)
+    if node.type in ("argument_list", "initializer_list"):
+        return [a for a in node.named_children if a.type != "comment"]
+    if node.type == "parameter_list":
+        return [
+            p.child_by_field_name("type") or p for p in node.named_children if p.type != "comment"
+        ]
+    return []
 
 
 def callee_name(written: str) -> str:

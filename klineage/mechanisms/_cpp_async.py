@@ -119,7 +119,7 @@ def _sync_kind(source: ParsedSource, function: Function, name: str, depth: int) 
         return f"{name} is not declared in {function.name}"
     text, value = declared
     compact = "".join(text.split())
-    if "cuda::barrier<" in compact or compact.startswith("barrier<"):
+    if _is_barrier(text):
         return "barrier"
     if "pipeline<cuda::thread_scope_thread>" in compact:
         return "thread pipeline"
@@ -131,6 +131,12 @@ def _sync_kind(source: ParsedSource, function: Function, name: str, depth: int) 
     if compact in function.template_params and depth > 0:
         return _passed_kind(source, function, name, depth - 1)
     return f"{name} is a `{text}`, neither a cuda::barrier nor a one-thread cuda::pipeline"
+
+
+def _is_barrier(type_text: str) -> bool:
+    """Whether a declared type is a ``cuda::barrier`` (or a pointer to one)."""
+    compact = "".join(type_text.split())
+    return "cuda::barrier<" in compact or compact.startswith("barrier<")
 
 
 def _passed_kind(source: ParsedSource, function: Function, name: str, depth: int) -> str:
@@ -171,7 +177,7 @@ def _pointee_kind(source: ParsedSource, function: Function, name: str, depth: in
     if declared is None:
         return f"{name} is not declared in {function.name}"
     text, value = declared
-    if "cuda::barrier<" in "".join(text.split()):
+    if _is_barrier(text):
         return "barrier"
     value = strip_parens(value) if value is not None else None
     if value is not None and value.type == "pointer_expression":
@@ -211,11 +217,11 @@ def cpp_copy(source: ParsedSource, call: Call) -> CppCopy:
         destination=source.text_of(destination),
         source=source.text_of(origin),
         size=" ".join(source.text_of(size).split()),
-        vector_bytes=_aligned_bytes(source, call, strip_parens(size)),
+        vector_bytes=_aligned_bytes(source, strip_parens(size)),
     )
 
 
-def _aligned_bytes(source: ParsedSource, call: Call, size: Node) -> int | None:
+def _aligned_bytes(source: ParsedSource, size: Node) -> int | None:
     """4, 8 or 16 where ``size`` is ``cuda::aligned_size_t<A>(S)``, written in the call, with
     ``S`` that many bytes and ``A >= S``. A size held in a local is not read: the emulation
     is read again from the remembered call alone, where the local is not declared."""
@@ -228,7 +234,7 @@ def _aligned_bytes(source: ParsedSource, call: Call, size: Node) -> int | None:
     if match is None or len(values) != 1:
         return None
     bytes_ = fold_int(source, values[0])
-    alignment = _fold_text(source, match.group(1))
+    alignment = _fold_text(match.group(1))
     if bytes_ in (4, 8, 16) and alignment is not None and alignment >= bytes_:
         return bytes_
     return None
@@ -237,13 +243,13 @@ def _aligned_bytes(source: ParsedSource, call: Call, size: Node) -> int | None:
 _ALIGNOF = re.compile(r"^alignof\s*\((.+)\)$")
 
 
-def _fold_text(source: ParsedSource, text: str) -> int | None:
+def _fold_text(text: str) -> int | None:
     """The value of a constant expression written as text (``sizeof(float4)``, ``16``); the
     alignment of a type whose size is a power of two is its size (the scalar and vector
     types; ``float3``, 12 bytes, is aligned to 4 and is not read)."""
     aligned = _ALIGNOF.match(text.strip())
     if aligned is not None:
-        size = _fold_text(source, f"sizeof({aligned.group(1)})")
+        size = _fold_text(f"sizeof({aligned.group(1)})")
         return size if size is not None and size & (size - 1) == 0 else None
     probe = KernelSource(f"constexpr unsigned long klineage_probe = {text};").parsed
     values = list(probe.nodes("init_declarator"))
@@ -276,14 +282,10 @@ def pipeline_copies(source: ParsedSource, step: Call) -> list[Call]:
     if target is None or function is None or function.body is None:
         return []
     name = source.text_of(target)
-    copying = {
+    copying = {  # the functions that make a thread's copies
         f.name
-        for f in source.functions
-        if f.body is not None
-        and any(
-            cpp_kind(c) == "copy" and source.enclosing_function(c.node) == f
-            for c in source.calls_named(CPP_COPY)
-        )
+        for c in source.calls_named(CPP_COPY)
+        if cpp_kind(c) == "copy" and (f := source.enclosing_function(c.node)) is not None
     }
     found = []
     for call in source.calls:

@@ -55,6 +55,7 @@ from klineage.cuda.tree import (
     assigned_names,
     call_arguments,
     declaration_names,
+    dim3_extents,
     strip_parens,
     walk,
 )
@@ -242,16 +243,7 @@ def _dim3_grid_edit(
                 f"a grid-stride loop launched with the dim3 {name}, which the launch of "
                 f"{reader.kernel} reads too"
             )
-    stripped = strip_parens(value)
-    if stripped.type == "call_expression":
-        args = call_arguments(stripped)
-    elif stripped.type in ("argument_list", "initializer_list"):
-        args = list(stripped.named_children)
-    elif stripped.type == "parameter_list":  # `dim3 grid(blocks);`, parsed as a declarator
-        args = [p.child_by_field_name("type") or p for p in stripped.named_children]
-    else:
-        args = []
-    args = [a for a in args if a.type != "comment"]
+    args = dim3_extents(value)
     index = _AXES.index(axis)
     if index >= len(args):
         raise _refuse(f"a grid-stride loop launched with the dim3 {name} of no {axis} size")

@@ -1655,7 +1655,7 @@ class _GroupWalker:
             for node in inside(self.source, self.body, "identifier"):
                 if self.source.text_of(node) != name or within(node, statement):
                     continue
-                if not any(a <= node.start_byte and node.end_byte <= b for a, b in self.removed):
+                if not self._removed(node):
                     raise NotCanonical(
                         f"the block shares {name} (shared memory) beyond a reduction "
                         f"(line {self.line(node)})"
@@ -1703,6 +1703,7 @@ class _GroupWalker:
         self._unused_namespace_alias()
 
     def _removed(self, node: Node) -> bool:
+        """Whether a deletion made already covers ``node``."""
         return any(a <= node.start_byte and node.end_byte <= b for a, b in self.removed)
 
     def _unused_namespace_alias(self) -> None:
@@ -2035,7 +2036,7 @@ class _GroupWalker:
             for node in inside(self.source, self.body, "identifier"):
                 if self.source.text_of(node) not in names or within(node, declaration.node):
                     continue
-                if not any(a <= node.start_byte and node.end_byte <= b for a, b in self.removed):
+                if not self._removed(node):
                     raise NotCanonical(
                         f"the block shares {self.source.text_of(node)} in shared memory beyond "
                         f"a reduction (line {self.line(node)})"
@@ -2074,7 +2075,7 @@ class _GroupWalker:
                 continue
             if combined is not None and node.start_byte >= combined:
                 break
-            if any(a <= node.start_byte and node.end_byte <= b for a, b in self.removed):
+            if self._removed(node):
                 continue
             if any(within(node, other) for other in self.strided):
                 continue
@@ -2088,9 +2089,7 @@ class _GroupWalker:
         for node in inside(self.source, self.body, "identifier"):
             if not self.is_rank_alias(node) or _declares(node):
                 continue
-            if any(within(node, h) for h in self.handled) or any(
-                a <= node.start_byte and node.end_byte <= b for a, b in self.removed
-            ):
+            if any(within(node, h) for h in self.handled) or self._removed(node):
                 continue
             raise NotCanonical(_spread(self.source.text_of(node), self.line(node)))
         for use in builtin_uses(self.source, self.body):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from klineage.cuda.analysis import FunctionIndices, LoopVariable, analysis
 from klineage.cuda.source import Function, Launch, Node, ParsedSource, strip_casts
-from klineage.cuda.tree import call_arguments, statements, strip_parens
+from klineage.cuda.tree import dim3_extents, statements, strip_parens
 
 __all__ = ["grid_split_counts", "k_range_declarations", "partial_loops", "partial_sums"]
 
@@ -30,12 +30,7 @@ def _grid_components(source: ParsedSource, launch: Launch) -> list[str]:
     grid = strip_parens(grid)
     if grid.type == "identifier":
         grid = _dim3_value(source, launch, source.text_of(grid)) or grid
-    if grid.type == "call_expression":
-        extents = call_arguments(grid)
-    elif grid.type in ("argument_list", "initializer_list"):
-        extents = [a for a in grid.named_children if a.type != "comment"]
-    else:
-        return []
+    extents = dim3_extents(grid)
     return [source.text_of(strip_parens(strip_casts(a))).strip() for a in extents[1:]]
 
 

@@ -115,8 +115,8 @@ def _rank(name: str, children: dict[str, KernelSource]) -> tuple[bool, bool, str
     return bool(others & _stranded(child)), bool(others - detected), name
 
 
-def _step(removal: Removal, before: KernelSource) -> PlannedStep:
-    """The step ``removal`` makes from ``before``, with what its forward rule does there."""
+def _step(removal: Removal) -> PlannedStep:
+    """The step ``removal`` makes, with what its forward rule does where it removed."""
     lines = sorted({site.start_line for site in removal.sites})
     try:
         again = reapply(removal)
@@ -134,7 +134,7 @@ def _step(removal: Removal, before: KernelSource) -> PlannedStep:
         mechanism=removal.mechanism.name,
         lines=lines,
         transferable=True,
-        exact=again.fingerprint == before.fingerprint,
+        exact=again.fingerprint == removal.original.fingerprint,
     )
 
 
@@ -154,7 +154,6 @@ def plan_walk(
     building = 0.0
     steps: list[PlannedStep] = []
     for _ in range(max_steps):
-        children: dict[str, KernelSource] = {}
         removals: dict[str, Removal] = {}
         for name in sorted({site.mechanism for site in detect_all(kernel)}):
             try:
@@ -162,12 +161,12 @@ def plan_walk(
             except MechanismError:
                 continue
             if removal.sites:
-                children[name] = removal.simplified
                 removals[name] = removal
-        if not children:
+        if not removals:
             break
+        children = {name: removal.simplified for name, removal in removals.items()}
         chosen = min(children, key=lambda name: _rank(name, children))
-        step = _step(removals[chosen], kernel)
+        step = _step(removals[chosen])
         kernel = children[chosen]
         if build is not None:
             before = time.process_time()

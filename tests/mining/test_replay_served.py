@@ -113,3 +113,26 @@ def test_a_served_file_says_the_runs_each_method_spent_to_the_speed_both_reached
     ]
     assert (summary["runs"], summary["blind_runs"], summary["fewer"]) == (3, 6, 2.0)
     assert bench.runs_to([1.0, 1.2], 1.5) is None  # never reached
+
+
+def test_a_finished_report_stands_in_where_the_log_does_not_finish() -> None:
+    rows = [
+        {"problem": "a", "method": "skills", "missing": "no logged verdict", "speedups": [1.2]},
+        {"problem": "a", "method": "blind", "finished": 2.0, "speedups": [1.0, 2.0]},
+    ]
+    report = {
+        "results": [
+            {"problem": "a", "method": "skills", "speedup": 3.0,
+             "runs": [{"speedup": 1.0}, {"speedup": 3.0}, {"speedup": None}]},
+            {"problem": "a", "method": "blind", "speedup": 9.0, "runs": [{"speedup": 9.0}]},
+            # a problem the served file does not hold stays out
+            {"problem": "z", "method": "skills", "speedup": 2.0, "runs": [{"speedup": 2.0}]},
+            {"problem": "z", "method": "blind", "speedup": 2.0, "runs": [{"speedup": 2.0}]},
+        ]
+    }  # fmt: skip
+    assert bench.matched(rows)["problems"] == []
+    summary = bench.matched(rows, report=report)
+    # skills from the report (3.0 at run 2), blind as served (2.0 at run 2), not the report's
+    assert [
+        (p["problem"], p["speed"], p["runs"], p["blind_runs"]) for p in summary["problems"]
+    ] == [("a", 2.0, 2, 2)]
