@@ -293,6 +293,11 @@ class _Rewriter:
     def _replacement(self, node: Node) -> tuple[str, int] | None:
         """The text standing for ``node`` when it is not its own text."""
         source = self.source
+        if node.type == "parenthesized_expression" and len(node.named_children) == 1:
+            # `(threadIdx.y + i)` standing for one name needs no parentheses
+            found = self._replacement(node.named_children[0])
+            if found is not None and found[1] == PRIMARY:
+                return found
         if node.type == "binary_expression":
             return self._without_loop_term(node)
         builtin = builtin_of(source, node) if node.type == "field_expression" else None

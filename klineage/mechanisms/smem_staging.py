@@ -51,11 +51,12 @@ from klineage.conditions import (
     Condition,
     SharedMemoryAtMost,
 )
+from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import PRIMARY, SIZEOF, UNARY, fold_int, precedence, wrap_at
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
-from klineage.cuda.tree import FMA_CALLS
+from klineage.cuda.tree import FMA_CALLS, NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._forms import FoundForm, form_site, removable_form_site
 from klineage.mechanisms._reductions_rows import NotCanonical
@@ -75,6 +76,11 @@ from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._staging_row_cache import NEEDED as ROW_NEEDED
 from klineage.mechanisms._staging_row_cache import cached_rows, row_cache_removal
 from klineage.mechanisms._staging_tile import stores_tile, tile_once_removal
+from klineage.mechanisms._staging_tile_forward import (
+    tiled_transpose,
+    tiled_transpose_edits,
+    transposed_read,
+)
 from klineage.mechanisms._staging_transpose import transpose_edits, transpose_kernels
 from klineage.mechanisms._tiles_util import (
     STATIC_SHARED_LIMIT,
@@ -95,6 +101,7 @@ from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 
 TRANSPOSE = "transpose"
+TILE_TRANSPOSE = "tile_transpose"
 
 TILE_SIZES = (8, 16, 32)
 DEFAULT_TILE = 16
@@ -775,6 +782,8 @@ class SmemStaging(Mechanism):
                 if loop.type != "for_statement":
                     continue
                 form, refusal = self._candidate_form(source, function, loop)
+                if form is None:
+                    form, refusal = _tile_transpose_form(source, function, loop)
                 if form is not None:
                     yield self.site(
                         source,
@@ -881,6 +890,11 @@ class SmemStaging(Mechanism):
         function = source.enclosing_function(loop)
         if function is None:
             raise self.refuse("the loop is not in a function", site, "apply")
+        if site.detail.get("form") == TILE_TRANSPOSE:
+            try:
+                return tiled_transpose_edits(source, tiled_transpose(source, function, loop))
+            except NotInForm as why:
+                raise self.refuse(str(why), site, "apply") from None
         try:
             names = _tile_names(source, function, carrier)
             if site.detail.get("form") == "naive":
@@ -905,8 +919,10 @@ class SmemStaging(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         function = source.enclosing_function(site.start_byte)
-        if function is None or site.detail.get("form") == TRANSPOSE:
-            return []  # the transpose form sets its own block (32 x 8) and 4.2 KB of tile
+        if function is None or site.detail.get("form") in (TRANSPOSE, TILE_TRANSPOSE):
+            # the transpose forms set their own block (32 x 8) or keep the kernel's, and stage
+            # one padded tile of the block's (4.2 KB for 32 x 32 floats)
+            return []
         if site.detail.get("form") == "naive":
             return self._naive_conditions(source, function, site)
         block = block_threads(source, function.name)
@@ -971,6 +987,20 @@ class SmemStaging(Mechanism):
         if batches is not None:
             found.append(AxisAtMost(axis=batches, n=65535, why="grid.z counts the batch"))
         return found
+
+
+def _tile_transpose_form(
+    source: ParsedSource, function: Function, loop: Node
+) -> tuple[str | None, str | None]:
+    """("tile_transpose", refusal) for a loop of a tiled kernel that reads its input
+    transposed (:mod:`klineage.mechanisms._staging_tile_forward`); (None, None) otherwise."""
+    if transposed_read(analysis(source).indices(function), loop) is None:
+        return None, None
+    try:
+        tiled_transpose(source, function, loop)
+    except NotInForm as why:
+        return TILE_TRANSPOSE, str(why)
+    return TILE_TRANSPOSE, None
 
 
 def _launch_arg(gemm: _NaiveGemm, param: str) -> Node:

@@ -111,3 +111,20 @@ def test_rows_per_block_applied_forward_keeps_the_kernel_correct(gate) -> None:
         verdict = gate.run(load_problem(PROBLEMS / "causal_center"), source, time_it=False)
         failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
         assert verdict.passed, (rows, verdict.build.message, failing)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_tile_transpose_applied_forward_keeps_the_kernel_correct(gate) -> None:
+    # the forward of the tile-once removal: the shared-memory transpose written back into the
+    # tiled kernel that reads its input transposed
+    from klineage.mechanisms import Carrier, get
+
+    staging = get("smem_staging")
+    after = KernelSource((PUBLIC_FORMS / "smem_staging" / "transpose_once.after.cu").read_text())
+    (site,) = [c for c in staging.candidates(after) if c.detail.get("form") == "tile_transpose"]
+    forward = staging.apply(after, site, Carrier())
+    source = KernelSource(forward.text, name="transpose_once.forward.cu")
+    verdict = gate.run(load_problem(PROBLEMS / "transpose"), source, time_it=False)
+    failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+    assert verdict.passed, (verdict.build.message, failing)

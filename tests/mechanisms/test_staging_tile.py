@@ -8,10 +8,11 @@ import itertools
 import pytest
 
 from klineage.cuda.analysis import IndexForm, analysis
+from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import MechanismRefused, get
+from klineage.mechanisms import Carrier, MechanismRefused, get
 from klineage.mechanisms.base import Site
-from tests.mechanisms.roundtrip import PUBLIC_FORMS
+from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
 
 staging = get("smem_staging")
 
@@ -245,3 +246,110 @@ def test_the_rewritten_read_loads_the_element_its_slot_held_for_every_thread() -
             assert divmod(out, rows) == divmod(element, cols)[::-1]  # y[j][i] = x[i][j]
             outputs.add(out)
     assert outputs == set(range(rows * cols))
+
+
+# -- forward: the shared-memory transpose written into a tiled kernel ------------------------
+
+TURN_NAIVE = """\
+#define T 32
+#define R 8
+__global__ void turn(const float* src, float* dst, int n, int m) {
+  int bx = blockIdx.x, by = blockIdx.y;
+  int c = by * T + threadIdx.x;
+  int r = bx * T + threadIdx.y;
+  for (int k = 0; k < T; k += R)
+    dst[(r + k) * n + c] = 2.f * src[(by * T + threadIdx.x) * m + (bx * T + (threadIdx.y + k))];
+}
+
+extern "C" int run(const float* x, float* y, int rows, int cols) {
+  dim3 grid(cols / T, rows / T), block(T, R);
+  turn<<<grid, block>>>(x, y, rows, cols);
+  return 0;
+}
+"""
+
+
+def _tile_candidate(text: str) -> Site:
+    (site,) = [c for c in staging.candidates(KernelSource(text)) if c.detail]
+    assert site.detail["form"] == "tile_transpose"
+    return site
+
+
+def _forward(text: str) -> str:
+    site = _tile_candidate(text)
+    assert site.supported, site.refusal
+    return staging.apply(KernelSource(text), site, Carrier()).text
+
+
+def test_forward_stages_the_tile_with_the_thread_roles_swapped_and_reads_it_back() -> None:
+    staged = _forward(TURN_NAIVE)
+    assert "  __shared__ float tile[T][T + 1];\n" in staged
+    assert (
+        "  for (int k = 0; k < T; k += R) {\n"
+        "    tile[threadIdx.y + k][threadIdx.x] = "
+        "src[(by * T + (threadIdx.y + k)) * m + (bx * T + threadIdx.x)];\n"
+        "  }\n  __syncthreads();\n"
+    ) in staged
+    assert "dst[(r + k) * n + c] = 2.f * tile[threadIdx.x][threadIdx.y + k];" in staged
+    # the staged kernel is the removal's canonical form: removing it gives the kernel back
+    assert staging.remove(KernelSource(staged), _site(staged)).text == TURN_NAIVE
+
+
+def test_forward_inlines_thread_locals_and_keeps_block_uniform_ones() -> None:
+    text = TURN_NAIVE.replace(
+        "  for (int k = 0; k < T; k += R)\n    dst[(r + k) * n + c] = 2.f * src[(by * T + "
+        "threadIdx.x) * m + (bx * T + (threadIdx.y + k))];",
+        "  const int from = (by * T + threadIdx.x) * m + bx * T + threadIdx.y;\n"
+        "  for (int k = 0; k < T; k += R)\n    dst[(r + k) * n + c] = src[from + k];",
+    )
+    staged = _forward(text)
+    assert (
+        "tile[threadIdx.y + k][threadIdx.x] = "
+        "src[(by * T + (threadIdx.y + k)) * m + bx * T + threadIdx.x];"
+    ) in staged
+    assert "dst[(r + k) * n + c] = tile[threadIdx.x][threadIdx.y + k];" in staged
+
+
+def test_forward_round_trips_the_public_transpose_fixture() -> None:
+    after = (PUBLIC_FORMS / "smem_staging" / "transpose_once.after.cu").read_text()
+    staged = _forward(after)
+    assert staging.remove(KernelSource(staged), _site(staged)).text == after
+
+
+def test_a_kernel_reading_along_threadidx_x_offers_no_tile_transpose() -> None:
+    copy = TURN_NAIVE.replace(
+        "src[(by * T + threadIdx.x) * m + (bx * T + (threadIdx.y + k))]",
+        "src[(bx * T + (threadIdx.y + k)) * m + (by * T + threadIdx.x)]",
+    )
+    assert not [c for c in staging.candidates(KernelSource(copy)) if c.detail]
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (("block(T, R)", "block(T, 4)"), "a launch with blocks of `block` (line 13), not 32 x 8"),
+        (
+            ("  int bx", "  if (n == 0) return;\n  int bx"),
+            "a return before the loop (line 4), which threads may take",
+        ),
+        (
+            ("    dst[(r + k) * n + c] = 2.f *", "    if (c < n) dst[(r + k) * n + c] = 2.f *"),
+            "the transposed read under a condition or loop (line 8)",
+        ),
+        (("const float* src", "float* src"), None),
+    ],
+)
+def test_forward_refusals_name_the_form(change: tuple[str, str], reason: str | None) -> None:
+    text = TURN_NAIVE.replace(*change)
+    if reason is None:  # the kernel writes what it reads transposed
+        text = text.replace("  int bx", "  src[0] = 0.f;\n  int bx")
+        reason = "a transposed read of src, which the kernel also writes"
+    site = _tile_candidate(text)
+    assert site.refusal is not None and reason in site.refusal, site.refusal
+    with pytest.raises(MechanismRefused, match="this rule needs a top-level loop"):
+        staging.apply(KernelSource(text), site, Carrier())
+
+
+@pytest.mark.nvcc
+def test_the_staged_kernel_compiles(mechanism_builder: Builder) -> None:
+    compile_ok(mechanism_builder, [KernelSource(_forward(TURN_NAIVE), name="turn_staged.cu")])
