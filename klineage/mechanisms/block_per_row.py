@@ -30,8 +30,10 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   threads per row. See
   :mod:`klineage.mechanisms._reductions_rows` for the exact canonical forms. On a naive row
   scan (a thread writing its row's running sum, ``form=scan``), a block that scans the row
-  ``blockDim.x`` elements a turn: warp shuffles, then the warps' totals through shared memory
-  (:mod:`klineage.mechanisms._scan_blocks`; forward only).
+  ``blockDim.x * K`` elements a turn: each thread ``K`` consecutive elements serially
+  (carrier ``items_per_thread``, default 8), warp shuffles over the threads' totals, then
+  the warps' totals through shared memory (:mod:`klineage.mechanisms._scan_blocks`; forward
+  only).
 
 Conditions: the block size a multiple of 32 (full-mask shuffles) and at most 1024; the row
 count at most 2^31 - 1 (one block each).
@@ -47,7 +49,7 @@ from klineage.cuda.source import Function, ParsedSource
 from klineage.mechanisms._reductions_exchange import DEFAULT_MASK
 from klineage.mechanisms._reductions_layout import DEFAULT_BLOCK, RowLayoutMechanism
 from klineage.mechanisms._reductions_rows import Group, NotCanonical, is_block_per_row
-from klineage.mechanisms._scan_blocks import block_scan_edits
+from klineage.mechanisms._scan_blocks import ITEMS_PER_THREAD, block_scan_edits
 from klineage.mechanisms._scan_rows import row_scan
 from klineage.mechanisms.base import Carrier, Site, register
 
@@ -64,6 +66,11 @@ class BlockPerRow(RowLayoutMechanism):
         "instead of one thread walking the row alone."
     )
     group: ClassVar[Group] = "block"
+    carrier_keys: ClassVar[dict[str, str]] = {
+        **RowLayoutMechanism.carrier_keys,
+        "items_per_thread": "consecutive elements a thread scans serially each turn, on a "
+        f"row scan (form=scan; 1..32, default {ITEMS_PER_THREAD})",
+    }
 
     def detected(self, source: ParsedSource, kernel: Function) -> bool:
         return is_block_per_row(source, kernel)
@@ -83,7 +90,8 @@ class BlockPerRow(RowLayoutMechanism):
         block = carrier.get_int("block_size", DEFAULT_BLOCK) or DEFAULT_BLOCK
         try:
             scan = row_scan(source, self._kernel(source, site))
-            return block_scan_edits(source, scan, block, DEFAULT_MASK)
+            items = carrier.get_int("items_per_thread", ITEMS_PER_THREAD) or ITEMS_PER_THREAD
+            return block_scan_edits(source, scan, block, DEFAULT_MASK, items)
         except NotCanonical as why:
             raise self.refuse(str(why), site, "apply") from None
 

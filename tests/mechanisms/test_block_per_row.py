@@ -227,31 +227,43 @@ extern "C" int run(const float* x, float* out, int64_t rows, int64_t cols, cudaS
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize(
-    ("text", "call", "block"),
+    ("text", "call", "block", "items"),
     [
-        (ROW_SCAN, "half_running_totals(x, y, rows, cols)", 64),
-        ((HELDOUT / "cumsum_rows" / "kernel.cu").read_text(), "cumsum_rows(x, y, rows, cols)", 128),
+        (ROW_SCAN, "half_running_totals(x, y, rows, cols)", 64, None),
+        (ROW_SCAN, "half_running_totals(x, y, rows, cols)", 64, 1),
+        (ROW_SCAN, "half_running_totals(x, y, rows, cols)", 64, 3),
+        (
+            (HELDOUT / "cumsum_rows" / "kernel.cu").read_text(),
+            "cumsum_rows(x, y, rows, cols)",
+            128,
+            None,
+        ),
     ],
-    ids=["fixture", "cumsum_rows"],
+    ids=["fixture", "fixture-one-item", "fixture-three-items", "cumsum_rows"],
 )
 def test_a_row_scan_becomes_a_block_scan_with_the_same_sums(
-    text: str, call: str, block: int
+    text: str, call: str, block: int, items: int | None
 ) -> None:
-    """A block per row scanning blockDim.x elements a turn (warp shuffles, then the warps'
-    totals through shared memory) gives the serial loop's sums within float rounding: rows
-    shorter than a warp, than the block, and several turns long."""
+    """A block per row scanning blockDim.x * K elements a turn (each thread K consecutive
+    elements serially, warp shuffles over the threads' totals, then the warps' totals through
+    shared memory) gives the serial loop's sums within float rounding: rows shorter than a
+    warp, than the block, than a turn, and several turns long."""
     from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
 
     naive = KernelSource(text)
     (site,) = mechanism.candidates(naive)
-    scanned = mechanism.apply(naive, site, Carrier(block_size=block))
+    carrier = Carrier(block_size=block, **({} if items is None else {"items_per_thread": items}))
+    scanned = mechanism.apply(naive, site, carrier)
     assert "__syncthreads();" in scanned.text
+    per_turn = block * (items or 8)
+    assert f"+= blockDim.x{'' if items == 1 else f' * {items or 8}'})" in scanned.text
     # one block of `block` threads per row: the grid is the launch's row count
     assert re.search(rf"<<<\(unsigned\)\(*(\(int\))?rows\)*, {block}, 0, ", scanned.text)
 
     def cases(grid: bool) -> list[Case]:
         out = []
-        for rows, cols in ((1, 1), (3, 31), (2, block + 7), (2, 3 * block)):
+        shapes = ((1, 1), (3, 31), (2, block + 7), (2, 3 * block), (2, 2 * per_turn + 5))
+        for rows, cols in shapes:
             buffers = [
                 Buffer("x", "float", "rows * cols"),
                 Buffer("y", "float", "rows * cols", True),
@@ -272,6 +284,8 @@ def test_a_scan_block_of_one_warp_is_refused() -> None:
     (site,) = mechanism.candidates(naive)
     with pytest.raises(MechanismRefused, match=r"64\.\.1024"):
         mechanism.apply(naive, site, Carrier(block_size=32))
+    with pytest.raises(MechanismRefused, match=r"items_per_thread=33 is not in 1\.\.32"):
+        mechanism.apply(naive, site, Carrier(block_size=64, items_per_thread=33))
 
 
 BLOCK_ROWS = """#include <cuda_runtime.h>
