@@ -3,7 +3,8 @@ block_per_row on naive row scans (``form=scan``).
 
 It takes the form :func:`klineage.mechanisms._scan_rows.row_scan` reads (one thread walking its
 row, ``acc += VALUE(c); TARGET(c) = acc;``) and writes a block that scans its row
-``blockDim.x * K`` elements a turn (``K``, the carrier ``items_per_thread``, 8 by default):
+``blockDim.x * K`` elements a turn (``K``, the carrier ``items_per_thread``; 1 by default, 8
+the alternative replay races once a block scan is kept):
 each thread sums its ``K`` consecutive elements serially, keeping the running sums in
 registers; each warp scans its threads' totals with ``__shfl_up_sync``; the warps' totals go
 through shared memory; and every element gets the carry of the turns before, the totals of
@@ -56,9 +57,12 @@ from klineage.mechanisms._reductions_rows import (
 )
 from klineage.mechanisms._scan_rows import RowScan, chunk_start, hillis_steele
 
-ITEMS_PER_THREAD = 8
-"""Consecutive elements each thread scans serially a turn, by default: a turn covers
-``blockDim.x * 8`` elements, so a long row takes 8 times fewer turns (and barriers)."""
+ITEMS_PER_THREAD = 1
+"""Consecutive elements each thread scans a turn, by default: one, the form the vector form
+of block scans reads (:mod:`klineage.mechanisms._vector_block_scan`)."""
+RUN_ITEMS = 8
+"""The alternative: runs of 8 a thread, so a long row takes 8 times fewer turns (and
+barriers); replay races it beside the default once a block scan is kept."""
 
 
 def block_scan_edits(

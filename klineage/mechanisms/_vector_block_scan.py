@@ -3,8 +3,8 @@ thread, scans it ``blockDim.x * W`` a turn instead, each thread loading ``W`` co
 floats as one vector.
 
 The form it takes (a chunked block scan, as block-per-row scans are written, block_per_row's
-own ``form=scan`` with ``items_per_thread=1`` among them; its default runs of 8 consecutive
-elements a thread are coarsened already)::
+own ``form=scan`` at its default ``items_per_thread=1`` among them; its runs of several
+consecutive elements a thread are coarsened already)::
 
     for (IT base = 0; base < N; base += blockDim.x) {
       const IT c = base + threadIdx.x;

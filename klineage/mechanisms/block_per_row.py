@@ -31,9 +31,9 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   :mod:`klineage.mechanisms._reductions_rows` for the exact canonical forms. On a naive row
   scan (a thread writing its row's running sum, ``form=scan``), a block that scans the row
   ``blockDim.x * K`` elements a turn: each thread ``K`` consecutive elements serially
-  (carrier ``items_per_thread``, default 8), warp shuffles over the threads' totals, then
-  the warps' totals through shared memory (:mod:`klineage.mechanisms._scan_blocks`; forward
-  only).
+  (carrier ``items_per_thread``, default 1; replay races 8 beside it), warp shuffles over the
+  threads' totals, then the warps' totals through shared memory
+  (:mod:`klineage.mechanisms._scan_blocks`; forward only).
 
 Conditions: the block size a multiple of 32 (full-mask shuffles) and at most 1024; the row
 count at most 2^31 - 1 (one block each).
@@ -46,10 +46,11 @@ from typing import ClassVar
 
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, ParsedSource
+from klineage.kernel import KernelSource
 from klineage.mechanisms._reductions_exchange import DEFAULT_MASK
 from klineage.mechanisms._reductions_layout import DEFAULT_BLOCK, RowLayoutMechanism
 from klineage.mechanisms._reductions_rows import Group, NotCanonical, is_block_per_row
-from klineage.mechanisms._scan_blocks import ITEMS_PER_THREAD, block_scan_edits
+from klineage.mechanisms._scan_blocks import ITEMS_PER_THREAD, RUN_ITEMS, block_scan_edits
 from klineage.mechanisms._scan_rows import row_scan
 from klineage.mechanisms.base import Carrier, Site, register
 
@@ -83,6 +84,13 @@ class BlockPerRow(RowLayoutMechanism):
                 site = self._site(source, kernel, None)
                 site.detail["form"] = SCAN
             yield site
+
+    def alternative_carriers(self, kernel: KernelSource) -> list[Carrier]:
+        """On a row scan, runs of 8 elements a thread beside the default single element: 8
+        times fewer turns and barriers on a long row, and scalar loads a lane 32 bytes apart
+        where the single-element form can take vectors later; only a gate run weighs them."""
+        scans = [c for c in self.candidates(kernel) if c.detail.get("form") == SCAN]
+        return [Carrier(items_per_thread=RUN_ITEMS)] if any(c.supported for c in scans) else []
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
         if site.detail.get("form") != SCAN:

@@ -204,6 +204,8 @@ def test_a_biased_sum_is_refused_and_a_scan_is_a_scan_candidate() -> None:
     assert candidate.supported and candidate.detail["form"] == "scan"
 
 
+CUMSUM = (HELDOUT / "cumsum_rows" / "kernel.cu").read_text()
+
 ROW_SCAN = """#include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -230,16 +232,12 @@ extern "C" int run(const float* x, float* out, int64_t rows, int64_t cols, cudaS
     ("text", "call", "block", "items"),
     [
         (ROW_SCAN, "half_running_totals(x, y, rows, cols)", 64, None),
-        (ROW_SCAN, "half_running_totals(x, y, rows, cols)", 64, 1),
         (ROW_SCAN, "half_running_totals(x, y, rows, cols)", 64, 3),
-        (
-            (HELDOUT / "cumsum_rows" / "kernel.cu").read_text(),
-            "cumsum_rows(x, y, rows, cols)",
-            128,
-            None,
-        ),
+        (ROW_SCAN, "half_running_totals(x, y, rows, cols)", 64, 8),
+        (CUMSUM, "cumsum_rows(x, y, rows, cols)", 128, None),
+        (CUMSUM, "cumsum_rows(x, y, rows, cols)", 128, 8),
     ],
-    ids=["fixture", "fixture-one-item", "fixture-three-items", "cumsum_rows"],
+    ids=["fixture", "fixture-three-items", "fixture-eight-items", "cumsum_rows", "cumsum_rows-8"],
 )
 def test_a_row_scan_becomes_a_block_scan_with_the_same_sums(
     text: str, call: str, block: int, items: int | None
@@ -255,8 +253,8 @@ def test_a_row_scan_becomes_a_block_scan_with_the_same_sums(
     carrier = Carrier(block_size=block, **({} if items is None else {"items_per_thread": items}))
     scanned = mechanism.apply(naive, site, carrier)
     assert "__syncthreads();" in scanned.text
-    per_turn = block * (items or 8)
-    assert f"+= blockDim.x{'' if items == 1 else f' * {items or 8}'})" in scanned.text
+    per_turn = block * (items or 1)
+    assert f"+= blockDim.x{'' if per_turn == block else f' * {items}'})" in scanned.text
     # one block of `block` threads per row: the grid is the launch's row count
     assert re.search(rf"<<<\(unsigned\)\(*(\(int\))?rows\)*, {block}, 0, ", scanned.text)
 
@@ -277,6 +275,11 @@ def test_a_row_scan_becomes_a_block_scan_with_the_same_sums(
     want = floats(run_on_host(naive.text, cases(grid=False)))
     assert_close(floats(run_on_host(scanned.text, cases(grid=True))), want)
     compile_ok(Builder(device_only=True), [scanned])
+
+
+def test_runs_of_eight_are_the_alternative_raced_on_a_row_scan_only() -> None:
+    assert mechanism.alternative_carriers(KernelSource(CUMSUM)) == [Carrier(items_per_thread=8)]
+    assert mechanism.alternative_carriers(KernelSource(BLOCK_ROWS)) == []
 
 
 def test_a_scan_block_of_one_warp_is_refused() -> None:

@@ -419,7 +419,7 @@ def _block_scan_cases(call: str, cols_name: str) -> list[Case]:
 
 def _block_rows_cumsum() -> KernelSource:
     """cumsum_rows with a block per row: block_per_row's scan form, one element a thread a
-    turn (its default runs of 8 are already coarsened: the vector form reads single ones)."""
+    turn (runs of several are coarsened already: the vector form reads single ones)."""
     naive = KernelSource.from_file(REPO / "heldout" / "cumsum_rows" / "kernel.cu")
     return apply_everywhere(naive, get("block_per_row"), Carrier(items_per_thread=1))
 
