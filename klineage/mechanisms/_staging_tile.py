@@ -40,7 +40,7 @@ from klineage.cuda.tree import NotInForm, binary_operands, builtin_of, statement
 from klineage.mechanisms._staging_once import is_written, no_shared_left, orphan_deletions
 from klineage.mechanisms._tiles_util import Locals, name_of, statement_deletion, substitute
 
-__all__ = ["stores_tile", "tile_once_removal"]
+__all__ = ["Slot", "SlotRewriter", "TileStore", "check_index", "stores_tile", "tile_once_removal"]
 
 _NEEDED = (
     "a loop (or one statement) that only stores `S[threadIdx.y + i][threadIdx.x] = G[...]` "
@@ -57,7 +57,7 @@ def _refuse(form: str) -> NotInForm:
 
 
 @dataclass(frozen=True)
-class _Slot:
+class Slot:
     """How the staging fills one index of the tile: ``threadIdx.<thread>``, plus the loop
     variable when ``plus_loop``; or the loop variable alone (started at the thread index)
     when ``loop_only``."""
@@ -68,7 +68,7 @@ class _Slot:
 
 
 @dataclass(frozen=True)
-class _TileStore:
+class TileStore:
     """``S[i0][i1]... = value;`` in the staging statement."""
 
     statement: Node
@@ -113,39 +113,39 @@ def stores_tile(source: ParsedSource, statement: Node) -> bool:
     return False
 
 
-def _tile_store(source: ParsedSource, statement: Node) -> _TileStore:
+def _tile_store(source: ParsedSource, statement: Node) -> TileStore:
     pair = plain_assignment(statement)
     if pair is None:
         raise _refuse(f"a staging loop holding `{source.snippet(statement, 60)}`")
     base, indices = _subscripts(pair[0])
     if base.type != "identifier" or len(indices) < 2:
         raise _refuse(f"a staging loop storing `{source.snippet(pair[0], 60)}`, not a 2-D tile")
-    return _TileStore(statement, source.text_of(base), tuple(indices), pair[1])
+    return TileStore(statement, source.text_of(base), tuple(indices), pair[1])
 
 
 def _slots(
-    source: ParsedSource, indices: FunctionIndices, store: _TileStore, loop_atom: str | None
-) -> list[_Slot]:
+    source: ParsedSource, indices: FunctionIndices, store: TileStore, loop_atom: str | None
+) -> list[Slot]:
     """How each index of the tile is filled; NotInForm when one is not a thread index (plus
     the loop variable)."""
-    slots: list[_Slot] = []
+    slots: list[Slot] = []
     for index in store.indices:
         form = indices.form(index)
         slot = None
         for thread in ("threadIdx.x", "threadIdx.y", "threadIdx.z"):
             if form == IndexForm.atom(thread):
-                slot = _Slot(thread)
+                slot = Slot(thread)
             elif loop_atom is not None and form == IndexForm.atom(thread) + IndexForm.atom(
                 loop_atom
             ):
-                slot = _Slot(thread, plus_loop=True)
+                slot = Slot(thread, plus_loop=True)
         if slot is None and loop_atom is not None and form == IndexForm.atom(loop_atom):
             variable = indices.loop(loop_atom)
             start = variable.init if variable is not None else IndexForm()
             thread = next(
                 (t for t in ("x", "y", "z") if start == IndexForm.atom(f"threadIdx.{t}")), None
             )
-            slot = _Slot(f"threadIdx.{thread}", loop_only=True) if thread else None
+            slot = Slot(f"threadIdx.{thread}", loop_only=True) if thread else None
         if slot is None:
             raise _refuse(
                 f"a tile stored at `{source.snippet(store.statement, 60)}`, whose index "
@@ -161,11 +161,11 @@ def _slots(
     return slots
 
 
-def _check_index(
+def check_index(
     source: ParsedSource,
     indices: FunctionIndices,
-    store: _TileStore,
-    slots: list[_Slot],
+    store: TileStore,
+    slots: list[Slot],
     loop_atom: str | None,
     offset: IndexForm,
 ) -> None:
@@ -200,12 +200,12 @@ def _check_index(
 def _check_loads(
     source: ParsedSource,
     indices: FunctionIndices,
-    store: _TileStore,
-    slots: list[_Slot],
+    store: TileStore,
+    slots: list[Slot],
     loop_atom: str | None,
 ) -> None:
     """The stored value reads global memory the kernel never writes, at indices
-    :func:`_check_index` accepts."""
+    :func:`check_index` accepts."""
     written = {
         a.buffer.name
         for a in indices.accesses()
@@ -221,10 +221,10 @@ def _check_loads(
                 f"a staged value `{source.snippet(store.value, 60)}` read from {name}, "
                 "which the kernel writes or which is not global memory"
             )
-        _check_index(source, indices, store, slots, loop_atom, access.offset)
+        check_index(source, indices, store, slots, loop_atom, access.offset)
 
 
-def _check_outside_loads(source: ParsedSource, indices: FunctionIndices, store: _TileStore) -> None:
+def _check_outside_loads(source: ParsedSource, indices: FunctionIndices, store: TileStore) -> None:
     """Outside its loads' indices the stored value may not differ between the threads and
     iterations that fill one slot: no thread index, loop variable or value read elsewhere."""
     loads = [
@@ -251,7 +251,7 @@ def _check_outside_loads(source: ParsedSource, indices: FunctionIndices, store: 
         stack.extend(node.named_children)
 
 
-class _Rewriter:
+class SlotRewriter:
     """The stored value as text the reading thread can evaluate for one slot."""
 
     def __init__(
@@ -260,7 +260,7 @@ class _Rewriter:
         function: Function,
         staging: Node,
         variable: str | None,
-        slots: list[_Slot],
+        slots: list[Slot],
     ) -> None:
         self.source = source
         self.function = function
@@ -364,7 +364,7 @@ class _Rewriter:
             raise _refuse(f"a staged value that uses {builtin}, which no slot index names")
         return self._read_index(self.slots[position])
 
-    def _read_index(self, slot: _Slot) -> tuple[str, int]:
+    def _read_index(self, slot: Slot) -> tuple[str, int]:
         index = self.read[self.slots.index(slot)]
         return self.source.text_of(index), precedence(index)
 
@@ -528,7 +528,7 @@ def _dominates(definition: Node, use: Node) -> bool:
 
 
 def _reads(
-    source: ParsedSource, function: Function, store: _TileStore, staging: Node, barrier: Node
+    source: ParsedSource, function: Function, store: TileStore, staging: Node, barrier: Node
 ) -> list[tuple[Node, list[Node]]]:
     """The reads ``S[a][b]`` of the tile (with their indices) after the barrier;
     NotInForm for any other use."""
@@ -606,7 +606,7 @@ def tile_once_removal(source: ParsedSource, function: Function, staging: Node) -
         _check_loads(source, indices, store, slots, loop_atom)
         _check_outside_loads(source, indices, store)
         _check_tile_written_once(source, indices, store)
-        rewriter = _Rewriter(source, function, staging, name, slots)
+        rewriter = SlotRewriter(source, function, staging, name, slots)
         for read, read_indices in _reads(source, function, store, staging, barrier):
             text, strength = rewriter.value_at(store.value, read_indices)
             edits.append(Edit.replace(read, wrap_at(read, text, strength)))
@@ -616,7 +616,7 @@ def tile_once_removal(source: ParsedSource, function: Function, staging: Node) -
 
 
 def _check_tile_written_once(
-    source: ParsedSource, indices: FunctionIndices, store: _TileStore
+    source: ParsedSource, indices: FunctionIndices, store: TileStore
 ) -> None:
     for access in indices.accesses():
         if access.buffer.name != store.tile or access.direction == "load":
@@ -630,7 +630,7 @@ def _check_tile_written_once(
 def _deletions(
     source: ParsedSource,
     function: Function,
-    stores: list[_TileStore],
+    stores: list[TileStore],
     removed: list[Node],
     barrier: Node,
 ) -> list[Edit]:

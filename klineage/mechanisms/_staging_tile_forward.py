@@ -41,10 +41,10 @@ from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import NotInForm, fresh_name, statements
 from klineage.mechanisms._local_util import names_in_function
 from klineage.mechanisms._staging_tile import (
-    _check_index,
-    _Rewriter,
-    _Slot,
-    _TileStore,
+    Slot,
+    SlotRewriter,
+    TileStore,
+    check_index,
 )
 from klineage.mechanisms._tiles_util import launch_block_dims
 
@@ -140,15 +140,16 @@ def tiled_transpose(source: ParsedSource, function: Function, loop: Node) -> Til
     }
     if read.buffer.name in written:
         raise _refuse(f"a transposed read of {read.buffer.name}, which the kernel also writes")
-    slots = _slots()
-    store = _TileStore(read.node, "", (), read.node)
-    _check_index(source, indices, store, slots, variable.atom, read.offset)
+    # the read seen as the store filling slot [threadIdx.x][threadIdx.y + i]: its index must
+    # be the same for every thread and turn that fills one slot, as the removal requires
+    store = TileStore(read.node, "", (), read.node)
+    check_index(source, indices, store, _slots(), variable.atom, read.offset)
     return TiledTranspose(function, loop, variable, read, source.text_of(variable.bound))
 
 
-def _slots() -> list[_Slot]:
+def _slots() -> list[Slot]:
     # the original read seen as filling slot [threadIdx.x][threadIdx.y + i]
-    return [_Slot(_X), _Slot(_Y, plus_loop=True)]
+    return [Slot(_X), Slot(_Y, plus_loop=True)]
 
 
 def _within(node: Node, function: Function) -> bool:
@@ -174,7 +175,7 @@ def _check_block_reaches_barrier(
         current = current.parent
 
 
-class _SwappedReader(_Rewriter):
+class _SwappedReader(SlotRewriter):
     """The original read's value for the thread whose ``threadIdx.x`` is this thread's
     ``threadIdx.y + i`` and whose ``threadIdx.y + i`` is this thread's ``threadIdx.x``."""
 
@@ -184,7 +185,7 @@ class _SwappedReader(_Rewriter):
         )
         self.turn = transpose.variable.name
 
-    def _read_index(self, slot: _Slot) -> tuple[str, int]:
+    def _read_index(self, slot: Slot) -> tuple[str, int]:
         if slot.thread == _X:
             return f"{_Y} + {self.turn}", BINARY_PRECEDENCE["+"]
         return _X, PRIMARY
