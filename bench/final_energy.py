@@ -222,8 +222,16 @@ def main(argv: list[str] | None = None, gate: Gates | None = None) -> None:
     if args.summarize is None:
         measure(args, gate)
         return
-    summary = summarize(_read(args.summarize))
-    text = json.dumps({"source": args.summarize.name, "methods": summary}, indent=1)
+    rows = _read(args.summarize)
+    kept = {
+        "command": command_line(sys.argv if argv is None else ["bench/final_energy.py", *argv]),
+        "source": args.summarize.name,
+        "hardware": sorted({str(r.get("hardware")) for r in rows}),
+        "kernels": len(rows),
+        "passed": sum(r.get("status") == "PASSED" for r in rows),
+        "methods": summarize(rows),
+    }
+    text = json.dumps(kept, indent=1)
     if args.json is not None:
         args.json.write_text(text + "\n", encoding="utf-8")
     print(text)

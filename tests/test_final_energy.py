@@ -96,7 +96,12 @@ def test_a_cut_run_goes_on_and_the_summary_ranks_by_energy(tmp_path: Path) -> No
     )
     summary_file = tmp_path / "summary.json"
     energy.main(["--summarize", str(out), "--json", str(summary_file)])
-    summary = json.loads(summary_file.read_text(encoding="utf-8"))["methods"]
+    kept = json.loads(summary_file.read_text(encoding="utf-8"))
+    # what the figures came from: the command, the cards and how many kernels passed
+    assert kept["command"].startswith("python bench/final_energy.py --summarize")
+    assert kept["hardware"] == ["stand-in (no GPU)"]
+    assert kept["kernels"] == kept["passed"] == len(rows)
+    summary = kept["methods"]
     assert set(summary) == METHODS
     assert all(s["problems"] == 2 for s in summary.values())
     # the stand-in makes energy follow the kernel's length: the naive kernel is the shortest
