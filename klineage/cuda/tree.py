@@ -223,16 +223,18 @@ def assigned_names(source: ParsedSource, nodes: Node | Iterable[Node]) -> set[st
     return written
 
 
+def declarator_name(source: ParsedSource, declarator: Node) -> str | None:
+    """The name one declarator declares (``*b[4]`` and ``g(x, y)`` -> ``b``, ``g``), or None."""
+    current: Node | None = declarator
+    while current is not None and current.type != "identifier":
+        current = current.child_by_field_name("declarator")
+    return None if current is None else source.text_of(current)
+
+
 def declaration_names(source: ParsedSource, declaration: Node) -> list[str]:
     """The names one declaration declares, in order (``int a = 0, *b[4];`` -> ``a``, ``b``)."""
-    names: list[str] = []
-    for declarator in declaration.children_by_field_name("declarator"):
-        current: Node | None = declarator
-        while current is not None and current.type != "identifier":
-            current = current.child_by_field_name("declarator")
-        if current is not None:
-            names.append(source.text_of(current))
-    return names
+    names = (declarator_name(source, d) for d in declaration.children_by_field_name("declarator"))
+    return [name for name in names if name is not None]
 
 
 def declared_names(source: ParsedSource, nodes: Node | Iterable[Node]) -> set[str]:

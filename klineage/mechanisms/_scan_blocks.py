@@ -88,8 +88,9 @@ def block_scan_edits(
         head = chunk_start(source, scan, base, part, ("blockDim.x", "threadIdx.x"), step)
         store = [f"{step}if ({c} < {n}) {target} = {acc} + {below} + {part};"]
     else:
-        head, store = _thread_runs(source, scan, taken, (base, part), items, step, lane, mask)
-        store = [line.replace("@BELOW@", below) for line in store]
+        head, store = _thread_runs(
+            source, scan, taken, (base, part, below), items, step, lane, mask
+        )
     loop = "\n".join([
         *head,
         *hillis_steele(step, part, lane, offset, up, mask),
@@ -127,7 +128,7 @@ def _thread_runs(
     source: ParsedSource,
     scan: RowScan,
     taken: set[str],
-    names: tuple[str, str],
+    names: tuple[str, str, str],
     items: int,
     step: str,
     lane: str,
@@ -135,10 +136,10 @@ def _thread_runs(
 ) -> tuple[list[str], list[str]]:
     """The head of a turn where each thread scans ``items`` consecutive elements serially
     (its run's total left in ``part`` for the warp scan), and the stores after the block's
-    totals are known (``@BELOW@`` standing for the warps below's sum): each element gets the
-    carry, the warps below, the lanes below (the warp scan shifted by one lane) and its own
-    running sum."""
-    base, part = names
+    totals are known (``below``, the warps below's sum, of ``names = (base, part, below)``):
+    each element gets the carry, the warps below, the lanes below (the warp scan shifted by
+    one lane) and its own running sum."""
+    base, part, below = names
     c, acc, index = scan.variable, scan.accumulator, scan.index_type
     n, value, target = (source.text_of(x) for x in (scan.bound, scan.value, scan.target))
     first, run, k, before = (fresh_name(taken, x) for x in (
@@ -163,7 +164,7 @@ def _thread_runs(
         f"{step}#pragma unroll",
         f"{step}for (int {k} = 0; {k} < {items}; ++{k}) {{",
         f"{inner}const {index} {c} = {first} + {k};",
-        f"{inner}if ({c} < {n}) {target} = {acc} + @BELOW@ + {before} + {run}[{k}];",
+        f"{inner}if ({c} < {n}) {target} = {acc} + {below} + {before} + {run}[{k}];",
         f"{step}}}",
     ]  # fmt: skip
     return head, store

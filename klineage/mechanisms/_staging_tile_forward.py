@@ -37,7 +37,7 @@ from klineage.cuda.analysis import FunctionIndices, analysis
 from klineage.cuda.analysis.indices import Access, LoopVariable
 from klineage.cuda.cexpr import BINARY_PRECEDENCE, PRIMARY, fold_int
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import NotInForm, fresh_name, statements
 from klineage.mechanisms._local_util import names_in_function
 from klineage.mechanisms._staging_tile import (
@@ -68,8 +68,6 @@ class TiledTranspose:
     variable: LoopVariable
     read: Access
     """The transposed read of the input."""
-    side: str
-    """The tile side as written (the loop's bound)."""
 
 
 def _refuse(form: str) -> NotInForm:
@@ -129,7 +127,7 @@ def tiled_transpose(source: ParsedSource, function: Function, loop: Node) -> Til
                 f", not {side} x {rows} threads walking a {side} x {side} tile"
             )
     _check_block_reaches_barrier(source, function, loop, read.node)
-    if any(_within(d.node, function) for d in source.shared_declarations):
+    if any(within(d.node, function.body) for d in source.shared_declarations):
         raise _refuse(f"{function.name}, which already uses shared memory")
     if analysis(source).shared(function).barriers:
         raise _refuse(f"{function.name}, which already has block barriers")
@@ -144,17 +142,12 @@ def tiled_transpose(source: ParsedSource, function: Function, loop: Node) -> Til
     # be the same for every thread and turn that fills one slot, as the removal requires
     store = TileStore(read.node, "", (), read.node)
     check_index(source, indices, store, _slots(), variable.atom, read.offset)
-    return TiledTranspose(function, loop, variable, read, source.text_of(variable.bound))
+    return TiledTranspose(function, loop, variable, read)
 
 
 def _slots() -> list[Slot]:
     # the original read seen as filling slot [threadIdx.x][threadIdx.y + i]
     return [Slot(_X), Slot(_Y, plus_loop=True)]
-
-
-def _within(node: Node, function: Function) -> bool:
-    body = function.body
-    return body is not None and body.start_byte <= node.start_byte < body.end_byte
 
 
 def _check_block_reaches_barrier(
@@ -183,11 +176,10 @@ class _SwappedReader(SlotRewriter):
         super().__init__(
             source, transpose.function, transpose.loop, transpose.variable.name, _slots()
         )
-        self.turn = transpose.variable.name
 
     def _read_index(self, slot: Slot) -> tuple[str, int]:
         if slot.thread == _X:
-            return f"{_Y} + {self.turn}", BINARY_PRECEDENCE["+"]
+            return f"{_Y} + {self.variable}", BINARY_PRECEDENCE["+"]
         return _X, PRIMARY
 
 
@@ -198,7 +190,8 @@ def tiled_transpose_edits(source: ParsedSource, transpose: TiledTranspose) -> li
     value, _ = _SwappedReader(source, transpose).value_at(transpose.read.node, [])
     tile = fresh_name(names_in_function(source, function), "tile")
     element = transpose.read.buffer.element_type.replace("const", "").strip()
-    side = transpose.side
+    assert transpose.variable.bound is not None  # tiled_transpose folded it to the tile side
+    side = source.text_of(transpose.variable.bound)
     body = loop.child_by_field_name("body")
     assert body is not None
     header = source.text_of((loop.start_byte, body.start_byte)).rstrip()

@@ -27,6 +27,7 @@ from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.tree import declarator_name
 
 FULL_MASK = "0xffffffffu"
 LANE = "(int)(((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) & 31u)"
@@ -500,7 +501,7 @@ def _local_dim3(
     decl, value = entries[0]
     if value is None:  # `dim3 block(16, 16);`, or `dim3 block(kTile, kTile);` (a declarator)
         for declarator in decl.children_by_field_name("declarator"):
-            if _declared_name(source, declarator) != name:
+            if declarator_name(source, declarator) != name:
                 continue  # `dim3 grid(...), block(...);`: another declarator of the line
             args = next(
                 (c for c in declarator.children if c.type in ("argument_list", "parameter_list")),
@@ -521,13 +522,6 @@ def _local_dim3(
         folded = [fold_int(source, a, names) for a in value.named_children]
         return None if None in folded else [v for v in folded if v is not None]
     return _dims_of(source, value, names)
-
-
-def _declared_name(source: ParsedSource, declarator: Node) -> str | None:
-    inner: Node | None = declarator
-    while inner is not None and inner.type != "identifier":
-        inner = inner.child_by_field_name("declarator")
-    return None if inner is None else source.text_of(inner)
 
 
 def kernel_block_dims(source: ParsedSource, kernel: str) -> tuple[int, int, int] | None:
