@@ -212,6 +212,7 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
                 skip_same_as_gated=False,
                 idle_last=False,
                 spread_first=False,
+                stage_first=False,
             )
             try:
                 result, _ = materializer.run(problem, naive, method)

@@ -352,6 +352,11 @@ class Mechanism(ABC):
     each block takes a chunk, a thread's lanes unchanged); None for neither. Replay races
     such rivals in the order the target's loads favor
     (:func:`klineage.replay.coalescing.loop_spread`)."""
+    stages_loads: ClassVar[bool] = False
+    """It routes global loads through shared memory (tiles a block reads many times, or a
+    transposed read made coalesced): where the target's loads are reused across threads or
+    strided across lanes, replay tries it first, whatever the expert it was mined from gained
+    (:func:`klineage.replay.coalescing.calls_for_staging`)."""
 
     # -- to implement -------------------------------------------------------------------------
 

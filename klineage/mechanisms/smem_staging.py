@@ -688,6 +688,7 @@ class SmemStaging(Mechanism):
     category = "memory"
     signature = ("LDS", "STS")
     family = "shared-memory staging of tiles"
+    stages_loads = True
     intent = (
         "Load each operand tile once per block into shared memory and compute from there, so "
         "a value reused by many threads is read from global memory once."

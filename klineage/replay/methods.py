@@ -68,7 +68,7 @@ from klineage.llm.proposals import Rejection, materialize_skill
 from klineage.mechanisms import Carrier, Mechanism, MechanismRefused, Refusal, all_mechanisms
 from klineage.mining.removal import apply_everywhere
 from klineage.problem import Problem
-from klineage.replay.coalescing import spread_first
+from klineage.replay.coalescing import spread_first, stage_first
 from klineage.replay.dispatch import DispatchRefused, best_split, write_dispatch
 from klineage.replay.ordering import (
     closes,
@@ -726,6 +726,11 @@ class SkillsMethod(ForwardSearch):
             # rival layouts of a loop (a warp or block per row, a split) raced in the order
             # the target's loads favor: the race is the same, its winner is reached sooner
             ordered = spread_first(ordered, lambda r: r.mechanism, closed, current)
+        if self.materializer.stage_first:
+            # where the loads are reused across threads or strided across lanes, staging
+            # goes first: the gain measured on its expert says nothing of that here
+            held_back = self._unrelieved[current.fingerprint]
+            ordered = stage_first(ordered, lambda r: r.mechanism, current, held_back)
         # what changed nothing at an earlier state on the way here is tried after the rest,
         # and what measured slower there after that
         failed = self.failed_before(current)
@@ -991,6 +996,7 @@ class Materializer:
         skip_same_as_gated: bool = True,
         idle_last: bool = True,
         spread_first: bool = True,
+        stage_first: bool = True,
     ) -> None:
         if beam_width < 1:
             raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
@@ -1024,6 +1030,10 @@ class Materializer:
         """Whether rival loop layouts are raced in the order the target's loads favor
         (:mod:`klineage.replay.coalescing`; False: retrieval's order, as replays before
         2026-12-05 ran)."""
+        self.stage_first = stage_first
+        """Whether staging in shared memory goes first where the target's loads call for it
+        (:func:`klineage.replay.coalescing.calls_for_staging`; False: in rank order, as
+        replays before 2026-12-06 ran)."""
         self.skills = {s.id: s for s in skills}
         self.budget = budget or ReplayBudget()
         self.arch = arch

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from klineage.kernel import KernelSource
-from klineage.replay.coalescing import BLOCKS, LANES, loop_spread, spread_first
+from klineage.replay.coalescing import (
+    BLOCKS,
+    LANES,
+    REUSED,
+    STRIDED,
+    calls_for_staging,
+    loop_spread,
+    spread_first,
+    stage_first,
+)
 from tests.conftest import REPO
 
 ROWS = """
@@ -58,3 +67,52 @@ def test_rivals_swap_places_and_nothing_else_moves() -> None:
     # a split that does not close the rows' sites is no rival: nothing to reorder
     apart = {"block_per_row": {"warp_per_row"}, "warp_per_row": {"block_per_row"}}
     assert spread_first(ranked, str, apart, KernelSource(COLUMNS)) == ranked
+
+
+OUTER_PRODUCT = """
+__global__ void matmul(const float* a, const float* b, float* c, int m, int n, int k) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= m * n) return;
+  int row = i / n;
+  int col = i - row * n;
+  float acc = 0.f;
+  for (int p = 0; p < k; ++p) acc += a[row * k + p] * b[p * n + col];
+  c[i] = acc;
+}
+"""
+TRANSPOSED_READ = """
+__global__ void flip(const float* x, float* y, int rows, int cols) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  int c = i / rows;
+  int r = i - c * rows;
+  y[i] = x[r * cols + c];
+}
+"""
+ELEMENTWISE = """
+__global__ void scale(const float* x, float* y, float s, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = s * x[i];
+}
+"""
+
+
+def test_reused_and_strided_loads_call_for_staging_and_a_row_walk_does_not() -> None:
+    # a: one address across the lanes, b: contiguous across them, both walked by p
+    assert calls_for_staging(KernelSource(OUTER_PRODUCT)) == REUSED
+    # consecutive lanes read elements `cols` apart, outside any loop
+    assert calls_for_staging(KernelSource(TRANSPOSED_READ)) == STRIDED
+    assert calls_for_staging(KernelSource(ELEMENTWISE)) is None
+    # a thread's own row: strided across lanes too, but inside the loop a layout spreads
+    assert calls_for_staging(KernelSource(ROWS)) is None
+    assert calls_for_staging(KernelSource(COLUMNS)) is None
+
+
+def test_staging_moves_first_only_where_called_for_and_not_when_held_back() -> None:
+    ranked = ["vectorized_access", "restrict_pointers", "smem_staging", "launch_bounds"]
+    staged = ["smem_staging", "vectorized_access", "restrict_pointers", "launch_bounds"]
+    assert stage_first(ranked, str, KernelSource(OUTER_PRODUCT)) == staged
+    assert stage_first(ranked, str, KernelSource(TRANSPOSED_READ)) == staged
+    assert stage_first(ranked, str, KernelSource(ELEMENTWISE)) == ranked
+    held = stage_first(ranked, str, KernelSource(OUTER_PRODUCT), {"smem_staging"})
+    assert held == ranked
