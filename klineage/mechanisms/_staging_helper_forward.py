@@ -54,7 +54,6 @@ from klineage.cuda.tree import (
     assigned_names,
     binary_operands,
     call_arguments,
-    callee_name,
     fresh_name,
     operator_of,
     statements,
@@ -63,12 +62,14 @@ from klineage.cuda.tree import (
     walk,
 )
 from klineage.mechanisms._staging import thread_names
+from klineage.mechanisms._staging_helper import defined_callee
 from klineage.mechanisms._staging_once import is_written
 from klineage.mechanisms._tiles_util import (
     Locals,
     function_names,
     names_in,
     rename,
+    with_comments_above,
 )
 
 __all__ = ["TileLoop", "advanced_pointers", "tile_loop", "tile_loop_edits"]
@@ -182,13 +183,6 @@ def advanced_pointers(source: ParsedSource, function: Function, loop: Node) -> l
     return found
 
 
-def _callee(source: ParsedSource, call: Node) -> Function | None:
-    function = call.child_by_field_name("function")
-    if function is None:
-        return None
-    return analysis(source).call_graph.definition(callee_name(source.text_of(function)))
-
-
 def _wrapped(source: ParsedSource, node: Node) -> str:
     return _wrap(source.text_of(node))
 
@@ -259,7 +253,7 @@ def _operand(
             subscripts += _reads_of(source, function, pointer, parent)
             continue
         outer = parent.parent if parent is not None else None
-        reader = _callee(source, outer) if outer is not None else None
+        reader = defined_callee(source, outer) if outer is not None else None
         if parent is None or parent.type != "argument_list" or outer is None or reader is None:
             raise _refuse(
                 f"{pointer} used as `{source.snippet(parent or node, 60)}`, neither read as "
@@ -574,7 +568,7 @@ def tile_loop_edits(source: ParsedSource, tiles: TileLoop, names: list[str]) -> 
     edits += _unused_tails(source, tiles.operands)
     edits.append(
         Edit.insert(
-            _before_comments(source, function.outer),
+            with_comments_above(source, function.outer).start_byte,
             _loader_text(loader, loader_name, thread, count),
         )
     )
@@ -599,18 +593,6 @@ def _template_argument(text: str) -> str:
     while stripped.startswith("(") and stripped.endswith(")") and stripped.count("(") == 1:
         stripped = stripped[1:-1].strip()
     return f"({stripped})" if ">" in stripped else stripped
-
-
-def _before_comments(source: ParsedSource, node: Node) -> int:
-    """Where a definition starts with the comments on the lines right above it."""
-    start = node
-    while (
-        start.prev_sibling is not None
-        and start.prev_sibling.type == "comment"
-        and source.starts_line(start.prev_sibling.start_byte)
-    ):
-        start = start.prev_sibling
-    return start.start_byte
 
 
 def _wrap(text: str) -> str:
