@@ -115,7 +115,7 @@ class RowLayoutMechanism(Mechanism):
                 continue  # one element per thread: nothing to spread over a group
             refusal = None
             try:
-                thread_rows(source, kernel)
+                thread_rows(source, kernel, self.group)
             except NotCanonical as why:
                 refusal = str(why)
             yield self._site(source, kernel, refusal)
@@ -144,7 +144,7 @@ class RowLayoutMechanism(Mechanism):
         if variable and text and scratch:
             merges.append(MergeReduction(variable, text, scratch))
         try:
-            rows = thread_rows(source, self._kernel(source, site))
+            rows = thread_rows(source, self._kernel(source, site), self.group)
             return spread_rows(source, rows, self.group, block, merges)
         except NotCanonical as why:
             raise self.refuse(str(why), site, "apply") from None

@@ -6,7 +6,9 @@ and ``warp_per_row``.
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
 
-and then walks its row with plain loops ``for (int64_t c = 0; c < n; ++c)``. Each loop either
+(after any compile-time constants, ``const int U = 8;``) and then walks its row with plain
+loops ``for (int64_t c = 0; c < n; ++c)``, or loops unrolled by hand
+(:mod:`klineage.mechanisms._block_unrolled`). Each loop either
 *reduces* into scalars declared before it (``acc += e``, ``m = fmaxf(m, e)``, ``fminf``) or
 *maps* (stores ``p[... c ...] = e``), or both; everything else is scalar code on values
 every thread of a row agrees on. Such a kernel is spread over a group of threads (a block or
@@ -53,7 +55,14 @@ from klineage.cuda.tree import (
     statement_before,
     walk,
 )
-from klineage.mechanisms._block_unrolled import UnrolledFormError, unrolled_loop
+from klineage.mechanisms._block_unrolled import (
+    STORE_INTRINSICS,
+    UnrolledFormError,
+    UnrolledLoop,
+    clamped_element,
+    thread_unrolled_loop,
+    unrolled_loop,
+)
 from klineage.mechanisms._reductions_exchange import exchange_steps, shuffle_steps
 from klineage.mechanisms._reductions_scratch import ScratchRun, scratch_runs
 from klineage.mechanisms._reductions_serial import (
@@ -131,6 +140,10 @@ _SERIAL_FORM = (
 _UNROLLED_FORM = (
     "this rule takes the unrolled block-strided loop `for (i = tid; i < n; i += blockDim.x * "
     "U) for (u = 0; u < U; u++) ... i + u * blockDim.x ...`, writes past n guarded"
+)
+_THREAD_UNROLLED_FORM = (
+    "this rule takes a row loop unrolled by hand as `for (i = 0; i < n; i += U) for (u = 0; "
+    "u < U; u++) ... i + u ...`, U a constant, writes past n guarded by `if (i + u < n)`"
 )
 
 
@@ -412,6 +425,9 @@ class RowLoop:
     update: Node
     accumulators: dict[str, Op] = field(default_factory=dict)
     """Scalars the loop reduces into, in order of appearance, with the operation."""
+    unrolled: UnrolledLoop | None = None
+    """Unrolled by hand: ``i += U`` with ``i + u`` inside, ``u`` an inner loop over ``0 ..
+    U - 1`` (:mod:`klineage.mechanisms._block_unrolled`)."""
 
 
 @dataclass
@@ -498,14 +514,40 @@ def _bound_check(
     return test.child_by_field_name("right")
 
 
+def _leading_constants(source: ParsedSource, statements: list[Node]) -> int:
+    """How many statements at the start of a body only name compile-time integers (``const
+    int U = 8;``, ``constexpr int kWarps = 4;``): values every thread agrees on, which may
+    precede the row index."""
+    constants: dict[str, int | str] = dict(source.integer_constants)
+    count = 0
+    for statement in statements:
+        if statement.type == "comment":
+            count += 1
+            continue
+        declared = _single_init(source, statement)
+        qualifiers = {
+            source.text_of(c)
+            for c in statement.children
+            if c.type in ("type_qualifier", "storage_class_specifier")
+        }
+        value = fold_int(source, declared[1], constants) if declared is not None else None
+        if declared is None or value is None or not qualifiers & {"const", "constexpr"}:
+            break
+        constants[declared[0]] = value
+        count += 1
+    return count
+
+
 def thread_rows_shape(
     source: ParsedSource, kernel: Function
 ) -> tuple[str, Node, Node, Node] | None:
     """(index name, index value, blockIdx operand, bound) when a kernel starts like a
-    thread-per-row kernel; None otherwise (it is then no candidate at all)."""
+    thread-per-row kernel, after any compile-time constants; None otherwise (it is then no
+    candidate at all)."""
     if kernel.body is None:
         return None
     statements = named_statements(kernel.body)
+    statements = statements[_leading_constants(source, statements) :]
     if len(statements) < 2:
         return None
     declared = _single_init(source, statements[0])
@@ -520,22 +562,24 @@ def thread_rows_shape(
 
 
 def thread_row_start(source: ParsedSource, kernel: Function) -> tuple[Node, Node, Node, list[Node]]:
-    """(index value, blockIdx operand, bound, body statements) of a kernel that starts like a
-    thread-per-row kernel and ties nothing else to the thread layout; :class:`NotCanonical`
-    otherwise."""
+    """(index value, blockIdx operand, bound, body statements from the row index on) of a
+    kernel that starts like a thread-per-row kernel and ties nothing else to the thread
+    layout; :class:`NotCanonical` otherwise."""
     shape = thread_rows_shape(source, kernel)
     if shape is None or kernel.body is None:
         raise NotCanonical(f"{kernel.name} does not start with a thread row index and its check")
     _, value, block, bound = shape
     statements = named_statements(kernel.body)
-    _check_thread_local(source, kernel, statements[0])
-    return value, block, bound, statements
+    first = _leading_constants(source, statements)
+    _check_thread_local(source, kernel, statements[first])
+    return value, block, bound, statements[first:]
 
 
-def thread_rows(source: ParsedSource, kernel: Function) -> ThreadRows:
-    """The canonical thread-per-row analysis of a kernel; :class:`NotCanonical` says why not."""
+def thread_rows(source: ParsedSource, kernel: Function, group: Group = "block") -> ThreadRows:
+    """The canonical thread-per-row analysis of a kernel, to be spread over ``group``;
+    :class:`NotCanonical` says why not."""
     value, block, bound, statements = thread_row_start(source, kernel)
-    walker = _ThreadWalker(source, kernel)
+    walker = _ThreadWalker(source, kernel, group)
     for statement in statements[2:]:
         walker.statement(statement)
     if not any(loop.accumulators for loop in walker.loops):
@@ -582,9 +626,10 @@ _MAX_FUNCS: dict[str, Op] = {
 class _ThreadWalker:
     """Walks a thread-per-row kernel's statements after the bound check."""
 
-    def __init__(self, source: ParsedSource, kernel: Function) -> None:
+    def __init__(self, source: ParsedSource, kernel: Function, group: Group) -> None:
         self.source = source
         self.kernel = kernel
+        self.group = group
         self.loops: list[RowLoop] = []
         self.stores: list[Node] = []
         self.store_targets: list[tuple[str, str, Node]] = []  # (base, index, node)
@@ -668,12 +713,26 @@ class _ThreadWalker:
             elif parent is None or parent.type != "compound_statement":
                 raise NotCanonical(f"the store at line {self.line(statement)} is not in a block")
             self.stores.append(statement)
-        elif not _offset_by(self.source, target, loop.variable) and not self._element_store(target):
+        elif (
+            not _offset_by(self.source, target, loop.variable)
+            and not self._element_store(target)
+            and not self._clamped_store(target, loop)
+        ):
             raise NotCanonical(
                 f"the store at line {self.line(statement)} is not p[... + {loop.variable}], so two "
                 "threads of a group could write one element"
             )
         self.store_targets.append((base, index, target))
+
+    def _clamped_store(self, target: Node, loop: RowLoop) -> bool:
+        """``p[min(n - 1, i + u)]`` in an unrolled loop (its guard makes the clamp a no-op)."""
+        target = strip_parens(target)
+        indices = target.child_by_field_name("indices")
+        if loop.unrolled is None or target.type != "subscript_expression" or indices is None:
+            return False
+        return len(indices.named_children) == 1 and clamped_element(
+            self.source, indices.named_children[0], loop.unrolled
+        )
 
     def _points_into_element(self, declaration: Node, variable: str) -> bool:
         """``T* e = (T*)&out[c];``: the address of the loop's element, nothing else."""
@@ -746,21 +805,40 @@ class _ThreadWalker:
         if declared is None or not is_zero_literal(self.source, declared[1]):
             raise NotCanonical(f"the loop at line {self.line(node)} does not start at 0")
         variable = found.variable
-        if not _unit_step(self.source, found.update, variable) or not _below(
-            self.source, found.condition, variable
-        ):
+        unrolled = None
+        if not _below(self.source, found.condition, variable):
             raise NotCanonical(
-                f"the loop at line {self.line(node)} is not {variable} < n with a step of 1"
+                f"the loop at line {self.line(node)} does not run while {variable} < n"
             )
+        if not _unit_step(self.source, found.update, variable):
+            unrolled = self.unrolled(found, declared[1])
         if node.parent is None or node.parent.type != "compound_statement":
             raise NotCanonical(f"the loop at line {self.line(node)} is not directly in a block")
         assert found.update is not None and found.body is not None
-        loop = RowLoop(node, variable, declared[1], found.update)
+        loop = RowLoop(node, variable, declared[1], found.update, unrolled=unrolled)
         local: set[str] = {variable}
         self_reads: set[tuple[int, int]] = set()
         self.loop_body(found.body, loop, local, self_reads)
         self.check_accumulators(loop, self_reads)
         self.loops.append(loop)
+
+    def unrolled(self, found: Loop, start: Node) -> UnrolledLoop:
+        """A row loop stepping by more than 1: the hand-unrolled form, else refused."""
+        line = self.line(found.node)
+        try:
+            indices = analysis(self.source).indices(self.kernel)
+            unrolled = thread_unrolled_loop(self.source, found, start, indices)
+        except UnrolledFormError as why:
+            raise NotCanonical(
+                f"the loop at line {line} is not {found.variable} < n with a step of 1, nor "
+                f"unrolled by hand: {why}; {_THREAD_UNROLLED_FORM}"
+            ) from None
+        if unrolled is None:
+            raise NotCanonical(
+                f"the loop at line {line} is not {found.variable} < n with a step of 1, and its "
+                f"step is not a constant; {_THREAD_UNROLLED_FORM}"
+            )
+        return unrolled
 
     def loop_body(
         self, node: Node, loop: RowLoop, local: set[str], self_reads: set[tuple[int, int]]
@@ -769,6 +847,16 @@ class _ThreadWalker:
         if kind == "compound_statement":
             for child in named_statements(node):
                 self.loop_body(child, loop, local, self_reads)
+        elif kind == "for_statement" and loop.unrolled is not None and node in loop.unrolled.inner:
+            inner = self.source.loop_at(node)  # the loop over u: its variable is the slot
+            assert inner is not None and inner.body is not None
+            local.add(inner.variable or "")
+            self.loop_body(inner.body, loop, local, self_reads)
+        elif kind == "preproc_call" and self.source.text_of(node).split()[:2] == [
+            "#pragma",
+            "unroll",
+        ]:
+            return
         elif kind == "declaration":
             local.update(n for n in declaration_names(self.source, node))
             if self._points_into_element(node, loop.variable):
@@ -810,12 +898,12 @@ class _ThreadWalker:
         left = expression.child_by_field_name("left")
         right = expression.child_by_field_name("right")
         assert left is not None and right is not None
-        if left.type != "identifier":
+        if left.type != "identifier" and not self._local_array(left, local):
             self.store(node, left, loop)
             self.reads(right, in_loop=True)
             return
         name = self.source.text_of(left)
-        if name in local:
+        if name in local or left.type != "identifier":
             self.reads(right, in_loop=True)
             return
         op, self_read = self.accumulation(expression, name)
@@ -825,6 +913,15 @@ class _ThreadWalker:
         if self_read is not None:
             self_reads.add((self_read.start_byte, self_read.end_byte))
         self.reads(right, in_loop=True)
+
+    def _local_array(self, target: Node, local: set[str]) -> bool:
+        """``a[k]`` with ``a`` an array the loop body declares: registers of this thread."""
+        target = strip_parens(target)
+        base = target.child_by_field_name("argument")
+        if target.type != "subscript_expression" or base is None or base.type != "identifier":
+            return False
+        kind = self.types.get(self.source.text_of(base), "")
+        return self.source.text_of(base) in local and kind.endswith("[]") and "*" not in kind
 
     def accumulation(self, expression: Node, name: str) -> tuple[Op, Node | None]:
         """(operation, the node reading the accumulator itself) of ``acc op= e``."""
@@ -930,18 +1027,51 @@ class _ThreadWalker:
                     f"{base}[{index}] is read at line {self.line(node)} but written elsewhere "
                     "in the kernel, by another thread of the group"
                 )
+            self.check_clamped_read(base, index, node)
+
+    def check_clamped_read(self, base: str, index: str, node: Node) -> None:
+        """``p[min(n - 1, i + u)]`` read back in an unrolled loop: past the row's end every
+        thread reads ``p[n - 1]``, which another thread of the group wrote; that is the value
+        a thread per row reads only when a group reduction (a barrier) lies between the
+        store and the read."""
+        reader = next((i for i, loop in enumerate(self.loops) if within(node, loop.node)), None)
+        subscript = strip_parens(node)
+        inner = subscript.child_by_field_name("indices")
+        unrolled = self.loops[reader].unrolled if reader is not None else None
+        if unrolled is None or inner is None or len(inner.named_children) != 1:
+            return
+        if not clamped_element(self.source, inner.named_children[0], unrolled):
+            return
+        for stored_base, stored_index, target in self.store_targets:
+            if (stored_base, stored_index) != (base, index):
+                continue
+            writer = next(
+                (i for i, loop in enumerate(self.loops) if within(target, loop.node)), None
+            )
+            assert reader is not None
+            if self.group != "block":
+                raise NotCanonical(
+                    f"{self.source.text_of(node)} at line {self.line(node)} reads the row's last "
+                    f"element past its end, which another lane writes at line {self.line(target)}; "
+                    "shuffles are no memory barrier, so this rule needs a block"
+                )
+            if writer is None or not any(loop.accumulators for loop in self.loops[writer:reader]):
+                raise NotCanonical(
+                    f"{self.source.text_of(node)} at line {self.line(node)} reads the row's last "
+                    "element past its end, which another thread of the group writes at line "
+                    f"{self.line(target)} with no group reduction (barrier) in between"
+                )
 
 
-_STORE_INTRINSICS = frozenset({"__stcs", "__stcg", "__stwt", "__stwb"})
 _LOAD_INTRINSICS = frozenset({"__ldg", "__ldcs", "__ldcg", "__ldca", "__ldlu", "__ldcv"})
-"""Stores and loads through a cache hint: ``__stcs(p + i, v)`` is ``p[i] = v``."""
+"""Loads through a cache hint (the stores are :data:`STORE_INTRINSICS`)."""
 
 
 def _intrinsic_store(source: ParsedSource, expression: Node) -> tuple[Node, Node] | None:
     """(address, value) of ``__stcs(address, value)`` and its kin whose address is
     ``p + index``; None for anything else."""
     if expression.type != "call_expression" or call_name(source, expression) not in (
-        _STORE_INTRINSICS
+        STORE_INTRINSICS
     ):
         return None
     arguments = arguments_of(expression)
@@ -1174,7 +1304,7 @@ def spread_rows(
     stride = _group_stride(source, rows.kernel.name, group, block_size)
     for loop in rows.loops:
         edits.append(Edit.replace(loop.start, _RANK[group]))
-        edits.append(Edit.replace(loop.update, f"{loop.variable} += {stride}"))
+        edits += _strided_update(source, loop, group, stride)
         indent = source.indent_of(loop.node.start_byte)
         lines = "".join(
             f"\n{indent}{name} = {group}_reduce_{op}({name});"
@@ -1201,6 +1331,22 @@ def spread_rows(
     _check_launch_bounds(source, rows.kernel, block_size)
     edits += _launch_edits_to_groups(source, rows, group, block_size)
     edits += helper_insertions(source, rows.kernel, group, ops)
+    return edits
+
+
+def _strided_update(source: ParsedSource, loop: RowLoop, group: Group, stride: str) -> list[Edit]:
+    """The step of a loop spread over the group: the group's size, or for a loop unrolled by
+    hand ``stride * U`` with each ``i + u`` now ``i + u * stride`` (the group's threads take
+    turns inside each run of ``U`` group-sized slots)."""
+    if loop.unrolled is None:
+        return [Edit.replace(loop.update, f"{loop.variable} += {stride}")]
+    step = loop.unrolled.update.child_by_field_name("right")
+    factor = loop.unrolled.factor
+    if step is None or precedence(strip_parens(step)) < PRIMARY:
+        factor = f"({factor})"
+    edits = [Edit.replace(loop.update, f"{loop.variable} += {stride} * {factor}")]
+    for slot, _ in loop.unrolled.slots:
+        edits.append(Edit.replace(slot, f"{source.text_of(slot)} * {stride}"))
     return edits
 
 
@@ -1757,8 +1903,7 @@ class _GroupWalker:
                 continue
             if self.is_rank(declared[1], lane_name):
                 if self.stride(loop.update, loop.variable) is None:
-                    if self.group == "block":
-                        self.unrolled_loop(loop, declared[1])
+                    self.unrolled_loop(loop, declared[1])
                     continue
                 update = f"++{loop.variable}"
             else:
@@ -1890,7 +2035,10 @@ class _GroupWalker:
         < n; i += U)`` with ``i + u`` (:mod:`klineage.mechanisms._block_unrolled`)."""
         indices = analysis(self.source).indices(self.kernel)
         try:
-            found = unrolled_loop(self.source, loop, start, indices, self.is_block_size)
+            if self.group == "block":
+                found = unrolled_loop(self.source, loop, start, indices, self.is_block_size)
+            else:  # the caller checked the start is the lane, which the analysis cannot name
+                found = unrolled_loop(self.source, loop, start, indices, self.is_warp_size, None)
         except UnrolledFormError as why:
             raise NotCanonical(f"{why}; {_UNROLLED_FORM}") from None
         if found is None:

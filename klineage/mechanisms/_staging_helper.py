@@ -63,7 +63,7 @@ from klineage.mechanisms._staging_helper_2d import is_2d_staging, tile_2d_remova
 from klineage.mechanisms._staging_once import is_written, orphan_deletions
 from klineage.mechanisms._tiles_util import fresh_name, function_names, statement_deletion
 
-__all__ = ["helper_removal"]
+__all__ = ["defined_callee", "helper_removal"]
 
 _NEEDED = (
     "a tile loop `{ loader(.., S, ..); barrier; reads of S (in the kernel or through a helper "
@@ -397,7 +397,7 @@ def _call_of(statement: Node) -> Node | None:
     return call if call.type == "call_expression" else None
 
 
-def _callee(source: ParsedSource, call: Node) -> Function | None:
+def defined_callee(source: ParsedSource, call: Node) -> Function | None:
     """The helper defined in the source that ``call`` calls."""
     function = call.child_by_field_name("function")
     if function is None:
@@ -448,7 +448,7 @@ def helper_removal(source: ParsedSource, function: Function, loop: Node) -> list
             "first, one barrier after it, at most one more)"
         )
     call = _call_of(items[0])
-    loader = _callee(source, call) if call is not None else None
+    loader = defined_callee(source, call) if call is not None else None
     if call is None or loader is None or loader.body is None:
         raise _refuse(
             f"a tile loop whose first statement `{source.snippet(items[0], 60)}` is not a "
@@ -528,7 +528,7 @@ def helper_removal(source: ParsedSource, function: Function, loop: Node) -> list
                 f"{array.name} used as `{source.snippet(parent or node, 60)}`, not read as "
                 f"`{array.name}[e]` nor passed to a reader"
             )
-        reader = _callee(source, outer)
+        reader = defined_callee(source, outer)
         if reader is None or reader.body is None or len(graph.call_sites(reader.name)) != 1:
             raise _refuse(
                 f"{array.name} passed to `{source.snippet(outer, 60)}`, not a helper called "

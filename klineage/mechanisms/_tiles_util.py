@@ -343,6 +343,18 @@ def _is_field_base(node: Node) -> bool:
     return parent is not None and parent.type == "field_expression"
 
 
+def with_comments_above(source: ParsedSource, statement: Node) -> Node:
+    """The first of the whole-line comments written just above a statement (or itself)."""
+    start = statement
+    while (
+        start.prev_sibling is not None
+        and start.prev_sibling.type == "comment"
+        and source.starts_line(start.prev_sibling.start_byte)
+    ):
+        start = start.prev_sibling
+    return start
+
+
 def fresh_name(used: set[str], base: str) -> str:
     """``base``, or ``base_2``, ``base_3``... whichever is not in ``used`` (and adds it)."""
     name, index = base, 2

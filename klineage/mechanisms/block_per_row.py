@@ -27,7 +27,10 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   maximum, normalization or dot product, one thread per row): loops stride by the block,
   each accumulator of a loop (sum, max or min of a float) is block-reduced after it, stores
   outside loops are done by thread 0, and the launch gets one block of ``block_size``
-  threads per row. See
+  threads per row. The public spellings its removal leaves are taken too: compile-time
+  constants before the row index, and row loops unrolled by hand (``i += U`` with ``i + u``
+  inside, reads clamped ``min(n - 1, i + u)``, writes guarded ``if (i + u < n)``) become
+  ``i += blockDim.x * U`` with ``i + u * blockDim.x``. See
   :mod:`klineage.mechanisms._reductions_rows` for the exact canonical forms. On a naive row
   scan (a thread writing its row's running sum, ``form=scan``), a block that scans the row
   ``blockDim.x * K`` elements a turn: each thread ``K`` consecutive elements serially

@@ -41,6 +41,7 @@ from klineage.mechanisms._tiles_util import (
     reindent,
     statement_deletion,
     statements,
+    with_comments_above,
 )
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -263,18 +264,6 @@ def _refusal(links: list[tuple[Node | None, Node]]) -> str | None:
     )
 
 
-def _with_comments_above(source: ParsedSource, statement: Node) -> Node:
-    """The first of the whole-line comments written just above a statement (or itself)."""
-    start = statement
-    while (
-        start.prev_sibling is not None
-        and start.prev_sibling.type == "comment"
-        and source.starts_line(start.prev_sibling.start_byte)
-    ):
-        start = start.prev_sibling
-    return start
-
-
 def _blank_lines_above(source: ParsedSource, line_start: int) -> int:
     """Where the run of blank lines that ends at ``line_start`` begins."""
     start = line_start
@@ -293,7 +282,7 @@ def _block(source: ParsedSource, chain: Node, orphaned: list[Edit], following: N
     lie among them."""
     first = min([chain.start_byte, *(e.start_byte for e in orphaned)])
     begin = _blank_lines_above(source, source.line_start(first))
-    end = source.line_start(_with_comments_above(source, following).start_byte)
+    end = source.line_start(with_comments_above(source, following).start_byte)
     removed = sorted(
         [(e.start_byte, e.end_byte) for e in orphaned] + [(chain.start_byte, chain.end_byte)]
     )
@@ -442,7 +431,7 @@ class LaunchSizeDispatch(Mechanism):
         declarations = (carrier.get_str("declarations") or "").splitlines()
         text = "".join(f"{line}\n{indent}" for line in declarations if line) + chain
         if carrier.get_str("fallback") == "after":
-            start = _with_comments_above(source, statement)
+            start = with_comments_above(source, statement)
             block = carrier.get_str("block")
             if block is not None and source.starts_line(start.start_byte):
                 # the lines as written, in place of the blank lines the removal left

@@ -35,7 +35,12 @@ of once per thread that needs it.
     output's fastest index ``i % D`` scaled (a 2-D transpose, NCHW -> NHWC): 32 x 32 tiles
     read along the rows of ``x`` into a padded shared tile and written along the rows of
     ``y``, on a 2-D grid of 32 x 8 blocks (``form=transpose``,
-    :mod:`klineage.mechanisms._staging_transpose`).
+    :mod:`klineage.mechanisms._staging_transpose`);
+  * the *tile loop of global reads* a helper's staging leaves when removed: a loop over K
+    that moves pointer parameters a tile a turn after reading them as ``P[X % L * g + X / L
+    * h]`` (in the kernel or in a helper called once): a generated loader stages each tile
+    in shared memory between two barriers and the reads become ``S[X]`` (``form=tile_loop``,
+    :mod:`klineage.mechanisms._staging_helper_forward`).
 """
 
 from __future__ import annotations
@@ -72,6 +77,11 @@ from klineage.mechanisms._staging import (
 )
 from klineage.mechanisms._staging_forms import staging_forms
 from klineage.mechanisms._staging_helper import helper_removal
+from klineage.mechanisms._staging_helper_forward import (
+    advanced_pointers,
+    tile_loop,
+    tile_loop_edits,
+)
 from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._staging_row_cache import NEEDED as ROW_NEEDED
 from klineage.mechanisms._staging_row_cache import cached_rows, row_cache_removal
@@ -102,6 +112,7 @@ from klineage.problem import Problem
 
 TRANSPOSE = "transpose"
 TILE_TRANSPOSE = "tile_transpose"
+TILE_LOOP = "tile_loop"
 
 TILE_SIZES = (8, 16, 32)
 DEFAULT_TILE = 16
@@ -785,6 +796,8 @@ class SmemStaging(Mechanism):
                 form, refusal = self._candidate_form(source, function, loop)
                 if form is None:
                     form, refusal = _tile_transpose_form(source, function, loop)
+                if form is None:
+                    form, refusal = _tile_loop_form(source, function, loop)
                 if form is not None:
                     yield self.site(
                         source,
@@ -865,7 +878,7 @@ class SmemStaging(Mechanism):
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         if site.detail.get("form") in ("once", "helper", "row_cache"):
-            return Carrier()  # no forward rule for these forms: nothing to carry
+            return Carrier()  # their forward rules (tile_loop for helper) take no carrier
         staged = self._staged(kernel.parsed, site)
         ordered = sorted(staged.arrays, key=lambda a: a.reads[0].start_byte)
         values: dict[str, int | str] = {"tiles": ",".join(a.name for a in ordered)}
@@ -896,6 +909,12 @@ class SmemStaging(Mechanism):
                 return tiled_transpose_edits(source, tiled_transpose(source, function, loop))
             except NotInForm as why:
                 raise self.refuse(str(why), site, "apply") from None
+        if site.detail.get("form") == TILE_LOOP:
+            try:
+                tiles = tile_loop(source, function, loop)
+                return tile_loop_edits(source, tiles, _loop_tile_names(len(tiles.operands)))
+            except NotInForm as why:
+                raise self.refuse(str(why), site, "apply") from None
         try:
             names = _tile_names(source, function, carrier)
             if site.detail.get("form") == "naive":
@@ -920,7 +939,7 @@ class SmemStaging(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         function = source.enclosing_function(site.start_byte)
-        if function is None or site.detail.get("form") in (TRANSPOSE, TILE_TRANSPOSE):
+        if function is None or site.detail.get("form") in (TRANSPOSE, TILE_TRANSPOSE, TILE_LOOP):
             # the transpose forms set their own block (32 x 8) or keep the kernel's, and stage
             # one padded tile of the block's (4.2 KB for 32 x 32 floats)
             return []
@@ -1002,6 +1021,24 @@ def _tile_transpose_form(
     except NotInForm as why:
         return TILE_TRANSPOSE, str(why)
     return TILE_TRANSPOSE, None
+
+
+def _tile_loop_form(
+    source: ParsedSource, function: Function, loop: Node
+) -> tuple[str | None, str | None]:
+    """("tile_loop", refusal) for a loop that moves pointer parameters of the kernel a tile a
+    turn (:mod:`klineage.mechanisms._staging_helper_forward`); (None, None) otherwise."""
+    if not advanced_pointers(source, function, loop):
+        return None, None
+    try:
+        tile_loop(source, function, loop)
+    except NotInForm as why:
+        return TILE_LOOP, str(why)
+    return TILE_LOOP, None
+
+
+def _loop_tile_names(count: int) -> list[str]:
+    return [f"tile_{chr(ord('a') + i)}" if i < 26 else f"tile_{i}" for i in range(count)]
 
 
 def _launch_arg(gemm: _NaiveGemm, param: str) -> Node:

@@ -14,6 +14,9 @@ reduces in five shuffle steps without ``__syncthreads``; several rows share a bl
   ``(global thread index) >> 5``, loops start at ``threadIdx.x & 31`` and stride by 32, each
   accumulator of a loop (sum, max or min of a float) is reduced over the warp after it, stores
   outside loops are done by lane 0, and the launch gets ``block_size / 32`` rows per block.
+  Loops unrolled by hand (``i += U`` with ``i + u`` inside) become ``i += 32 * U`` with ``i +
+  u * 32``, and back; one that reads back a clamped element another lane wrote is refused
+  (shuffles order no memory).
 
 Conditions: the block size a multiple of 32 (a warp never straddles two rows) and at most 1024.
 """

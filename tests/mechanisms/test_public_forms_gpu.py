@@ -48,6 +48,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "row_loader": PROBLEMS / "linear_nt",
     "aligned_vectors": PROBLEMS / "linear_nt",
     "templated_warps": PROBLEMS / "sgemm_tiles",
+    "warp_tiles": PROBLEMS / "sgemm_tiles",
+    "micro_tiles": PROBLEMS / "sgemm_tiles",
     "linear_warps": PROBLEMS / "sgemm_bounded",
     "named_stride": PROBLEMS / "scale_tiles",
     "dim3_grid": PROBLEMS / "scale_tiles",
@@ -126,5 +128,23 @@ def test_tile_transpose_applied_forward_keeps_the_kernel_correct(gate) -> None:
     forward = staging.apply(after, site, Carrier())
     source = KernelSource(forward.text, name="transpose_once.forward.cu")
     verdict = gate.run(load_problem(PROBLEMS / "transpose"), source, time_it=False)
+    failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+    assert verdict.passed, (verdict.build.message, failing)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("case", ["helper_tiles", "warp_tiles", "micro_tiles"])
+def test_tile_loop_applied_forward_keeps_the_kernel_correct(gate, case: str) -> None:
+    # the forward of the helper removal: tiles staged by the generated loader in the tile loop
+    # of global reads the removal left
+    from klineage.mechanisms import Carrier, get
+
+    staging = get("smem_staging")
+    after = KernelSource((PUBLIC_FORMS / "smem_staging" / f"{case}.after.cu").read_text())
+    (site,) = [c for c in staging.candidates(after) if c.detail.get("form") == "tile_loop"]
+    forward = staging.apply(after, site, Carrier())
+    source = KernelSource(forward.text, name=f"{case}.forward.cu")
+    verdict = gate.run(load_problem(PROBLEMS / "sgemm_tiles"), source, time_it=False)
     failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
     assert verdict.passed, (verdict.build.message, failing)
