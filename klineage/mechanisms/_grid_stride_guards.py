@@ -21,13 +21,15 @@ slots is, so the buffer and the pass adding it follow), the removal's grid writt
 ``min``; without it the grid stays (the loop runs once). Block barriers in the guarded code
 stay, as the removal keeps them: the threads of a block part only in the loop's last turn,
 where the guard parted them. A ``return`` of the guarded code becomes ``continue`` when the
-guard ends the kernel (the removal's ``continue`` -> ``return``, undone).
+guard ends a kernel without barriers or warp collectives (the removal's ``continue`` ->
+``return``, undone).
 
 Refused, with the form, when the index is written or read after the guard, the bound is
 written, the guarded code leaves an enclosing loop (its ``break`` would leave the new one) or
-returns with code after it, the kernel reads ``gridDim.d`` or reads ``blockIdx.d`` other than
-as a store's slot, the block's term is not written as one product, or (with a cap) a launch
-cannot take the grid.
+returns with code after it or beside a collective (a thread going on to its next item would
+meet the others at another barrier), the kernel reads ``gridDim.d`` or reads ``blockIdx.d``
+other than as a store's slot, the block's term is not written as one product, or (with a cap)
+a launch cannot take the grid.
 """
 
 from __future__ import annotations
