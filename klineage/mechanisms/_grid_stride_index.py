@@ -47,7 +47,7 @@ import re
 from dataclasses import dataclass
 
 from klineage.cuda.analysis import IndexForm, analysis
-from klineage.cuda.cexpr import PRIMARY, precedence
+from klineage.cuda.cexpr import PRIMARY, fold_int, precedence
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.cuda.tree import (
@@ -62,6 +62,7 @@ from klineage.cuda.tree import (
 from klineage.mechanisms._local_util import (
     Refused,
     builtin_of,
+    cap_of,
     index_bound,
     index_declaration,
     launches,
@@ -73,7 +74,14 @@ from klineage.mechanisms._local_util import (
 from klineage.mechanisms._multipass import declaration_of, reassignments
 from klineage.mechanisms._reductions_util import line_deletion
 
-__all__ = ["index_loop_removal"]
+__all__ = [
+    "Stride",
+    "axis_grid_cap",
+    "axis_grid_edits",
+    "axis_slot_reads",
+    "index_loop_removal",
+    "stride_of",
+]
 
 _NEEDED = (
     "a `for` loop from `blockIdx.d * blockDim.e + threadIdx.e` by `gridDim.d * blockDim.e` "
@@ -90,7 +98,7 @@ def _refuse(form: str) -> NotInForm:
 
 
 @dataclass(frozen=True)
-class _Stride:
+class Stride:
     """A grid-stride loop read by its index: from ``blockIdx.axis * share + offset`` by
     ``gridDim.axis * share``."""
 
@@ -99,7 +107,7 @@ class _Stride:
     offset: IndexForm
 
 
-def _stride_of(init: IndexForm, step: IndexForm) -> _Stride | None:
+def stride_of(init: IndexForm, step: IndexForm) -> Stride | None:
     """The loop's stride, when ``step = gridDim.d * S`` and ``init = blockIdx.d * S + L`` with
     ``S`` the same in every thread of the grid and ``L`` reading neither ``blockIdx.d`` nor
     ``gridDim.d``, its terms added (a thread's offset in its block's turn)."""
@@ -114,7 +122,7 @@ def _stride_of(init: IndexForm, step: IndexForm) -> _Stride | None:
             return None
         if any(coefficient < 0 for _, coefficient in offset.terms):
             return None  # a turn reaching below the block's share: its grid would not cover n
-        return _Stride(d, share, offset)
+        return Stride(d, share, offset)
     return None
 
 
@@ -293,23 +301,27 @@ def _fields_written(source: ParsedSource, host: Function, name: str) -> list[Nod
     return found
 
 
-def _reads_elsewhere(
-    source: ParsedSource, function: Function, loop: Node, axis: str, header: list[Node]
-) -> list[Node]:
-    """The reads of ``blockIdx.axis`` and ``gridDim.axis`` outside the loop's header and the
-    declarations that are part of it (``header``)."""
+def axis_slot_reads(
+    source: ParsedSource, function: Function, axis: str, own: list[tuple[int, int]]
+) -> bool:
+    """Whether the kernel reads ``blockIdx.axis`` outside the byte ranges ``own`` (the index's
+    own code), each read picking the slot a store writes; Refused for any other read of
+    ``blockIdx.axis`` or ``gridDim.axis`` there (the new grid would change what it reads)."""
     assert function.body is not None
-    body = loop.child_by_field_name("body")
-    found = []
+    slots = False
     for node in walk(function.body):
         builtin = builtin_of(source, node) if node.type == "field_expression" else None
         if builtin not in (f"blockIdx.{axis}", f"gridDim.{axis}"):
             continue
-        if body is not None and loop.start_byte <= node.start_byte < body.start_byte:
+        if any(start <= node.start_byte < end for start, end in own):
             continue
-        if not any(d.start_byte <= node.start_byte < d.end_byte for d in header):
-            found.append(node)
-    return found
+        if builtin.startswith("gridDim") or not _is_slot(source, function, node):
+            raise Refused(
+                f"in a kernel that also reads {builtin} in "
+                f"`{source.snippet(node.parent or node, 40)}`"
+            )
+        slots = True
+    return slots
 
 
 def _header_locals(
@@ -494,7 +506,7 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
         declared = (variable.name, specifiers, value)
     if variable is None or variable.step is None or declared is None or body is None:
         raise _refuse(f"a grid-stride loop `{header}` without a declared index")
-    stride = _stride_of(variable.init, variable.step)
+    stride = stride_of(variable.init, variable.step)
     if stride is None:
         raise _refuse(
             f"a grid-stride loop from {variable.init} by {variable.step}, not from blockIdx.d·S "
@@ -518,36 +530,13 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
     jumps = loop_bound_jumps(body, ("break_statement", "continue_statement"))
     if jumps and not last:
         raise _refuse(f"a grid-stride loop left by `{source.snippet(jumps[0])}` with code after it")
-    axis = stride.axis
     locals_ = _header_locals(source, function, loop, before)
     part = list(locals_.values()) + ([before] if before is not None else [])
-    elsewhere = _reads_elsewhere(source, function, loop, axis, part)
-    for read in elsewhere:
-        if source.text_of(read).startswith("gridDim") or not _is_slot(source, function, read):
-            raise _refuse(
-                f"a grid-stride loop in a kernel that also reads {builtin_of(source, read)} in "
-                f"`{source.snippet(read.parent or read, 40)}`"
-            )
-    edits: dict[tuple[int, int], Edit] = {}
-    for launch in _launches(source, function):
-        try:
-            size = size_at_launch(source, function, launch, bound)
-        except Refused as why:
-            raise _refuse(
-                f"a grid-stride loop whose bound cannot be written at a launch ({why})"
-            ) from why
-        share = _share_at_launch(source, function, launch, stride.share)
-        divisor = share if " " not in share else f"({share})"
-        size = size if precedence(bound) >= PRIMARY and " " not in size else f"({size})"
-        blocks = f"(unsigned)(({size} + {share} - 1) / {divisor})"
-        if elsewhere:  # block slots: the host's count of them follows the grid
-            edit = _slot_count_edit(source, function, launch, axis, blocks)
-        else:
-            edit = _grid_edit(source, launch, axis, blocks)
-        previous = edits.get((edit.start_byte, edit.end_byte))
-        if previous is not None and previous.replacement != edit.replacement:
-            raise _refuse("launches sharing a grid count that need different grids")
-        edits[(edit.start_byte, edit.end_byte)] = edit
+    own = [(loop.start_byte, body.start_byte)] + [(d.start_byte, d.end_byte) for d in part]
+    try:
+        slots = axis_slot_reads(source, function, stride.axis, own)
+    except Refused as why:
+        raise _refuse(f"a grid-stride loop {why}") from why
     close = [c for c in loop.children if c.type == ")" and c.end_byte <= body.start_byte]
     gid = _first_index_text(source, value, specifiers, locals_)
     if before is not None:  # declared already: only the bound is left to test
@@ -561,7 +550,7 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
     loop_edits += [Edit.replace(jump, "return;") for jump in jumps]
     reading = text + (source.text_of(before) if before is not None else "")
     loop_edits += _unread_after(source, locals_, reading)
-    return loop_edits + list(edits.values())
+    return loop_edits + axis_grid_edits(source, function, stride, bound, slots)
 
 
 def _first_index_text(
@@ -591,3 +580,86 @@ def _launches(source: ParsedSource, function: Function) -> list[Launch]:
         return launches(source, function)
     except Refused as why:
         raise _refuse(f"a grid-stride loop whose kernel is not launched here ({why})") from why
+
+
+def axis_grid_edits(
+    source: ParsedSource,
+    function: Function,
+    stride: Stride,
+    bound: Node,
+    slots: bool,
+    cap: int | None = None,
+) -> list[Edit]:
+    """Every launch's grid along the stride's axis: ``(n + S - 1) / S`` blocks for the bound
+    ``n`` and the block share ``S`` written at the launch, at most ``cap`` when given (as
+    :func:`klineage.mechanisms._local_util.cover_grid` caps); with ``slots`` (the kernel
+    picks its slot of a partial buffer by ``blockIdx.axis``), written into the host's count
+    of those slots."""
+    edits: dict[tuple[int, int], Edit] = {}
+    for launch in _launches(source, function):
+        try:
+            size = size_at_launch(source, function, launch, bound)
+        except Refused as why:
+            raise _refuse(
+                f"a grid-stride loop whose bound cannot be written at a launch ({why})"
+            ) from why
+        share = _share_at_launch(source, function, launch, stride.share)
+        divisor = share if " " not in share else f"({share})"
+        size = size if precedence(bound) >= PRIMARY and " " not in size else f"({size})"
+        blocks = f"(({size} + {share} - 1) / {divisor})"
+        if cap is None:
+            blocks = f"(unsigned){blocks}"
+        else:
+            blocks = f"(unsigned)min((int64_t){blocks}, (int64_t){cap})"
+        if slots:  # block slots: the host's count of them follows the grid
+            edit = _slot_count_edit(source, function, launch, stride.axis, blocks)
+        else:
+            edit = _grid_edit(source, launch, stride.axis, blocks)
+        previous = edits.get((edit.start_byte, edit.end_byte))
+        if previous is not None and previous.replacement != edit.replacement:
+            raise _refuse("launches sharing a grid count that need different grids")
+        edits[(edit.start_byte, edit.end_byte)] = edit
+    return list(edits.values())
+
+
+def axis_grid_cap(source: ParsedSource, function: Function, axis: str) -> int | None:
+    """The number of blocks every launch of ``function`` caps its grid at along ``axis``: a
+    count written as the forward rule caps it, or a constant (``const int turns = 1;``), read
+    where the grid holds it (the grid, a ``dim3`` argument, the declaration of the ``dim3`` or
+    of the count it names); None when the launches do not agree or are not written out."""
+    caps = set()
+    for launch in source.launches_of(function.name):
+        count = _axis_count(source, launch, axis)
+        if count is None:
+            return None
+        caps.add(cap_of(source.text_of(count)) or fold_int(source, count))
+    return caps.pop() if len(caps) == 1 else None
+
+
+def _axis_count(source: ParsedSource, launch: Launch, axis: str) -> Node | None:
+    """The expression that holds the launch's block count along ``axis``: the grid's size
+    there, through the declaration of the ``dim3`` or of the count local it names."""
+    host = source.enclosing_function(launch.node)
+    if launch.grid is None or host is None or host.body is None:
+        return None
+    grid = strip_parens(launch.grid)
+    index = _AXES.index(axis)
+    name = source.text_of(grid) if grid.type == "identifier" else ""
+    if name and "dim3" in local_types(source, host).get(name, ""):
+        try:
+            sizes = dim3_extents(_dim3_declaration(source, host, name)[1])
+        except NotInForm:
+            return None
+    elif grid.type == "call_expression" and source.text_of(
+        grid.child_by_field_name("function") or grid
+    ) in ("dim3", "::dim3"):
+        sizes = call_arguments(grid)
+    else:
+        sizes = [grid] if axis == "x" else []
+    count = strip_parens(sizes[index]) if index < len(sizes) else None
+    if count is not None and count.type == "identifier":
+        try:  # a count local: its value
+            return declaration_of(source, host, source.text_of(count))[1]
+        except NotInForm:
+            return count
+    return count

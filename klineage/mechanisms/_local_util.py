@@ -847,12 +847,12 @@ def element_refusal(
         if returns == "refuse":
             return "the element code returns early, which would skip the thread's other elements"
         for jump in jumps:
-            if _inside_nested_loop(jump, node):
+            if inside_nested_loop(jump, node):
                 return "a return inside a nested loop cannot become a continue of the new loop"
     return None
 
 
-def _inside_nested_loop(node: Node, root: Node) -> bool:
+def inside_nested_loop(node: Node, root: Node) -> bool:
     current = node.parent
     while current is not None and current != root.parent:
         if current.type in (
@@ -1029,9 +1029,12 @@ _CAPPED = re.compile(r"^\(unsigned\)min\(\(int64_t\)\((?P<blocks>.*)\), \(int64_
 
 def grid_cap(source: ParsedSource, launch: Launch) -> int | None:
     """The cap of a grid written by :func:`cover_grid` with ``cap``, else None."""
-    if launch.grid is None:
-        return None
-    match = _CAPPED.match(" ".join(source.text_of(launch.grid).split()))
+    return None if launch.grid is None else cap_of(source.text_of(launch.grid))
+
+
+def cap_of(text: str) -> int | None:
+    """The cap of a block count written as :func:`cover_grid` caps it, else None."""
+    match = _CAPPED.match(" ".join(text.split()))
     return int(match.group("cap")) if match else None
 
 

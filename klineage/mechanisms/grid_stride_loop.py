@@ -31,8 +31,11 @@ as ``blockDim.e`` or ``4 * blockDim.z``) is removed by
 ``d`` resized, or the host's count of per-block partial slots where the kernel writes them);
 a ``while`` loop of a kernel writing one partial per block by
 :mod:`klineage.mechanisms._grid_stride_partials` (the host's partial count following); the
-others are refused with the form they are in. That removal has no forward rule: its skills
-are not transferable.
+others are refused with the form they are in. The one index per thread the ``for`` removal
+leaves, along any dimension, is written back into the loop by
+:mod:`klineage.mechanisms._grid_stride_guards` (``max_blocks`` capping the grid along ``d``
+where the removal sized it); the ``while`` removal has no forward rule: its skills are not
+transferable.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from klineage.conditions import Condition
+from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
@@ -49,7 +53,13 @@ from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._grid_stride_forms import grid_stride_forms
-from klineage.mechanisms._grid_stride_index import index_loop_removal
+from klineage.mechanisms._grid_stride_guards import (
+    guarded_edits,
+    guarded_indexes,
+    guarded_refusal,
+    loop_header,
+)
+from klineage.mechanisms._grid_stride_index import axis_grid_cap, index_loop_removal, stride_of
 from klineage.mechanisms._grid_stride_partials import partial_loop_removal
 from klineage.mechanisms._local_util import (
     ElementKernel,
@@ -255,14 +265,10 @@ def _stride(source: ParsedSource, index_type: str, index: GlobalIndex) -> str:
 def _header(
     source: ParsedSource, var: str, index_type: str, index: GlobalIndex, bound: Node, indent: str
 ) -> str:
-    """``for (T i = <global index>; i < n; i += <grid stride>)``, wrapped after the
-    condition when the line would pass 100 columns."""
-    start = f"for ({index_type} {var} = {source.text_of(index.node)}; {var} < "
-    start += f"{source.text_of(bound)};"
-    update = f"{var} += {_stride(source, index_type, index)})"
-    if len(indent) + len(start) + 1 + len(update) <= 100:
-        return f"{start} {update}"
-    return f"{start}\n{indent}     {update}"
+    """``for (T i = <global index>; i < n; i += <grid stride>)``."""
+    first, limit = source.text_of(index.node), source.text_of(bound)
+    step = _stride(source, index_type, index)
+    return loop_header(var, index_type, first, limit, step, indent)
 
 
 def element_edits(source: ParsedSource, element: ElementKernel) -> list[Edit]:
@@ -370,13 +376,27 @@ class GridStrideLoop(Mechanism):
                 detail={"kernel": element.function.name, "form": element.form},
                 refusal=refusal,
             )
+        taken = {e.start_byte for e in element_kernels(source)}
         for found in if_inits(source):
+            taken.add(found.node.start_byte)
             yield self.site(
                 source,
                 found.node,
                 snippet=source.snippet((found.node.start_byte, found.clause.end_byte)),
                 detail={"kernel": found.function.name, "form": "if_init"},
                 refusal=if_init_refusal(source, found),
+            )
+        # an index along any grid dimension, read by the index analysis
+        for guarded in guarded_indexes(source):
+            if guarded.start_byte in taken:
+                continue
+            yield self.site(
+                source,
+                guarded.decl or guarded.guard,
+                span=(guarded.start_byte, guarded.guard.end_byte),
+                snippet=source.snippet((guarded.start_byte, guarded.clause.end_byte)),
+                detail={"kernel": guarded.function.name, "form": "guarded"},
+                refusal=guarded_refusal(source, guarded),
             )
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
@@ -400,6 +420,10 @@ class GridStrideLoop(Mechanism):
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         source = kernel.parsed
         name = site.detail.get("kernel")
+        canonical = any(g.node.start_byte == site.start_byte for g in grid_loops(source))
+        if site.detail.get("form") == "index" and not canonical:  # the grid along its axis
+            cap = self._axis_cap(source, site)
+            return Carrier() if cap is None or cap < 1 else Carrier(max_blocks=cap)
         caps = {grid_cap(source, launch) for launch in source.launches_of(str(name))}
         if len(caps) == 1:
             cap = caps.pop()
@@ -407,10 +431,24 @@ class GridStrideLoop(Mechanism):
                 return Carrier(max_blocks=cap)
         return Carrier()
 
+    def _axis_cap(self, source: ParsedSource, site: Site) -> int | None:
+        loop = self.node_at(source, site, "for_statement")
+        function = source.enclosing_function(loop)
+        assert function is not None
+        variable = analysis(source).indices(function).loop_of(loop)
+        stride = stride_of(variable.init, variable.step) if variable and variable.step else None
+        return None if stride is None else axis_grid_cap(source, function, stride.axis)
+
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
         cap = carrier.get_int("max_blocks")
         if cap is not None and cap < 1:
             raise self.refuse(f"max_blocks={cap} must be at least 1", site, "apply")
+        if site.detail.get("form") == "guarded":
+            guarded = next(g for g in guarded_indexes(source) if g.start_byte == site.start_byte)
+            try:
+                return guarded_edits(source, guarded, cap)
+            except NotInForm as why:
+                raise self.refuse(str(why), site, "apply") from why
         try:
             if site.detail.get("form") == "if_init":
                 found = next(f for f in if_inits(source) if f.node.start_byte == site.start_byte)

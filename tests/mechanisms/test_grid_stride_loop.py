@@ -8,10 +8,16 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Carrier, MechanismRefused, get
+from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from klineage.mechanisms.recall import detection_recall
 from tests.conftest import REPO
-from tests.mechanisms.roundtrip import PUBLIC_FORMS, RoundTripSuite, compile_ok
+from tests.mechanisms.roundtrip import (
+    FIXTURES,
+    PUBLIC_FORMS,
+    RoundTripSuite,
+    compile_ok,
+    matching_candidate,
+)
 from tests.mechanisms.test_vectorized_access import listing_experts
 
 NAME = "grid_stride_loop"
@@ -263,3 +269,185 @@ def test_a_canonical_loop_launched_with_dim3_variables_goes_to_the_general_remov
     after = mechanism.remove(kernel, site).text
     assert "int i = threadIdx.x + blockIdx.x * blockDim.x;\n  if (i < count) {" in after
     assert "dim3 dimGrid((unsigned)((count + dimBlock.x - 1) / dimBlock.x), 1, 1);" in after
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward rule over an index guarded along any grid dimension
+# ---------------------------------------------------------------------------------------------
+
+GRID_FIXTURES = FIXTURES / NAME
+
+
+def _fixture(name: str) -> str:
+    return (GRID_FIXTURES / name).read_text(encoding="utf-8")
+
+
+def _guarded(kernel: KernelSource) -> list[Site]:
+    return [c for c in mechanism.candidates(kernel) if c.detail.get("form") == "guarded"]
+
+
+@pytest.mark.parametrize(
+    ("case", "snippet"),
+    [
+        ("bias_atomic", "if (int r = blockIdx.y * rows_per_turn + lane_row; r < rows)"),
+        ("z_rows", "int64_t row = (int64_t)blockIdx.x * blockDim.z + threadIdx.z; if (row < rows)"),
+    ],
+)
+def test_an_index_guarded_along_another_axis_is_a_supported_candidate(
+    case: str, snippet: str
+) -> None:
+    (site,) = _guarded(KernelSource(_fixture(f"{case}.after.cu")))
+    assert site.supported, site.refusal
+    assert site.snippet == snippet
+
+
+def test_the_loop_strides_by_the_blocks_own_term_and_the_cap_goes_where_the_grid_is() -> None:
+    y_turns = KernelSource(_fixture("bias_atomic.after.cu"))
+    applied = mechanism.apply(y_turns, _guarded(y_turns)[0], Carrier(max_blocks=16)).text
+    loop = "for (int r = blockIdx.y * rows_per_turn + lane_row; r < rows; r += gridDim.y * "
+    assert f"    {loop}rows_per_turn)\n" in applied
+    assert (  # the y size of the dim3 grid, in its declaration
+        "dim3 grid((unsigned)((cols + 7) / 8), (unsigned)min((int64_t)((((int)rows) + block.z * 4"
+        " - 1) / (block.z * 4)), (int64_t)16));"
+    ) in applied
+    z_rows = KernelSource(_fixture("z_rows.after.cu"))
+    applied = mechanism.apply(z_rows, _guarded(z_rows)[0], Carrier(max_blocks=1024)).text
+    assert (  # the block's term keeps its cast
+        "  for (int64_t row = (int64_t)blockIdx.x * blockDim.z + threadIdx.z; row < rows;\n"
+        "       row += (int64_t)gridDim.x * blockDim.z) {\n"
+    ) in applied
+    assert (
+        "rms_scale<<<(unsigned)min((int64_t)((rows + block.z - 1) / block.z), (int64_t)1024),"
+        in (applied)
+    )
+    # a kernel picking its scratch row by blockIdx.y: the host's count of rows is capped
+    slots = KernelSource.from_file(PUBLIC_FORMS / NAME / "row_turns.after.cu")
+    applied = mechanism.apply(slots, _guarded(slots)[0], Carrier(max_blocks=2)).text
+    assert (
+        "const int turns = (unsigned)min((int64_t)((((int)rows) + 4 * block.z - 1) / "
+        "(4 * block.z)), (int64_t)2);"
+    ) in applied
+
+
+@pytest.mark.nvcc
+def test_without_a_cap_the_guarded_grid_stays_and_the_removal_gives_the_kernel_back(
+    mechanism_builder: Builder,
+) -> None:
+    applied = []
+    for case in ("bias_atomic", "z_rows"):
+        kernel = KernelSource(_fixture(f"{case}.after.cu"))
+        result = mechanism.apply(kernel, _guarded(kernel)[0])
+        host = kernel.text[kernel.text.index('extern "C"') :]
+        assert result.text.endswith(host)  # the grid stays: the loop runs once
+        (site,) = [s for s in mechanism.detect(result) if s.supported]
+        assert site.detail.get("form") == "index"
+        assert mechanism.remove(result, site).text == kernel.text
+        applied.append(result)
+    compile_ok(mechanism_builder, applied)
+
+
+@pytest.mark.parametrize("case", ["rows_by_z", "row_turns"])
+def test_the_public_form_removals_are_walked_forward_again(case: str) -> None:
+    before = KernelSource.from_file(PUBLIC_FORMS / NAME / f"{case}.before.cu")
+    after = KernelSource.from_file(PUBLIC_FORMS / NAME / f"{case}.after.cu")
+    (site,) = [s for s in mechanism.detect(before) if s.supported]
+    candidate = matching_candidate(mechanism, before, after)
+    assert candidate.detail.get("form") == "guarded" and candidate.supported
+    again = mechanism.apply(after, candidate, mechanism.carrier_of(before, site))
+    (found,) = [s for s in mechanism.detect(again) if s.supported]
+    assert mechanism.remove(again, found).text == after.text
+
+
+def test_a_return_ending_a_barrier_free_kernel_becomes_continue() -> None:
+    body = (
+        "  int i = blockIdx.y * blockDim.x + threadIdx.x;\n"
+        "  if (i < n) {\n    if (x[i] < 0.0f) return;\n    x[i] *= 2.0f;\n  }"
+    )
+    kernel = _kernel(body, launch="k<<<dim3(1, (n + 255) / 256), 256, 0, s>>>(x, n);")
+    result = mechanism.apply(kernel, _guarded(kernel)[0], Carrier(max_blocks=64)).text
+    assert "for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < n; i += gridDim.y * " in result
+    assert "    if (x[i] < 0.0f) continue;\n" in result
+    assert "k<<<dim3(1, (unsigned)min((int64_t)((n + 256 - 1) / 256), (int64_t)64)), 256," in (
+        result
+    )
+
+
+_Z_INDEX = "  int64_t row = (int64_t)blockIdx.x * blockDim.z + threadIdx.z;\n"
+_Z_BODY = "    const float* x = inp + row * cols;\n"
+_Z_END = "x[c] * scale;\n  }\n"
+
+
+@pytest.mark.parametrize(
+    ("case", "old", "new", "reason"),
+    [
+        ("z_rows", _Z_BODY, f"    row = min(row, rows - 1);\n{_Z_BODY}", "index row is written"),
+        ("z_rows", _Z_END, f"{_Z_END}  if (row == 0) out[0] = 0.f;\n", "read after the guard"),
+        (  # a lane's continue would meet the others at another shuffle
+            "z_rows",
+            _Z_BODY,
+            f"{_Z_BODY}    if (cols == 0) return;\n",
+            "returns in a kernel holding __shfl_xor_sync",
+        ),
+        (
+            "z_rows",
+            _Z_INDEX,
+            "  const int64_t first_row = (int64_t)blockIdx.x * blockDim.z;\n"
+            "  int64_t row = first_row + threadIdx.z;\n",
+            "not written as one term `blockIdx.x * S`",
+        ),
+        (
+            "z_rows",
+            _Z_BODY,
+            f"{_Z_BODY}    if (row + gridDim.x * blockDim.z < rows) out[0] = 0.f;\n",
+            "also reads gridDim.x",
+        ),
+        (
+            "bias_atomic",
+            "  for (int offset",
+            "  acc += (float)blockIdx.y;\n  for (int offset",
+            "also reads blockIdx.y in `(float)blockIdx.y`",
+        ),
+    ],
+)
+def test_a_guarded_index_outside_the_form_is_refused_with_its_form(
+    case: str, old: str, new: str, reason: str
+) -> None:
+    text = _fixture(f"{case}.after.cu")
+    assert old in text
+    kernel = KernelSource(text.replace(old, new, 1))
+    (site,) = _guarded(kernel)
+    assert reason in str(site.refusal), site.refusal
+    assert "one item per thread along gridDim" in str(site.refusal)
+    assert "this rule needs `T i = blockIdx.d * S + L; if (i < n) ...`" in str(site.refusal)
+    with pytest.raises(MechanismRefused):
+        mechanism.apply(kernel, site)
+
+
+def test_a_return_with_code_after_the_guard_is_refused() -> None:
+    body = (
+        "  int i = blockIdx.y * blockDim.x + threadIdx.x;\n"
+        "  if (i < n) {\n    if (x[i] < 0.0f) return;\n    x[i] = 1.0f;\n  }\n"
+        "  if (threadIdx.x == 0) x[0] = 0.0f;"
+    )
+    (site,) = _guarded(_kernel(body))
+    assert "returns (it would end the thread's other items)" in str(site.refusal)
+
+
+def test_a_guarded_index_inside_a_loop_it_would_leave_is_refused() -> None:
+    body = (
+        "  for (int k = 0; k < 4; ++k) {\n"
+        "    int i = blockIdx.y * blockDim.x + threadIdx.x;\n"
+        "    if (i < n) {\n      if (x[i] < 0.0f) break;\n      x[i] += 1.0f;\n    }\n  }"
+    )
+    (site,) = _guarded(_kernel(body))
+    assert "leaves a loop around it (`break;`)" in str(site.refusal)
+
+
+def test_a_cap_is_refused_where_no_launch_can_take_it() -> None:
+    body = "  int i = blockIdx.y * blockDim.x + threadIdx.x;\n  if (i < n) x[i] = 0.0f;"
+    kernel = _kernel(body, launch="(void)s;")
+    (site,) = _guarded(kernel)
+    assert site.supported  # without a cap the grid stays, wherever it is launched
+    assert "i += gridDim.y * blockDim.x" in mechanism.apply(kernel, site).text
+    with pytest.raises(MechanismRefused, match="whose launch cannot take a capped grid"):
+        mechanism.apply(kernel, site, Carrier(max_blocks=8))

@@ -5,9 +5,11 @@ idioms (``tests/fixtures/public_forms/<mechanism>/``): removing every removable 
 These forms have no forward rule: their skills are mined (removal, gate) but are not
 transferable, so the round-trip suite (which re-applies) does not cover them. The exceptions
 are warp_shuffle_reduction, whose removals write its own exchange form (the tests of that
-mechanism walk its ``online_pairs`` and ``quad_columns`` pairs forward again), and warp_tiling,
+mechanism walk its ``online_pairs`` and ``quad_columns`` pairs forward again), warp_tiling,
 whose removal writes the grid its application reads (tests/mechanisms/test_warp_tiling.py),
-and smem_staging's tiles a helper stages in a 1-D layout, whose removed tile loops its
+grid_stride_loop's ``rows_by_z`` and ``row_turns``, whose one index per thread along any grid
+dimension is written back into the loop (tests/mechanisms/test_grid_stride_loop.py), and
+smem_staging's tiles a helper stages in a 1-D layout, whose removed tile loops its
 ``tile_loop`` form stages again (tests/mechanisms/test_staging_helper_forward.py).
 """
 
