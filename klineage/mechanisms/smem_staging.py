@@ -8,11 +8,11 @@ of once per thread that needs it.
 - detect: loops in kernels that store into a ``__shared__`` array and hold a
   ``__syncthreads()``; the canonical staged tile loop (see :mod:`klineage.mechanisms._staging`)
   is removable, and so is a tile staged once by a loop of ``S[i / V] = load(g + i)`` stores
-  (through casts of the dynamic buffer too: :mod:`klineage.mechanisms._staging_once`, no
-  forward rule) or a 2-D tile staged once and read in another order, the shared-memory
-  transpose (:mod:`klineage.mechanisms._staging_tile`, no forward rule); any other staging
-  (tiles fed by ``cp.async``, read through ``ldmatrix``, stored by helpers, under a
-  condition...) is reported with the reason it is not;
+  (through casts of the dynamic buffer too: :mod:`klineage.mechanisms._staging_once`; the
+  ``row_vectors`` form below writes vectors staged once again) or a 2-D tile staged once and
+  read in another order, the shared-memory transpose (:mod:`klineage.mechanisms._staging_tile`,
+  no forward rule); any other staging (tiles fed by ``cp.async``, read through ``ldmatrix``,
+  stored by helpers, under a condition...) is reported with the reason it is not;
 - remove (canonical form): every read ``As[ty][k]`` becomes the stored expression evaluated
   for the thread that stored that element (``tx`` replaced by ``k``); the stores, both
   barriers and the tile declarations go. The loop structure stays: a blocked loop over
@@ -35,7 +35,11 @@ of once per thread that needs it.
     output's fastest index ``i % D`` scaled (a 2-D transpose, NCHW -> NHWC): 32 x 32 tiles
     read along the rows of ``x`` into a padded shared tile and written along the rows of
     ``y``, on a 2-D grid of 32 x 8 blocks (``form=transpose``,
-    :mod:`klineage.mechanisms._staging_transpose`).
+    :mod:`klineage.mechanisms._staging_transpose`);
+  * *row-invariant vectors*, loops over ``c`` whose reads ``g[c]`` (or ``LOAD(g + c)``)
+    are the same for every row: the vectors copied once per block into the dynamic shared
+    buffer, a barrier, reads from the copy, the launch asking for the bytes
+    (``form=row_vectors``, :mod:`klineage.mechanisms._staging_row_vectors`).
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ from klineage.mechanisms._staging_helper import helper_removal
 from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._staging_row_cache import NEEDED as ROW_NEEDED
 from klineage.mechanisms._staging_row_cache import cached_rows, row_cache_removal
+from klineage.mechanisms._staging_row_vectors import (
+    ROW_VECTORS,
+    row_vector_application,
+    row_vector_candidates,
+)
 from klineage.mechanisms._staging_tile import stores_tile, tile_once_removal
 from klineage.mechanisms._staging_tile_forward import (
     tiled_transpose,
@@ -793,6 +802,7 @@ class SmemStaging(Mechanism):
                         detail={"form": form},
                         refusal=refusal,
                     )
+        yield from row_vector_candidates(self, source)
 
     def _candidate_form(
         self, source: ParsedSource, function: Function, loop: Node
@@ -865,7 +875,7 @@ class SmemStaging(Mechanism):
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         if site.detail.get("form") in ("once", "helper", "row_cache"):
-            return Carrier()  # no forward rule for these forms: nothing to carry
+            return Carrier()  # their forward rules (if any) take no instance choices
         staged = self._staged(kernel.parsed, site)
         ordered = sorted(staged.arrays, key=lambda a: a.reads[0].start_byte)
         values: dict[str, int | str] = {"tiles": ",".join(a.name for a in ordered)}
@@ -887,6 +897,8 @@ class SmemStaging(Mechanism):
                 return transpose_edits(source, found[0])
             except NotCanonical as why:
                 raise self.refuse(str(why), site, "apply") from None
+        if site.detail.get("form") == ROW_VECTORS:
+            return row_vector_application(self, source, site)
         loop = self.node_at(source, site, "for_statement")
         function = source.enclosing_function(loop)
         if function is None:
@@ -920,7 +932,7 @@ class SmemStaging(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         function = source.enclosing_function(site.start_byte)
-        if function is None or site.detail.get("form") in (TRANSPOSE, TILE_TRANSPOSE):
+        if function is None or site.detail.get("form") in (TRANSPOSE, TILE_TRANSPOSE, ROW_VECTORS):
             # the transpose forms set their own block (32 x 8) or keep the kernel's, and stage
             # one padded tile of the block's (4.2 KB for 32 x 32 floats)
             return []

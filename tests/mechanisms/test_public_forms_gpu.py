@@ -42,6 +42,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "helper_tiles_2d": PROBLEMS / "sgemm_bounded",
     "helper_tiles_2d_reader": PROBLEMS / "sgemm_bounded",
     "row_cache": PROBLEMS / "center_rows",
+    "row_params": PROBLEMS / "centered_affine",
+    "row_params_float": PROBLEMS / "centered_affine",
     "clamped_count": PROBLEMS / "column_totals",
     "rows_cg_causal": PROBLEMS / "causal_center",
     "rows_untaken_path": PROBLEMS / "center_rows",
@@ -126,5 +128,23 @@ def test_tile_transpose_applied_forward_keeps_the_kernel_correct(gate) -> None:
     forward = staging.apply(after, site, Carrier())
     source = KernelSource(forward.text, name="transpose_once.forward.cu")
     verdict = gate.run(load_problem(PROBLEMS / "transpose"), source, time_it=False)
+    failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+    assert verdict.passed, (verdict.build.message, failing)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("case", ["row_params", "row_params_float", "persistent_rows"])
+def test_row_vectors_applied_forward_keep_the_kernel_correct(gate, case: str) -> None:
+    # the forward of the once removal: the row-invariant parameters staged again, in a
+    # kernel without a dynamic buffer and in one whose own buffer moves past the copy
+    from klineage.mechanisms import Carrier, get
+
+    staging = get("smem_staging")
+    after = KernelSource((PUBLIC_FORMS / "smem_staging" / f"{case}.after.cu").read_text())
+    (site,) = [c for c in staging.candidates(after) if c.detail.get("form") == "row_vectors"]
+    forward = staging.apply(after, site, Carrier())
+    source = KernelSource(forward.text, name=f"{case}.forward.cu")
+    verdict = gate.run(load_problem(PROBLEMS / "centered_affine"), source, time_it=False)
     failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
     assert verdict.passed, (verdict.build.message, failing)
