@@ -8,11 +8,11 @@ of once per thread that needs it.
 - detect: loops in kernels that store into a ``__shared__`` array and hold a
   ``__syncthreads()``; the canonical staged tile loop (see :mod:`klineage.mechanisms._staging`)
   is removable, and so is a tile staged once by a loop of ``S[i / V] = load(g + i)`` stores
-  (through casts of the dynamic buffer too: :mod:`klineage.mechanisms._staging_once`, no
-  forward rule) or a 2-D tile staged once and read in another order, the shared-memory
-  transpose (:mod:`klineage.mechanisms._staging_tile`, no forward rule); any other staging
-  (tiles fed by ``cp.async``, read through ``ldmatrix``, stored by helpers, under a
-  condition...) is reported with the reason it is not;
+  (through casts of the dynamic buffer too: :mod:`klineage.mechanisms._staging_once`; the
+  ``row_vectors`` form below writes vectors staged once again) or a 2-D tile staged once and
+  read in another order, the shared-memory transpose (:mod:`klineage.mechanisms._staging_tile`,
+  no forward rule); any other staging (tiles fed by ``cp.async``, read through ``ldmatrix``,
+  stored by helpers, under a condition...) is reported with the reason it is not;
 - remove (canonical form): every read ``As[ty][k]`` becomes the stored expression evaluated
   for the thread that stored that element (``tx`` replaced by ``k``); the stores, both
   barriers and the tile declarations go. The loop structure stays: a blocked loop over
@@ -41,6 +41,10 @@ of once per thread that needs it.
     * h]`` (in the kernel or in a helper called once): a generated loader stages each tile
     in shared memory between two barriers and the reads become ``S[X]`` (``form=tile_loop``,
     :mod:`klineage.mechanisms._staging_helper_forward`).
+  * *row-invariant vectors*, loops over ``c`` whose reads ``g[c]`` (or ``LOAD(g + c)``)
+    are the same for every row: the vectors copied once per block into the dynamic shared
+    buffer, a barrier, reads from the copy, the launch asking for the bytes
+    (``form=row_vectors``, :mod:`klineage.mechanisms._staging_row_vectors`).
 """
 
 from __future__ import annotations
@@ -85,6 +89,11 @@ from klineage.mechanisms._staging_helper_forward import (
 from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._staging_row_cache import NEEDED as ROW_NEEDED
 from klineage.mechanisms._staging_row_cache import cached_rows, row_cache_removal
+from klineage.mechanisms._staging_row_vectors import (
+    ROW_VECTORS,
+    row_vector_application,
+    row_vector_candidates,
+)
 from klineage.mechanisms._staging_tile import stores_tile, tile_once_removal
 from klineage.mechanisms._staging_tile_forward import (
     tiled_transpose,
@@ -806,6 +815,7 @@ class SmemStaging(Mechanism):
                         detail={"form": form},
                         refusal=refusal,
                     )
+        yield from row_vector_candidates(self, source)
 
     def _candidate_form(
         self, source: ParsedSource, function: Function, loop: Node
@@ -878,7 +888,7 @@ class SmemStaging(Mechanism):
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         if site.detail.get("form") in ("once", "helper", "row_cache"):
-            return Carrier()  # their forward rules (tile_loop for helper) take no carrier
+            return Carrier()  # their forward rules (if any) take no instance choices
         staged = self._staged(kernel.parsed, site)
         ordered = sorted(staged.arrays, key=lambda a: a.reads[0].start_byte)
         values: dict[str, int | str] = {"tiles": ",".join(a.name for a in ordered)}
@@ -900,6 +910,8 @@ class SmemStaging(Mechanism):
                 return transpose_edits(source, found[0])
             except NotCanonical as why:
                 raise self.refuse(str(why), site, "apply") from None
+        if site.detail.get("form") == ROW_VECTORS:
+            return row_vector_application(self, source, site)
         loop = self.node_at(source, site, "for_statement")
         function = source.enclosing_function(loop)
         if function is None:
@@ -939,7 +951,8 @@ class SmemStaging(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         function = source.enclosing_function(site.start_byte)
-        if function is None or site.detail.get("form") in (TRANSPOSE, TILE_TRANSPOSE, TILE_LOOP):
+        forms = (TRANSPOSE, TILE_TRANSPOSE, TILE_LOOP, ROW_VECTORS)
+        if function is None or site.detail.get("form") in forms:
             # the transpose forms set their own block (32 x 8) or keep the kernel's, and stage
             # one padded tile of the block's (4.2 KB for 32 x 32 floats)
             return []

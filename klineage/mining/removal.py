@@ -167,12 +167,15 @@ def reapply(removal: Removal) -> KernelSource:
     mechanism = removal.mechanism
     for i in reversed(range(len(removal.sites))):
         target = removal.states[i]
+        site = removal.sites[i]
         if current.fingerprint != removal.states[i + 1].fingerprint and not any(
-            c.supported for c in mechanism.candidates(current)
+            c.supported and site.function in (c.function, FILE_SCOPE)
+            for c in mechanism.candidates(current)
         ):
             # an earlier application rewrote code these sites shared (the one helper that
-            # several cg::reduce calls were removed into): nothing is left to apply, and the
-            # gate judges what the forward rule made
+            # several cg::reduce calls were removed into, the kernel whose vectors one
+            # staging took): nothing is left to apply there (candidates in other functions
+            # are not this site's), and the gate judges what the forward rule made
             break
         candidate = matching_candidate(mechanism, target, removal.states[i + 1])
         if candidate is None:

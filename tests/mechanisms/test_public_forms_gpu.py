@@ -42,6 +42,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "helper_tiles_2d": PROBLEMS / "sgemm_bounded",
     "helper_tiles_2d_reader": PROBLEMS / "sgemm_bounded",
     "row_cache": PROBLEMS / "center_rows",
+    "row_params": PROBLEMS / "centered_affine",
+    "row_params_float": PROBLEMS / "centered_affine",
     "clamped_count": PROBLEMS / "column_totals",
     "rows_cg_causal": PROBLEMS / "causal_center",
     "rows_untaken_path": PROBLEMS / "center_rows",
@@ -132,19 +134,34 @@ def test_tile_transpose_applied_forward_keeps_the_kernel_correct(gate) -> None:
     assert verdict.passed, (verdict.build.message, failing)
 
 
+def _staged_forward_passes(gate, case: str, form: str) -> None:
+    """The smem_staging form ``form`` applied forward on ``case``'s removed state passes the
+    gate's correctness check on the case's problem."""
+    from klineage.mechanisms import Carrier, get
+
+    staging = get("smem_staging")
+    after = KernelSource((PUBLIC_FORMS / "smem_staging" / f"{case}.after.cu").read_text())
+    (site,) = [c for c in staging.candidates(after) if c.detail.get("form") == form]
+    forward = staging.apply(after, site, Carrier())
+    source = KernelSource(forward.text, name=f"{case}.forward.cu")
+    verdict = gate.run(load_problem(PROBLEM_OF_CASE[case]), source, time_it=False)
+    failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+    assert verdict.passed, (verdict.build.message, failing)
+
+
 @pytest.mark.gpu
 @pytest.mark.nvcc
 @pytest.mark.parametrize("case", ["helper_tiles", "warp_tiles", "micro_tiles"])
 def test_tile_loop_applied_forward_keeps_the_kernel_correct(gate, case: str) -> None:
     # the forward of the helper removal: tiles staged by the generated loader in the tile loop
     # of global reads the removal left
-    from klineage.mechanisms import Carrier, get
+    _staged_forward_passes(gate, case, "tile_loop")
 
-    staging = get("smem_staging")
-    after = KernelSource((PUBLIC_FORMS / "smem_staging" / f"{case}.after.cu").read_text())
-    (site,) = [c for c in staging.candidates(after) if c.detail.get("form") == "tile_loop"]
-    forward = staging.apply(after, site, Carrier())
-    source = KernelSource(forward.text, name=f"{case}.forward.cu")
-    verdict = gate.run(load_problem(PROBLEMS / "sgemm_tiles"), source, time_it=False)
-    failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
-    assert verdict.passed, (verdict.build.message, failing)
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("case", ["row_params", "row_params_float", "persistent_rows"])
+def test_row_vectors_applied_forward_keep_the_kernel_correct(gate, case: str) -> None:
+    # the forward of the once removal: the row-invariant parameters staged again, in a
+    # kernel without a dynamic buffer and in one whose own buffer moves past the copy
+    _staged_forward_passes(gate, case, "row_vectors")

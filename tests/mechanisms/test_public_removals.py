@@ -2,7 +2,8 @@
 idioms (``tests/fixtures/public_forms/<mechanism>/``): removing every removable site gives
 ``after`` exactly, leaves no removable site, and both states compile.
 
-These forms have no forward rule: their skills are mined (removal, gate) but are not
+These forms mostly have no forward rule (vectors staged once do: test_staging_row_vectors.py
+walks those smem_staging pairs forward): their skills are mined (removal, gate) but are not
 transferable, so the round-trip suite (which re-applies) does not cover them. The exceptions
 are warp_shuffle_reduction, whose removals write its own exchange form (the tests of that
 mechanism walk its ``online_pairs`` and ``quad_columns`` pairs forward again), warp_tiling,

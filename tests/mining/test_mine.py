@@ -15,6 +15,7 @@ from klineage.mining.mine import mine
 from klineage.mining.walk import MiningBudget
 from klineage.skills import Measured, SkillLibrary
 from tests.conftest import FIXTURES
+from tests.mechanisms.roundtrip import PUBLIC_FORMS
 from tests.mining.conftest import Mined
 from tests.mining.stand_in_gate import StandInGate, mine_gated
 
@@ -454,25 +455,39 @@ def test_a_verdict_is_shared_by_states_with_the_same_machine_code(
 def test_a_form_without_a_forward_rule_is_restored_verified_and_not_transferable(
     builder: Builder, tmp_path: Path
 ) -> None:
-    """The expert stages its row parameters once through casts of the dynamic buffer: the
-    removal exists, no forward rule writes that form, so the round trip restores the source
-    the lineage edge removed; the skill records the gain and is kept out of replay."""
-    problem = tmp_path / "scale_shift_rows"  # the problem files, with the public-form expert
-    shutil.copytree(FIXTURES / "mining" / "scale_shift_rows", problem)
-    expert = FIXTURES / "public_forms" / "smem_staging" / "cast_once.before.cu"
-    shutil.copy(expert, problem / "kernel.cu")
+    """The expert caches each warp's row in the dynamic buffer on its first pass: the removal
+    exists, no forward rule writes that form, so the round trip restores the source the
+    lineage edge removed; the skill records the gain and is kept out of replay."""
+    problem = tmp_path / "center_rows"  # the problem files, with the public-form expert
+    shutil.copytree(PUBLIC_FORMS / "problems" / "center_rows", problem)
+    shutil.copy(PUBLIC_FORMS / "smem_staging" / "row_cache.before.cu", problem / "kernel.cu")
     tmp_path = tmp_path / "out"
     gate = StandInGate(builder, cost={"smem_staging": 1.3}, expert_mechanisms=["smem_staging"])
-    report = mine_gated(problem, tmp_path, gate=gate)
-    assert report.steps == 1 and report.skills == 1 and report.verified == 1
-    (skill,) = SkillLibrary.load(tmp_path)
-    assert skill.mechanism == "smem_staging" and skill.effect.measured is Measured.GAIN
+    mine_gated(problem, tmp_path, gate=gate)  # warp_per_row and others go after it
+    skill = next(s for s in SkillLibrary.load(tmp_path) if s.mechanism == "smem_staging")
+    assert skill.effect.measured is Measured.GAIN
     assert skill.transferable is False and skill.verified is True
     assert skill.round_trip_exact is True
     assert skill.round_trip_note.startswith("no forward rule re-applies this form (")
     assert "the round trip restored the source the lineage edge removed" in skill.round_trip_note
     card = (tmp_path / skill.id / "SKILL.md").read_text()
     assert "transferable: false" in card and "Not transferable: no forward rule" in card
+
+
+def test_parameters_staged_once_are_staged_again_by_the_forward_rule(
+    builder: Builder, tmp_path: Path
+) -> None:
+    """The expert stages its row parameters once through casts of the dynamic buffer; the
+    forward rule stages them again where the removal read them from global memory, so the
+    skill is transferable (its round trip writes other code than the expert's: the gate's)."""
+    problem = tmp_path / "scale_shift_rows"  # the problem files, with the public-form expert
+    shutil.copytree(FIXTURES / "mining" / "scale_shift_rows", problem)
+    shutil.copy(PUBLIC_FORMS / "smem_staging" / "cast_once.before.cu", problem / "kernel.cu")
+    gate = StandInGate(builder, cost={"smem_staging": 1.3}, expert_mechanisms=["smem_staging"])
+    report = mine_gated(problem, tmp_path / "out", gate=gate)
+    assert report.steps == 1 and report.skills == 1
+    (skill,) = SkillLibrary.load(tmp_path / "out")
+    assert skill.mechanism == "smem_staging" and skill.transferable is True
 
 
 def test_skills_with_a_forward_rule_are_transferable(mined: Mined) -> None:
