@@ -47,6 +47,8 @@ FORWARD_FORMS = [
     ("cumsum_rows", "block_per_row", "scan"),
     ("transpose_2d", "smem_staging", "transpose"),
     ("nchw_to_nhwc", "smem_staging", "transpose"),
+    ("layernorm", "smem_staging", "row_vectors"),  # weight and bias copied before the guard
+    ("gemv", "smem_staging", "row_vectors"),
     ("embedding_gather", "vectorized_access", "kernel"),  # its NaN exit, a lane's continue
 ]
 
