@@ -35,7 +35,13 @@ from klineage.cuda.tree import (
 )
 from klineage.mechanisms._coarsening_forms import enclosing, unrolled_pairs
 
-__all__ = ["pair_loads_at", "pair_loads_removal"]
+__all__ = [
+    "declaration_before",
+    "index_update",
+    "pair_loads_at",
+    "pair_loads_removal",
+    "pair_of_loop",
+]
 
 _NEEDED = (
     "a grid-stride loop reading `x[i]` and, in statements of their own, `x[i + d]`... (d the "
@@ -74,7 +80,7 @@ def _factor_edit(source: ParsedSource, root: Node, factor: int) -> Edit | None:
     return None
 
 
-def _declaration_before(source: ParsedSource, loop: Node, name: str) -> Node | None:
+def declaration_before(source: ParsedSource, loop: Node, name: str) -> Node | None:
     """The declaration of ``name`` among the statements before ``loop`` in its block."""
     block = loop.parent
     found = None
@@ -120,7 +126,7 @@ def _step_edit(source: ParsedSource, loop: Node, update: Node, name: str, factor
     raise _refuse(f"a loop whose step `{source.snippet(step)}` carries no literal factor {factor}")
 
 
-def _update(source: ParsedSource, loop: Node, name: str) -> Node | None:
+def index_update(source: ParsedSource, loop: Node, name: str) -> Node | None:
     """``name += step`` in the loop's header (a ``for``) or as a statement of its body."""
     header = loop.child_by_field_name("update")
     candidates = [header] if header is not None else []
@@ -175,9 +181,9 @@ def pair_loads_removal(
     ]
     declaration = loop.child_by_field_name("initializer")
     if declaration is None:
-        declaration = _declaration_before(source, loop, variable.name)
+        declaration = declaration_before(source, loop, variable.name)
     init = _factor_edit(source, declaration, count) if declaration is not None else None
-    update = _update(source, loop, variable.name)
+    update = index_update(source, loop, variable.name)
     if init is None or update is None:
         raise _refuse(f"a loop whose start {variable.init} carries no literal factor {count}")
     edits += [init, _step_edit(source, loop, update, variable.name, count)]
@@ -216,13 +222,21 @@ def _check(
         raise _refuse(f"a loop whose factor {count} does not come out cleanly ({got})")
 
 
-def pair_loads_at(source: ParsedSource, function: Function, loop: Node) -> list[Edit]:
-    """:func:`pair_loads_removal` for the loads the analysis pairs in ``loop``."""
+def pair_of_loop(source: ParsedSource, function: Function, loop: Node) -> tuple[Access, int] | None:
+    """The first of the loads the analysis pairs in ``loop``, and how many there are."""
     indices = analysis(source).indices(function)
     accesses = [
         a for a in indices.accesses() if a.buffer.space == "global" and a.direction != "address"
     ]
     for base, count in unrolled_pairs(indices, accesses):
         if enclosing(base.node, function, ("for_statement", "while_statement")) == loop:
-            return pair_loads_removal(source, function, loop, base, count)
-    raise _refuse(f"`{source.snippet(loop, 50)}` with no loads a block apart in one turn")
+            return base, count
+    return None
+
+
+def pair_loads_at(source: ParsedSource, function: Function, loop: Node) -> list[Edit]:
+    """:func:`pair_loads_removal` for the loads the analysis pairs in ``loop``."""
+    found = pair_of_loop(source, function, loop)
+    if found is None:
+        raise _refuse(f"`{source.snippet(loop, 50)}` with no loads a block apart in one turn")
+    return pair_loads_removal(source, function, loop, *found)

@@ -28,8 +28,8 @@ and every launch's grid becomes ``(n + 4 * block - 1) / (4 * block)`` blocks.
   stride`` in a helper, register arrays indexed by it, as expert kernels write it) is
   reported with the reason it is refused: removing it needs the launch, the helpers and the
   arrays to change together, which a rule cannot do safely. Loads a block apart in one turn
-  of a grid-stride loop are the exception (:mod:`klineage.mechanisms._coarsening_pairs`, no
-  forward rule): the loop absorbs the change and the launch stays.
+  of a grid-stride loop are the exception (:mod:`klineage.mechanisms._coarsening_pairs`):
+  the loop absorbs the change and the launch stays.
 - apply: on a one-thread-per-element kernel whose element code reads no ``blockIdx``,
   ``threadIdx`` or ``gridDim`` and holds no barrier or warp collective; refused when a
   launch of the kernel is not in the file or its bound cannot be written at the launch. A
@@ -47,6 +47,11 @@ and every launch's grid becomes ``(n + 4 * block - 1) / (4 * block)`` blocks.
   divided to match; checked by removing it again
   (:mod:`klineage.mechanisms._coarsening_rows_forward`, the inverse of
   :mod:`klineage.mechanisms._coarsening_rows`).
+- apply, loads per turn (``form=pairs``, carrier ``coarsen``, default 2): a grid-stride loop
+  that accumulates one element a turn reads ``coarsen`` elements a block apart in each turn,
+  its start and step scaled to match, the grid unchanged; checked by removing it again
+  (:mod:`klineage.mechanisms._coarsening_pairs_forward`, the inverse of
+  :mod:`klineage.mechanisms._coarsening_pairs`).
 """
 
 from __future__ import annotations
@@ -64,7 +69,12 @@ from klineage.cuda.tree import NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._coarsening_chunks import chunk_loop_removal
 from klineage.mechanisms._coarsening_forms import coarsening_forms
-from klineage.mechanisms._coarsening_pairs import pair_loads_at
+from klineage.mechanisms._coarsening_pairs import pair_loads_at, pair_of_loop
+from klineage.mechanisms._coarsening_pairs_forward import (
+    StrideLoop,
+    loads_per_turn_edits,
+    stride_loops,
+)
 from klineage.mechanisms._coarsening_rows import rows_loop_removal, rows_per_block_count
 from klineage.mechanisms._coarsening_rows_forward import block_rows_of, rows_per_block_edits
 from klineage.mechanisms._forms import form_site, removable_form_site
@@ -112,6 +122,10 @@ ROWS = "rows"
 """``Site.detail["form"]`` of rows per block: a block's counted loop over its rows (removal)
 or a kernel with a block per row (apply)."""
 DEFAULT_ROWS = 4
+PAIRS = "pairs"
+"""``Site.detail["form"]`` of loads a block apart in a grid-stride loop's turn (removal), or
+of a grid-stride loop accumulating one element a turn (apply)."""
+DEFAULT_PAIRS = 2
 
 
 def _guard_text(source: ParsedSource, element: ElementKernel) -> str:
@@ -439,7 +453,10 @@ class ThreadCoarsening(Mechanism):
         "and several independent loads are in flight per thread."
     )
     carrier_keys: ClassVar[dict[str, str]] = {
-        "coarsen": f"elements per thread (default {DEFAULT_COARSEN})",
+        "coarsen": (
+            f"elements per thread (default {DEFAULT_COARSEN}; loads per turn of a grid-stride "
+            f"loop: default {DEFAULT_PAIRS})"
+        ),
         "layout": "strided (elements blockDim.x apart, coalesced; default) or contiguous",
         "tm": f"register tile: output rows per thread (default {DEFAULT_MICRO_TILE})",
         "tn": f"register tile: output columns per thread (default {DEFAULT_MICRO_TILE})",
@@ -471,9 +488,9 @@ class ThreadCoarsening(Mechanism):
         handwritten_loops = list(handwritten(source, spans))
         covered = spans + [(h.loop.start_byte, h.loop.end_byte) for h in handwritten_loops]
         for form in coarsening_forms(source, covered):
-            if form.kind == "pairs":  # loads a block apart in a grid-stride loop's turn
+            if form.kind == PAIRS:  # loads a block apart in a grid-stride loop's turn
                 yield removable_form_site(
-                    self, source, form, pair_loads_at, "pairs", "as loads per turn"
+                    self, source, form, pair_loads_at, PAIRS, "as loads per turn"
                 )
             elif form.kind == "chunk":  # a block's chunk in a counted loop, one partial a block
                 site = removable_form_site(
@@ -514,6 +531,7 @@ class ThreadCoarsening(Mechanism):
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         yield from self._register_tile_candidates(source)
         yield from self._block_row_candidates(source)
+        yield from self._loads_per_turn_candidates(source)
         for element in element_kernels(source, scaled=True):
             refusal = element_refusal(source, element, returns="nested")
             if refusal is None and not source.launches_of(element.function.name):
@@ -565,6 +583,50 @@ class ThreadCoarsening(Mechanism):
                     else (f"no launch of {function.name} in this file"),
                 )
 
+    def _loads_per_turn_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        """Grid-stride loops accumulating one element a turn: several loads a turn
+        (:mod:`klineage.mechanisms._coarsening_pairs_forward`); not those that read several
+        already (the removal's sites)."""
+        coarsened = {
+            form.node.start_byte for form in coarsening_forms(source, []) if form.kind == PAIRS
+        }
+        for found in stride_loops(source):
+            if isinstance(found, StrideLoop):
+                function, loop, refusal = found.function, found.loop, None
+                span = found.span
+            else:
+                function, loop, why = found
+                if loop.start_byte in coarsened:
+                    continue
+                refusal, span = str(why), (loop.start_byte, loop.end_byte)
+            yield self.site(
+                source,
+                loop,
+                span=span,
+                snippet=f"{function.name}: {source.header(loop)}",
+                detail={"kernel": function.name, "form": PAIRS},
+                refusal=refusal,
+            )
+
+    def _loads_per_turn(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        factor = carrier.get_int("coarsen", DEFAULT_PAIRS) or 0
+        if factor < 2:
+            raise self.refuse(f"coarsen={factor} gives each turn one load", site, "apply")
+        found = next(
+            (
+                f
+                for f in stride_loops(source)
+                if isinstance(f, StrideLoop) and f.span == (site.start_byte, site.end_byte)
+            ),
+            None,
+        )
+        if found is None:
+            raise self.refuse("no grid-stride loop accumulating one element here", site, "apply")
+        try:
+            return loads_per_turn_edits(source, found, factor)
+        except NotInForm as why:
+            raise self.refuse(str(why), site, "apply") from why
+
     def _rows_per_block(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
         rows = carrier.get_int("rows", DEFAULT_ROWS) or 0
         if rows < 2:
@@ -605,7 +667,7 @@ class ThreadCoarsening(Mechanism):
         return register_tile_edits(source, tile, tm, tn, bk)
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
-        if site.detail.get("form") == "pairs":
+        if site.detail.get("form") == PAIRS:
             loop = self.node_at(source, site, "for_statement", "while_statement")
             function = source.enclosing_function(loop)
             assert function is not None
@@ -647,6 +709,11 @@ class ThreadCoarsening(Mechanism):
             function = kernel.parsed.enclosing_function(loop)
             rows = rows_per_block_count(kernel.parsed, function, loop) if function else None
             return Carrier(rows=rows) if rows is not None else Carrier()
+        if site.detail.get("form") == PAIRS:
+            loop = self.node_at(kernel.parsed, site, "for_statement", "while_statement")
+            function = kernel.parsed.enclosing_function(loop)
+            pair = pair_of_loop(kernel.parsed, function, loop) if function else None
+            return Carrier(coarsen=pair[1]) if pair is not None else Carrier()
         coarsen = site.detail.get("coarsen")
         layout = site.detail.get("layout")
         if not isinstance(coarsen, int):
@@ -658,6 +725,8 @@ class ThreadCoarsening(Mechanism):
             return self._register_tile(source, site, carrier)
         if site.detail.get("form") == ROWS:
             return self._rows_per_block(source, site, carrier)
+        if site.detail.get("form") == PAIRS:
+            return self._loads_per_turn(source, site, carrier)
         coarsen = carrier.get_int("coarsen", DEFAULT_COARSEN)
         layout = carrier.get_str("layout", "strided")
         assert coarsen is not None

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.problem import Problem, load_problem
 from klineage.problem.abi import KernelAbi
@@ -75,14 +74,6 @@ def test_both_states_declare_the_run_their_problem_implies(pair: Pair) -> None:
     abi = KernelAbi.from_definition(_problem(pair).definition)
     for kernel in (pair.before, pair.after):
         assert abi.mismatch(kernel.text) is None, abi.mismatch(kernel.text)
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory):
-    from klineage.gate.gate import Gate
-
-    with Gate(Builder(cache_dir=tmp_path_factory.mktemp("cache"))) as judge:
-        yield judge
 
 
 @pytest.mark.gpu

@@ -9,9 +9,11 @@ are warp_shuffle_reduction, whose removals write its own exchange form (the test
 mechanism walk its ``online_pairs`` and ``quad_columns`` pairs forward again), warp_tiling,
 whose removal writes the grid its application reads (tests/mechanisms/test_warp_tiling.py),
 grid_stride_loop's ``rows_by_z`` and ``row_turns``, whose one index per thread along any grid
-dimension is written back into the loop (tests/mechanisms/test_grid_stride_loop.py), and
-smem_staging's tiles a helper stages in a 1-D layout, whose removed tile loops its
-``tile_loop`` form stages again (tests/mechanisms/test_staging_helper_forward.py).
+dimension is written back into the loop (tests/mechanisms/test_grid_stride_loop.py),
+thread_coarsening's ``loads_per_turn``, whose grid-stride loop of one load a turn takes
+several again (tests/mechanisms/test_coarsening_loads_forward.py), and smem_staging's tiles
+a helper stages in a 1-D layout, whose removed tile loops its ``tile_loop`` form stages again
+(tests/mechanisms/test_staging_helper_forward.py).
 """
 
 from __future__ import annotations
