@@ -6,9 +6,11 @@ and ``warp_per_row``.
     const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
 
-(after any compile-time constants, ``const int U = 8;``) and then walks its row with plain
-loops ``for (int64_t c = 0; c < n; ++c)``, or loops unrolled by hand
-(:mod:`klineage.mechanisms._block_unrolled`). Each loop either
+(after any compile-time constants, ``const int U = 8;``; for a warp the index may also be the
+thread's linear index in a 32 x y block, :func:`row_of_thread_2d`) and then walks its row with
+plain loops ``for (int64_t c = 0; c < n; ++c)``, loops unrolled by hand
+(:mod:`klineage.mechanisms._block_unrolled`), or packed steps and walks back
+(:mod:`klineage.mechanisms._thread_row_steps`). Each loop either
 *reduces* into scalars declared before it (``acc += e``, ``m = fmaxf(m, e)``, ``fminf``) or
 *maps* (stores ``p[... c ...] = e``), or both; everything else is scalar code on values
 every thread of a row agrees on. Such a kernel is spread over a group of threads (a block or
@@ -51,7 +53,6 @@ from klineage.cuda.tree import (
     FMA_CALLS,
     WARP_SIZE,
     declaration_names,
-    statement_after,
     statement_before,
     walk,
 )
@@ -91,6 +92,16 @@ from klineage.mechanisms._reductions_util import (
     strip_parens,
     within,
 )
+from klineage.mechanisms._thread_row_steps import (
+    StepFormError,
+    packed_deref,
+    packed_step,
+    pointer_offset,
+    split_start,
+    steps_down,
+    vector_access,
+    walk_back,
+)
 from klineage.mechanisms._tiles_util import orphaned_declarations
 from klineage.mechanisms._warp_rows_2d import (
     THREAD_ROW_2D,
@@ -99,6 +110,7 @@ from klineage.mechanisms._warp_rows_2d import (
     is_row_of_2d_warps,
     is_thread_x,
     lane_is_thread_x,
+    row_of_thread_2d,
 )
 from klineage.mechanisms._warp_rows_cg import is_warp_query, tile_calls_left, warp_reduces
 
@@ -428,6 +440,11 @@ class RowLoop:
     unrolled: UnrolledLoop | None = None
     """Unrolled by hand: ``i += U`` with ``i + u`` inside, ``u`` an inner loop over ``0 ..
     U - 1`` (:mod:`klineage.mechanisms._block_unrolled`)."""
+    unit: Node | None = None
+    """A packed step ``c += V``: the ``V`` (:mod:`klineage.mechanisms._thread_row_steps`)."""
+    down: bool = False
+    """A walk back down the row, ``c -= s; for (; c >= 0; c -= s)``; ``start`` is then the
+    ``c -= s`` before the loop."""
 
 
 @dataclass
@@ -444,6 +461,10 @@ class ThreadRows:
     loops: list[RowLoop]
     stores: list[Node]
     """Statements outside loops that write memory (to be done by one thread per group)."""
+    warps_2d: bool = False
+    """The index is the thread's linear index in a 32 x y block (``block_part`` its row of
+    warps): spread to a warp per row, the lanes are ``threadIdx.x`` and the block keeps its
+    shape."""
 
 
 def _global_thread_index(source: ParsedSource, node: Node) -> Node | None:
@@ -516,12 +537,16 @@ def _bound_check(
 
 def _leading_constants(source: ParsedSource, statements: list[Node]) -> int:
     """How many statements at the start of a body only name compile-time integers (``const
-    int U = 8;``, ``constexpr int kWarps = 4;``): values every thread agrees on, which may
-    precede the row index."""
+    int U = 8;``, ``constexpr int kWarps = 4;``) or types (``using V = Packed128<float>;``),
+    or assert the block's width (``assert(blockDim.x == 32)``, which the row layout checks):
+    what may precede the row index."""
     constants: dict[str, int | str] = dict(source.integer_constants)
     count = 0
     for statement in statements:
-        if statement.type == "comment":
+        if statement.type in ("comment", "alias_declaration", "type_definition"):
+            count += 1
+            continue
+        if _is_width_assert(source, statement):
             count += 1
             continue
         declared = _single_init(source, statement)
@@ -538,12 +563,19 @@ def _leading_constants(source: ParsedSource, statements: list[Node]) -> int:
     return count
 
 
+def _is_width_assert(source: ParsedSource, statement: Node) -> bool:
+    """``assert(blockDim.x == 32);`` as a statement of its own."""
+    expression = _expression_of(statement)
+    return expression is not None and block_width_asserts(source, statement) == [expression]
+
+
 def thread_rows_shape(
     source: ParsedSource, kernel: Function
 ) -> tuple[str, Node, Node, Node] | None:
     """(index name, index value, blockIdx operand, bound) when a kernel starts like a
     thread-per-row kernel, after any compile-time constants; None otherwise (it is then no
-    candidate at all)."""
+    candidate at all). The index may be the thread's linear index in a 2-D block, whose
+    "blockIdx operand" is then its row of warps (:func:`row_of_thread_2d`)."""
     if kernel.body is None:
         return None
     statements = named_statements(kernel.body)
@@ -554,45 +586,78 @@ def thread_rows_shape(
     if declared is None:
         return None
     name, value = declared
-    block = _global_thread_index(source, value)
+    block = _global_thread_index(source, value) or row_of_thread_2d(source, value)
     bound = _bound_check(source, statements[1], name)
     if block is None or bound is None:
         return None
     return name, value, block, bound
 
 
-def thread_row_start(source: ParsedSource, kernel: Function) -> tuple[Node, Node, Node, list[Node]]:
+def thread_row_start(
+    source: ParsedSource, kernel: Function, warps_2d: bool = False
+) -> tuple[Node, Node, Node, list[Node]]:
     """(index value, blockIdx operand, bound, body statements from the row index on) of a
     kernel that starts like a thread-per-row kernel and ties nothing else to the thread
-    layout; :class:`NotCanonical` otherwise."""
+    layout; :class:`NotCanonical` otherwise. ``warps_2d``: the caller writes a warp per row
+    back into a 32 x y block, so the thread's linear index in such a block is taken too."""
     shape = thread_rows_shape(source, kernel)
     if shape is None or kernel.body is None:
         raise NotCanonical(f"{kernel.name} does not start with a thread row index and its check")
     _, value, block, bound = shape
     statements = named_statements(kernel.body)
     first = _leading_constants(source, statements)
-    _check_thread_local(source, kernel, statements[first])
+    exempt: list[Node] = []
+    if row_of_thread_2d(source, value) is not None:
+        if not warps_2d:
+            raise NotCanonical(
+                f"the row index of {kernel.name} is the thread's linear index in a 2-D block, "
+                "which only a warp per row (lanes threadIdx.x) writes back; this rule needs "
+                "blockIdx.x * blockDim.x + threadIdx.x"
+            )
+        # the block keeps its 32 x y shape, so an assert on its width still holds
+        exempt = block_width_asserts(source, kernel.body)
+    _check_thread_local(source, kernel, [statements[first], *exempt])
     return value, block, bound, statements[first:]
 
 
 def thread_rows(source: ParsedSource, kernel: Function, group: Group = "block") -> ThreadRows:
     """The canonical thread-per-row analysis of a kernel, to be spread over ``group``;
     :class:`NotCanonical` says why not."""
-    value, block, bound, statements = thread_row_start(source, kernel)
+    value, block, bound, statements = thread_row_start(source, kernel, group == "warp")
+    warps_2d = row_of_thread_2d(source, value) is not None
+    if warps_2d:
+        _check_blocks_2d(source, kernel)
     walker = _ThreadWalker(source, kernel, group)
     for statement in statements[2:]:
         walker.statement(statement)
     if not any(loop.accumulators for loop in walker.loops):
         raise NotCanonical(f"{kernel.name} has no loop that reduces its row")
     walker.check_memory()
-    return ThreadRows(kernel, value, block, bound, walker.loops, walker.stores)
+    return ThreadRows(kernel, value, block, bound, walker.loops, walker.stores, warps_2d)
 
 
-def _check_thread_local(source: ParsedSource, kernel: Function, index_statement: Node) -> None:
-    """Nothing but the row index may depend on the thread layout."""
+def _check_blocks_2d(source: ParsedSource, kernel: Function) -> None:
+    """A thread's linear index in a 2-D block becomes a warp's row only where every launch
+    has a constant 32 x y block (the grid then shrinks by the 32 lanes of a row)."""
+    launches = source.launches_of(kernel.name)
+    if not launches:
+        raise NotCanonical(f"no launch of {kernel.name} in this file to give a warp per row")
+    for launch in launches:
+        if block_threads_2d(source, launch) is None:
+            text = source.text_of(launch.block) if launch.block is not None else "none"
+            raise NotCanonical(
+                f"the row index of {kernel.name} is the thread's linear index in a 2-D block, "
+                f"but the launch at line {source.line_of(launch.node.start_byte)} has block "
+                f"{text}; this rule needs a constant 32 x y block (lanes threadIdx.x)"
+            )
+
+
+def _check_thread_local(source: ParsedSource, kernel: Function, allowed: list[Node]) -> None:
+    """Nothing but the row index (and the ``allowed`` statements) may depend on the thread
+    layout."""
     assert kernel.body is not None
     for use in builtin_uses(source, kernel.body):
-        if not within(use, index_statement):
+        if not any(within(use, node) for node in allowed):
             raise NotCanonical(
                 f"{source.text_of(use)} is used outside the row index "
                 f"(line {source.line_of(use.start_byte)})"
@@ -637,6 +702,8 @@ class _ThreadWalker:
         self.types = source.local_types(kernel)
         # locals of a loop body pointing into the loop's element (float* e = (float*)&o[c])
         self.element_pointers: set[str] = set()
+        # loops that walk a split loop's row back: their start -> (variable, `c -= s`, V)
+        self.walks_back: dict[int, tuple[str, Node, Node | None]] = {}
 
     def line(self, node: Node) -> int:
         return self.source.line_of(node.start_byte)
@@ -764,6 +831,9 @@ class _ThreadWalker:
 
     def _address(self, target: Node) -> tuple[str, str]:
         target = strip_parens(target)
+        packed = packed_deref(self.source, target)
+        if packed is not None:  # *reinterpret_cast<float4*>(p + c): p[c] a vector wide
+            return packed.pointer, " ".join(self.source.text_of(packed.index).split())
         if target.type == "subscript_expression":
             base = target.child_by_field_name("argument")
             indices = target.child_by_field_name("indices")
@@ -771,7 +841,7 @@ class _ThreadWalker:
                 return self.source.text_of(base), " ".join(self.source.text_of(indices).split())
         if target.type == "pointer_expression":
             return "*", " ".join(self.source.text_of(target).split())
-        offset = _pointer_offset(self.source, target)
+        offset = pointer_offset(self.source, target)
         if offset is not None:
             return offset[0], " ".join(self.source.text_of(offset[1]).split())
         raise NotCanonical(
@@ -780,9 +850,14 @@ class _ThreadWalker:
 
     def reads(self, node: Node, in_loop: bool) -> None:
         for call in inside(self.source, node, "call_expression"):
+            access = vector_access(self.source, call)
+            if access is not None and access.kind == "load":  # load128(x + c): a packed load
+                index = " ".join(self.source.text_of(access.index).split())
+                self.loads.append((access.pointer, index, call, in_loop))
+                continue
             arguments = arguments_of(call)
             if call_name(self.source, call) in _LOAD_INTRINSICS and len(arguments) == 1:
-                offset = _pointer_offset(self.source, strip_parens(arguments[0]))
+                offset = pointer_offset(self.source, strip_parens(arguments[0]))
                 if offset is not None:  # __ldcs(x + c): a load through a cache hint
                     index = " ".join(self.source.text_of(offset[1]).split())
                     self.loads.append((offset[0], index, call, in_loop))
@@ -799,28 +874,86 @@ class _ThreadWalker:
 
     def loop(self, node: Node) -> None:
         found = self.source.loop_at(node)
-        if found is None or found.variable is None or found.initializer is None:
+        if found is not None and found.initializer is None and node.start_byte in self.walks_back:
+            variable, move, _ = self.walks_back[node.start_byte]
+            self.row_loop(node, found, variable, move, down=True)
+            return
+        start = self.split_start(node, found) if found is not None else None
+        if found is None or (found.variable is None and start is None):
             raise NotCanonical(f"the loop at line {self.line(node)} is not for (T c = 0; ...)")
-        declared = _single_init(self.source, found.initializer)
-        if declared is None or not is_zero_literal(self.source, declared[1]):
+        if start is None:
+            assert found.initializer is not None
+            declared = _single_init(self.source, found.initializer)
+            start = declared[1] if declared is not None else None
+        variable = found.variable or self.source.text_of(_below_name(found.condition))
+        if start is None or not is_zero_literal(self.source, start):
             raise NotCanonical(f"the loop at line {self.line(node)} does not start at 0")
-        variable = found.variable
-        unrolled = None
         if not _below(self.source, found.condition, variable):
             raise NotCanonical(
                 f"the loop at line {self.line(node)} does not run while {variable} < n"
             )
-        if not _unit_step(self.source, found.update, variable):
-            unrolled = self.unrolled(found, declared[1])
+        self.row_loop(node, found, variable, start)
+
+    def split_start(self, node: Node, found: Loop) -> Node | None:
+        """The start of ``T c = 0; for (; c < n; ...)``, declared right before the loop."""
+        if found.initializer is not None or found.condition is None:
+            return None
+        name = _below_name(found.condition)
+        return split_start(self.source, node, self.source.text_of(name)) if name else None
+
+    def row_loop(
+        self, node: Node, found: Loop, variable: str, start: Node, down: bool = False
+    ) -> None:
+        unrolled, unit = None, None
+        if down:
+            unit = self.walks_back[node.start_byte][2]
+            if unit is not None:  # its packed accesses move as many elements as its step
+                self.packed_step(found, variable, "-=")
+        elif not _unit_step(self.source, found.update, variable):
+            unit = self.packed_step(found, variable, "+=")
+            if unit is None and found.variable is None:
+                raise NotCanonical(
+                    f"the loop at line {self.line(node)} declares {variable} before it and steps "
+                    "by neither 1 nor a packed vector (a constant V, with the loop's every use "
+                    f"of {variable} the address of a packed load or store of V elements)"
+                )
+            if unit is None:
+                unrolled = self.unrolled(found, start)
         if node.parent is None or node.parent.type != "compound_statement":
             raise NotCanonical(f"the loop at line {self.line(node)} is not directly in a block")
+        if found.initializer is None and not down:
+            if self.group == "block":  # the block's removal reads no split walk back
+                raise NotCanonical(
+                    f"the loop at line {self.line(node)} declares {variable} before it; this "
+                    f"rule writes that form back for a warp per row only (for (T {variable} = "
+                    "0; ...) for a block)"
+                )
+            step = self.source.text_of(unit) if unit is not None else "1"
+            try:
+                back = walk_back(
+                    self.source,
+                    node,
+                    variable,
+                    lambda m: steps_down(self.source, m, variable, step),
+                    step,
+                )
+            except StepFormError as why:
+                raise NotCanonical(str(why)) from None
+            if back is not None:
+                self.walks_back[back[1].start_byte] = (variable, back[0], unit)
         assert found.update is not None and found.body is not None
-        loop = RowLoop(node, variable, declared[1], found.update, unrolled=unrolled)
+        loop = RowLoop(node, variable, start, found.update, unrolled=unrolled, unit=unit, down=down)
         local: set[str] = {variable}
         self_reads: set[tuple[int, int]] = set()
         self.loop_body(found.body, loop, local, self_reads)
         self.check_accumulators(loop, self_reads)
         self.loops.append(loop)
+
+    def packed_step(self, found: Loop, variable: str, op: str) -> Node | None:
+        try:
+            return packed_step(self.source, self.kernel, found, variable, op)
+        except StepFormError as why:
+            raise NotCanonical(f"the loop at line {self.line(found.node)}: {why}") from None
 
     def unrolled(self, found: Loop, start: Node) -> UnrolledLoop:
         """A row loop stepping by more than 1: the hand-unrolled form, else refused."""
@@ -851,6 +984,13 @@ class _ThreadWalker:
             inner = self.source.loop_at(node)  # the loop over u: its variable is the slot
             assert inner is not None and inner.body is not None
             local.add(inner.variable or "")
+            self.loop_body(inner.body, loop, local, self_reads)
+        elif kind == "for_statement" and self.inner_loop(node, local):
+            inner = self.source.loop_at(node)  # over a packed vector's elements, say
+            assert inner is not None and inner.body is not None
+            condition = node.child_by_field_name("condition")
+            if condition is not None:
+                self.reads(condition, in_loop=True)
             self.loop_body(inner.body, loop, local, self_reads)
         elif kind == "preproc_call" and self.source.text_of(node).split()[:2] == [
             "#pragma",
@@ -914,14 +1054,38 @@ class _ThreadWalker:
             self_reads.add((self_read.start_byte, self_read.end_byte))
         self.reads(right, in_loop=True)
 
+    def inner_loop(self, node: Node, local: set[str]) -> bool:
+        """``for (int k = 0; k < m; ++k)`` inside a row loop: its variable declared in its
+        header and the only name its update writes (it then joins the loop's locals)."""
+        inner = self.source.loop_at(node)
+        if inner is None or inner.variable is None or inner.body is None:
+            return False
+        if inner.initializer is None or inner.initializer.type != "declaration":
+            return False
+        update = strip_parens(inner.update) if inner.update is not None else None
+        target = None
+        if update is not None:
+            target = update.child_by_field_name("left") or update.child_by_field_name("argument")
+        if target is None or self.source.text_of(target) != inner.variable:
+            return False
+        local.add(inner.variable)
+        return True
+
     def _local_array(self, target: Node, local: set[str]) -> bool:
-        """``a[k]`` with ``a`` an array the loop body declares: registers of this thread."""
+        """``a[k]`` with ``a`` an array (or ``v[k]``, ``v.x`` with ``v`` a packed vector,
+        ``float4 v``) the loop body declares: registers of this thread."""
         target = strip_parens(target)
         base = target.child_by_field_name("argument")
-        if target.type != "subscript_expression" or base is None or base.type != "identifier":
+        operator = target.child_by_field_name("operator")
+        member = target.type == "field_expression" and operator is not None and operator.type == "."
+        if target.type != "subscript_expression" and not member:
+            return False
+        if base is None or base.type != "identifier":
             return False
         kind = self.types.get(self.source.text_of(base), "")
-        return self.source.text_of(base) in local and kind.endswith("[]") and "*" not in kind
+        if self.source.text_of(base) not in local or "*" in kind:
+            return False
+        return kind.endswith("[]") or analysis(self.source).vectors.packed(kind) is not None
 
     def accumulation(self, expression: Node, name: str) -> tuple[Op, Node | None]:
         """(operation, the node reading the accumulator itself) of ``acc op= e``."""
@@ -1068,48 +1232,32 @@ _LOAD_INTRINSICS = frozenset({"__ldg", "__ldcs", "__ldcg", "__ldca", "__ldlu", "
 
 
 def _intrinsic_store(source: ParsedSource, expression: Node) -> tuple[Node, Node] | None:
-    """(address, value) of ``__stcs(address, value)`` and its kin whose address is
-    ``p + index``; None for anything else."""
+    """(address, value) of ``__stcs(address, value)`` and its kin (or a packed store helper
+    of the file) whose address is ``p + index``; None for anything else."""
+    access = vector_access(source, expression)
+    if access is not None and access.kind == "store" and access.value is not None:
+        return access.address, access.value  # store128(p + i, v): a packed store helper
     if expression.type != "call_expression" or call_name(source, expression) not in (
         STORE_INTRINSICS
     ):
         return None
     arguments = arguments_of(expression)
-    if len(arguments) != 2 or _pointer_offset(source, strip_parens(arguments[0])) is None:
+    if len(arguments) != 2 or pointer_offset(source, strip_parens(arguments[0])) is None:
         return None
     return strip_parens(arguments[0]), arguments[1]
-
-
-def _pointer_offset(source: ParsedSource, node: Node) -> tuple[str, Node] | None:
-    """(p, index) of an address ``p + index`` (or ``index + p``) with ``p`` a name its
-    function declares a pointer, which the index does not read; None for anything else."""
-    function = source.enclosing_function(node)
-    if node.type != "binary_expression" or _op(node) != "+" or function is None:
-        return None
-    types = source.local_types(function)
-    left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
-    for base, index in ((left, right), (right, left)):
-        if base is None or index is None:
-            continue
-        base = strip_parens(base)
-        name = source.text_of(base)
-        if (
-            base.type == "identifier"
-            and "*" in types.get(name, "")
-            and name not in {source.text_of(n) for n in inside(source, index, "identifier")}
-        ):
-            return name, index
-    return None
 
 
 def _offset_by(source: ParsedSource, target: Node, variable: str) -> bool:
     """Whether a store ``p[index]`` has ``index = variable`` or ``... + variable + ...`` with
     the variable nowhere else: each iteration then writes its own element."""
     target = strip_parens(target)
+    packed = packed_deref(source, target)
+    if packed is not None:  # *reinterpret_cast<float4*>(p + index)
+        target = packed.address
     indices = (
         target.child_by_field_name("indices") if target.type == "subscript_expression" else None
     )
-    offset = _pointer_offset(source, target) if indices is None else None
+    offset = pointer_offset(source, target) if indices is None else None
     if offset is not None:
         terms = [offset[1]]
     elif indices is None or len(indices.named_children) != 1:
@@ -1145,6 +1293,14 @@ def _expression_of(statement: Node) -> Node | None:
     if statement.type != "expression_statement" or not statement.named_children:
         return None
     return statement.named_children[0]
+
+
+def _below_name(condition: Node | None) -> Node | None:
+    """The ``c`` of a loop condition ``c < n``."""
+    if condition is None:
+        return None
+    condition = strip_parens(condition)
+    return condition.child_by_field_name("left") if condition.type == "binary_expression" else None
 
 
 def _below(source: ParsedSource, condition: Node | None, variable: str) -> bool:
@@ -1296,15 +1452,24 @@ def spread_rows(
     warp) of ``block_size`` threads. User-typed accumulators (``merge``) need their block
     reduction in ``merges``."""
     edits: list[Edit] = []
-    if group == "block":
+    rank, first = _RANK[group], _FIRST[group]
+    if rows.warps_2d:  # back to the row of the thread's warp; the lanes are threadIdx.x
+        edits.append(Edit.replace(rows.index, source.text_of(rows.block_part)))
+        rank, first = "threadIdx.x", "threadIdx.x == 0"
+        block_size = max(_blocks_2d(source, rows))
+    elif group == "block":
         edits.append(Edit.replace(rows.index, source.text_of(rows.block_part)))
     else:
         edits.append(Edit.replace(rows.index, f"({source.text_of(rows.index)}) >> 5"))
     ops: list[str] = []
     stride = _group_stride(source, rows.kernel.name, group, block_size)
     for loop in rows.loops:
-        edits.append(Edit.replace(loop.start, _RANK[group]))
-        edits += _strided_update(source, loop, group, stride)
+        if loop.down:  # `c -= s` before the walk back and its step: by the group's s
+            step = f"{loop.variable} -= {_scaled(source, stride, loop.unit)}"
+            edits += [Edit.replace(loop.start, step), Edit.replace(loop.update, step)]
+        else:
+            edits.append(Edit.replace(loop.start, _scaled(source, rank, loop.unit)))
+            edits += _strided_update(source, loop, stride)
         indent = source.indent_of(loop.node.start_byte)
         lines = "".join(
             f"\n{indent}{name} = {group}_reduce_{op}({name});"
@@ -1327,19 +1492,36 @@ def spread_rows(
     for scratch in sorted({m.scratch for m in merges or [] if m.variable in merged}):
         edits.append(Edit.insert(rows.kernel.body.start_byte + 1, f"\n{inner}{scratch}"))
     for store in rows.stores:
-        edits.append(Edit.insert(store.start_byte, f"if ({_FIRST[group]}) "))
+        edits.append(Edit.insert(store.start_byte, f"if ({first}) "))
     _check_launch_bounds(source, rows.kernel, block_size)
     edits += _launch_edits_to_groups(source, rows, group, block_size)
     edits += helper_insertions(source, rows.kernel, group, ops)
     return edits
 
 
-def _strided_update(source: ParsedSource, loop: RowLoop, group: Group, stride: str) -> list[Edit]:
-    """The step of a loop spread over the group: the group's size, or for a loop unrolled by
-    hand ``stride * U`` with each ``i + u`` now ``i + u * stride`` (the group's threads take
-    turns inside each run of ``U`` group-sized slots)."""
+def _scaled(source: ParsedSource, text: str, unit: Node | None) -> str:
+    """``text * V`` for a packed step ``V`` (``text`` alone without one)."""
+    if unit is None:
+        return text
+    left = text if re.match(r"^[\w.:]+$", text) else f"({text})"
+    right = source.text_of(unit)
+    return f"{left} * {right if precedence(strip_parens(unit)) >= PRIMARY else f'({right})'}"
+
+
+def _blocks_2d(source: ParsedSource, rows: ThreadRows) -> list[int]:
+    """The threads of each launch's 32 x y block (:func:`_check_blocks_2d` checked them)."""
+    found = [block_threads_2d(source, la) for la in source.launches_of(rows.kernel.name)]
+    return [threads for threads in found if threads is not None]
+
+
+def _strided_update(source: ParsedSource, loop: RowLoop, stride: str) -> list[Edit]:
+    """The step of a loop spread over the group: the group's size (times a packed step), or
+    for a loop unrolled by hand ``stride * U`` with each ``i + u`` now ``i + u * stride`` (the
+    group's threads take turns inside each run of ``U`` group-sized slots)."""
     if loop.unrolled is None:
-        return [Edit.replace(loop.update, f"{loop.variable} += {stride}")]
+        return [
+            Edit.replace(loop.update, f"{loop.variable} += {_scaled(source, stride, loop.unit)}")
+        ]
     step = loop.unrolled.update.child_by_field_name("right")
     factor = loop.unrolled.factor
     if step is None or precedence(strip_parens(step)) < PRIMARY:
@@ -1383,12 +1565,16 @@ def _launch_edits_to_groups(
         if grid is None or block is None:
             raise NotCanonical(f"the launch at line {source.line_of(launch.node.start_byte)}")
         count = _row_count(source, rows.kernel, launch, rows.bound)
+        # a 32 x y block keeps its shape: a row for each of its y warps
+        threads = block_threads_2d(source, launch) if rows.warps_2d else None
         if group == "block":
             text = f"(unsigned){count}" if _primary_text(count) else f"(unsigned)({count})"
         else:
-            warps = block_size // 32
+            warps = (threads or block_size) // WARP_SIZE
             text = f"(unsigned)(({_numerator(count)} + {warps - 1}) / {warps})"
-        edits += [Edit.replace(grid, text), Edit.replace(block, str(block_size))]
+        edits.append(Edit.replace(grid, text))
+        if threads is None:
+            edits.append(Edit.replace(block, str(block_size)))
     # a grid size computed only for the old launch (`blocks`) would be left unused
     return edits + orphaned_declarations(
         source, [launch.grid for launch in launches if launch.grid]
@@ -1963,47 +2149,25 @@ class _GroupWalker:
         """After the loop ``up``, where the walk's variable stopped differs between a lane
         and a thread: the only later use allowed is ``c -= size * u; for (; c >= 0; c -=
         size * u)``, each then by ``u``; any other use is refused."""
-        later = []
-        node = statement_after(up)
-        while node is not None:
-            later.append(node)
-            node = statement_after(node)
-        uses = [i for i, st in enumerate(later) if self._names(st, name)]
-        if not uses:
-            return
-        first = uses[0]
-        adjust = later[first]
-        back = later[first + 1] if first + 1 < len(later) else None
-        moves = [_expression_of(adjust)]
-        if back is not None and back.type == "for_statement":
-            moves.append(back.child_by_field_name("update"))
-        test = back.child_by_field_name("condition") if back is not None else None
-        test = strip_parens(test) if test is not None else None
-        left = test.child_by_field_name("left") if test is not None else None
-        if (
-            back is None
-            or back.type != "for_statement"
-            or back.child_by_field_name("initializer") is not None
-            or left is None
-            or _op(test) != ">="
-            or self.source.text_of(left) != name
-            or any(m is None or not self._steps_down(m, name, unit) for m in moves)
-            or any(self._names(st, name) for st in later[first + 2 :])
-        ):
-            raise NotCanonical(
-                f"{name} at line {self.line(adjust)} is used after the loop at line "
-                f"{self.line(up)}, where a lane's walk stops elsewhere than a thread's; this "
-                f"rule needs only `{name} -= size * u; for (; {name} >= 0; {name} -= size * "
-                "u)` there"
+        try:
+            found = walk_back(
+                self.source,
+                up,
+                name,
+                lambda move: move is not None and self._steps_down(move, name, unit),
+                "size * u",
             )
+        except StepFormError as why:
+            raise NotCanonical(str(why)) from None
+        if found is None:
+            return
+        move, back = found
+        moves = [move, back.child_by_field_name("update")]
         for move in moves:
             assert move is not None
             self.edits.append(Edit.replace(move, f"{name} -= {step}"))
             self.handled.append(move)
         self.strided.append(back)
-
-    def _names(self, node: Node, name: str) -> bool:
-        return any(n.type == "identifier" and self.source.text_of(n) == name for n in walk(node))
 
     def _steps_down(self, node: Node, name: str, unit: str | None) -> bool:
         """``name -= size * unit`` (or ``name -= size``)."""

@@ -5,7 +5,9 @@ Public kernels often give each row a warp this way (a ``dim3(32, rows_per_block)
 often with ``assert(blockDim.x == 32)``) instead of splitting a 1-D block into warps. Spread
 back to a thread per row, the block keeps its shape and every thread takes its own row: the
 row becomes the thread's linear index in the grid, ``(blockIdx.x * blockDim.y + threadIdx.y)
-* blockDim.x + threadIdx.x``, and the grid shrinks by the 32 lanes each row had.
+* blockDim.x + threadIdx.x``, and the grid shrinks by the 32 lanes each row had. Written
+forward, that linear index becomes the row of the thread's warp again
+(:func:`row_of_thread_2d`) and the block still has its 32 x y shape.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "is_row_of_2d_warps",
     "is_thread_x",
     "lane_is_thread_x",
+    "row_of_thread_2d",
 ]
 
 THREAD_ROW_2D = "((int64_t)blockIdx.x * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x"
@@ -70,6 +73,23 @@ def is_row_of_2d_warps(source: ParsedSource, value: Node) -> bool:
         ):
             return True
     return False
+
+
+def row_of_thread_2d(source: ParsedSource, value: Node) -> Node | None:
+    """For the thread's linear index in a 2-D block, ``(blockIdx.x * blockDim.y + threadIdx.y)
+    * blockDim.x + threadIdx.x`` (:data:`THREAD_ROW_2D`, casts and either order allowed), its
+    row-of-warps part ``blockIdx.x * blockDim.y + threadIdx.y``; None for anything else."""
+    terms = _operands(strip_casts(value), "+")
+    if terms is None:
+        return None
+    for product, lane in (terms, terms[::-1]):
+        factors = _operands(strip_casts(product), "*")
+        if factors is None or not is_thread_x(source, lane):
+            continue
+        for row, width in (factors, factors[::-1]):
+            if _is(source, width, "blockDim.x") and is_row_of_2d_warps(source, row):
+                return strip_parens(row)
+    return None
 
 
 def block_threads_2d(source: ParsedSource, launch: Launch) -> int | None:

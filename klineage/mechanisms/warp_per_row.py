@@ -16,7 +16,14 @@ reduces in five shuffle steps without ``__syncthreads``; several rows share a bl
   outside loops are done by lane 0, and the launch gets ``block_size / 32`` rows per block.
   Loops unrolled by hand (``i += U`` with ``i + u`` inside) become ``i += 32 * U`` with ``i +
   u * 32``, and back; one that reads back a clamped element another lane wrote is refused
-  (shuffles order no memory).
+  (shuffles order no memory). A thread's linear index in a constant 32 x y block (what the
+  removal of a ``dim3(32, rows)`` warp per row leaves) becomes its warp's row ``blockIdx.x *
+  blockDim.y + threadIdx.y`` again: the lanes are ``threadIdx.x``, the block keeps its shape
+  (``block_size`` does not apply) and the grid gives each of its y warps a row. Packed steps
+  (``c += V``, every use of ``c`` the address of a ``V``-element packed load or store) become
+  ``c = lane * V; c += 32 * V``, and a walk back down the row after a loop whose start is
+  declared before it (``c -= V; for (; c >= 0; c -= V)``) steps by ``32 * V``
+  (:mod:`klineage.mechanisms._thread_row_steps`).
 
 Conditions: the block size a multiple of 32 (a warp never straddles two rows) and at most 1024.
 """

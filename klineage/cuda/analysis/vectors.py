@@ -17,7 +17,15 @@ from typing import Literal
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import call_arguments, descendants, strip_casts
 
-__all__ = ["BUILTIN_VECTORS", "ELEMENT_BYTES", "PackedType", "VectorHelper", "VectorModel"]
+__all__ = [
+    "BUILTIN_VECTORS",
+    "ELEMENT_BYTES",
+    "PackedType",
+    "VectorHelper",
+    "VectorModel",
+    "cast_operand",
+    "cast_target",
+]
 
 ELEMENT_BYTES: dict[str, int] = {
     "float": 4,
@@ -228,13 +236,13 @@ class VectorModel:
         for cast in descendants(
             function.body, "call_expression", "cast_expression", "template_function"
         ):
-            target = _cast_target(source, cast)
+            target = cast_target(source, cast)
             if target is None:
                 continue
             packed = self.packed(target.rstrip("*").strip())
             if packed is None or packed.bytes < 8:
                 continue
-            pointer = _cast_operand(cast)
+            pointer = cast_operand(cast)
             root = strip_casts(pointer) if pointer is not None else None
             if root is None or root.type != "identifier" or source.text_of(root) not in params:
                 continue
@@ -243,7 +251,10 @@ class VectorModel:
             if (
                 kind == "load"
                 and function.params[index].is_const is False
-                and _stored_by_call(source, cast)
+                and (
+                    _stored_by_call(source, cast)
+                    or _stored_through_local(source, cast, function.body)
+                )
             ):
                 kind = "store"
             return VectorHelper(function.name, kind, packed.bytes, index)
@@ -288,7 +299,7 @@ def _folded_extent(source: ParsedSource, size: Node | None) -> int | None:
     return fold_int(source, size) if size is not None else None
 
 
-def _cast_target(source: ParsedSource, node: Node) -> str | None:
+def cast_target(source: ParsedSource, node: Node) -> str | None:
     """``float4*`` of ``reinterpret_cast<float4*>(p)`` or ``(float4*)p``."""
     if node.type == "cast_expression":
         type_node = node.child_by_field_name("type")
@@ -307,7 +318,7 @@ def _cast_target(source: ParsedSource, node: Node) -> str | None:
     return None
 
 
-def _cast_operand(node: Node) -> Node | None:
+def cast_operand(node: Node) -> Node | None:
     if node.type == "cast_expression":
         return node.child_by_field_name("value")
     args = call_arguments(node)
@@ -338,3 +349,32 @@ def _stored_by_call(source: ParsedSource, cast: Node) -> bool:
         return False
     function = parent.parent.child_by_field_name("function")
     return function is not None and source.text_of(function).startswith("__st")
+
+
+def _stored_through_local(source: ParsedSource, cast: Node, body: Node) -> bool:
+    """``int* e = reinterpret_cast<int*>(reinterpret_cast<int4*>(p)); e[0] = v.x;``: the
+    cast pointer kept in a local that is then written through."""
+    current = cast
+    while current.parent is not None and (
+        current.parent.type in ("parenthesized_expression", "cast_expression", "argument_list")
+        or cast_target(source, current.parent) is not None
+    ):
+        current = current.parent
+    declarator = current.parent
+    if declarator is None or declarator.type != "init_declarator":
+        return False
+    name = declarator.child_by_field_name("declarator")
+    while name is not None and name.type != "identifier":
+        name = name.child_by_field_name("declarator")
+    if name is None:
+        return False
+    for assignment in descendants(body, "assignment_expression"):
+        left = assignment.child_by_field_name("left")
+        while left is not None and left.type == "parenthesized_expression" and left.named_children:
+            left = left.named_children[0]
+        if left is None or left.type not in ("subscript_expression", "pointer_expression"):
+            continue
+        base = left.child_by_field_name("argument")
+        if base is not None and source.text_of(base) == source.text_of(name):
+            return True
+    return False
