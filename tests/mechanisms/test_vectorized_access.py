@@ -126,6 +126,37 @@ def test_loop_conditions_name_the_row_length() -> None:
     assert {c.tensor for c in conditions if isinstance(c, PointerAlignment)} == {"z", "w"}
 
 
+DISPATCHED_ROWS = """
+namespace narrow_rows {
+__global__ void shift_rows(const float* x, float* y, long rows, long cols) {
+  const long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float* out = y + r * cols;
+  for (long c = 0; c < cols; ++c) out[c] = x[r * cols + c] + 1.0f;
+}
+int launch(const float* x, float* y, long rows, long cols, cudaStream_t stream) {
+  shift_rows<<<(unsigned)((rows + 255) / 256), 256, 0, stream>>>(x, y, rows, cols);
+  return 0;
+}
+}  // namespace narrow_rows
+
+extern "C" int run(const float* x, float* y, long rows, long cols, cudaStream_t stream) {
+  return narrow_rows::launch(x, y, rows, cols, stream);
+}
+"""
+
+
+def test_a_row_pointer_reached_through_a_qualified_call_names_its_axis() -> None:
+    # a launch-size dispatch calls each variant's host function in its own namespace: the
+    # row length must still read back to the problem's axis, so that a workload of odd rows
+    # drops the plain vectors (or takes the peeled ones) before a gate run faults on them
+    kernel = KernelSource(DISPATCHED_ROWS)
+    sites = [c for c in mechanism.candidates(kernel) if c.detail.get("form") == "loop"]
+    assert sites
+    conditions = mechanism.conditions(kernel, sites[0])
+    assert ("cols", 4) in {(c.axis, c.k) for c in conditions if isinstance(c, AxisDivisible)}
+
+
 # ---------------------------------------------------------------------------------------------
 # Refusals and non-candidates
 # ---------------------------------------------------------------------------------------------
