@@ -149,7 +149,7 @@ def _common(exprs: list[str | None]) -> str | None:
     return first if all(e == first for e in exprs) else None
 
 
-def block_size_of(source: ParsedSource, kernel: str) -> str | None:
+def block_size_of(source: ParsedSource, kernel: str | Function) -> str | None:
     """The block size every launch of ``kernel`` in the file uses, as a size expression."""
     return _common([launch_block_size(source, launch) for launch in source.launches_of(kernel)])
 
@@ -185,10 +185,10 @@ def static_shared_bytes(
     return total
 
 
-def shared_memory_of(source: ParsedSource, kernel: str) -> str | None:
+def shared_memory_of(source: ParsedSource, kernel: str | Function) -> str | None:
     """Shared memory per block (static arrays + the launch's dynamic bytes), as a size
     expression; None when either part is not static or launches disagree."""
-    function = source.function(kernel)
+    function = source.function(kernel) if isinstance(kernel, str) else kernel
     launches = source.launches_of(kernel)
     if function is None:
         return None

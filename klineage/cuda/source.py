@@ -876,9 +876,44 @@ class ParsedSource:
         """Every kernel launch ``k<<<...>>>(...)``, in document order."""
         return self._calls_and_launches[1]
 
-    def launches_of(self, kernel: str) -> list[Launch]:
-        """The launches of the kernel called ``kernel``."""
-        return [launch for launch in self.launches if launch.kernel == kernel]
+    def launches_of(self, kernel: str | Function) -> list[Launch]:
+        """The launches of ``kernel``: of that function where a :class:`Function` is given
+        (a launch names it as its namespace resolves the name: a launch-size dispatch holds a
+        kernel of the same name in each variant's namespace), else of any kernel so named
+        (qualified or not)."""
+        name = kernel if isinstance(kernel, str) else kernel.name
+        named = [launch for launch in self.launches if launch.kernel.rsplit("::", 1)[-1] == name]
+        if isinstance(kernel, str):
+            return named
+        where = self.namespace_of(kernel.node)
+        return [launch for launch in named if self._launched_namespace(launch) == where]
+
+    def namespace_of(self, node: Node) -> str:
+        """The namespaces around ``node``, outermost first, joined by ``::`` ('' at file
+        scope; an anonymous namespace counts as none)."""
+        names: list[str] = []
+        parent = node.parent
+        while parent is not None:
+            if parent.type == "namespace_definition":
+                name = parent.child_by_field_name("name")
+                if name is not None:
+                    names.append(self.text_of(name))
+            parent = parent.parent
+        return "::".join(reversed(names))
+
+    def _launched_namespace(self, launch: Launch) -> str:
+        """The namespace of the kernel a launch starts: the one it names (``ns::k``), else the
+        innermost around the launch that defines a kernel of that name, else file scope."""
+        qualifier, _, name = launch.kernel.rpartition("::")
+        if qualifier:
+            return qualifier.removeprefix("::")
+        around = self.namespace_of(launch.node)
+        defined = {self.namespace_of(k.node) for k in self.kernels if k.name == name}
+        while around:
+            if around in defined:
+                return around
+            around = around.rpartition("::")[0]
+        return ""
 
     @cached_property
     def pragmas(self) -> tuple[Pragma, ...]:

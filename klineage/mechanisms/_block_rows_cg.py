@@ -99,7 +99,7 @@ def _block_size_names(source: ParsedSource, kernel: Function, block: str) -> set
     """Spellings of the block's size: ``blockDim.x``, ``block.size()``, and a template
     parameter that every launch of the kernel passes as its block size."""
     names = {"blockDim.x", f"{block}.size()", f"{block}.num_threads()"}
-    launches = source.launches_of(kernel.name)
+    launches = source.launches_of(kernel)
     for index, parameter in enumerate(kernel.template_params):
         if launches and all(
             index < len(launch.template_args)
@@ -350,7 +350,7 @@ def _alias_of(form: _Form, statement: Node, names: set[str]) -> str | None:
 def _launches(form: _Form) -> None:
     """Each launch's grid x: ``ceil(x / block)``."""
     source = form.source
-    launches: list[Launch] = source.launches_of(form.kernel.name)
+    launches: list[Launch] = source.launches_of(form.kernel)
     if not launches:
         raise NotCanonical(f"{form.kernel.name} is never launched in this file")
     for launch in launches:

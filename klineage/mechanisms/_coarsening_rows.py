@@ -389,7 +389,7 @@ def rows_loop_removal(source: ParsedSource, function: Function, loop: Node) -> l
     constant = _unused_constant(source, function, bound, [loop, product])
     if constant is not None:
         edits.append(constant)
-    launches = source.launches_of(function.name)
+    launches = source.launches_of(function)
     if not launches:
         raise _refuse(f"rows per block with no launch of {function.name} in the file")
     edits += [_launch_edit(source, launch, count) for launch in launches]

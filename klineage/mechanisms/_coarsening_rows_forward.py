@@ -185,7 +185,7 @@ def rows_per_block_edits(source: ParsedSource, form: BlockRows, rows: int) -> li
     """``rows`` rows a block: the edits, checked by removing them again."""
     function, body = form.function, form.function.body
     assert body is not None
-    launches = source.launches_of(function.name)
+    launches = source.launches_of(function)
     if not launches:
         raise _refuse(f"no launch of {function.name} in this file")
     grids = [launch.grid for launch in launches]

@@ -628,7 +628,7 @@ def axis_grid_cap(source: ParsedSource, function: Function, axis: str) -> int | 
     where the grid holds it (the grid, a ``dim3`` argument, the declaration of the ``dim3`` or
     of the count it names); None when the launches do not agree or are not written out."""
     caps = set()
-    for launch in source.launches_of(function.name):
+    for launch in source.launches_of(function):
         count = _axis_count(source, launch, axis)
         if count is None:
             return None

@@ -1039,7 +1039,7 @@ def cap_of(text: str) -> int | None:
 
 
 def launches(source: ParsedSource, kernel: Function) -> list[Launch]:
-    found = source.launches_of(kernel.name)
+    found = source.launches_of(kernel)
     if not found:
         raise Refused(
             f"no launch of {kernel.name} in this file, so its grid cannot change with the kernel"
@@ -1300,7 +1300,7 @@ def is_block_size(source: ParsedSource, function: Function, node: Node) -> bool:
         return True
     if not function.is_kernel:
         return False
-    found = source.launches_of(function.name)
+    found = source.launches_of(function)
     if not found:
         return False
     for launch in found:

@@ -234,7 +234,7 @@ def partial_count_edits(
     statement is refused."""
     param = partials_param(source, kernel)
     index = [p.name for p in kernel.params].index(param)
-    found = source.launches_of(kernel.name)
+    found = source.launches_of(kernel)
     if not found:
         raise _refuse(f"no launch of {kernel.name} in this file")
     planned = []

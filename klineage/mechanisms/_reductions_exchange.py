@@ -1106,7 +1106,7 @@ class ExchangeMechanism(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         kernels = graph(source).kernels_reaching(site.function)
-        block = block_size_of(source, kernels[0].name) if len(kernels) == 1 else None
+        block = block_size_of(source, kernels[0]) if len(kernels) == 1 else None
         return [
             BlockSizeMultiple(
                 k=32,

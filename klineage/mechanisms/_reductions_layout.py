@@ -203,7 +203,7 @@ class RowLayoutMechanism(Mechanism):
         index = next(
             (i for i, p in enumerate(kernel.params) if p.name == source.text_of(bound)), None
         )
-        for launch in source.launches_of(kernel.name):
+        for launch in source.launches_of(kernel):
             if index is not None and index < len(launch.args):
                 arg = launch.args[index]
                 if arg.type == "identifier":

@@ -639,7 +639,7 @@ def thread_rows(source: ParsedSource, kernel: Function, group: Group = "block") 
 def _check_blocks_2d(source: ParsedSource, kernel: Function) -> None:
     """A thread's linear index in a 2-D block becomes a warp's row only where every launch
     has a constant 32 x y block (the grid then shrinks by the 32 lanes of a row)."""
-    launches = source.launches_of(kernel.name)
+    launches = source.launches_of(kernel)
     if not launches:
         raise NotCanonical(f"no launch of {kernel.name} in this file to give a warp per row")
     for launch in launches:
@@ -1510,7 +1510,7 @@ def _scaled(source: ParsedSource, text: str, unit: Node | None) -> str:
 
 def _blocks_2d(source: ParsedSource, rows: ThreadRows) -> list[int]:
     """The threads of each launch's 32 x y block (:func:`_check_blocks_2d` checked them)."""
-    found = [block_threads_2d(source, la) for la in source.launches_of(rows.kernel.name)]
+    found = [block_threads_2d(source, la) for la in source.launches_of(rows.kernel)]
     return [threads for threads in found if threads is not None]
 
 
@@ -1556,7 +1556,7 @@ def _check_launch_bounds(source: ParsedSource, kernel: Function, block_size: int
 def _launch_edits_to_groups(
     source: ParsedSource, rows: ThreadRows, group: Group, block_size: int
 ) -> list[Edit]:
-    launches = source.launches_of(rows.kernel.name)
+    launches = source.launches_of(rows.kernel)
     if not launches:
         raise NotCanonical(f"no launch of {rows.kernel.name} in this file to give a group per row")
     edits = []
@@ -1767,7 +1767,7 @@ class _GroupWalker:
         self.body: Node = kernel.body
         self.group = group
         self.graph = graph(source)
-        self.launches = source.launches_of(kernel.name)
+        self.launches = source.launches_of(kernel)
         self.edits: list[Edit] = []
         # nodes whose built-ins are accounted for; `if constexpr` branches no instantiation
         # takes are (they are emptied: their code never runs)

@@ -276,7 +276,7 @@ def _block_threads(source: ParsedSource, function: Function) -> int | None:
     kernels = graph(source).kernels_reaching(function.name)
     if len(kernels) != 1:
         return None
-    sizes = {_one_dimension(source, launch.block) for launch in source.launches_of(kernels[0].name)}
+    sizes = {_one_dimension(source, launch.block) for launch in source.launches_of(kernels[0])}
     size = sizes.pop() if len(sizes) == 1 else None
     return size if isinstance(size, int) else None
 

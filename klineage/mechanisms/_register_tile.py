@@ -423,7 +423,7 @@ def register_tile_of(source: ParsedSource, function: Function, loop: Node) -> Re
     own = {f"{b}.{a}" for a in "xy" for b in ("threadIdx", "blockIdx")} | set(aliases.values())
     if locals_.depends_on(epilogue, own, stop={coords["x"].name, coords["y"].name, acc_name}):
         raise _refuse("a store reading the thread index other than through the coordinates")
-    launches = tuple(source.launches_of(function.name))
+    launches = tuple(source.launches_of(function))
     if not launches:
         raise _refuse(f"a kernel with no launch of {function.name} in this file")
     found = RegisterTile(

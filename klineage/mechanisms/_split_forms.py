@@ -160,7 +160,7 @@ def partial_sums(source: ParsedSource, function: Function, counts: set[str]) -> 
         if loop.bound is not None and loop.init.value == 0
     }
     params = [p.name for p in function.params]
-    for launch in source.launches_of(function.name):
+    for launch in source.launches_of(function):
         for param, arg in zip(params, launch.args, strict=False):
             if param in bounds and source.text_of(arg).strip() in counts:
                 return True

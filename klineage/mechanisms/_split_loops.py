@@ -323,7 +323,7 @@ def _written_only(source: ParsedSource, kernel: Function, store: Node, pointer: 
 
 
 def _only_launch(source: ParsedSource, kernel: Function) -> Launch:
-    launches = source.launches_of(kernel.name)
+    launches = source.launches_of(kernel)
     if len(launches) != 1:
         raise NotSplittable(f"{kernel.name} is launched {len(launches)} times, not once")
     (launch,) = launches

@@ -241,7 +241,7 @@ def _array_dims(
         if current is None or source.text_of(current) != name:
             continue
         bindings = [
-            template_bindings(source, launch) for launch in source.launches_of(function.name)
+            template_bindings(source, launch) for launch in source.launches_of(function)
         ] or [{}]
         results = set()
         for bound in bindings:
@@ -291,7 +291,7 @@ def _thread_indices(
 
 def _check_block(source: ParsedSource, function: Function, array: StagedArray) -> None:
     """The launch block must be exactly as large as the tile, so every element is stored."""
-    dims = kernel_block_dims(source, function.name)
+    dims = kernel_block_dims(source, function)
     if dims is None:
         raise NotStaged(
             f"the block dimensions of {function.name} are not compile-time constants agreed "

@@ -301,7 +301,7 @@ def row_vectors(source: ParsedSource, function: Function) -> RowVectors:
             if node.start_byte < buffer.node.start_byte:
                 line = source.line_of(node.start_byte)
                 raise _refuse(f"a return before the dynamic buffer's declaration (line {line})")
-    launches = source.launches_of(function.name)
+    launches = source.launches_of(function)
     if not launches:
         raise _refuse(f"{function.name}, never launched in this file")
     for launch in launches:

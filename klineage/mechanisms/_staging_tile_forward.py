@@ -116,7 +116,7 @@ def tiled_transpose(source: ParsedSource, function: Function, loop: Node) -> Til
             f"a loop to `{source.text_of(variable.bound)}` in steps of {rows}, not a constant "
             "tile side walked in equal turns"
         )
-    launches = source.launches_of(function.name)
+    launches = source.launches_of(function)
     if not launches:
         raise _refuse(f"{function.name} is never launched in this file")
     for launch in launches:

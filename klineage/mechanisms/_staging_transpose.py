@@ -261,7 +261,7 @@ def transpose_edits(source: ParsedSource, kernel: TransposeKernel) -> list[Edit]
         f"{indent}}}",
     ]
     edits = [Edit(element.start_byte, kernel.store.end_byte, "\n".join(lines))]
-    launches = source.launches_of(function.name)
+    launches = source.launches_of(function)
     if not launches:
         raise NotCanonical(f"no launch of {function.name} in this file to give a 2-D grid")
     for launch in launches:

@@ -536,7 +536,7 @@ def _local_dim3(
     return _dims_of(source, value, names)
 
 
-def kernel_block_dims(source: ParsedSource, kernel: str) -> tuple[int, int, int] | None:
+def kernel_block_dims(source: ParsedSource, kernel: str | Function) -> tuple[int, int, int] | None:
     """The block dimensions every launch of ``kernel`` in the file agrees on, or None."""
     dims = {launch_block_dims(source, launch) for launch in source.launches_of(kernel)}
     if len(dims) != 1:
@@ -590,7 +590,7 @@ def function_names(source: ParsedSource, function: Function) -> set[str]:
     return used
 
 
-def block_threads(source: ParsedSource, kernel: str) -> str | None:
+def block_threads(source: ParsedSource, kernel: str | Function) -> str | None:
     """Threads per block of a kernel's launches as a size expression: what
     :func:`klineage.cuda.facts.block_size_of` finds, else the product of constant block
     dimensions (``dim3 block(kTile, kTile)``, which reads as a declarator)."""

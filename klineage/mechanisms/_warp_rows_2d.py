@@ -105,7 +105,7 @@ def lane_is_thread_x(source: ParsedSource, kernel: Function) -> bool:
     launch of it in the file has a constant 32 x y block."""
     if analysis(source).indices(kernel).lane_is_thread_x():
         return True
-    launches = source.launches_of(kernel.name)
+    launches = source.launches_of(kernel)
     return bool(launches) and all(block_threads_2d(source, la) is not None for la in launches)
 
 

@@ -74,7 +74,7 @@ def _bound_for(source: ParsedSource, kernel: Function, launch: Launch) -> str:
 
 def infer_bound(source: ParsedSource, kernel: Function) -> str:
     """The bound every launch of ``kernel`` in the file agrees on; :class:`_NoBound` if none."""
-    launches = source.launches_of(kernel.name)
+    launches = source.launches_of(kernel)
     if not launches:
         raise _NoBound(f"no launch of {kernel.name} in this file")
     bounds = {_bound_for(source, kernel, launch) for launch in launches}
@@ -222,14 +222,17 @@ class LaunchBounds(Mechanism):
             carrier = self.default_carrier(kernel, site)
         size = carrier.get_int("block_size")
         bound = carrier.get_str("bound")
+        # the kernel itself, not every kernel of its name (a dispatch has one per namespace)
+        function = source.enclosing_function(site.start_byte)
+        launched: str | Function = site.function if function is None else function
         if size is None and bound is not None:
-            size = _bound_value(source, site.function, bound)
+            size = _bound_value(source, launched, bound)
         found: list[Condition] = []
         if size is not None:
             found.append(
                 BlockSizeAtMost(
                     n=size,
-                    block_size=block_size_of(source, site.function),
+                    block_size=block_size_of(source, launched),
                     why=f"a launch with more threads than __launch_bounds__({bound or size}) fails",
                 )
             )
@@ -251,7 +254,7 @@ class LaunchBounds(Mechanism):
         return found
 
 
-def _bound_value(source: ParsedSource, kernel: str, bound: str) -> int | None:
+def _bound_value(source: ParsedSource, kernel: str | Function, bound: str) -> int | None:
     """The number a bound such as ``kThreads`` stands for, when every launch of the kernel
     binds its template parameters to the same value."""
     value = _fold_text(source, bound)

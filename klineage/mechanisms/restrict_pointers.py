@@ -37,7 +37,7 @@ def _unrestricted(function: Function) -> list[str]:
 def _aliasing_launch(source: ParsedSource, function: Function) -> str | None:
     """Why a launch makes ``__restrict__`` false: the same argument to two pointer params."""
     pointer_slots = [i for i, p in enumerate(function.params) if p.is_pointer]
-    for launch in source.launches_of(function.name):
+    for launch in source.launches_of(function):
         seen: dict[str, str] = {}
         for index in pointer_slots:
             if index >= len(launch.args):

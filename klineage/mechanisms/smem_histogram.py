@@ -630,7 +630,7 @@ class SmemHistogram(Mechanism):
         else:
             edits += [Edit(start, end, text) for start, end, text in retarget]
         if found.dynamic and not _other_dynamic(source, found):
-            for launch in source.launches_of(found.function.name):
+            for launch in source.launches_of(found.function):
                 memory = launch.shared_memory
                 if memory is not None and source.text_of(memory).strip() != "0":
                     edits.append(Edit.replace(memory, "0"))
@@ -691,7 +691,7 @@ class SmemHistogram(Mechanism):
                 "the kernel returns early and declares shared memory: its body cannot move "
                 "into the lambda that keeps the returns off the barriers"
             )
-        launches = source.launches_of(function.name)
+        launches = source.launches_of(function)
         if not launches:
             return f"no launch of {function.name} in this file to size its shared memory"
         for launch in launches:
@@ -819,7 +819,7 @@ def _bare(expr: str) -> str:
 def _launch_expr(source: ParsedSource, function: Function, bins: str) -> str | None:
     """``bins`` (a parameter of the kernel) as a size expression of the launch."""
     exprs = set()
-    for launch in source.launches_of(function.name):
+    for launch in source.launches_of(function):
         index = next((i for i, p in enumerate(function.params) if p.name == bins), None)
         if index is None or index >= len(launch.args):
             return None
@@ -945,7 +945,7 @@ class _Plan:
             )
         if bound is not None and constant is None:
             index = function.params.index(bound)
-            for launch in source.launches_of(function.name):
+            for launch in source.launches_of(function):
                 if index >= len(launch.args):
                     line = source.line_of(launch.node.start_byte)
                     raise mechanism.refuse(
@@ -1015,7 +1015,7 @@ class _Plan:
         source = self.source
         index = next(i for i, p in enumerate(self.function.params) if p.name == self.bins)
         edits = []
-        for launch in source.launches_of(self.function.name):
+        for launch in source.launches_of(self.function):
             argument = launch.args[index]
             count = source.text_of(argument)
             if precedence(argument) < PRIMARY:

@@ -323,7 +323,7 @@ class SmemPadding(Mechanism):
         kernels = self._kernels(source, site)
         found: list[Condition] = []
         for function in kernels:
-            usage = shared_memory_of(source, function.name)
+            usage = shared_memory_of(source, function)
             dynamic = any(
                 d.is_extern
                 and function.node.start_byte <= d.node.start_byte < function.node.end_byte

@@ -387,7 +387,7 @@ def _tile_loop(source: ParsedSource, function: Function, loop: Node) -> _TileLoo
             "not every thread of the block reaches every iteration of the tile loop (a return "
             "before it, or a trip count that depends on the thread), so a barrier is unsafe"
         )
-    dims = kernel_block_dims(source, function.name)
+    dims = kernel_block_dims(source, function)
     if dims != (tile, tile, 1):
         raise _NoForm(
             f"the block must be {tile} x {tile} threads (one per tile element); it is "
@@ -620,7 +620,7 @@ def _naive_gemm(source: ParsedSource, function: Function, loop: Node) -> _NaiveG
     others = [s for s in items if s != index_decl]
     if any(names_in(source, s) & geometry for s in others):
         raise _NoForm("the kernel reads the launch geometry outside its linear index")
-    launches = source.launches_of(function.name)
+    launches = source.launches_of(function)
     if len(launches) != 1 or len(launches[0].args) != len(function.params):
         raise _NoForm(f"{function.name} is not launched exactly once with all its arguments")
     type_node = index_decl.child_by_field_name("type")
@@ -959,7 +959,7 @@ class SmemStaging(Mechanism):
         if site.detail.get("form") == "naive":
             return self._naive_conditions(source, function, site)
         block = block_threads(source, function.name)
-        usage = shared_memory_of(source, function.name)
+        usage = shared_memory_of(source, function)
         tile, extra = self._tile_and_extra(source, function, site)
         found: list[Condition] = []
         if tile is not None:

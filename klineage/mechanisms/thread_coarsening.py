@@ -534,7 +534,7 @@ class ThreadCoarsening(Mechanism):
         yield from self._loads_per_turn_candidates(source)
         for element in element_kernels(source, scaled=True):
             refusal = element_refusal(source, element, returns="nested")
-            if refusal is None and not source.launches_of(element.function.name):
+            if refusal is None and not source.launches_of(element.function):
                 refusal = f"no launch of {element.function.name} in this file"
             yield self.site(
                 source,
@@ -579,7 +579,7 @@ class ThreadCoarsening(Mechanism):
                     form.row,
                     detail={"kernel": function.name, "form": ROWS},
                     refusal=None
-                    if source.launches_of(function.name)
+                    if source.launches_of(function)
                     else (f"no launch of {function.name} in this file"),
                 )
 

@@ -522,7 +522,7 @@ class WarpBallotCompaction(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         kernels = kernels_reaching(source, site.function)
-        block = block_size_of(source, kernels[0].name) if len(kernels) == 1 else None
+        block = block_size_of(source, kernels[0]) if len(kernels) == 1 else None
         return [
             BlockSizeMultiple(
                 k=32, block_size=block, why="a full-mask ballot and shuffle need whole warps"

@@ -140,7 +140,7 @@ def launched_rows(kernel: KernelSource, problem: Problem) -> tuple[str, list[int
     source = kernel.parsed
     for function in source.kernels:
         shape = thread_rows_shape(source, function)
-        launches = source.launches_of(function.name)
+        launches = source.launches_of(function)
         if shape is None or not launches:
             continue
         try:

@@ -14,6 +14,7 @@ from klineage.cuda.edit import Edit, EditError, apply_edits
 from klineage.cuda.source import mask_source
 from klineage.kernel import KernelSource
 from klineage.mechanisms import detect_all
+from tests.conftest import REPO
 from tests.mechanisms.large_kernel import thousand_line_blocks, thousand_line_kernel
 from tests.mechanisms.roundtrip import FIXTURES
 
@@ -383,3 +384,22 @@ def test_parse_and_detect_everything_on_1000_lines() -> None:
     blocks = thousand_line_blocks()
     alone = {s.mechanism for block in blocks for s in detect_all(KernelSource(block))}
     assert {s.mechanism for s in sites} == alone
+
+
+VARIANTS = REPO / "tests" / "fixtures" / "cuda" / "namespaced_variants.cu"
+
+
+def test_a_kernel_s_launches_are_those_its_namespace_resolves_to() -> None:
+    # a launch-size dispatch keeps a kernel of the same name in each variant's namespace: a
+    # rule that edits one kernel's launches must not edit the other's
+    source = KernelSource.from_file(VARIANTS).parsed
+    narrow, wide = source.kernels
+    assert source.namespace_of(narrow.node) == "narrow"
+    blocks = {
+        k.name + "@" + source.namespace_of(k.node): [
+            source.text_of(launch.block) for launch in source.launches_of(k) if launch.block
+        ]
+        for k in (narrow, wide)
+    }
+    assert blocks == {"scale@narrow": ["256"], "scale@wide": ["512", "512"]}
+    assert len(source.launches_of("scale")) == 3  # by name alone: every kernel so named

@@ -7,7 +7,7 @@ import pytest
 from klineage.conditions import BlockSizeAtMost
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, get
-from tests.conftest import REPO
+from tests.conftest import FIXTURES, REPO
 from tests.mechanisms.roundtrip import RoundTripSuite
 
 mechanism = get("launch_bounds")
@@ -106,3 +106,12 @@ def test_a_bound_below_the_launched_block_is_refused_before_the_gate() -> None:
     assert (
         "__launch_bounds__(512)" in mechanism.apply(source, candidate, Carrier(block_size=512)).text
     )
+
+
+def test_a_bound_is_inferred_per_kernel_where_namespaces_share_its_name() -> None:
+    kernel = KernelSource.from_file(FIXTURES / "cuda" / "namespaced_variants.cu")
+    narrow, wide = mechanism.candidates(kernel)
+    assert mechanism.default_carrier(kernel, narrow).block_size == 256
+    assert mechanism.default_carrier(kernel, wide).block_size == 512
+    with pytest.raises(MechanismRefused, match="below the 512 threads"):
+        mechanism.apply(kernel, wide, Carrier(block_size=256))

@@ -449,3 +449,17 @@ def test_a_loop_over_a_warps_mma_fragments_is_not_coarsening() -> None:
     plain = coarsening.detect(KernelSource(FRAGMENT_LOOP.replace("ISSUE", "d[i][0] += x;")))
     assert [s.detail.get("coarsen") for s in plain] == ["4"]
     assert coarsening.detect(KernelSource(FRAGMENT_LOOP.replace("ISSUE", _MMA))) == []
+
+
+def test_coarsening_one_of_two_kernels_of_a_name_edits_its_own_launch_only() -> None:
+    # a launch-size dispatch keeps a kernel of the same name in each namespace: the wide
+    # variant's launch keeps its grid (shrinking it too left a quarter of its rows undone)
+    kernel = KernelSource.from_file(REPO / "tests" / "fixtures" / "cuda" / "namespaced_variants.cu")
+    narrow = mechanism.candidates(kernel)[0]
+    launches = [
+        line
+        for line in mechanism.apply(kernel, narrow, Carrier(coarsen=2)).text.splitlines()
+        if "<<<" in line
+    ]
+    assert "(2 * 256)" in launches[0]
+    assert "scale<<<(n + 511) / 512, 512>>>" in launches[1]

@@ -319,6 +319,8 @@ def cast_target(source: ParsedSource, node: Node) -> str | None:
 
 
 def cast_operand(node: Node) -> Node | None:
+    """What a cast converts: the value of ``(T*)p``, the argument of
+    ``reinterpret_cast<T*>(p)``; None when the cast has no operand."""
     if node.type == "cast_expression":
         return node.child_by_field_name("value")
     args = call_arguments(node)
