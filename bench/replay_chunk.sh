@@ -26,6 +26,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}
+# GPU_MATCH (e.g. H200): run only where the GPU's name holds it. The gate log keys verdicts by
+# kernel, not by card, so a chunk on another card would mix its timings into the experiment;
+# the call may land on any card of its kind. Nothing is unpacked or written when it does not.
+if [ -n "${GPU_MATCH:-}" ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  case "$gpu" in
+    *"$GPU_MATCH"*) ;;
+    *) echo "not a $GPU_MATCH GPU (${gpu:-none found}): no chunk run, the state left as it was"
+       exit 3 ;;
+  esac
+fi
 source bench/state_archive.sh
 if state_unpack replay_out; then
   :

@@ -39,3 +39,23 @@ def test_a_module_a_device_script_runs_starts(script: str, module: str) -> None:
         check=False,
     )
     assert done.returncode == 0, f"{script}: python3 -m {module} --help\n{done.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", ""])
+def test_a_chunk_on_another_card_stops_before_the_state(tmp_path, card: str) -> None:
+    # a stand-in nvidia-smi (the GPU boundary's test double) names the card the call landed on
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n[ -n '{card}' ] && echo '{card}'\n")
+    fake.chmod(0o755)
+    done = subprocess.run(
+        ["bash", "bench/replay_chunk.sh"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "GPU_MATCH": "H200", "OUT": str(tmp_path)},
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "not a H200 GPU" in done.stdout
+    assert not list(tmp_path.glob("replay_out.*"))  # no state written
