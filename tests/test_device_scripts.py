@@ -6,6 +6,7 @@ Python would find it."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 
@@ -43,13 +44,17 @@ def test_a_module_a_device_script_runs_starts(script: str, module: str) -> None:
 
 @pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", ""])
 def test_a_chunk_on_another_card_stops_before_the_state(tmp_path, card: str) -> None:
-    # a stand-in nvidia-smi (the GPU boundary's test double) names the card the call landed on
+    # a stand-in nvidia-smi (the GPU boundary's test double) names the card the call landed on;
+    # the script runs from a copy, so a guard that fails cannot touch this checkout's state
+    (tmp_path / "bench").mkdir()
+    for name in ("replay_chunk.sh", "state_archive.sh"):
+        shutil.copy(REPO / "bench" / name, tmp_path / "bench" / name)
     fake = tmp_path / "nvidia-smi"
     fake.write_text(f"#!/bin/sh\n[ -n '{card}' ] && echo '{card}'\n")
     fake.chmod(0o755)
     done = subprocess.run(
-        ["bash", "bench/replay_chunk.sh"],
-        cwd=REPO,
+        ["bash", str(tmp_path / "bench" / "replay_chunk.sh")],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=60,

@@ -901,6 +901,14 @@ class ParsedSource:
             parent = parent.parent
         return "::".join(reversed(names))
 
+    @cached_property
+    def _kernel_namespaces(self) -> dict[str, frozenset[str]]:
+        """Kernel name -> the namespaces that define a kernel of that name."""
+        found: dict[str, set[str]] = {}
+        for kernel in self.kernels:
+            found.setdefault(kernel.name, set()).add(self.namespace_of(kernel.node))
+        return {name: frozenset(spaces) for name, spaces in found.items()}
+
     def _launched_namespace(self, launch: Launch) -> str:
         """The namespace of the kernel a launch starts: the one it names (``ns::k``), else the
         innermost around the launch that defines a kernel of that name, else file scope."""
@@ -908,7 +916,7 @@ class ParsedSource:
         if qualifier:
             return qualifier.removeprefix("::")
         around = self.namespace_of(launch.node)
-        defined = {self.namespace_of(k.node) for k in self.kernels if k.name == name}
+        defined = self._kernel_namespaces.get(name, frozenset())
         while around:
             if around in defined:
                 return around

@@ -1082,13 +1082,11 @@ def tensor_name(source: ParsedSource, function: Function, param: str, depth: int
     if param not in names:
         return None
     index = names.index(param)
+    sites: list[tuple[Node, tuple[Node, ...]]] = [
+        (launch.node, launch.args) for launch in source.launches_of(function)
+    ]
     # a caller may qualify the name (``ns::variant(...)``: a launch-size dispatch calls each
     # variant's host function in its own namespace)
-    sites: list[tuple[Node, tuple[Node, ...]]] = [
-        (launch.node, launch.args)
-        for launch in source.launches
-        if launch.kernel.rsplit("::", 1)[-1] == function.name
-    ]
     sites += [
         (call.node, call.args)
         for call in source.calls

@@ -1,5 +1,5 @@
-"""Staging written into a register-tiled GEMM that reads its operands straight from global
-memory: the forward rule of the removal in :mod:`klineage.mechanisms._staging_helper`.
+"""Staging written into a register-tiled matrix product that reads its operands straight from
+global memory: the forward rule of the removal in :mod:`klineage.mechanisms._staging_helper`.
 
 The form it takes: a loop over K by tiles that moves each operand's pointer one tile along K
 after reading it, every read indexing by a tile-local index ``X`` split into a slot row and
