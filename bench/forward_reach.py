@@ -79,7 +79,8 @@ FORWARD_FORMS: dict[str, str] = {
     "without padding",
     "smem_staging": "a blocked dot-product loop without staging, a naive one-thread-per-"
     "output GEMM, or a naive transpose (y[i] from one read of x that scales i % D)",
-    "smem_swizzle": "a swizzle helper without its XOR, or a wgmma descriptor tile",
+    "smem_swizzle": "a swizzle helper without its XOR, a wgmma descriptor tile, or a 2-D shared "
+    "array whose every access wraps its column at the row unrotated",
     "split_k": "a split count's '= 1' declaration whose choice a removal deleted (a new split "
     "needs a workspace only a person writes)",
     "tensor_core_mma": "a staged tile product of 16-bit operands (what smem_staging writes on a "

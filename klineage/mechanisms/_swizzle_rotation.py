@@ -38,7 +38,14 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import NotInForm, binary_operands, descendants, identifier_names
 
-__all__ = ["rotation_removal"]
+__all__ = [
+    "RowAccess",
+    "RowArray",
+    "common_rotation",
+    "reads_row",
+    "rotation_removal",
+    "row_array",
+]
 
 _NEEDED = (
     "every access of the shared array writing its column as `(chunk + f(row)) % C`, "
@@ -357,19 +364,30 @@ def _subscript_index(node: Node) -> Node | None:
     return indices.named_children[0] if indices is not None and indices.named_children else None
 
 
-def _refuse(source: ParsedSource, access: Node, what: str) -> NotInForm:
+def _refuse(source: ParsedSource, access: Node, what: str, needed: str = _NEEDED) -> NotInForm:
     line = source.line_of(access.start_byte)
     text = " ".join(source.text_of(access).split())
-    return NotInForm(f"an access at line {line} (`{text}`) {what}", _NEEDED)
+    return NotInForm(f"an access at line {line} (`{text}`) {what}", needed)
 
 
-def _rotated(context: _Context, access: Node, element: int, row_bytes: int) -> _Rotated:
-    """The rotation of one access ``S[row][col]``, or NotInForm naming it."""
+@dataclass(frozen=True)
+class RowAccess:
+    """One access ``S[row][col]`` of a 2-D shared array, with where it writes its column."""
+
+    node: Node
+    row: Node
+    column: _Column
+
+
+def _access_column(
+    context: _Context, access: Node, element: int, row_bytes: int, needed: str
+) -> RowAccess:
+    """The row and the wrapped column of one access ``S[row][col]``, or NotInForm naming it."""
     source = context.source
     inner, column = access.child_by_field_name("argument"), _subscript_index(access)
     row = _subscript_index(inner) if inner is not None else None
     if row is None or column is None:
-        raise _refuse(source, access, "is not a subscript `S[row][col]`")
+        raise _refuse(source, access, "is not a subscript `S[row][col]`", needed)
     address = access.parent
     found: _Column | None
     if context.fold(column) == 0 and address is not None and address.type == "pointer_expression":
@@ -377,23 +395,39 @@ def _rotated(context: _Context, access: Node, element: int, row_bytes: int) -> _
     else:
         found = _element_column(context, column, element)
     if found is None:
-        raise _refuse(source, access, "has no column `(...) % C`")
+        raise _refuse(source, access, "has no column `(...) % C`", needed)
     if found.modulus * found.unit != row_bytes:
-        raise _refuse(source, access, "wraps its column at another width than the row's")
-    line = source.line_of(access.start_byte)
+        raise _refuse(source, access, "wraps its column at another width than the row's", needed)
+    return RowAccess(access, row, found)
+
+
+def _rotated(context: _Context, access: RowAccess, row_bytes: int) -> _Rotated:
+    """The rotation of one access, or NotInForm naming it."""
+    source = context.source
+    line = source.line_of(access.node.start_byte)
     rotations = []
-    for term, plus, other in _sum_terms(found.total):
-        amounts = _row_rotation(context, term, row)
+    for term, plus, other in _sum_terms(access.column.total):
+        amounts = _row_rotation(context, term, access.row)
         if amounts is not None:
-            rotation = tuple(a * found.unit % row_bytes for a in amounts)
-            rotations.append(_Rotated(access, line, plus, other, rotation))
+            rotation = tuple(a * access.column.unit % row_bytes for a in amounts)
+            rotations.append(_Rotated(access.node, line, plus, other, rotation))
     if len(rotations) != 1:
         what = "has no term that depends on the row alone" if not rotations else "has several"
-        raise _refuse(source, access, what)
+        raise _refuse(source, access.node, what)
     if any(amount % _CHUNK_BYTES for amount in rotations[0].rotation):
         # whole chunks move whole: an access of up to 16 aligned bytes stays one access
-        raise _refuse(source, access, "rotates by part of a 16-byte chunk")
+        raise _refuse(source, access.node, "rotates by part of a 16-byte chunk")
     return rotations[0]
+
+
+def reads_row(array: RowArray, access: RowAccess) -> bool:
+    """Whether a term of the access's column (or the whole column) varies with its row
+    through ``row % m``: a column already rotated, or one in no form a rotation can be added
+    to."""
+    total = access.column.total
+    terms = [term for term, _, _ in _sum_terms(total)] or [total]
+    rotations = [_row_rotation(array.context, term, access.row) for term in terms]
+    return any(rotation is not None and len(set(rotation)) > 1 for rotation in rotations)
 
 
 def _periodic(rotation: tuple[int, ...], period: int) -> tuple[int, ...]:
@@ -415,7 +449,7 @@ def _alias_of(source: ParsedSource, use: Node) -> tuple[str, Node] | None:
     return (next(iter(names)), current) if len(names) == 1 and current is not None else None
 
 
-def _check_later_phase(context: _Context, aliases: dict[str, Node], last: int) -> None:
+def _check_later_phase(context: _Context, aliases: dict[str, Node], last: int, needed: str) -> None:
     """Every use of a pointer made from the array comes after a top-level barrier that
     follows the array's last access (``last``): a later phase the rotation is not part of."""
     source, body = context.source, context.indices.function.body
@@ -435,6 +469,7 @@ def _check_later_phase(context: _Context, aliases: dict[str, Node], last: int) -
                 early[0],
                 f"uses `{name}`, a pointer made from the array, before a barrier that follows "
                 "every access of the array",
+                needed,
             )
 
 
@@ -450,24 +485,35 @@ def _array_of(source: ParsedSource, indices: FunctionIndices, statement: Node) -
     return shared[0]
 
 
-def rotation_removal(source: ParsedSource, function: Function, node: Node) -> list[Edit]:
-    """The edits dropping the row rotation from every access of the shared array named in
-    the statement ``node`` (NotInForm when an access is not rotated, or not the same way)."""
+@dataclass(frozen=True)
+class RowArray:
+    """A 2-D ``__shared__`` array of constant row width declared in a kernel, with every
+    access of it (pointers made from it are checked to serve a later phase only)."""
+
+    name: str
+    row_bytes: int
+    accesses: list[RowAccess]
+    context: _Context
+
+
+def row_array(source: ParsedSource, function: Function, name: str, needed: str) -> RowArray:
+    """The array ``name`` of ``function`` with the row and column of each access; NotInForm
+    (with ``needed``) when it is not a 2-D array of constant row width declared there, or an
+    access or a pointer made from it is in another form."""
     indices = analysis(source).indices(function)
     context = _Context(source, indices, _file_constants(source))
-    name = _array_of(source, indices, node)
     buffer = indices.buffers[name]
     extent = buffer.extents[-1] if len(buffer.extents) == 2 else None
     width = context.fold(extent) if extent is not None else None
     element = _element_bytes(buffer.element_type)
     if width is None or element is None:
-        raise NotInForm(f"a rotation in `{name}`, not a 2-D array of constant row width", _NEEDED)
+        raise NotInForm(f"`{name}`, not a 2-D array of constant row width", needed)
     declaration = buffer.node
     if declaration is None or function.body is None or not _contains(function.body, declaration):
         # a file-scope array may be accessed from other functions too, which are not read
-        raise NotInForm(f"a rotation in `{name}`, not declared in {function.name}", _NEEDED)
+        raise NotInForm(f"`{name}`, not declared in {function.name}", needed)
     aliases: dict[str, Node] = {}
-    rotated: list[_Rotated] = []
+    accesses: list[RowAccess] = []
     for use in context.uses(name):
         if _contains(declaration, use):
             continue
@@ -477,11 +523,26 @@ def rotation_removal(source: ParsedSource, function: Function, node: Node) -> li
             continue
         access = use.parent
         if access is None or access.type != "subscript_expression" or access.parent is None:
-            raise _refuse(source, use, "is not a subscript `S[row][col]`")
-        rotated.append(_rotated(context, access.parent, element, width * element))
-    if not rotated:
-        raise NotInForm(f"a rotation with no access of `{name}`", _NEEDED)
-    _check_later_phase(context, aliases, max(r.access.end_byte for r in rotated))
+            raise _refuse(source, use, "is not a subscript `S[row][col]`", needed)
+        accesses.append(_access_column(context, access.parent, element, width * element, needed))
+    if not accesses:
+        raise NotInForm(f"`{name}`, which is never accessed", needed)
+    _check_later_phase(context, aliases, max(a.node.end_byte for a in accesses), needed)
+    return RowArray(name, width * element, accesses, context)
+
+
+def _rotations(
+    source: ParsedSource, function: Function, node: Node
+) -> tuple[RowArray, list[_Rotated]]:
+    """The array named in the statement ``node`` and the rotation of each of its accesses
+    (NotInForm when an access is not rotated, or not the same way)."""
+    indices = analysis(source).indices(function)
+    name = _array_of(source, indices, node)
+    try:
+        array = row_array(source, function, name, _NEEDED)
+    except NotInForm as why:
+        raise NotInForm(f"a rotation in {why.form}", why.needed) from None
+    rotated = [_rotated(array.context, access, array.row_bytes) for access in array.accesses]
     period = math.lcm(*(len(r.rotation) for r in rotated))
     first = rotated[0]
     for other in rotated[1:]:
@@ -490,4 +551,22 @@ def rotation_removal(source: ParsedSource, function: Function, node: Node) -> li
                 f"rotated one way at line {first.line} and another at line {other.line}",
                 _NEEDED,
             )
+    return array, rotated
+
+
+def rotation_removal(source: ParsedSource, function: Function, node: Node) -> list[Edit]:
+    """The edits dropping the row rotation from every access of the shared array named in
+    the statement ``node`` (NotInForm when an access is not rotated, or not the same way)."""
+    _, rotated = _rotations(source, function, node)
     return [Edit.replace(r.replaced, source.text_of(r.kept)) for r in rotated]
+
+
+def common_rotation(
+    source: ParsedSource, function: Function, node: Node
+) -> tuple[tuple[int, ...], int]:
+    """The rotation every access of the array named in the statement ``node`` applies, in
+    bytes for each ``row % len(rotation)``, and the bytes of a row (NotInForm as for
+    :func:`rotation_removal`)."""
+    array, rotated = _rotations(source, function, node)
+    period = math.lcm(*(len(r.rotation) for r in rotated))
+    return _periodic(rotated[0].rotation, period), array.row_bytes

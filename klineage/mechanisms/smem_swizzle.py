@@ -9,7 +9,10 @@ memory wasted.
   a row-dependent amount in a shared-memory address, or a swizzle mode given to TMA
   (:mod:`klineage.mechanisms._swizzle_forms`), refused with their form, except a rotation
   written the same way at every access of one shared array, which is removed (the rotation
-  dropped at every access: :mod:`klineage.mechanisms._swizzle_rotation`);
+  dropped at every access: :mod:`klineage.mechanisms._swizzle_rotation`) and applied (a
+  rotation by one chunk every ``shift_rows`` rows written into every access of a shared array
+  whose columns wrap at the row unrotated, the state that removal leaves:
+  :mod:`klineage.mechanisms._swizzle_rotation_forward`);
 - detect: ``^`` expressions with a masked operand (``c ^ (r & 7)``; a butterfly exchange
   ``lane ^ offset`` is not a swizzle) in a *layout helper*, a device function computing a
   2-D offset ``row * pitch + chunk << 4`` over two of its parameters (what it computes
@@ -53,7 +56,12 @@ from klineage.mechanisms._descriptor_swizzle import (
 )
 from klineage.mechanisms._forms import form_site, removable_form_site
 from klineage.mechanisms._swizzle_forms import ROTATION, swizzle_forms
-from klineage.mechanisms._swizzle_rotation import rotation_removal
+from klineage.mechanisms._swizzle_rotation import common_rotation, rotation_removal
+from klineage.mechanisms._swizzle_rotation_forward import (
+    canonical_shift,
+    rotation_application,
+    rows_candidates,
+)
 from klineage.mechanisms._tiles_util import names_in
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -234,6 +242,10 @@ class SmemSwizzle(Mechanism):
         "row": "the helper's row parameter (default: the one multiplied by the row pitch)",
         "chunk": "the helper's chunk parameter (default: the one scaled into chunks)",
         "pitch": "row pitch as written, for a layout wgmma descriptors read (default: 128)",
+        "shift_rows": (
+            "rows that share one rotation of an inline rotated layout (default: the rows of "
+            "one 128-byte bank line)"
+        ),
     }
     relieves = ("shared-memory bank conflicts",)
 
@@ -284,6 +296,19 @@ class SmemSwizzle(Mechanism):
                     yield form_site(self, source, form)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for found in rows_candidates(source):
+            accesses = found.array.accesses if found.array is not None else None
+            yield self.site(
+                source,
+                found.start,
+                span=(found.start.start_byte, found.end.end_byte),
+                # a refused array is shown by its declaration
+                snippet=f"{found.name}: {len(accesses)} accesses with unrotated rows"
+                if accesses
+                else None,
+                detail={"kernel": found.function.name, "form": ROTATION, "array": found.name},
+                refusal=str(found.refusal) if found.refusal is not None else None,
+            )
         for function in source.functions:
             if not _is_helper(source, function) or function.body is None:
                 continue
@@ -333,11 +358,40 @@ class SmemSwizzle(Mechanism):
             raise self.refuse(str(why), site) from None
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        if site.detail.get("form") == ROTATION:
+            return self._rotation_carrier(kernel.parsed, site)
         keys = ("mask", "row", "chunk", "pitch")
         values = {k: site.detail[k] for k in keys if k in site.detail}
         return Carrier(**values)
 
+    def _rotation_carrier(self, source: ParsedSource, site: Site) -> Carrier:
+        """``shift_rows`` when the rotation removed is the form the forward rule writes (one
+        chunk every g rows); else nothing, and applying takes the default."""
+        statement = self.node_at(source, site)
+        function = source.enclosing_function(statement)
+        if function is None:
+            return Carrier()
+        try:
+            rotation, row_bytes = common_rotation(source, function, statement)
+        except NotInForm:
+            return Carrier()
+        shift = canonical_shift(rotation, row_bytes)
+        return Carrier(shift_rows=shift) if shift is not None else Carrier()
+
+    def _rotation_application(
+        self, source: ParsedSource, site: Site, carrier: Carrier
+    ) -> list[Edit]:
+        function = source.enclosing_function(site.start_byte)
+        if function is None:
+            raise self.refuse("the shared array is not in a function", site, "apply")
+        shift = carrier.get_int("shift_rows")
+        if shift is not None and shift < 1:
+            raise self.refuse(f"shift_rows={shift} is not a positive row count", site, "apply")
+        return rotation_application(source, function, str(site.detail["array"]), shift)
+
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") == ROTATION:
+            return self._rotation_application(source, site, carrier)
         function = source.enclosing_function(site.start_byte)
         if function is None or function.body is None:
             raise self.refuse("no helper here", site, "apply")
