@@ -38,7 +38,7 @@ from klineage.cuda.tree import call_arguments, declaration_names, statements, st
 from klineage.mechanisms._reductions_rows import NotCanonical, warp_reduce_functions
 from klineage.mechanisms._reductions_util import call_name, line_deletion
 
-__all__ = ["cg_block_rows"]
+__all__ = ["block_size_parameters", "cg_block_rows"]
 
 _BARRIERS = frozenset({"__syncthreads"})
 _WARP_CALLS = (
@@ -95,21 +95,28 @@ def _groups(source: ParsedSource, kernel: Function) -> tuple[str, str]:
     return blocks[0], warps[0]
 
 
-def _block_size_names(source: ParsedSource, kernel: Function, block: str) -> set[str]:
-    """Spellings of the block's size: ``blockDim.x``, ``block.size()``, and a template
-    parameter that every launch of the kernel passes as its block size."""
-    names = {"blockDim.x", f"{block}.size()", f"{block}.num_threads()"}
+def block_size_parameters(source: ParsedSource, kernel: Function) -> list[str]:
+    """The template parameters that every launch of the kernel passes as its block size."""
     launches = source.launches_of(kernel)
-    for index, parameter in enumerate(kernel.template_params):
-        if launches and all(
+    return [
+        parameter
+        for index, parameter in enumerate(kernel.template_params)
+        if launches
+        and all(
             index < len(launch.template_args)
             and launch.block is not None
             and source.text_of(launch.template_args[index]).strip()
             == source.text_of(launch.block).strip()
             for launch in launches
-        ):
-            names.add(parameter)
-    return names
+        )
+    ]
+
+
+def _block_size_names(source: ParsedSource, kernel: Function, block: str) -> set[str]:
+    """Spellings of the block's size: ``blockDim.x``, ``block.size()``, and a template
+    parameter that every launch of the kernel passes as its block size."""
+    names = {"blockDim.x", f"{block}.size()", f"{block}.num_threads()"}
+    return names | set(block_size_parameters(source, kernel))
 
 
 def _is_warp_sum(form: _Form, node: Node | None) -> Node | None:

@@ -15,6 +15,7 @@ from klineage.cuda.facts import block_size_of
 from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._block_rows_cg import cg_block_rows
+from klineage.mechanisms._block_rows_cg_forward import CG_ROWS
 from klineage.mechanisms._reductions_rows import (
     Group,
     MergeReduction,
@@ -172,7 +173,13 @@ class RowLayoutMechanism(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         is_candidate = any(c.id == site.id for c in self.candidates(kernel))
-        block = str(DEFAULT_BLOCK) if is_candidate else block_size_of(source, site.function)
+        # a candidate gets the carrier's block, save the cg form's, whose launch keeps its own
+        keeps = site.detail.get("form") == CG_ROWS
+        block = (
+            str(DEFAULT_BLOCK)
+            if is_candidate and not keeps
+            else block_size_of(source, site.function)
+        )
         found: list[Condition] = [
             BlockSizeMultiple(
                 k=32,

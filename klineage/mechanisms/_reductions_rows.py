@@ -127,6 +127,7 @@ __all__ = [
     "is_warp_per_row",
     "merge_reductions",
     "spread_rows",
+    "thread_row_walk",
     "thread_rows",
     "thread_rows_shape",
     "warp_reduce_functions",
@@ -636,6 +637,21 @@ def thread_rows(source: ParsedSource, kernel: Function, group: Group = "block") 
     return ThreadRows(kernel, value, block, bound, walker.loops, walker.stores, warps_2d)
 
 
+def thread_row_walk(
+    source: ParsedSource, kernel: Function, statements: list[Node], allowed: list[Node]
+) -> tuple[list[RowLoop], list[Node]]:
+    """(row loops, stores outside loops) of ``statements``, a thread-per-row kernel's code
+    whose row index is spelled otherwise (the nodes ``allowed`` may use the thread layout);
+    its loops may also run while ``c <= n`` (a causal row up to its diagonal). For forms
+    that write a block per row back in another spelling; :class:`NotCanonical` says why not."""
+    _check_thread_local(source, kernel, allowed)
+    walker = _ThreadWalker(source, kernel, "block", inclusive=True)
+    for statement in statements:
+        walker.statement(statement)
+    walker.check_memory()
+    return walker.loops, walker.stores
+
+
 def _check_blocks_2d(source: ParsedSource, kernel: Function) -> None:
     """A thread's linear index in a 2-D block becomes a warp's row only where every launch
     has a constant 32 x y block (the grid then shrinks by the 32 lanes of a row)."""
@@ -691,10 +707,14 @@ _MAX_FUNCS: dict[str, Op] = {
 class _ThreadWalker:
     """Walks a thread-per-row kernel's statements after the bound check."""
 
-    def __init__(self, source: ParsedSource, kernel: Function, group: Group) -> None:
+    def __init__(
+        self, source: ParsedSource, kernel: Function, group: Group, *, inclusive: bool = False
+    ) -> None:
         self.source = source
         self.kernel = kernel
         self.group = group
+        self.inclusive = inclusive
+        """Whether row loops may also run while ``c <= n``."""
         self.loops: list[RowLoop] = []
         self.stores: list[Node] = []
         self.store_targets: list[tuple[str, str, Node]] = []  # (base, index, node)
@@ -888,10 +908,9 @@ class _ThreadWalker:
         variable = found.variable or self.source.text_of(_below_name(found.condition))
         if start is None or not is_zero_literal(self.source, start):
             raise NotCanonical(f"the loop at line {self.line(node)} does not start at 0")
-        if not _below(self.source, found.condition, variable):
-            raise NotCanonical(
-                f"the loop at line {self.line(node)} does not run while {variable} < n"
-            )
+        if not _below(self.source, found.condition, variable, self.inclusive):
+            bounds = f"{variable} < n" + (f" or {variable} <= n" if self.inclusive else "")
+            raise NotCanonical(f"the loop at line {self.line(node)} does not run while {bounds}")
         self.row_loop(node, found, variable, start)
 
     def split_start(self, node: Node, found: Loop) -> Node | None:
@@ -1303,14 +1322,17 @@ def _below_name(condition: Node | None) -> Node | None:
     return condition.child_by_field_name("left") if condition.type == "binary_expression" else None
 
 
-def _below(source: ParsedSource, condition: Node | None, variable: str) -> bool:
+def _below(
+    source: ParsedSource, condition: Node | None, variable: str, inclusive: bool = False
+) -> bool:
+    """``variable < n`` (or ``variable <= n`` when ``inclusive``)."""
     if condition is None:
         return False
     condition = strip_parens(condition)
     left = condition.child_by_field_name("left")
     return (
         condition.type == "binary_expression"
-        and _op(condition) == "<"
+        and _op(condition) in (("<", "<=") if inclusive else ("<",))
         and left is not None
         and source.text_of(left) == variable
     )

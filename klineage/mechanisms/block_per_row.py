@@ -36,7 +36,12 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   ``blockDim.x * K`` elements a turn: each thread ``K`` consecutive elements serially
   (carrier ``items_per_thread``, default 1; replay races 8 beside it), warp shuffles over the
   threads' totals, then the warps' totals through shared memory
-  (:mod:`klineage.mechanisms._scan_blocks`; forward only).
+  (:mod:`klineage.mechanisms._scan_blocks`; forward only). On a thread per row whose rows
+  are counted down from the grid's end (``r = N - 1 - (blockIdx.x * blockDim.x +
+  threadIdx.x)``, left by ``if (r < 0) return;``, ``form=cg_rows``), the cooperative-groups
+  block rows its removal took: rows ``N - 1 - blockIdx.x``, loops from the block's rank by
+  its size, one sum through ``cg::reduce`` and 32 zeroed per-warp slots; the launch keeps
+  its block size (:mod:`klineage.mechanisms._block_rows_cg_forward`).
 
 Conditions: the block size a multiple of 32 (full-mask shuffles) and at most 1024; the row
 count at most 2^31 - 1 (one block each).
@@ -50,9 +55,19 @@ from typing import ClassVar
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._block_rows_cg_forward import (
+    CG_ROWS,
+    counted_down_rows,
+    write_cg_block_rows,
+)
 from klineage.mechanisms._reductions_exchange import DEFAULT_MASK
 from klineage.mechanisms._reductions_layout import DEFAULT_BLOCK, RowLayoutMechanism
-from klineage.mechanisms._reductions_rows import Group, NotCanonical, is_block_per_row
+from klineage.mechanisms._reductions_rows import (
+    Group,
+    NotCanonical,
+    is_block_per_row,
+    thread_rows_shape,
+)
 from klineage.mechanisms._scan_blocks import ITEMS_PER_THREAD, RUN_ITEMS, block_scan_edits
 from klineage.mechanisms._scan_rows import row_scan
 from klineage.mechanisms.base import Carrier, Site, register
@@ -80,13 +95,24 @@ class BlockPerRow(RowLayoutMechanism):
         return is_block_per_row(source, kernel)
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
-        """The row reductions, and the row scans their rule refuses (a running value)."""
+        """The row reductions, the row scans their rule refuses (a running value), and the
+        rows counted down that the cooperative-groups form writes back."""
         for site in super().find_candidates(source):
             kernel = source.function(site.function) if site.refusal else None
             if kernel is not None and _scans(source, kernel):
                 site = self._site(source, kernel, None)
                 site.detail["form"] = SCAN
             yield site
+        for kernel in source.kernels:
+            if thread_rows_shape(source, kernel) is None and counted_down_rows(source, kernel):
+                refusal = None
+                try:
+                    write_cg_block_rows(source, kernel)
+                except NotCanonical as why:
+                    refusal = str(why)
+                site = self._site(source, kernel, refusal)
+                site.detail["form"] = CG_ROWS
+                yield site
 
     def alternative_carriers(self, kernel: KernelSource) -> list[Carrier]:
         """On a row scan, runs of 8 elements a thread beside the default single element: 8
@@ -96,6 +122,11 @@ class BlockPerRow(RowLayoutMechanism):
         return [Carrier(items_per_thread=RUN_ITEMS)] if any(c.supported for c in scans) else []
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") == CG_ROWS:
+            try:  # the launch keeps its block size, which the loops stride by
+                return write_cg_block_rows(source, self._kernel(source, site))
+            except NotCanonical as why:
+                raise self.refuse(str(why), site, "apply") from None
         if site.detail.get("form") != SCAN:
             return super().application(source, site, carrier)
         block = carrier.get_int("block_size", DEFAULT_BLOCK) or DEFAULT_BLOCK

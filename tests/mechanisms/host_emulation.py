@@ -8,8 +8,9 @@ another and the threads of a block as host threads, so ``__shared__`` arrays (st
 one copy for the block running), ``__syncthreads()`` (a barrier of the block's threads),
 ``__device__`` helpers (host functions here; ``__expf``, ``__logf``, ``__int_as_float`` and
 ``__ldg`` as their host equivalents) and the ``__shfl_*_sync`` shuffles (a barrier of the
-warp's threads, every lane taking part) work;
-atomics and other warp collectives do not. The ``extern "C" int run`` launcher is cut off;
+warp's threads, every lane taking part) work, and so do cooperative groups' block, 32-thread
+tiles and ``cg::reduce`` (a stand-in for the headers); atomics and other warp collectives do
+not. The ``extern "C" int run`` launcher is cut off;
 the driver allocates the buffers (filled with pseudo-random values, each at an element
 offset, to make rows unaligned on purpose), calls the kernel for every thread and prints the
 outputs' bytes. Two versions of a kernel agree when they print the same.
@@ -17,6 +18,7 @@ outputs' bytes. Two versions of a kernel agree when they print the same.
 
 from __future__ import annotations
 
+import re
 import struct
 import subprocess
 import tempfile
@@ -124,6 +126,49 @@ static T kl_shfl_down(T v, unsigned d) {
 #define __shfl_down_sync(mask, v, d) kl_shfl_down((v), (unsigned)(d))
 #define __shfl_xor_sync(mask, v, m) kl_exchange((v), (kl_linear() % 32) ^ (unsigned)(m))
 """
+
+_COOPERATIVE_GROUPS = """\
+// Cooperative groups, for a `grid` case, in place of the headers: the block, its 32-thread
+// tiles, and cg::reduce over a tile as a butterfly through the warp exchange above.
+namespace cooperative_groups {
+struct thread_block {
+  unsigned thread_rank() const { return kl_linear(); }
+  unsigned size() const { return kl_block_dim.x * kl_block_dim.y * kl_block_dim.z; }
+  unsigned num_threads() const { return size(); }
+  void sync() const { kl_sync(); }
+};
+template <unsigned Size>
+struct thread_block_tile {
+  static_assert(Size == 32, "only 32-thread tiles are emulated");
+  unsigned thread_rank() const { return kl_linear() % 32; }
+  unsigned meta_group_rank() const { return kl_linear() / 32; }
+  unsigned meta_group_size() const { return (thread_block().size() + 31) / 32; }
+  void sync() const { kl_warp_sync(kl_linear() / 32); }
+};
+inline thread_block this_thread_block() { return thread_block(); }
+template <unsigned Size>
+thread_block_tile<Size> tiled_partition(const thread_block&) { return thread_block_tile<Size>(); }
+template <typename T>
+struct plus {
+  T operator()(T a, T b) const { return a + b; }
+};
+template <typename T>
+struct greater {
+  T operator()(T a, T b) const { return a > b ? a : b; }
+};
+template <typename T>
+struct less {
+  T operator()(T a, T b) const { return a < b ? a : b; }
+};
+template <typename T, typename Op>
+T reduce(const thread_block_tile<32>&, T value, Op op) {
+  for (unsigned offset = 16; offset > 0; offset >>= 1)
+    value = op(value, kl_exchange(value, (kl_linear() % 32) ^ offset));
+  return value;
+}
+}  // namespace cooperative_groups
+"""
+_CG_INCLUDE = re.compile(r"^#include\s*<cooperative_groups(/reduce)?\.h>[ \t]*\n", re.M)
 
 _DRIVER = """\
 static uint32_t kl_seed = 12345u;
@@ -241,6 +286,9 @@ def _case_text(index: int, case: Case) -> str:
 def program(kernel_text: str, cases: list[Case]) -> str:
     """The host program running ``cases`` on the kernels of ``kernel_text``."""
     device = kernel_text.split('extern "C"')[0]
+    if _CG_INCLUDE.search(device):  # the host stand-in, once, where the headers were
+        device = _CG_INCLUDE.sub("", device, count=0)
+        device = _COOPERATIVE_GROUPS + device
     body = "\n".join(_case_text(i, c) for i, c in enumerate(cases))
     return f"{_PRELUDE}{device}\n{_DRIVER}\nint main() {{\n{body}\n  return 0;\n}}\n"
 
