@@ -18,7 +18,9 @@ does; a fixed ``__device__`` array does only when the new count is a constant wi
 (else the removal would write past its end, and is refused). Refused, naming what is missing:
 partials written into the output or into a buffer of a caller, a grid that is a ``dim3`` or
 written at the launch, a grid variable another kernel's launch also uses as its grid, no
-second pass reading the count.
+second pass reading the count. A launch writing into the output is named in every refusal
+(a buffer may be resized, the output may not); a buffer that is a parameter of a helper host
+function is refused naming what its callers pass.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def _destination(
             )
         raise _refuse(
             f"partials written into {name}, a parameter of the host function {host.name} "
-            "(its caller chooses the buffer and its size)"
+            f"({_callers_pass(source, host, name)})"
         )
     assert host.body is not None
     for call in walk(host.body):
@@ -158,6 +160,49 @@ def _destination(
                 )
             return f"{name}, allocated by the grid {grid_var}", None
     raise _refuse(f"partials written into {name}, whose size the rule cannot read")
+
+
+def _callers_pass(source: ParsedSource, host: Function, param: str) -> str:
+    """What the callers of ``host`` pass as its buffer ``param``: an output of the problem
+    (a parameter of an ``extern "C"`` caller) on some call is named, as the rule cannot
+    grow it."""
+    index = [p.name for p in host.params].index(param)
+    passed, outputs = [], []
+    for _, call in analysis(source).call_graph.call_sites(host.name):
+        caller = source.enclosing_function(call)
+        args = call_arguments(call)
+        if caller is None or index >= len(args):
+            continue
+        passed.append(f"`{source.snippet(args[index], 40)}`")
+        if caller.extern_c:
+            names = {source.text_of(n) for n in walk(args[index]) if n.type == "identifier"}
+            outputs += [p.name for p in caller.params if p.name in names]
+    if not outputs:
+        return "its caller chooses the buffer and its size"
+    shown = ", ".join(dict.fromkeys(passed))
+    return (
+        f"its callers pass {shown}: on some passes the output {outputs[0]}, whose size is "
+        "fixed by the problem, and the rule does not follow a grid through the call to tell "
+        "whether each pass's new grid fits its buffer"
+    )
+
+
+def _output_launch(source: ParsedSource, launches: list[Launch], index: int) -> str | None:
+    """A launch whose partials go into an output of the problem (a parameter of the
+    ``extern "C"`` function that launches), described: a buffer elsewhere may be resized, the
+    output may not, and that pass would need another one after it."""
+    for launch in launches:
+        host = source.enclosing_function(launch.node)
+        if host is None or not host.extern_c or index >= len(launch.args):
+            continue
+        name = source.text_of(strip_casts(launch.args[index]))
+        if host.param(name) is not None:
+            return (
+                f"a launch writing its partials into the output {name}, whose size is fixed "
+                f"by the problem (`{source.snippet(launch.node, 50)}`: a grid that grows "
+                "would write past the output, and another pass would have to sum its partials)"
+            )
+    return None
 
 
 def _grid_variable(source: ParsedSource, host: Function, launch: Launch) -> str:
@@ -237,6 +282,26 @@ def partial_count_edits(
     found = source.launches_of(kernel)
     if not found:
         raise _refuse(f"no launch of {kernel.name} in this file")
+    output = _output_launch(source, found, index)
+    try:
+        return _launch_edits(source, kernel, found, index, new_launch, caps)
+    except NotInForm as why:
+        if output is None:
+            raise
+        if "partials into the output" in why.form:  # the same launch: say it once, in full
+            raise _refuse(output) from why
+        # the output is the harder limit: name it beside what stopped the rule first
+        raise _refuse(f"{why.form}, and {output}") from why
+
+
+def _launch_edits(
+    source: ParsedSource,
+    kernel: Function,
+    found: list[Launch],
+    index: int,
+    new_launch: Callable[[Launch], PartialLaunch],
+    caps: bool,
+) -> list[Edit]:
     planned = []
     for launch in found:
         host = source.enclosing_function(launch.node)

@@ -49,13 +49,14 @@ statement may assign a value that a shuffle of a later statement reads (checked;
 assigning what its own shuffles read is fine, they read first).
 
 The rewrite is exact, hence safe, only for a canonical step, checked here before anything is
-rewritten: a full mask, no width or a constant power-of-two one, an offset known to stay in
-0..31 (the loop variable of a loop whose trip can be simulated, ``warpSize`` read as 32, or a
-constant), values that are plain variables or fields (``v``, ``a.m``) whose type is known,
-and every shuffle in the leading statements of the step, each of which assigns at most at its
-top level. A shuffle by an offset that does not follow the enclosing loop's variable (``for (k
-...) { v += __shfl_down_sync(m, v, 1, 4); v += ...(m, v, 2, 4); }``) is a step of its own,
-its statement. Anything else is reported with a refusal.
+rewritten: a full mask (a constant, or a helper's parameter every caller passes one:
+:mod:`klineage.mechanisms._shuffle_masks`), no width or a constant power-of-two one, an offset
+known to stay in 0..31 (the loop variable of a loop whose trip can be simulated, ``warpSize``
+read as 32, or a constant), values that are plain variables or fields (``v``, ``a.m``) whose
+type is known, and every shuffle in the leading statements of the step, each of which assigns
+at most at its top level. A shuffle by an offset that does not follow the enclosing loop's
+variable (``for (k ...) { v += __shfl_down_sync(m, v, 1, 4); v += ...(m, v, 2, 4); }``) is a
+step of its own, its statement. Anything else is reported with a refusal.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ from klineage.mechanisms._reductions_util import (
     struct_fields,
     within,
 )
+from klineage.mechanisms._shuffle_masks import mask_refusal
 from klineage.mechanisms.base import Carrier, Mechanism, Site
 from klineage.problem import Problem
 
@@ -109,7 +111,6 @@ SHUFFLE_KINDS: dict[str, str] = {
     "__shfl_up_sync": "up",
 }
 EXCHANGE_KINDS = frozenset(SHUFFLE_KINDS.values())
-FULL_MASK = 0xFFFFFFFF
 DEFAULT_MASK = "0xffffffffu"
 TID, LANE, WARP, BUFFER = "xchg_tid", "xchg_lane", "xchg_warp", "xchg"
 HEADER_COMMENT = (
@@ -283,7 +284,7 @@ def _canonical(
         _check_assignments(source, statement)
     if any(c != o and within(c, o) for c in calls for o in calls):
         raise _Refused("a shuffle is nested inside another shuffle's arguments")
-    shuffles = tuple(_shuffle(source, c, loop, offsets) for c in calls)
+    shuffles = tuple(_shuffle(source, function, c, loop, offsets) for c in calls)
     _check_published_values_stay(source, statements, shuffles)
     types = {s.value: _value_type(source, function, s.value) for s in shuffles}
     return statements, shuffles, types
@@ -376,16 +377,21 @@ def _overlaps(target: str, value: str) -> bool:
 
 
 def _shuffle(
-    source: ParsedSource, call: Node, loop: Node | None, offsets: list[int] | None
+    source: ParsedSource,
+    function: Function,
+    call: Node,
+    loop: Node | None,
+    offsets: list[int] | None,
 ) -> Shuffle:
     name = call_name(source, call) or ""
     args = arguments_of(call)
     if len(args) not in (3, 4):
         raise _Refused(f"{name} with {len(args)} arguments")
     width = _width(source, name, args[3]) if len(args) == 4 else None
-    mask = fold(source, args[0])
-    if mask is None or mask & FULL_MASK != FULL_MASK:
-        raise _Refused(f"the mask {source.text_of(args[0])} is not a full-warp constant")
+    # a full-warp constant, or a helper's parameter every caller passes one
+    refusal = mask_refusal(source, function, args[0])
+    if refusal is not None:
+        raise _Refused(refusal)
     value = strip_parens(args[1])
     if not _plain_value(value):
         raise _Refused(f"the shuffled value {source.text_of(value)} is not a variable or a field")

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from klineage.cuda.analysis import IndexForm, analysis
+from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
-from tests.mechanisms.roundtrip import PUBLIC_FORMS
+from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
 
 coarsening = get("thread_coarsening")
 grid_stride = get("grid_stride_loop")
@@ -165,3 +168,66 @@ def test_a_grid_the_second_pass_does_not_read_is_refused() -> None:
     )
     (site,) = coarsening.detect(KernelSource(text))
     assert "no second launch in run reading the partials with the count blocks" in str(site.refusal)
+
+
+def test_an_output_pass_is_named_beside_a_fixed_array_too_small() -> None:
+    # the kernel is its own final pass, into the output: growing that grid is never sound,
+    # so the refusal names it even where the partial array stops the rule first
+    text = FIXED_ARRAY.replace(
+        "last<<<1, 32, 0, stream>>>(p, total, blocks);",
+        "sums<32, 2><<<1, 32, 0, stream>>>(p, total);",
+    )
+    (site,) = [s for s in coarsening.detect(KernelSource(text)) if "loop over k" in str(s.refusal)]
+    assert not site.supported
+    assert "would write 256 of them, more than it holds" in str(site.refusal)
+    assert "a launch writing its partials into the output total" in str(site.refusal)
+    assert "`sums<32, 2><<<1, 32, 0, stream>>>(p, total)`" in str(site.refusal)
+    assert "another pass would have to sum its partials" in str(site.refusal)
+
+
+# the passes launched from a host helper, whose buffer parameter the ABI function fills with
+# the partial array or, on the pass that leaves one value, the output
+HELPER_PASSES = (
+    _fixture("thread_coarsening/loads_per_turn.before.cu")
+    .text.replace(
+        'extern "C" int run(',
+        "void launch_pass(unsigned count, unsigned blocks, const float* in, float* out,\n"
+        "                 cudaStream_t stream) {\n"
+        "  partial_totals<kThreads><<<blocks, kThreads, 0, stream>>>(in, out, count);\n"
+        "}\n\n"
+        'extern "C" int run(',
+    )
+    .replace(
+        "  partial_totals<kThreads><<<blocks, kThreads, 0, stream>>>(x, partial, (unsigned)n);\n"
+        "  partial_totals<kThreads><<<1, kThreads, 0, stream>>>(partial, total, blocks);\n",
+        "  launch_pass((unsigned)n, blocks, x, blocks == 1 ? total : partial, stream);\n"
+        "  if (blocks > 1) launch_pass(blocks, 1, partial, total, stream);\n",
+    )
+)
+
+
+def test_partials_into_a_helper_parameter_name_what_its_callers_pass() -> None:
+    assert "launch_pass(blocks, 1, partial, total, stream)" in HELPER_PASSES
+    (site,) = grid_stride.detect(KernelSource(HELPER_PASSES))
+    assert not site.supported
+    assert "a grid-stride `while` loop over gridDim.x" in str(site.refusal)  # the form found
+    assert "out, a parameter of the host function launch_pass" in str(site.refusal)
+    assert "its callers pass `blocks == 1 ? total : partial`, `total`" in str(site.refusal)
+    assert "on some passes the output total" in str(site.refusal)
+
+
+@pytest.mark.nvcc
+def test_the_helper_passes_fixture_compiles(mechanism_builder: Builder) -> None:
+    # the refusal above is about code that builds: the fixture is a valid program
+    compile_ok(mechanism_builder, [KernelSource(HELPER_PASSES, name="helper_passes")])
+
+
+def test_an_output_pass_that_stops_the_rule_itself_is_named_once() -> None:
+    text = FIXED_ARRAY.replace("__device__ float partials[64];", "__device__ float partials[256];")
+    text = text.replace(
+        "last<<<1, 32, 0, stream>>>(p, total, blocks);",
+        "sums<32, 2><<<1, 32, 0, stream>>>(p, total);",
+    )
+    (site,) = [s for s in coarsening.detect(KernelSource(text)) if "loop over k" in str(s.refusal)]
+    assert str(site.refusal).count("into the output total") == 1
+    assert "`sums<32, 2><<<1, 32, 0, stream>>>(p, total)`" in str(site.refusal)

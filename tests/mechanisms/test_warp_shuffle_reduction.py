@@ -479,3 +479,57 @@ def test_the_finished_trees_compile(mechanism_builder: Builder) -> None:
     sums = _tree()
     maxima = _tree("128", "partial[tid] = fmaxf(partial[tid], partial[tid + s])")
     compile_ok(mechanism_builder, [mechanism.apply(k, _tree_candidate(k)) for k in (sums, maxima)])
+
+
+MASK_PARAMETER = "mask_parameter"
+
+
+def _mask_parameter_kernel() -> KernelSource:
+    (pair,) = [p for p in fixture_pairs(mechanism.name) if p.case == MASK_PARAMETER]
+    return pair.before
+
+
+def test_a_mask_parameter_every_caller_passes_full_comes_back_with_its_name() -> None:
+    kernel = _mask_parameter_kernel()
+    (site,) = mechanism.detect(kernel)
+    assert site.supported
+    assert mechanism.carrier_of(kernel, site) == Carrier(mask="lanes")
+    removed = _comes_back_exactly(kernel)
+    assert "v += xchg[xchg_warp][xchg_lane + step < 32 ? xchg_lane + step : xchg_lane];" in (
+        removed
+    )
+
+
+def test_a_ballot_passed_as_the_mask_is_refused_and_named() -> None:
+    # the sample's final warp: the ballot holds only the lanes that read a warp total, and the
+    # others publish nothing to the exchange
+    text = (
+        _mask_parameter_kernel()
+        .text.replace(
+            "  if (t < 32) {\n",
+            "  const unsigned int live = __ballot_sync(kAllLanes, t < kThreads / 32);\n"
+            "  if (t < kThreads / 32) {\n",
+        )
+        .replace("lane_total<float>(0xffffffff, acc)", "lane_total<float>(live, acc)")
+    )
+    (site,) = mechanism.detect(KernelSource(text))
+    assert not site.supported
+    assert site.refusal == (
+        "the mask lanes is a parameter of lane_total that its callers do not all pass as a "
+        "full-warp constant (block_totals passes live (`__ballot_sync(kAllLanes, t < kThreads "
+        "/ 32)`), a ballot holding only the lanes where `t < kThreads / 32`), and the exchange "
+        "through shared memory needs every lane of the warp"
+    )
+
+
+def test_a_mask_computed_from_the_block_size_is_refused_and_named() -> None:
+    text = _mask_parameter_kernel().text.replace(
+        "  acc = lane_total<float>(kAllLanes, acc);\n",
+        "  const unsigned int lanes = kAllLanes >> ((32 - (kThreads & 31)) & 31);\n"
+        "  acc = lane_total<float>(lanes, acc);\n",
+    )
+    (site,) = mechanism.detect(KernelSource(text))
+    assert not site.supported
+    assert "block_totals passes lanes (`kAllLanes >> ((32 - (kThreads & 31)) & 31)`)" in str(
+        site.refusal
+    )
