@@ -41,6 +41,13 @@ of once per thread that needs it.
     * h]`` (in the kernel or in a helper called once): a generated loader stages each tile
     in shared memory between two barriers and the reads become ``S[X]`` (``form=tile_loop``,
     :mod:`klineage.mechanisms._staging_helper_forward`).
+  * the *tile loop of bounds-checked 2-D reads* a 2-D helper's staging leaves when removed:
+    a loop counting tiles along K whose reads ``(R < M && C < N ? P[R * L + C] : 0)`` (in the
+    kernel, or in a reader helper that takes the row's index) move one coordinate with the
+    tile counter and the other with a block index: a generated loader stages each tile in a
+    2-D shared array between two barriers, the reads become ``S[I_k][I_b]`` and a reader
+    helper gets the row ``S[I_k]`` back (``form=tile_loop_2d``,
+    :mod:`klineage.mechanisms._staging_tile_2d_forward`).
   * *row-invariant vectors*, loops over ``c`` whose reads ``g[c]`` (or ``LOAD(g + c)``)
     are the same for every row: the vectors copied once per block into the dynamic shared
     buffer, a barrier, reads from the copy, the launch asking for the bytes
@@ -95,6 +102,8 @@ from klineage.mechanisms._staging_row_vectors import (
     row_vector_candidates,
 )
 from klineage.mechanisms._staging_tile import stores_tile, tile_once_removal
+from klineage.mechanisms._staging_tile_2d_edits import tile_loop_2d_edits
+from klineage.mechanisms._staging_tile_2d_forward import has_bounded_reads, tile_loop_2d
 from klineage.mechanisms._staging_tile_forward import (
     tiled_transpose,
     tiled_transpose_edits,
@@ -122,6 +131,7 @@ from klineage.problem import Problem
 TRANSPOSE = "transpose"
 TILE_TRANSPOSE = "tile_transpose"
 TILE_LOOP = "tile_loop"
+TILE_LOOP_2D = "tile_loop_2d"
 
 TILE_SIZES = (8, 16, 32)
 DEFAULT_TILE = 16
@@ -807,6 +817,8 @@ class SmemStaging(Mechanism):
                     form, refusal = _tile_transpose_form(source, function, loop)
                 if form is None:
                     form, refusal = _tile_loop_form(source, function, loop)
+                if form is None:
+                    form, refusal = _tile_loop_2d_form(source, function, loop)
                 if form is not None:
                     yield self.site(
                         source,
@@ -927,6 +939,13 @@ class SmemStaging(Mechanism):
                 return tile_loop_edits(source, tiles, _loop_tile_names(len(tiles.operands)))
             except NotInForm as why:
                 raise self.refuse(str(why), site, "apply") from None
+        if site.detail.get("form") == TILE_LOOP_2D:
+            try:
+                tiles_2d = tile_loop_2d(source, function, loop)
+                names = _loop_tile_names(len(tiles_2d.operands))
+                return tile_loop_2d_edits(source, tiles_2d, names)
+            except NotInForm as why:
+                raise self.refuse(str(why), site, "apply") from None
         try:
             names = _tile_names(source, function, carrier)
             if site.detail.get("form") == "naive":
@@ -951,7 +970,7 @@ class SmemStaging(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         function = source.enclosing_function(site.start_byte)
-        forms = (TRANSPOSE, TILE_TRANSPOSE, TILE_LOOP, ROW_VECTORS)
+        forms = (TRANSPOSE, TILE_TRANSPOSE, TILE_LOOP, TILE_LOOP_2D, ROW_VECTORS)
         if function is None or site.detail.get("form") in forms:
             # the transpose forms set their own block (32 x 8) or keep the kernel's, and stage
             # one padded tile of the block's (4.2 KB for 32 x 32 floats)
@@ -1048,6 +1067,21 @@ def _tile_loop_form(
     except NotInForm as why:
         return TILE_LOOP, str(why)
     return TILE_LOOP, None
+
+
+def _tile_loop_2d_form(
+    source: ParsedSource, function: Function, loop: Node
+) -> tuple[str | None, str | None]:
+    """("tile_loop_2d", refusal) for a loop that reads pointer parameters under a bounds check,
+    in the kernel or in a helper it calls (:mod:`klineage.mechanisms._staging_tile_2d_forward`);
+    (None, None) otherwise."""
+    if not has_bounded_reads(source, function, loop):
+        return None, None
+    try:
+        tile_loop_2d(source, function, loop)
+    except NotInForm as why:
+        return TILE_LOOP_2D, str(why)
+    return TILE_LOOP_2D, None
 
 
 def _loop_tile_names(count: int) -> list[str]:

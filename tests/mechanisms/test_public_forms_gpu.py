@@ -40,6 +40,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "helper_tiles": PROBLEMS / "sgemm_tiles",
     "helper_tiles_2d": PROBLEMS / "sgemm_bounded",
     "helper_tiles_2d_reader": PROBLEMS / "sgemm_bounded",
+    "bounded_rows_2d": PROBLEMS / "sgemm_bounded",
     "row_cache": PROBLEMS / "center_rows",
     "row_params": PROBLEMS / "centered_affine",
     "row_params_float": PROBLEMS / "centered_affine",
@@ -147,6 +148,15 @@ def test_tile_loop_applied_forward_keeps_the_kernel_correct(gate, case: str) -> 
     # the forward of the helper removal: tiles staged by the generated loader in the tile loop
     # of global reads the removal left
     _staged_forward_passes(gate, case, "tile_loop")
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("case", ["bounded_rows_2d", "helper_tiles_2d", "helper_tiles_2d_reader"])
+def test_tile_loop_2d_applied_forward_keeps_the_kernel_correct(gate, case: str) -> None:
+    # the forward of the 2-D helper removal: bounds-checked tiles staged again by the
+    # generated loader, rows handed back to the reader helper
+    _staged_forward_passes(gate, case, "tile_loop_2d")
 
 
 @pytest.mark.gpu
