@@ -64,10 +64,14 @@ def closes(
 def keep_options_open(
     ranked: Sequence[T], mechanism_of: Callable[[T], str], closed: dict[str, set[str]]
 ) -> list[T]:
-    """`ranked` reordered: repeatedly the best-ranked item whose mechanism closes no mechanism
-    still waiting (one none of whose items has been placed yet) outside its own cycle. Within a
-    cycle (a closes b, b closes a) one of them is lost whichever goes first, so the cycle keeps
-    rank order and nothing unrelated is moved ahead of it."""
+    """`ranked` reordered so that no mechanism goes before one still waiting (none of whose
+    items has been placed yet) that its rewrite would close, outside its own cycle. The next
+    item is the best-ranked one, unless its mechanism would close a waiting one: then the
+    best-ranked item of the mechanisms it would close goes first (and so on down, should
+    that one close others too). What it closes is pulled forward; nothing unrelated is: a
+    skill ranked lower that closes nothing waits its turn, as it would without the closing
+    one. Within a cycle (a closes b, b closes a) one of them is lost whichever goes first,
+    so the cycle keeps rank order."""
     remaining = list(ranked)
     ordered: list[T] = []
     while remaining:
@@ -79,14 +83,17 @@ def keep_options_open(
             (a, b) for a in waiting for b in closed.get(a, set()) & waiting if a != b
         )
         cycle_of = {m: frozenset(c) for c in nx.strongly_connected_components(graph) for m in c}
-        # free: what it closes among the waiting mechanisms all lies in its own cycle
-        mechanisms = {mechanism_of(item) for item in remaining}
-        free = {
-            m
-            for m in mechanisms
-            if closed.get(m, set()) & (waiting - {m}) <= cycle_of.get(m, frozenset())
-        }
-        pick = next((item for item in remaining if mechanism_of(item) in free), remaining[0])
+
+        def would_close(mechanism: str) -> set[str]:
+            """The waiting mechanisms outside its cycle that `mechanism` would close."""
+            outside = cycle_of.get(mechanism, frozenset({mechanism}))
+            return (closed.get(mechanism, set()) & waiting) - outside
+
+        pick, seen = remaining[0], set()
+        # down the closing edges between cycles: they form no loop, so this ends
+        while (blocked := would_close(mechanism_of(pick))) and mechanism_of(pick) not in seen:
+            seen.add(mechanism_of(pick))
+            pick = next(item for item in remaining if mechanism_of(item) in blocked)
         ordered.append(pick)
         remaining.remove(pick)
     return ordered
