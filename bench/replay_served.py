@@ -15,8 +15,9 @@ runs beside it). Use it to size the chunks of a rerun before spending device tim
     python bench/replay_served.py --summarize SERVED.jsonl [--method skills]
         [--report bench/results/replay.json]
 
-reads such a file back: per problem both the method and blind search finished from the log,
-the gate runs each spent to the speed both reached (the lower final speedup), and the sums;
+reads such a file back: per problem both the method and blind search finished from the log
+(or the method, stopped by a missing verdict, had already passed blind's final speed), the
+gate runs each spent to the speed both reached (the lower final speedup), and the sums;
 what a change of the search would do to issue 18's "2x fewer runs than blind", before the
 device measures it. With ``--report``, a method the log does not finish on a problem counts
 with that finished replay's runs instead of being left out.
@@ -125,6 +126,16 @@ def matched(
     finished replay's), a method the log does not finish on a problem counts with the
     report's runs there."""
     finished = {(r["problem"], r["method"]): r for r in rows if r.get("finished") is not None}
+    # a method the log stops on, after it already passed blind search's final speed: its own
+    # final is at least that (the search ends at the best state it reached), so the speed
+    # both reached is blind's, and the runs to it are known
+    for row in rows:
+        blind = finished.get((row["problem"], "blind"))
+        key = (row["problem"], row["method"])
+        if key in finished or blind is None or not row.get("speedups"):
+            continue
+        if runs_to(row["speedups"], blind["finished"]) is not None:
+            finished[key] = {**row, "finished": max(row["speedups"])}
     if report is not None:
         served = {r["problem"] for r in rows}
         for row in report_rows(report):

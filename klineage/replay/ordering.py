@@ -7,8 +7,9 @@ Two lessons of the first replay experiment (bench/results/replay.json, `misses`)
   layernorm and l2_normalize, and the skills method lost a 12-33x step that blind search (which
   happened to try `block_per_row` first) kept. :func:`keep_options_open` checks this on the
   target itself, by applying each retrieved mechanism once and asking which other mechanisms
-  still have sites; a skill that would close another's sites goes after it. It costs CPU time,
-  no gate run.
+  still have sites; what a skill would close is tried just before it, and nothing else moves
+  (until 2026-12-06 the closing skill went after every skill that closes nothing, so on gemv
+  the vectors waited behind four weaker skills). It costs CPU time, no gate run.
 - **Vectors are bytes.** A `vector_width` learned on float32 (4 elements, 16 bytes) is 8 bytes
   on bfloat16. :func:`transfer_carrier` keeps the bytes: the width is scaled by the ratio of
   the widest element of the skill's dtypes to the widest of the target's.
@@ -61,13 +62,28 @@ def closes(
     return closed
 
 
+def _would_close(
+    mechanism: str,
+    closed: dict[str, set[str]],
+    waiting: set[str],
+    cycle_of: dict[str, frozenset[str]],
+) -> set[str]:
+    """The waiting mechanisms outside its cycle that `mechanism`'s rewrite would close."""
+    outside = cycle_of.get(mechanism, frozenset({mechanism}))
+    return (closed.get(mechanism, set()) & waiting) - outside
+
+
 def keep_options_open(
     ranked: Sequence[T], mechanism_of: Callable[[T], str], closed: dict[str, set[str]]
 ) -> list[T]:
-    """`ranked` reordered: repeatedly the best-ranked item whose mechanism closes no mechanism
-    still waiting (one none of whose items has been placed yet) outside its own cycle. Within a
-    cycle (a closes b, b closes a) one of them is lost whichever goes first, so the cycle keeps
-    rank order and nothing unrelated is moved ahead of it."""
+    """`ranked` reordered so that no mechanism goes before one still waiting (none of whose
+    items has been placed yet) that its rewrite would close, outside its own cycle. The next
+    item is the best-ranked one, unless its mechanism would close a waiting one: then the
+    best-ranked item of the mechanisms it would close goes first (and so on down, should
+    that one close others too). What it closes is pulled forward; nothing unrelated is: a
+    skill ranked lower that closes nothing waits its turn, as it would without the closing
+    one. Within a cycle (a closes b, b closes a) one of them is lost whichever goes first,
+    so the cycle keeps rank order."""
     remaining = list(ranked)
     ordered: list[T] = []
     while remaining:
@@ -79,14 +95,14 @@ def keep_options_open(
             (a, b) for a in waiting for b in closed.get(a, set()) & waiting if a != b
         )
         cycle_of = {m: frozenset(c) for c in nx.strongly_connected_components(graph) for m in c}
-        # free: what it closes among the waiting mechanisms all lies in its own cycle
-        mechanisms = {mechanism_of(item) for item in remaining}
-        free = {
-            m
-            for m in mechanisms
-            if closed.get(m, set()) & (waiting - {m}) <= cycle_of.get(m, frozenset())
-        }
-        pick = next((item for item in remaining if mechanism_of(item) in free), remaining[0])
+
+        pick, seen = remaining[0], set()
+        # down the closing edges between cycles: they form no loop, so this ends
+        while (
+            blocked := _would_close(mechanism_of(pick), closed, waiting, cycle_of)
+        ) and mechanism_of(pick) not in seen:
+            seen.add(mechanism_of(pick))
+            pick = next(item for item in remaining if mechanism_of(item) in blocked)
         ordered.append(pick)
         remaining.remove(pick)
     return ordered

@@ -7,7 +7,12 @@ A skill is ranked by four signals:
 - text: BM25 (bm25s) between the target (its definition and code identifiers) and the skill
   (intent, conditions, before/after code);
 - gain: the speedup it measured on its source kernel (none for a step within the timing
-  noise; a step that measured slower counts against it);
+  noise; a step that measured slower counts against it), scaled by its mechanism's track
+  record: the share of the library's skills of that mechanism (mined from other problems)
+  that measured a gain. One expert's 1.23x from `__restrict__`, beside eight experts where
+  it changed nothing, is not a 1.23x prior for the next kernel; a mechanism that gained
+  on every expert keeps its whole gain. This is the expected gain of a gate run spent on it;
+
 - bottleneck: given the target's bottleneck class (the profile stage's), a skill that relieved
   the same bottleneck on its expert (its card's `relieves`) ranks higher.
 Given the target's profile, a skill with nothing to relieve there (no bank conflicts for a
@@ -81,8 +86,14 @@ class Ranked(BaseModel):
     scope: float = Field(description="scope match, 0..1")
     text: float = Field(description="BM25 relevance, normalized 0..1 over the library")
     gain: float = Field(
-        description="log of the skill's measured geometric-mean speedup; 0 when it measured "
-        "no gain beyond the timing noise (negative when it measured slower)"
+        description="log of the skill's measured geometric-mean speedup, times `track_record` "
+        "when positive; 0 when it measured no gain beyond the timing noise (negative when it "
+        "measured slower)"
+    )
+    track_record: float = Field(
+        default=1.0,
+        description="share of the library's skills of its mechanism, mined from other "
+        "problems, that measured a gain (0..1)",
     )
     measured: str = Field(description="what the skill measured: gain, no measurable gain, slower")
     bottleneck: float = Field(
@@ -261,6 +272,8 @@ def retrieve(
         kernel = problem.kernel_source()
     elif isinstance(kernel, str):
         kernel = KernelSource(kernel, name=f"{problem.name}.cu")
+    skills = list(skills)
+    record = track_record(skills, problem.name)
     result = Retrieval()
     usable: list[tuple[Skill, Mechanism | None, list[Site], Carrier, list[Condition]]] = []
     context = eval_context(kernel, arch=arch)
@@ -305,6 +318,8 @@ def retrieve(
         geo = skill.effect.geomean_speedup or 1.0
         # a step within the timing noise gained nothing: it must not rank as a gain
         gain = 0.0 if measured is Measured.NO_GAIN else math.log(max(geo, 1e-6))
+        if gain > 0:
+            gain *= record.get(skill.mechanism, 1.0)
         relieves = skill.profile.relieves if skill.profile else None
         same = 1.0 if bottleneck is not None and relieves == bottleneck.value else 0.0
         score = (
@@ -322,6 +337,7 @@ def retrieve(
                 scope=scope,
                 text=text,
                 gain=gain,
+                track_record=record.get(skill.mechanism, 1.0),
                 measured=measured.value,
                 bottleneck=same,
                 relieves=relieves,
@@ -335,6 +351,20 @@ def retrieve(
         )
     result.ranked.sort(key=lambda r: (bool(r.unrelieved), -r.score, r.skill))
     return result
+
+
+def track_record(skills: Sequence[Skill], problem: str) -> dict[str, float]:
+    """Per mechanism, the share of its skills in `skills` that measured a gain beyond the
+    timing noise, counting only those mined from other problems than `problem`."""
+    tried: dict[str, int] = {}
+    gained: dict[str, int] = {}
+    for skill in skills:
+        if skill.evidence.problem == problem:
+            continue
+        tried[skill.mechanism] = tried.get(skill.mechanism, 0) + 1
+        if skill.effect.measured is Measured.GAIN:
+            gained[skill.mechanism] = gained.get(skill.mechanism, 0) + 1
+    return {mechanism: gained.get(mechanism, 0) / n for mechanism, n in tried.items()}
 
 
 def _drop(skill: Skill, reason: str, condition: str = "", workload: str = "") -> Dropped:

@@ -136,3 +136,19 @@ def test_a_finished_report_stands_in_where_the_log_does_not_finish() -> None:
     assert [
         (p["problem"], p["speed"], p["runs"], p["blind_runs"]) for p in summary["problems"]
     ] == [("a", 2.0, 2, 2)]
+
+
+def test_a_method_stopped_after_passing_blinds_final_speed_counts_its_runs_to_it() -> None:
+    rows = [
+        # stopped at a missing verdict, but 4.2x at run 3 is past blind's final 3.5x
+        {"problem": "a", "method": "skills", "missing": "no logged verdict",
+         "speedups": [1.7, 1.7, 4.2, 4.2]},
+        {"problem": "a", "method": "blind", "finished": 3.5, "speedups": [1.0, 1.7, 3.5]},
+        # stopped below blind's final speed: unknown, left out (or taken from a report)
+        {"problem": "b", "method": "skills", "missing": "no logged verdict", "speedups": [1.2]},
+        {"problem": "b", "method": "blind", "finished": 1.3, "speedups": [1.3]},
+    ]  # fmt: skip
+    summary = bench.matched(rows)
+    assert [
+        (p["problem"], p["speed"], p["runs"], p["blind_runs"]) for p in summary["problems"]
+    ] == [("a", 3.5, 3, 3)]

@@ -49,6 +49,19 @@ def test_a_cycle_keeps_rank_order() -> None:
     assert keep_options_open(ranked, lambda item: item[0], one_way) == ["b1", "a1", "a2"]
 
 
+def test_what_a_skill_would_close_is_pulled_forward_and_nothing_else() -> None:
+    # gemv after a warp per row: vectors (best-ranked) would close the unrolled loop and the
+    # staged row; those two go first, then the vectors, then what ranked below them
+    ranked = ["vec1", "restrict1", "bounds1", "unroll1", "staging1", "vec2"]
+    closed = {"vec": {"unroll", "staging"}}
+    ordered = keep_options_open(ranked, lambda item: item[:-1], closed)
+    assert ordered == ["unroll1", "staging1", "vec1", "restrict1", "bounds1", "vec2"]
+    # down a chain: the vectors would close the unrolling, which would close the staging
+    chain = {"vec": {"unroll"}, "unroll": {"staging"}}
+    ordered = keep_options_open(ranked, lambda item: item[:-1], chain)
+    assert ordered == ["staging1", "unroll1", "vec1", "restrict1", "bounds1", "vec2"]
+
+
 def test_vector_widths_keep_their_bytes() -> None:
     bf16 = load_problem(ROOT / "heldout" / "layernorm")
     f32 = load_problem(ROOT / "heldout" / "l2_normalize")

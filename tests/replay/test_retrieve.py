@@ -3,13 +3,15 @@ No GPU, no nvcc: conditions are checked against the definitions and the kernels'
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
 from klineage.problem import Problem, load_problem
-from klineage.replay.retrieve import WEIGHTS, retrieve, scope_score
-from klineage.skills import Skill, SkillLibrary
+from klineage.replay.retrieve import WEIGHTS, retrieve, scope_score, track_record
+from klineage.skills import Measured, Skill, SkillLibrary
 from tests.conftest import REPO
 
 
@@ -127,3 +129,33 @@ def test_a_condition_the_rule_tests_at_run_time_keeps_the_skill_with_its_carrier
         if r.mechanism == "vectorized_access"
     ]
     assert plain and all(r.carrier == {} and r.checked == "" for r in plain)
+
+
+def test_a_gain_counts_as_often_as_its_mechanism_gained_elsewhere(
+    library: list[Skill], layernorm: Problem
+) -> None:
+    record = track_record(library, layernorm.name)
+    for mechanism in {s.mechanism for s in library}:
+        mined = [s for s in library if s.mechanism == mechanism]
+        gained = [s for s in mined if s.effect.measured is Measured.GAIN]
+        assert record[mechanism] == pytest.approx(len(gained) / len(mined))
+    # restrict gained on fewer of its experts than vectors did: its gain counts for less
+    assert record["restrict_pointers"] < record["vectorized_access"] < 1.0
+    found = retrieve(library, layernorm)
+    for ranked in found.ranked:
+        skill = next(s for s in library if s.id == ranked.skill)
+        own = math.log(skill.effect.geomean_speedup or 1.0)
+        if skill.effect.measured is Measured.GAIN:
+            assert ranked.gain == pytest.approx(own * record[ranked.mechanism])
+        assert ranked.track_record == pytest.approx(record[ranked.mechanism])
+
+
+def test_a_track_record_leaves_out_the_targets_own_skills(library: list[Skill]) -> None:
+    problem = next(s.evidence.problem for s in library if s.mechanism == "restrict_pointers")
+    mined = [s for s in library if s.mechanism == "restrict_pointers"]
+    others = [s for s in mined if s.evidence.problem != problem]
+    gained = [s for s in others if s.effect.measured is Measured.GAIN]
+    assert len(others) < len(mined)
+    assert track_record(library, problem)["restrict_pointers"] == pytest.approx(
+        len(gained) / len(others)
+    )
