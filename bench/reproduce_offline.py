@@ -213,6 +213,8 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
                 idle_last=False,
                 spread_first=False,
                 stage_first=False,
+                pull_closed_first=False,
+                weigh_track_record=False,
             )
             try:
                 result, _ = materializer.run(problem, naive, method)

@@ -3,8 +3,9 @@
 Three methods share the same gate, the same budget and the same keep rule (correct on every
 workload, and faster than the current state overall and in every trial, timed interleaved):
 
-- `skills`: retrieved skills in rank order (conditions checked before any gate run), a skill
-  whose rewrite would close another's candidate sites moved after it
+- `skills`: retrieved skills in rank order (conditions checked before any gate run; a
+  measured gain counts as often as its mechanism gained on the library's other experts), the
+  skills whose candidate sites another's rewrite would close moved just before it
   (:mod:`klineage.replay.ordering`), and a mechanism whose latest evidence on the way is a
   failure (at the nearest earlier state where it was gated, rejected or measurably slower)
   moved after the rest,
@@ -709,6 +710,7 @@ class SkillsMethod(ForwardSearch):
             machine_code=self._machine_code(current),
             bottleneck=call.kind if call is not None else None,
             profile=profile,
+            weigh_track_record=self.materializer.weigh_track_record,
         )
         mechanisms = [r.mechanism for r in ranking.ranked]
         closed = closes(mechanisms, current, apply_everywhere)
@@ -718,9 +720,10 @@ class SkillsMethod(ForwardSearch):
         hopeful = [r for r in ranking.ranked if not r.unrelieved]
         last = [r for r in ranking.ranked if r.unrelieved]
         self._unrelieved[current.fingerprint] = {r.mechanism for r in last}
+        pull = self.materializer.pull_closed_first
         ordered = [
-            *keep_options_open(hopeful, lambda r: r.mechanism, closed),
-            *keep_options_open(last, lambda r: r.mechanism, closed),
+            *keep_options_open(hopeful, lambda r: r.mechanism, closed, pull=pull),
+            *keep_options_open(last, lambda r: r.mechanism, closed, pull=pull),
         ]
         if self.materializer.spread_first:
             # rival layouts of a loop (a warp or block per row, a split) raced in the order
@@ -997,6 +1000,8 @@ class Materializer:
         idle_last: bool = True,
         spread_first: bool = True,
         stage_first: bool = True,
+        pull_closed_first: bool = True,
+        weigh_track_record: bool = True,
     ) -> None:
         if beam_width < 1:
             raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
@@ -1034,6 +1039,14 @@ class Materializer:
         """Whether staging in shared memory goes first where the target's loads call for it
         (:func:`klineage.replay.coalescing.calls_for_staging`; False: in rank order, as
         replays before 2026-12-06 ran)."""
+        self.pull_closed_first = pull_closed_first
+        """Whether the skills a retrieved skill's rewrite would close are tried just before it
+        (False: it waits behind every skill that closes nothing, as replays before 2026-12-06
+        ran; :func:`klineage.replay.ordering.keep_options_open`)."""
+        self.weigh_track_record = weigh_track_record
+        """Whether retrieval scales a skill's measured gain by its mechanism's track record
+        (False: the whole gain, as replays before 2026-12-06 ranked;
+        :func:`klineage.replay.retrieve.track_record`)."""
         self.skills = {s.id: s for s in skills}
         self.budget = budget or ReplayBudget()
         self.arch = arch

@@ -73,8 +73,31 @@ def _would_close(
     return (closed.get(mechanism, set()) & waiting) - outside
 
 
+def _pulled_forward(
+    remaining: Sequence[T],
+    mechanism_of: Callable[[T], str],
+    closed: dict[str, set[str]],
+    waiting: set[str],
+    cycle_of: dict[str, frozenset[str]],
+) -> T:
+    """The best-ranked item, or where its mechanism would close waiting ones, the best-ranked
+    item of those (and so on down)."""
+    pick, seen = remaining[0], set()
+    # down the closing edges between cycles: they form no loop, so this ends
+    while (blocked := _would_close(mechanism_of(pick), closed, waiting, cycle_of)) and mechanism_of(
+        pick
+    ) not in seen:
+        seen.add(mechanism_of(pick))
+        pick = next(item for item in remaining if mechanism_of(item) in blocked)
+    return pick
+
+
 def keep_options_open(
-    ranked: Sequence[T], mechanism_of: Callable[[T], str], closed: dict[str, set[str]]
+    ranked: Sequence[T],
+    mechanism_of: Callable[[T], str],
+    closed: dict[str, set[str]],
+    *,
+    pull: bool = True,
 ) -> list[T]:
     """`ranked` reordered so that no mechanism goes before one still waiting (none of whose
     items has been placed yet) that its rewrite would close, outside its own cycle. The next
@@ -83,7 +106,9 @@ def keep_options_open(
     that one close others too). What it closes is pulled forward; nothing unrelated is: a
     skill ranked lower that closes nothing waits its turn, as it would without the closing
     one. Within a cycle (a closes b, b closes a) one of them is lost whichever goes first,
-    so the cycle keeps rank order."""
+    so the cycle keeps rank order. With `pull` False, as replays before 2026-12-06 ran: the
+    next item is the best-ranked one whose mechanism would close none waiting, so a closing
+    skill waits behind every lower-ranked skill that closes nothing."""
     remaining = list(ranked)
     ordered: list[T] = []
     while remaining:
@@ -95,14 +120,17 @@ def keep_options_open(
             (a, b) for a in waiting for b in closed.get(a, set()) & waiting if a != b
         )
         cycle_of = {m: frozenset(c) for c in nx.strongly_connected_components(graph) for m in c}
-
-        pick, seen = remaining[0], set()
-        # down the closing edges between cycles: they form no loop, so this ends
-        while (
-            blocked := _would_close(mechanism_of(pick), closed, waiting, cycle_of)
-        ) and mechanism_of(pick) not in seen:
-            seen.add(mechanism_of(pick))
-            pick = next(item for item in remaining if mechanism_of(item) in blocked)
+        if pull:
+            pick = _pulled_forward(remaining, mechanism_of, closed, waiting, cycle_of)
+        else:  # the best-ranked item whose mechanism would close none waiting
+            pick = next(
+                (
+                    item
+                    for item in remaining
+                    if not _would_close(mechanism_of(item), closed, waiting, cycle_of)
+                ),
+                remaining[0],
+            )
         ordered.append(pick)
         remaining.remove(pick)
     return ordered

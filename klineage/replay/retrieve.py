@@ -255,6 +255,7 @@ def retrieve(
     machine_code: MachineCode | None = None,
     bottleneck: Bottleneck | None = None,
     profile: Profile | None = None,
+    weigh_track_record: bool = True,
 ) -> Retrieval:
     """Rank `skills` (a list, or a :class:`SkillLibrary`) for the target `problem`; drop those
     that cannot apply or whose conditions fail, each with its reason.
@@ -267,13 +268,14 @@ def retrieve(
     `kernel` is the target kernel (default: the problem's kernel.cu; source text works too).
     With `keep_unknown`, skills whose mechanism is not in the catalog are kept (for an LLM).
     `bottleneck` is the target's bottleneck class (from a profiled verdict), if known;
-    `profile` the target's profile, which puts last the skills it leaves nothing to relieve."""
+    `profile` the target's profile, which puts last the skills it leaves nothing to relieve;
+    `weigh_track_record` False counts a skill's whole gain, as replays before 2026-12-06 did."""
     if kernel is None:
         kernel = problem.kernel_source()
     elif isinstance(kernel, str):
         kernel = KernelSource(kernel, name=f"{problem.name}.cu")
     skills = list(skills)
-    record = track_record(skills, problem.name)
+    record = track_record(skills, problem.name) if weigh_track_record else {}
     result = Retrieval()
     usable: list[tuple[Skill, Mechanism | None, list[Site], Carrier, list[Condition]]] = []
     context = eval_context(kernel, arch=arch)

@@ -28,6 +28,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "serial_unrolled": PROBLEMS / "row_softmax",
     "serpentine": PROBLEMS / "scale_tiles",
     "rotation": PROBLEMS / "scale_tiles",
+    "rotation_ldmatrix": PROBLEMS / "copy_fragments",
     "guarded_tree": PROBLEMS / "block_totals",
     "online_pairs": PROBLEMS / "row_logsumexp",
     "tile_parameter": PROBLEMS / "row_logsumexp",

@@ -56,6 +56,9 @@ def test_what_a_skill_would_close_is_pulled_forward_and_nothing_else() -> None:
     closed = {"vec": {"unroll", "staging"}}
     ordered = keep_options_open(ranked, lambda item: item[:-1], closed)
     assert ordered == ["unroll1", "staging1", "vec1", "restrict1", "bounds1", "vec2"]
+    # as replays before 2026-12-06 ran: the vectors waited behind everything that closes nothing
+    before = keep_options_open(ranked, lambda item: item[:-1], closed, pull=False)
+    assert before == ["restrict1", "bounds1", "unroll1", "staging1", "vec1", "vec2"]
     # down a chain: the vectors would close the unrolling, which would close the staging
     chain = {"vec": {"unroll"}, "unroll": {"staging"}}
     ordered = keep_options_open(ranked, lambda item: item[:-1], chain)
