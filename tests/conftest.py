@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from klineage.gate.build import Builder
+
+if TYPE_CHECKING:
+    from klineage.gate.gate import Gate
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -76,3 +81,14 @@ def shared_cache_dir(shared_builder: Builder, monkeypatch: pytest.MonkeyPatch) -
     builds must succeed and whose subject is not the cache."""
     monkeypatch.setenv("KLINEAGE_CACHE_DIR", str(shared_builder.cache_dir))
     return shared_builder.cache_dir
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
+    """A gate of its own per module, for the tests that run rewritten kernels (GPU). Here
+    rather than in a folder's conftest: pytest did not find a sub-folder's fixture for a file
+    when a file of another folder sat between two of that folder's on the command line."""
+    from klineage.gate.gate import Gate  # imported by the GPU tests only
+
+    with Gate(Builder(cache_dir=tmp_path_factory.mktemp("cache"))) as judge:
+        yield judge
