@@ -15,6 +15,7 @@ the same order); only the git-ignored kernels already in bench/public are used. 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -90,12 +91,6 @@ def main() -> None:
     ]
     builder = Builder()
     rows: list[dict[str, Any]] = []
-    if args.build_only:
-        gate = None
-    else:
-        from klineage.gate.gate import Gate  # the GPU side, imported only to run
-
-        gate = Gate(builder).__enter__()
     jobs = []
     for folder in folders:
         problem = load_problem(folder)
@@ -113,15 +108,18 @@ def main() -> None:
                 jobs,
             )
         )
-    try:
+    if args.build_only:
+        judge: Any = contextlib.nullcontext()
+    else:
+        from klineage.gate.gate import Gate  # the GPU side, imported only to run
+
+        judge = Gate(builder)
+    with judge as gate:
         for name, problem, mechanism, role, kernel in jobs:
             row = {"expert": name, "mechanism": mechanism, "kernel": role}
             row.update(judged(gate, builder, problem, kernel))
             rows.append(row)
             print(f"{name:34} {mechanism:24} {role:8} {row['status']}", flush=True)
-    finally:
-        if gate is not None:
-            gate.__exit__(None, None, None)
     passing = {"PASSED", "BUILT"}
     payload = {
         "command": "python bench/public_walk_gate.py --out OUT"

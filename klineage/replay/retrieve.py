@@ -11,8 +11,7 @@ A skill is ranked by four signals:
   record: the share of the library's skills of that mechanism (mined from other problems)
   that measured a gain. One expert's 1.23x from `__restrict__`, beside eight experts where
   it changed nothing, is not a 1.23x prior for the next kernel; a mechanism that gained
-  on every expert keeps its whole gain. This is the expected gain of a gate run spent on it;
-
+  on every expert keeps its whole gain: the expected gain of a gate run spent on it;
 - bottleneck: given the target's bottleneck class (the profile stage's), a skill that relieved
   the same bottleneck on its expert (its card's `relieves`) ranks higher.
 Given the target's profile, a skill with nothing to relieve there (no bank conflicts for a

@@ -9,15 +9,20 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Carrier, MechanismRefused, get
+from klineage.mechanisms import Carrier, MechanismRefused
 from klineage.mechanisms.base import Site
 from klineage.mining.removal import matching_candidate
 from tests.conftest import REPO
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
-from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
+from tests.mechanisms.roundtrip import compile_ok
+from tests.mechanisms.staging_support import (
+    apply_form,
+    form_candidate,
+    remove_helper_staging,
+    staged_pair,
+    staging,
+)
 
-staging = get("smem_staging")
-FOLDER = PUBLIC_FORMS / "smem_staging"
 CASES = ["helper_tiles", "warp_tiles", "micro_tiles"]
 """Pairs whose removal leaves a tile loop of global reads: a reader helper (helper_tiles,
 warp_tiles: 1-D blocks, warp sub-tiles) or reads in the kernel (micro_tiles: 2-D blocks,
@@ -25,27 +30,19 @@ a TM x TN micro-tile a thread)."""
 
 
 def _pair(case: str) -> tuple[KernelSource, KernelSource]:
-    return (
-        KernelSource.from_file(FOLDER / f"{case}.before.cu"),
-        KernelSource.from_file(FOLDER / f"{case}.after.cu"),
-    )
+    return staged_pair(case)
 
 
 def _candidate(kernel: KernelSource) -> Site:
-    (site,) = [c for c in staging.candidates(kernel) if c.detail.get("form") == "tile_loop"]
-    return site
+    return form_candidate(kernel, "tile_loop")
 
 
 def _apply(text: str) -> str:
-    site = _candidate(KernelSource(text))
-    assert site.supported, site.refusal
-    return staging.apply(KernelSource(text), site, Carrier()).text
+    return apply_form(text, "tile_loop")
 
 
 def _remove(text: str) -> str:
-    (site,) = [s for s in staging.detect(KernelSource(text)) if s.supported]
-    assert site.detail["form"] == "helper"
-    return staging.remove(KernelSource(text), site).text
+    return remove_helper_staging(text)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -10,14 +10,19 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Carrier, MechanismRefused, get
+from klineage.mechanisms import Carrier, MechanismRefused
 from klineage.mechanisms.base import Site
 from klineage.mining.removal import matching_candidate, reapply, remove_mechanism
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
-from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
+from tests.mechanisms.roundtrip import compile_ok
+from tests.mechanisms.staging_support import (
+    apply_form,
+    form_candidate,
+    remove_helper_staging,
+    staged_pair,
+    staging,
+)
 
-staging = get("smem_staging")
-FOLDER = PUBLIC_FORMS / "smem_staging"
 CASES = ["bounded_rows_2d", "helper_tiles_2d", "helper_tiles_2d_reader"]
 """Pairs whose removal leaves bounds-checked reads: through reader-helper copies
 (bounded_rows_2d: 16 x 16 blocks, float tiles of template extents; helper_tiles_2d_reader:
@@ -25,27 +30,19 @@ CASES = ["bounded_rows_2d", "helper_tiles_2d", "helper_tiles_2d_reader"]
 
 
 def _pair(case: str) -> tuple[KernelSource, KernelSource]:
-    return (
-        KernelSource.from_file(FOLDER / f"{case}.before.cu"),
-        KernelSource.from_file(FOLDER / f"{case}.after.cu"),
-    )
+    return staged_pair(case)
 
 
 def _candidate(kernel: KernelSource) -> Site:
-    (site,) = [c for c in staging.candidates(kernel) if c.detail.get("form") == "tile_loop_2d"]
-    return site
+    return form_candidate(kernel, "tile_loop_2d")
 
 
 def _apply(text: str) -> str:
-    site = _candidate(KernelSource(text))
-    assert site.supported, site.refusal
-    return staging.apply(KernelSource(text), site, Carrier()).text
+    return apply_form(text, "tile_loop_2d")
 
 
 def _remove(text: str) -> str:
-    (site,) = [s for s in staging.detect(KernelSource(text)) if s.supported]
-    assert site.detail["form"] == "helper"
-    return staging.remove(KernelSource(text), site).text
+    return remove_helper_staging(text)
 
 
 @pytest.mark.parametrize("case", CASES)
