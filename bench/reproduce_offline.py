@@ -215,6 +215,7 @@ def reproduce_replay(out: Path, problems: Sequence[str] = ()) -> list[dict[str, 
                 stage_first=False,
                 pull_closed_first=False,
                 weigh_track_record=False,
+                race_before_carriers=False,
             )
             try:
                 result, _ = materializer.run(problem, naive, method)

@@ -780,17 +780,39 @@ class SkillsMethod(ForwardSearch):
         then each mechanism that `kept` and that close each other's sites (vectorizing a
         GEMM's loads leaves no tile to stage, and staging leaves no load to vectorize), at
         its best-ranked move. Whichever of such a pair goes first, the other is lost; rank
-        cannot tell which gains more on this kernel, one gate run per alternative can."""
-        for move in later:
-            if move.skill == kept.skill and not move.ask_llm and move.source is None:
-                yield replace(move, sibling=True)
+        cannot tell which gains more on this kernel, one gate run per alternative can.
+
+        With the materializer's `race_before_carriers`, the rivals are raced first, and then
+        only the mechanisms whose best run is within timing noise of the fastest get their
+        other carriers: a carrier refines its mechanism by less than the race separates
+        rivals, so refining one that lost past noise spends a run on a lost choice."""
         closed = self._closed.get(state.fingerprint, {})
         rivals = {m for m in closed.get(kept.name, set()) if kept.name in closed.get(m, set())}
         rivals -= self._unrelieved.get(state.fingerprint, set())  # nothing to relieve: no race
+        if not self.materializer.race_before_carriers:
+            yield from self._carriers_of({kept.skill}, later)
         for move in later:
             if move.name in rivals and not move.ask_llm and move.source is None:
                 rivals.discard(move.name)
                 yield replace(move, sibling=True)
+        if self.materializer.race_before_carriers:
+            yield from self._carriers_of(self._in_the_race(state), later)
+
+    @staticmethod
+    def _carriers_of(skills: set[str | None], later: Sequence[Move]) -> Iterator[Move]:
+        """The rule moves of `skills` among `later`, as siblings."""
+        for move in later:
+            if move.skill in skills and not move.ask_llm and move.source is None:
+                yield replace(move, sibling=True)
+
+    def _in_the_race(self, state: KernelSource) -> set[str | None]:
+        """The skills kept at `state` whose run is within timing noise (`SLOWER`) of the
+        fastest kept there."""
+        kept = [step for step, _ in self._waiting.get(state.fingerprint, []) if step.accepted]
+        if not kept:
+            return set()
+        fastest = max(_ratio(step.verdict) for step in kept)
+        return {step.move.skill for step in kept if _ratio(step.verdict) >= fastest * SLOWER}
 
     def dispatches(self, state: KernelSource) -> Iterator[Move]:
         """A launch-size dispatch (the library's `launch_size_dispatch` skill, applied by
@@ -1002,6 +1024,7 @@ class Materializer:
         stage_first: bool = True,
         pull_closed_first: bool = True,
         weigh_track_record: bool = True,
+        race_before_carriers: bool = True,
     ) -> None:
         if beam_width < 1:
             raise ValueError(f"the tree method's beam width must be at least 1, not {beam_width}")
@@ -1047,6 +1070,10 @@ class Materializer:
         """Whether retrieval scales a skill's measured gain by its mechanism's track record
         (False: the whole gain, as replays before 2026-12-06 ranked;
         :func:`klineage.replay.retrieve.track_record`)."""
+        self.race_before_carriers = race_before_carriers
+        """Whether a kept skill's rivals are raced before its other carriers, which then go
+        only to the mechanisms within noise of the race's fastest (False: the kept skill's
+        carriers first, then the rivals, as replays before 2026-12-07 ran)."""
         self.skills = {s.id: s for s in skills}
         self.budget = budget or ReplayBudget()
         self.arch = arch

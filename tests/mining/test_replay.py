@@ -608,6 +608,49 @@ def test_of_two_skills_that_close_each_other_the_faster_is_kept(
     assert len({e["source"] for e in lineage["edges"]}) == 1  # all gated from the naive state
 
 
+@pytest.mark.parametrize("race_first", [True, False])
+def test_a_rival_that_lost_the_race_past_noise_gets_no_other_carrier(
+    builder: Builder, tmp_path: Path, race_first: bool
+) -> None:
+    """Two vector widths learned on two experts, and staging, their rival, on a naive SIMT
+    GEMM. The first width is kept; staging, raced from the same state, measures far faster,
+    so the other width refines a lost choice and is not gated. As replays ran before
+    2026-12-07 (`race_before_carriers=False`), it was gated first, ahead of the race."""
+    from klineage.gate.log import GateLog
+    from klineage.replay.methods import Materializer
+
+    committed = SkillLibrary.load(REPO / "skills_out")
+    vector = max(
+        (s for s in committed if s.mechanism == "vectorized_access" and "f32" in s.id),
+        key=lambda s: s.effect.geomean_speedup or 1.0,
+    )
+    width = 2 if vector.carrier.get("vector_width") == 4 else 4
+    carrier = {**vector.carrier, "vector_width": width}
+    other = vector.model_copy(update={"id": f"{vector.id}-w{width}", "carrier": carrier})
+    staging = next(s for s in committed if s.mechanism == "smem_staging" and s.transferable)
+    problem = load_problem(REPO / "heldout" / "sgemm")
+    gate = StandInGate(builder, cost={"smem_staging": 1.7, "vectorized_access": 1.1})
+    log = GateLog(tmp_path / "gatelog.jsonl", gate, share=False)
+    materializer = Materializer(
+        log,
+        [vector, other, staging],
+        ReplayBudget(gate_runs=6),
+        skip_no_ops=False,
+        stage_first=False,  # by rank alone: the vectors (a measured gain) before the staging
+        race_before_carriers=race_first,
+    )
+    result, _ = materializer.run(problem, problem.kernel_source(), "skills")
+    runs = [(r.action, r.outcome) for r in result.runs]
+    vector_runs = [r for r in result.runs if r.action == "vectorized_access"]
+    assert ("smem_staging", "kept") in runs
+    assert {r.outcome for r in vector_runs} == {"outranked"}
+    if race_first:
+        assert len(vector_runs) == 1 and runs[1] == ("smem_staging", "kept")
+    else:
+        assert len(vector_runs) >= 2 and runs[-1] == ("smem_staging", "kept")
+        assert width in {r.carrier.get("vector_width") for r in vector_runs}
+
+
 def test_the_summary_counts_the_moves_the_machine_code_check_left_ungated() -> None:
     """Each refusal for an unchanged machine code is a gate run the check saved; refusals for
     other reasons are not."""
