@@ -221,8 +221,9 @@ def _check(source: ParsedSource, found: Guarded) -> None:
     _slots(source, found)
 
 
-def _slots(source: ParsedSource, found: Guarded) -> bool:
-    """Whether the kernel reads ``blockIdx.d`` outside the index, each read a store's slot."""
+def _slots(source: ParsedSource, found: Guarded) -> frozenset[str]:
+    """The parameters whose slot the kernel picks by ``blockIdx.d`` read outside the index
+    (each such read a store's slot)."""
     own = [(found.start_byte, found.clause.end_byte)]
     try:
         return axis_slot_reads(source, found.function, found.stride.axis, own)

@@ -71,7 +71,7 @@ from klineage.mechanisms._local_util import (
     size_at_launch,
     statements,
 )
-from klineage.mechanisms._multipass import declaration_of, reassignments
+from klineage.mechanisms._multipass import declaration_of, partial_destination, reassignments
 from klineage.mechanisms._reductions_util import line_deletion
 
 __all__ = [
@@ -303,25 +303,27 @@ def _fields_written(source: ParsedSource, host: Function, name: str) -> list[Nod
 
 def axis_slot_reads(
     source: ParsedSource, function: Function, axis: str, own: list[tuple[int, int]]
-) -> bool:
-    """Whether the kernel reads ``blockIdx.axis`` outside the byte ranges ``own`` (the index's
-    own code), each read picking the slot a store writes; Refused for any other read of
-    ``blockIdx.axis`` or ``gridDim.axis`` there (the new grid would change what it reads)."""
+) -> frozenset[str]:
+    """The parameters the kernel writes a slot of by ``blockIdx.axis`` read outside the byte
+    ranges ``own`` (the index's own code), each such read picking the slot a store writes
+    (empty: no such read); Refused for any other read of ``blockIdx.axis`` or
+    ``gridDim.axis`` there (the new grid would change what it reads)."""
     assert function.body is not None
-    slots = False
+    slots: set[str] = set()
     for node in walk(function.body):
         builtin = builtin_of(source, node) if node.type == "field_expression" else None
         if builtin not in (f"blockIdx.{axis}", f"gridDim.{axis}"):
             continue
         if any(start <= node.start_byte < end for start, end in own):
             continue
-        if builtin.startswith("gridDim") or not _is_slot(source, function, node):
+        slot = None if builtin.startswith("gridDim") else _slot_of(source, function, node)
+        if slot is None:
             raise Refused(
                 f"in a kernel that also reads {builtin} in "
                 f"`{source.snippet(node.parent or node, 40)}`"
             )
-        slots = True
-    return slots
+        slots.add(slot)
+    return frozenset(slots)
 
 
 def _header_locals(
@@ -409,34 +411,44 @@ def _declared_before(
     return found
 
 
-def _is_slot(source: ParsedSource, function: Function, node: Node) -> bool:
-    """Whether ``node`` is read only to pick the element a store writes: it sits in the index
-    of ``P[...] = ...`` (or ``+=``), ``P`` a parameter of the kernel."""
+def _slot_of(source: ParsedSource, function: Function, node: Node) -> str | None:
+    """The parameter ``P`` when ``node`` is read only to pick the element a store writes: it
+    sits in the index of ``P[...] = ...`` (or ``+=``), ``P`` a parameter of the kernel; else
+    None."""
     current = node
     while current.parent is not None and current.parent.type != "subscript_expression":
         if current.parent.type in ("expression_statement", "declaration", "compound_statement"):
-            return False
+            return None
         current = current.parent
     subscript = current.parent
     if subscript is None or subscript.child_by_field_name("indices") != current:
-        return False
+        return None
     base = strip_parens(subscript.child_by_field_name("argument") or subscript)
     store = subscript.parent
-    return (
+    name = source.text_of(base)
+    stored = (
         base.type == "identifier"
-        and function.param(source.text_of(base)) is not None
+        and function.param(name) is not None
         and store is not None
         and store.type == "assignment_expression"
         and store.child_by_field_name("left") == subscript
     )
+    return name if stored else None
 
 
 def _slot_count_edit(
-    source: ParsedSource, function: Function, launch: Launch, axis: str, blocks: str
+    source: ParsedSource,
+    function: Function,
+    launch: Launch,
+    axis: str,
+    blocks: str,
+    slots: frozenset[str],
 ) -> Edit:
     """The edit that writes ``blocks`` into the declaration of the host variable the launch's
     grid reads along ``axis``, so whatever the host sizes by it (the partial buffer, the second
-    pass's count) follows the new grid."""
+    pass's count) follows the new grid; refused where a buffer the launch passes for the
+    kernel's slot parameters ``slots`` is not allocated there by that variable (a buffer made
+    once at a fixed size would be written past its end)."""
     grid = strip_parens(launch.grid) if launch.grid is not None else None
     host = source.enclosing_function(launch.node)
     if grid is None or host is None or host.body is None:
@@ -462,7 +474,34 @@ def _slot_count_edit(
     if value.type == "initializer_list" or reassignments(source, host, name):
         raise _refuse(f"a grid count {name} written elsewhere than in `= value` at its declaration")
     _read_before_declared(source, host, declaration, blocks, f"a grid count {name}")
+    _slot_buffers_follow(source, function, launch, host, slots, name)
     return Edit(value.start_byte, value.end_byte, blocks)
+
+
+def _slot_buffers_follow(
+    source: ParsedSource,
+    function: Function,
+    launch: Launch,
+    host: Function,
+    slots: frozenset[str],
+    count: str,
+) -> None:
+    """Refuse unless every buffer the launch passes for a slot parameter is allocated in
+    ``host`` at a size that reads the grid count ``count``."""
+    names = [p.name for p in function.params]
+    for slot in sorted(slots):
+        index = names.index(slot)
+        if index >= len(launch.args):
+            raise _refuse(f"a launch passing no argument for the slot buffer {slot}")
+        try:
+            _, capacity = partial_destination(source, host, launch.args[index], count)
+        except NotInForm as why:
+            raise _refuse(f"one slot per block along the grid count {count}: {why.form}") from why
+        if capacity is not None:
+            raise _refuse(
+                f"one slot per block along the grid count {count}, written into a fixed array "
+                f"of {capacity}"
+            )
 
 
 def _read_before_declared(
@@ -587,7 +626,7 @@ def axis_grid_edits(
     function: Function,
     stride: Stride,
     bound: Node,
-    slots: bool,
+    slots: frozenset[str],
     cap: int | None = None,
 ) -> list[Edit]:
     """Every launch's grid along the stride's axis: ``(n + S - 1) / S`` blocks for the bound
@@ -612,7 +651,7 @@ def axis_grid_edits(
         else:
             blocks = f"(unsigned)min((int64_t){blocks}, (int64_t){cap})"
         if slots:  # block slots: the host's count of them follows the grid
-            edit = _slot_count_edit(source, function, launch, stride.axis, blocks)
+            edit = _slot_count_edit(source, function, launch, stride.axis, blocks, slots)
         else:
             edit = _grid_edit(source, launch, stride.axis, blocks)
         previous = edits.get((edit.start_byte, edit.end_byte))

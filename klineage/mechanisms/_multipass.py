@@ -48,6 +48,7 @@ __all__ = [
     "grid_blocks",
     "local_constants",
     "partial_count_edits",
+    "partial_destination",
     "partials_param",
     "reassignments",
     "scaled",
@@ -152,7 +153,7 @@ def _destination(
                 raise _refuse(f"partials written into {symbol}, an array of no constant size")
             return f"`{symbol}[{capacity}]`, a fixed `__device__` array", capacity
         if called in _ALLOCATORS and len(args) >= 2:
-            if grid_var not in {source.text_of(n) for n in walk(args[1])}:
+            if grid_var not in _names_read_through(source, host, args[1]):
                 raise _refuse(
                     f"partials written into {name}, allocated with "
                     f"`{source.snippet(args[1], 40)}`, a size that does not read the grid "
@@ -160,6 +161,39 @@ def _destination(
                 )
             return f"{name}, allocated by the grid {grid_var}", None
     raise _refuse(f"partials written into {name}, whose size the rule cannot read")
+
+
+def _names_read_through(source: ParsedSource, host: Function, expression: Node) -> set[str]:
+    """The names `expression` reads, and those read by the values assigned in `host` to the
+    locals among them, transitively (``bytes = (size_t)cols * turns; cudaMalloc(&p, bytes)``
+    reads ``turns``)."""
+    assert host.body is not None
+    values: dict[str, list[Node]] = {}
+    for node in walk(host.body):
+        if node.type == "init_declarator":
+            name, value = node.child_by_field_name("declarator"), node.child_by_field_name("value")
+        elif node.type == "assignment_expression":
+            name, value = node.child_by_field_name("left"), node.child_by_field_name("right")
+        else:
+            continue
+        if name is not None and value is not None and name.type == "identifier":
+            values.setdefault(source.text_of(name), []).append(value)
+    read: set[str] = set()
+    todo = [expression]
+    while todo:
+        for node in walk(todo.pop()):
+            name = source.text_of(node) if node.type == "identifier" else ""
+            if name and name not in read:
+                read.add(name)
+                todo += values.get(name, [])
+    return read
+
+
+def partial_destination(
+    source: ParsedSource, host: Function, arg: Node, grid_var: str
+) -> tuple[str, int | None]:
+    """Where a launch's per-block results go (:func:`_destination`)."""
+    return _destination(source, host, arg, grid_var)
 
 
 def _callers_pass(source: ParsedSource, host: Function, param: str) -> str:

@@ -212,6 +212,30 @@ def test_a_loop_writing_block_slots_is_refused_where_the_count_cannot_follow(
         grid_stride.remove(kernel, site)
 
 
+def test_block_slots_in_a_buffer_allocated_once_at_a_fixed_size_are_refused() -> None:
+    """The scratch made once, at a size read from the device rather than from the count of
+    turns: a grid of one turn a block would write past its end (as llm.c's bias backward
+    sizes its buffer by the SM count), so the loop stays."""
+    text = _row_turns()
+    for old, new in (
+        ("if ((size_t)cols * turns > scratch_floats) {", "if (scratch == nullptr) {"),
+        ("scratch_floats = (size_t)cols * turns;", "scratch_floats = (size_t)64 * sms;"),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    kernel = KernelSource(text)
+    (site,) = [s for s in grid_stride.detect(kernel) if s.function == "column_partials"]
+    assert "one slot per block along the grid count turns" in str(site.refusal), site.refusal
+    assert "a size that does not read the grid turns" in str(site.refusal)
+    with pytest.raises(MechanismRefused):
+        grid_stride.remove(kernel, site)
+    # as written, the scratch follows the count through scratch_floats: removed
+    (site,) = [
+        s for s in grid_stride.detect(KernelSource(_row_turns())) if s.function == "column_partials"
+    ]
+    assert site.supported, site.refusal
+
+
 def test_the_forward_rule_reapplies_cg_reduce_sites_that_share_one_helper() -> None:
     # both cg::reduce calls were removed into one exchange helper: applying at its loop once
     # re-applies both (the llm.c attention backward walk's round trip refused the second)
