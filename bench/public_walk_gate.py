@@ -122,8 +122,11 @@ def main() -> None:
             print(f"{name:34} {mechanism:24} {role:8} {row['status']}", flush=True)
     passing = {"PASSED", "BUILT"}
     payload = {
-        "command": "python bench/public_walk_gate.py --out OUT"
-        + (" --build-only" if args.build_only else ""),
+        "command": " ".join(
+            ["python bench/public_walk_gate.py --out OUT"]
+            + (["--build-only"] if args.build_only else [])
+            + list(args.experts)
+        ),
         "environment": {"nvidia_smi": "" if args.build_only else nvidia_smi()},
         "kernels": len(rows),
         "passed": sum(row["status"] in passing for row in rows),
