@@ -16,6 +16,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}
+# GPU_MATCH (e.g. H200): mine only where the GPU's name holds it (the skills' speed figures are
+# the H200's; a call for one may land on another card). Nothing is unpacked or written otherwise.
+if [ -n "${GPU_MATCH:-}" ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  case "$gpu" in
+    *"$GPU_MATCH"*) ;;
+    *) echo "not a $GPU_MATCH GPU (${gpu:-none found}): no chunk run, the state left as it was"
+       exit 3 ;;
+  esac
+fi
 source bench/state_archive.sh
 mine=build/public_mine
 state_unpack public_mine || mkdir -p "$mine"

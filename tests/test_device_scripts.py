@@ -43,17 +43,22 @@ def test_a_module_a_device_script_runs_starts(script: str, module: str) -> None:
 
 
 @pytest.mark.parametrize("card", ["NVIDIA H100 80GB HBM3", ""])
-def test_a_chunk_on_another_card_stops_before_the_state(tmp_path, card: str) -> None:
+@pytest.mark.parametrize(
+    ("chunk", "state"), [("replay_chunk.sh", "replay_out"), ("public_chunk.sh", "public_mine")]
+)
+def test_a_chunk_on_another_card_stops_before_the_state(
+    tmp_path, card: str, chunk: str, state: str
+) -> None:
     # a stand-in nvidia-smi (the GPU boundary's test double) names the card the call landed on;
     # the script runs from a copy, so a guard that fails cannot touch this checkout's state
     (tmp_path / "bench").mkdir()
-    for name in ("replay_chunk.sh", "state_archive.sh"):
+    for name in (chunk, "state_archive.sh"):
         shutil.copy(REPO / "bench" / name, tmp_path / "bench" / name)
     fake = tmp_path / "nvidia-smi"
     fake.write_text(f"#!/bin/sh\n[ -n '{card}' ] && echo '{card}'\n")
     fake.chmod(0o755)
     done = subprocess.run(
-        ["bash", str(tmp_path / "bench" / "replay_chunk.sh")],
+        ["bash", str(tmp_path / "bench" / chunk)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -63,4 +68,5 @@ def test_a_chunk_on_another_card_stops_before_the_state(tmp_path, card: str) -> 
     )
     assert done.returncode == 3, done.stdout + done.stderr
     assert "not a H200 GPU" in done.stdout
-    assert not list(tmp_path.glob("replay_out.*"))  # no state written
+    assert not list(tmp_path.glob(f"{state}.*"))  # no state written
+    assert not (tmp_path / "build").exists()  # nothing unpacked
