@@ -114,7 +114,7 @@ def _device_array(source: ParsedSource, name: str) -> tuple[Node, int | None] | 
     return None
 
 
-def _destination(
+def partial_destination(
     source: ParsedSource, host: Function, arg: Node, grid_var: str
 ) -> tuple[str, int | None]:
     """Where a launch's partials go: ``(description, capacity)``; capacity None when the
@@ -187,13 +187,6 @@ def _names_read_through(source: ParsedSource, host: Function, expression: Node) 
                 read.add(name)
                 todo += values.get(name, [])
     return read
-
-
-def partial_destination(
-    source: ParsedSource, host: Function, arg: Node, grid_var: str
-) -> tuple[str, int | None]:
-    """Where a launch's per-block results go (:func:`_destination`)."""
-    return _destination(source, host, arg, grid_var)
 
 
 def _callers_pass(source: ParsedSource, host: Function, param: str) -> str:
@@ -344,7 +337,7 @@ def _launch_edits(
         wanted = new_launch(launch)
         grid = strip_casts(launch.grid) if launch.grid is not None else None
         grid_name = source.text_of(grid) if grid is not None else ""
-        where, capacity = _destination(source, host, launch.args[index], grid_name)
+        where, capacity = partial_destination(source, host, launch.args[index], grid_name)
         if capacity is not None and (wanted.count is None or wanted.count > capacity):
             count = "a number without a bound" if wanted.count is None else str(wanted.count)
             raise _refuse(
