@@ -1073,7 +1073,7 @@ class Materializer:
         self.race_before_carriers = race_before_carriers
         """Whether a kept skill's rivals are raced before its other carriers, which then go
         only to the mechanisms within noise of the race's fastest (False: the kept skill's
-        carriers first, then the rivals, as replays before 2026-12-07 ran)."""
+        carriers first, then the rivals, as replays before the eighth session, 2026-12-06, ran)."""
         self.skills = {s.id: s for s in skills}
         self.budget = budget or ReplayBudget()
         self.arch = arch

@@ -615,7 +615,7 @@ def test_a_rival_that_lost_the_race_past_noise_gets_no_other_carrier(
     """Two vector widths learned on two experts, and staging, their rival, on a naive SIMT
     GEMM. The first width is kept; staging, raced from the same state, measures far faster,
     so the other width refines a lost choice and is not gated. As replays ran before
-    2026-12-07 (`race_before_carriers=False`), it was gated first, ahead of the race."""
+    the eighth session (`race_before_carriers=False`), it was gated first, ahead of the race."""
     from klineage.gate.log import GateLog
     from klineage.replay.methods import Materializer
 
