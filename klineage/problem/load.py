@@ -29,6 +29,7 @@ from klineage.problem.models import (
     Problem,
     Workload,
 )
+from klineage.problem.nearby import nearby_problem_folders
 
 # ---------------------------------------------------------------------------------------------
 # Locating errors: JSON path -> line, pydantic loc -> JSON path
@@ -397,6 +398,9 @@ def load_problem(path: str | Path) -> Problem:
     root = Path(path)
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "not found"
+        nearby = [] if root.exists() else nearby_problem_folders(root)
+        if nearby:
+            what += f" (did you mean {' or '.join(str(folder) for folder in nearby)}?)"
         raise ProblemError(f"problem folder {what}", file=root, expected=FOLDER_LAYOUT)
     definition = load_definition(root / DEFINITION_FILE)
     workloads = load_workloads(root / WORKLOADS_FILE, required=True, definition=definition)

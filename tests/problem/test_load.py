@@ -898,3 +898,23 @@ def test_a_floor_naming_an_unknown_axis_points_at_its_line(root: Path) -> None:
     assert err.line == line_of(text, '"bytes"')
     assert err.field == "floor.bytes"
     assert err.message == "floor bytes 'rows*colz*4' uses unknown name 'colz'"
+
+
+# ---------------------------------------------------------------------------------------------
+# A folder that is not there: the folders beside it that the name may have meant
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_missing_folder_names_the_folder_whose_definition_has_that_name(root: Path) -> None:
+    # held-out folders are named for the op, their definitions for the op and dtype
+    renamed = root.with_name("scale")
+    root.rename(renamed)
+    name = json.loads((renamed / "definition.json").read_text())["name"]
+    error = load_error(renamed.parent / name)
+    assert f"did you mean {renamed}?" in str(error)
+
+
+def test_a_missing_folder_names_close_folder_names_and_none_without_them(root: Path) -> None:
+    assert f"did you mean {root}?" in str(load_error(root.with_name("scale_rowz")))
+    unrelated = str(load_error(root.with_name("transpose")))
+    assert "problem folder not found" in unrelated and "did you mean" not in unrelated

@@ -1,0 +1,50 @@
+"""Which problem folders beside a missing one the user may have meant: a folder name close to
+the one typed, or a folder whose definition carries the typed name (held-out folders are
+named for the op, their definitions for the op and dtype: `heldout/gelu` holds
+`gelu_tanh_f32`)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+from klineage.problem.models import DEFINITION_FILE
+
+MAX_SUGGESTIONS = 3
+"""At most this many folders are named."""
+
+
+def _definition_name(folder: Path) -> str | None:
+    """The `name` in a folder's definition, or None where it cannot be read."""
+    try:
+        data = json.loads((folder / DEFINITION_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def nearby_problem_folders(missing: Path) -> list[Path]:
+    """Problem folders (holding a definition) beside `missing` that its name may have meant,
+    best first: a definition of that exact name, then close folder or definition names."""
+    parent = missing.parent
+    try:
+        folders = sorted(d for d in parent.iterdir() if (d / DEFINITION_FILE).is_file())
+    except OSError:
+        return []
+    typed = missing.name
+    names = {folder: _definition_name(folder) for folder in folders}
+    exact = [folder for folder in folders if names[folder] == typed]
+    by_label: dict[str, Path] = {}
+    for folder in folders:
+        by_label.setdefault(folder.name, folder)
+        name = names[folder]
+        if name is not None:
+            by_label.setdefault(name, folder)
+    close = difflib.get_close_matches(typed, list(by_label), n=MAX_SUGGESTIONS * 2, cutoff=0.6)
+    found: list[Path] = []
+    for folder in [*exact, *(by_label[label] for label in close)]:
+        if folder not in found:
+            found.append(folder)
+    return found[:MAX_SUGGESTIONS]
