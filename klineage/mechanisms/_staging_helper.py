@@ -280,12 +280,27 @@ def _layout(source: ParsedSource, loader: Function, param: str) -> _Layout:
     layouts = set()
     for store in stores:
         positions = {a for a in store.slot.atoms() if a not in strides}
-        if any(a.startswith("[") or a == "<memory>" for a in positions):
+        if any(
+            a == "<memory>" or (a.startswith("[") and not _flat_split(a, strides))
+            for a in positions
+        ):
             raise _refuse(f"{param}'s slot `{store.slot}`, not affine in the loader's positions")
         layouts.add(_decompose(param, store, positions))
     if len(layouts) != 1:
         raise _refuse(f"stores into {param} in different layouts")
     return layouts.pop()
+
+
+def _flat_split(atom: str, strides: set[str]) -> bool:
+    """Whether an opaque atom is one coordinate of a flat loop over a tile, ``[i % R]`` or
+    ``[i / R]`` for a position ``i`` and a compile-time ``R`` (a loader whose consecutive
+    threads take consecutive rows of a transposed tile): as positions they split a slot as
+    a loop variable of its own would."""
+    found = _FLAT_SPLIT.fullmatch(atom)
+    return found is not None and found[2] in strides and found[1] not in strides
+
+
+_FLAT_SPLIT = re.compile(r"\[(\w+) [%/] (\w+)\]")
 
 
 def _decompose(param: str, store: _Store, positions: set[str]) -> _Layout:

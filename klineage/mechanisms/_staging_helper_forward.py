@@ -516,6 +516,8 @@ def tile_loop_edits(source: ParsedSource, tiles: TileLoop, names: list[str]) -> 
     row, col = fresh_name(taken, "hi"), fresh_name(taken | {"hi"}, "lo")
     thread, count = fresh_name(taken, "thread"), fresh_name(taken, "threads")
     taken |= {row, col, thread, count}
+    flat = fresh_name(taken, "slot")
+    taken.add(flat)
     for operand, suggested in zip(tiles.operands, names, strict=True):
         tile = fresh_name(taken, suggested)
         taken.add(tile)
@@ -554,13 +556,27 @@ def tile_loop_edits(source: ParsedSource, tiles: TileLoop, names: list[str]) -> 
         offset = [f"{col} * {_wrap(_text(source, split.g_low))}" if split.g_low else col]
         offset.append(f"{row} * {_wrap(_text(source, split.g_high))}" if split.g_high else row)
         offset += [source.text_of(r) for r in split.rest]
-        loader.lines += [
-            f"  for (int {row} = 0; {row} < {rows_name}; ++{row}) {{",
-            f"    for (int {col} = {thread}; {col} < {low}; {col} += {count}) {{",
-            f"      {tile}[{row} * {low} + {col}] = {pointer_name}[{' + '.join(offset)}];",
-            "    }",
-            "  }",
-        ]
+        store = f"{tile}[{row} * {low} + {col}] = {pointer_name}[{' + '.join(offset)}];"
+        if split.g_low and not split.g_high:
+            # a slot row runs along the operand's contiguous dimension (a tile stored
+            # transposed): consecutive threads take consecutive slot rows, so a warp reads
+            # runs of global memory instead of one element of each of 32 rows
+            loader.lines += [
+                f"  for (int {flat} = {thread}; {flat} < {rows_name} * {_wrap(low)}; "
+                f"{flat} += {count}) {{",
+                f"    const int {row} = {flat} % {rows_name};",
+                f"    const int {col} = {flat} / {rows_name};",
+                f"    {store}",
+                "  }",
+            ]
+        else:
+            loader.lines += [
+                f"  for (int {row} = 0; {row} < {rows_name}; ++{row}) {{",
+                f"    for (int {col} = {thread}; {col} < {low}; {col} += {count}) {{",
+                f"      {store}",
+                "    }",
+                "  }",
+            ]
         declarations.append(
             f"__shared__ {operand.element} {tile}[{_wrap(kernel_low)} * {_wrap(rows)}];\n{indent}"
         )
