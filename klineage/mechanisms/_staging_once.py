@@ -41,6 +41,7 @@ from klineage.cuda.tree import (
     strip_parens,
     walk,
 )
+from klineage.mechanisms._dynamic_shared import idle_requests
 from klineage.mechanisms._tiles_util import orphaned_declarations
 
 __all__ = [
@@ -287,6 +288,7 @@ def once_removal(source: ParsedSource, function: Function, loop: Node) -> list[E
         barrier = _barrier_after(source, function, loop)
         if barrier is not None:
             edits.append(source.deletion(barrier, whole_line=True))
+        edits += idle_requests(source, function)
     return edits
 
 

@@ -33,6 +33,7 @@ from klineage.cuda.cexpr import precedence, wrap_at
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource, call_name
 from klineage.cuda.tree import NotInForm, assigned_names, statements, walk
+from klineage.mechanisms._dynamic_shared import idle_requests
 from klineage.mechanisms._staging_once import (
     is_written,
     loop_store,
@@ -161,6 +162,7 @@ def row_cache_removal(source: ParsedSource, function: Function, node: Node) -> l
             for b in _idle_barriers(source, function, edits)
             if not any(e.start_byte <= b.start_byte < e.end_byte for e in edits)
         ]
+        edits += idle_requests(source, function)
     return edits
 
 

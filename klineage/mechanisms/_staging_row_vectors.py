@@ -29,7 +29,8 @@ the kernel never writes. The copy goes first in the kernel, before any return or
 every thread reaches the barrier. A kernel that already has a dynamic buffer keeps it: its
 own uses move past the staged vectors (``buf`` becomes ``(buf + BYTES)``). Every launch asks
 for BYTES more dynamic shared memory, and sets the opt-in attribute past 48 KiB; the removal
-leaves the host as it is (a larger request, unused).
+leaves the host as it is while the kernel keeps other shared memory, and otherwise asks for
+none (:func:`klineage.mechanisms._dynamic_shared.idle_requests`).
 
 V comes from the load: 1 when it reads the vector's element type, else the elements a load
 reads (16-byte packs of floats: 4), written as the pack's ``T::size`` when the loop is.
@@ -55,12 +56,12 @@ from klineage.cuda.source import Declaration, Function, Launch, Node, ParsedSour
 from klineage.cuda.tree import (
     NotInForm,
     assigned_names,
-    call_arguments,
     fresh_name,
     statements,
     strip_parens,
     walk,
 )
+from klineage.mechanisms._dynamic_shared import OPT_IN, opt_in_calls, size_text
 from klineage.mechanisms._local_util import names_in_function
 from klineage.mechanisms._staging_once import multiple_of
 from klineage.mechanisms._tiles_util import rename
@@ -78,7 +79,6 @@ NEEDED = (
     "for all of them, in a kernel whose other accesses differ between blocks, launched in "
     "this file as a statement of its own"
 )
-_OPT_IN = "cudaFuncAttributeMaxDynamicSharedMemorySize"
 _STATIC_LIMIT = 48 * 1024
 
 
@@ -342,33 +342,6 @@ def _host_bytes(source: ParsedSource, rows: RowVectors, launch: Launch) -> str:
     return _bytes(len(rows.vectors), slots, rows.element)
 
 
-def _opt_in_calls(source: ParsedSource, launch: Launch) -> list[Node]:
-    function = source.enclosing_function(launch.node)
-    if function is None or function.body is None:
-        return []
-    found = []
-    for call in source.calls_named("cudaFuncSetAttribute"):
-        args = call_arguments(call.node)
-        if (
-            function.body.start_byte <= call.node.start_byte < function.body.end_byte
-            and len(args) == 3
-            and source.text_of(args[1]).strip() == _OPT_IN
-            and source.text_of(args[0]).lstrip("&( ").split("<")[0].strip() == launch.kernel
-        ):
-            found.append(args[2])
-    return found
-
-
-def _size_text(source: ParsedSource, node: Node) -> str:
-    """A size expression without casts, parentheses or spaces around it."""
-    node = strip_parens(node)
-    while node.type == "cast_expression" and node.child_by_field_name("value") is not None:
-        value = node.child_by_field_name("value")
-        assert value is not None
-        node = strip_parens(value)
-    return "".join(source.text_of(node).split())
-
-
 def _host_edits(source: ParsedSource, rows: RowVectors) -> list[Edit]:
     edits: dict[int, Edit] = {}
     for launch in rows.launches:
@@ -383,9 +356,9 @@ def _host_edits(source: ParsedSource, rows: RowVectors) -> list[Edit]:
             text = source.text_of(current)
             total = extra if fold_int(source, current) == 0 else f"{text} + {extra}"
             edits[current.start_byte] = Edit.replace(current, total)
-        opt_ins = _opt_in_calls(source, launch)
+        opt_ins = opt_in_calls(source, launch)
         for size in opt_ins:
-            if current is None or _size_text(source, size) != _size_text(source, current):
+            if current is None or size_text(source, size) != size_text(source, current):
                 raise _refuse(
                     f"an opt-in `{source.snippet(size, 40)}` for another size than the launch's"
                 )
@@ -395,7 +368,7 @@ def _host_edits(source: ParsedSource, rows: RowVectors) -> list[Edit]:
             assert statement is not None
             callee = launch.node.child_by_field_name("function")
             name = source.text_of(callee) if callee is not None else launch.kernel
-            line = f"cudaFuncSetAttribute({name}, {_OPT_IN}, (int)({total}));"
+            line = f"cudaFuncSetAttribute({name}, {OPT_IN}, (int)({total}));"
             edits[statement.start_byte] = source.line_insertion(statement, line)
     return list(edits.values())
 
