@@ -291,6 +291,10 @@ def _layout(source: ParsedSource, loader: Function, param: str) -> _Layout:
     return layouts.pop()
 
 
+_FLAT_SPLIT = re.compile(r"\[(\w+) [%/] (\w+)\]")
+"""``[i % R]`` or ``[i / R]``: a position split by a row count."""
+
+
 def _flat_split(atom: str, strides: set[str]) -> bool:
     """Whether an opaque atom is one coordinate of a flat loop over a tile, ``[i % R]`` or
     ``[i / R]`` for a position ``i`` and a compile-time ``R`` (a loader whose consecutive
@@ -298,9 +302,6 @@ def _flat_split(atom: str, strides: set[str]) -> bool:
     a loop variable of its own would."""
     found = _FLAT_SPLIT.fullmatch(atom)
     return found is not None and found[2] in strides and found[1] not in strides
-
-
-_FLAT_SPLIT = re.compile(r"\[(\w+) [%/] (\w+)\]")
 
 
 def _decompose(param: str, store: _Store, positions: set[str]) -> _Layout:

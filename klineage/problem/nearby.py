@@ -27,24 +27,20 @@ def _definition_name(folder: Path) -> str | None:
 
 def nearby_problem_folders(missing: Path) -> list[Path]:
     """Problem folders (holding a definition) beside `missing` that its name may have meant,
-    best first: a definition of that exact name, then close folder or definition names."""
+    best first (an exact folder or definition name scores highest)."""
     parent = missing.parent
     try:
         folders = sorted(d for d in parent.iterdir() if (d / DEFINITION_FILE).is_file())
     except OSError:
         return []
-    typed = missing.name
-    names = {folder: _definition_name(folder) for folder in folders}
-    exact = [folder for folder in folders if names[folder] == typed]
     by_label: dict[str, Path] = {}
     for folder in folders:
         by_label.setdefault(folder.name, folder)
-        name = names[folder]
+        name = _definition_name(folder)
         if name is not None:
             by_label.setdefault(name, folder)
-    close = difflib.get_close_matches(typed, list(by_label), n=MAX_SUGGESTIONS * 2, cutoff=0.6)
-    found: list[Path] = []
-    for folder in [*exact, *(by_label[label] for label in close)]:
-        if folder not in found:
-            found.append(folder)
-    return found[:MAX_SUGGESTIONS]
+    close = difflib.get_close_matches(
+        missing.name, list(by_label), n=MAX_SUGGESTIONS * 2, cutoff=0.6
+    )
+    # a folder may match by its name and by its definition's: name it once
+    return list(dict.fromkeys(by_label[label] for label in close))[:MAX_SUGGESTIONS]
