@@ -9,6 +9,7 @@ what a skill's round trip replays.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from klineage.cuda.edit import changed_region
@@ -131,12 +132,19 @@ def remove_each_site(kernel: KernelSource, removal: Removal) -> list[Removal]:
 
 
 def matching_candidate(
-    mechanism: Mechanism, before: KernelSource, after: KernelSource
+    mechanism: Mechanism,
+    before: KernelSource,
+    after: KernelSource,
+    foreign: Collection[str] = (),
 ) -> Site | None:
     """The candidate of `after` where the removal that led from `before` happened: the smallest
     candidate containing the changed bytes, else the nearest one; None without candidates.
     A pure deletion belongs to the code after it: a deleted line (a pragma at column 0 before
-    an indented loop) leaves its point in the whitespace before that code, not inside it."""
+    an indented loop) leaves its point in the whitespace before that code, not inside it.
+
+    The nearest one never comes from a `foreign` function: the walk's other functions (not
+    the removed site's, nor a helper its removals wrote), whose candidates belong to another
+    kernel, where applying re-applies nothing."""
     start, end = changed_region(before.text, after.text)
     if start == end:
         data = after.text.encode()
@@ -144,11 +152,12 @@ def matching_candidate(
             end += 1
         start = end
     candidates = [c for c in mechanism.candidates(after) if c.supported]
-    if not candidates:
-        return None
     containing = [c for c in candidates if c.start_byte <= start and end <= c.end_byte]
     if containing:
         return min(containing, key=lambda c: c.end_byte - c.start_byte)
+    candidates = [c for c in candidates if c.function not in foreign]
+    if not candidates:
+        return None
     return min(candidates, key=lambda c: min(abs(c.start_byte - start), abs(c.end_byte - end)))
 
 
@@ -177,7 +186,8 @@ def reapply(removal: Removal) -> KernelSource:
             # staging took): nothing is left to apply there (candidates in other functions
             # are not this site's), and the gate judges what the forward rule made
             break
-        candidate = matching_candidate(mechanism, target, removal.states[i + 1])
+        foreign = {f.name for f in removal.original.parsed.functions} - {site.function}
+        candidate = matching_candidate(mechanism, target, removal.states[i + 1], foreign)
         if candidate is None:
             raise MechanismRefused(
                 Refusal(
