@@ -78,7 +78,8 @@ FORWARD_FORMS: dict[str, str] = {
     "smem_padding": "a multi-dimensional static __shared__ array (or a pitch constant) "
     "without padding",
     "smem_staging": "a blocked dot-product loop without staging, a naive one-thread-per-"
-    "output GEMM, or a naive transpose (y[i] from one read of x that scales i % D)",
+    "output GEMM, a naive transpose (y[i] from one read of x that scales i % D), vectors every "
+    "row reads at a loop's index alone, or a row a block or warp loaded again by a later pass",
     "smem_swizzle": "a swizzle helper without its XOR, a wgmma descriptor tile, or a 2-D shared "
     "array whose every access wraps its column at the row unrotated",
     "split_k": "a split count's '= 1' declaration whose choice a removal deleted (a new split "

@@ -31,6 +31,7 @@ __all__ = [
     "callee_name",
     "descendants",
     "dim3_extents",
+    "evaluated_whenever",
     "fresh_name",
     "identifier_names",
     "integer_literal",
@@ -142,6 +143,19 @@ def call_arguments(call: Node) -> list[Node]:
     """The argument expressions of a call, comments left out."""
     arguments = call.child_by_field_name("arguments")
     return [a for a in (arguments.named_children if arguments else []) if a.type != "comment"]
+
+
+def evaluated_whenever(node: Node, ancestor: Node, conditional: Iterable[str]) -> bool:
+    """Whether ``node`` is evaluated whenever its ``ancestor`` is: no node of a
+    ``conditional`` kind between them, and no ``&&`` or ``||`` above it (which may skip it)."""
+    current = node.parent
+    while current is not None and current != ancestor:
+        if current.type in conditional:
+            return False
+        if current.type == "binary_expression" and operator_of(current) in ("&&", "||"):
+            return False
+        current = current.parent
+    return current == ancestor
 
 
 def dim3_extents(node: Node) -> list[Node]:

@@ -4,11 +4,14 @@ a request past 48 KiB needs, kept in step by the rules that stage data there or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
-from klineage.cuda.tree import call_arguments, strip_parens
+from klineage.cuda.tree import NotInForm, call_arguments, strip_parens
 
-__all__ = ["OPT_IN", "idle_requests", "opt_in_calls", "size_text"]
+__all__ = ["OPT_IN", "idle_requests", "opt_in_calls", "own_launches", "request_edits", "size_text"]
 
 OPT_IN = "cudaFuncAttributeMaxDynamicSharedMemorySize"
 
@@ -58,3 +61,66 @@ def idle_requests(source: ParsedSource, function: Function) -> list[Edit]:
             if size_text(source, size) == size_text(source, request):
                 edits[size.start_byte] = Edit.replace(size, "0")
     return list(edits.values())
+
+
+def request_edits(
+    source: ParsedSource, launches: list[Launch], extra: Callable[[Launch], str], needed: str
+) -> list[Edit]:
+    """Each launch asks for ``extra(launch)`` more bytes of dynamic shared memory, and its
+    opt-in opts in to the new total (one is added where there is none: data-sized bytes may
+    pass 48 KiB). Raises NotInForm (with ``needed``, the rule's form) for an opt-in of another
+    size than its launch's, which the new request could not keep in step with."""
+    edits: dict[int, Edit] = {}
+    for launch in launches:
+        more = extra(launch)
+        current = launch.shared_memory
+        if current is None:
+            block = launch.block
+            assert block is not None
+            total = more
+            edits[block.end_byte] = Edit.insert(block.end_byte, f", {total}")
+        else:
+            text = source.text_of(current)
+            total = more if fold_int(source, current) == 0 else f"{text} + {more}"
+            edits[current.start_byte] = Edit.replace(current, total)
+        opt_ins = opt_in_calls(source, launch)
+        for size in opt_ins:
+            if current is None or size_text(source, size) != size_text(source, current):
+                raise NotInForm(
+                    f"an opt-in `{source.snippet(size, 40)}` for another size than the launch's",
+                    needed,
+                )
+            edits[size.start_byte] = Edit.replace(size, f"(int)({total})")
+        if not opt_ins:
+            statement = launch.node.parent
+            assert statement is not None
+            callee = launch.node.child_by_field_name("function")
+            name = source.text_of(callee) if callee is not None else launch.kernel
+            line = f"cudaFuncSetAttribute({name}, {OPT_IN}, (int)({total}));"
+            edits[statement.start_byte] = source.line_insertion(statement, line)
+    return list(edits.values())
+
+
+def own_launches(source: ParsedSource, function: Function, needed: str) -> list[Launch]:
+    """The kernel's launches in this file, each a statement of its own passing every argument
+    (a rule rewrites their request, or puts an opt-in before them); NotInForm (with
+    ``needed``, the rule's form) names one that is not, or says there is none."""
+    launches = source.launches_of(function)
+    if not launches:
+        raise NotInForm(f"{function.name}, never launched in this file", needed)
+    for launch in launches:
+        statement = launch.node.parent
+        if (
+            len(launch.args) != len(function.params)
+            or len(launch.config) < 2
+            or statement is None
+            or statement.type != "expression_statement"
+            or statement.parent is None
+            or statement.parent.type != "compound_statement"
+        ):
+            raise NotInForm(
+                f"a launch `{source.snippet(launch.node, 50)}` that is not a statement of its "
+                "own passing every argument",
+                needed,
+            )
+    return launches

@@ -22,6 +22,8 @@ nothing uses any more go. Valid when ``S`` (shared memory) is stored once, in a 
 ``S[e]`` in later loops with the same header; the loaded expression names only ``c`` and
 values nothing writes between the store and the last read. The same header and slot mean the
 thread that reads a slot is the one that stored it, which is why the expert needs no barrier.
+The forward rule (:mod:`klineage.mechanisms._staging_row_cache_forward`) writes the cache
+back in this form, so the removal reads what it writes.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ from klineage.cuda.tree import (
     strip_parens,
     walk,
 )
-from klineage.mechanisms._dynamic_shared import OPT_IN, opt_in_calls, size_text
+from klineage.mechanisms._dynamic_shared import own_launches, request_edits
 from klineage.mechanisms._local_util import names_in_function
 from klineage.mechanisms._staging_once import multiple_of
 from klineage.mechanisms._tiles_util import rename
@@ -301,23 +301,7 @@ def row_vectors(source: ParsedSource, function: Function) -> RowVectors:
             if node.start_byte < buffer.node.start_byte:
                 line = source.line_of(node.start_byte)
                 raise _refuse(f"a return before the dynamic buffer's declaration (line {line})")
-    launches = source.launches_of(function)
-    if not launches:
-        raise _refuse(f"{function.name}, never launched in this file")
-    for launch in launches:
-        statement = launch.node.parent
-        if (
-            len(launch.args) != len(function.params)
-            or len(launch.config) < 2
-            or statement is None
-            or statement.type != "expression_statement"
-            or statement.parent is None
-            or statement.parent.type != "compound_statement"
-        ):
-            raise _refuse(
-                f"a launch `{source.snippet(launch.node, 50)}` that is not a statement of its "
-                "own passing every argument"
-            )
+    launches = own_launches(source, function, NEEDED)
     rows = RowVectors(function, reads, vectors, element, width, width_text, bound, buffer, launches)
     _host_edits(source, rows)  # refuses an opt-in it cannot keep in step with the launch
     return rows
@@ -343,34 +327,9 @@ def _host_bytes(source: ParsedSource, rows: RowVectors, launch: Launch) -> str:
 
 
 def _host_edits(source: ParsedSource, rows: RowVectors) -> list[Edit]:
-    edits: dict[int, Edit] = {}
-    for launch in rows.launches:
-        extra = _host_bytes(source, rows, launch)
-        current = launch.shared_memory
-        if current is None:
-            block = launch.block
-            assert block is not None
-            total = extra
-            edits[block.end_byte] = Edit.insert(block.end_byte, f", {total}")
-        else:
-            text = source.text_of(current)
-            total = extra if fold_int(source, current) == 0 else f"{text} + {extra}"
-            edits[current.start_byte] = Edit.replace(current, total)
-        opt_ins = opt_in_calls(source, launch)
-        for size in opt_ins:
-            if current is None or size_text(source, size) != size_text(source, current):
-                raise _refuse(
-                    f"an opt-in `{source.snippet(size, 40)}` for another size than the launch's"
-                )
-            edits[size.start_byte] = Edit.replace(size, f"(int)({total})")
-        if not opt_ins:  # the vectors' bytes are the data's: past 48 KiB they need the opt-in
-            statement = launch.node.parent
-            assert statement is not None
-            callee = launch.node.child_by_field_name("function")
-            name = source.text_of(callee) if callee is not None else launch.kernel
-            line = f"cudaFuncSetAttribute({name}, {OPT_IN}, (int)({total}));"
-            edits[statement.start_byte] = source.line_insertion(statement, line)
-    return list(edits.values())
+    return request_edits(
+        source, rows.launches, lambda launch: _host_bytes(source, rows, launch), NEEDED
+    )
 
 
 def row_vector_edits(source: ParsedSource, rows: RowVectors) -> list[Edit]:

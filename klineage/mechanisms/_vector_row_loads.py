@@ -19,6 +19,7 @@ from klineage.cuda.tree import (
     assigned_names,
     binary_operands,
     declared_names,
+    evaluated_whenever,
     fresh_name,
     strip_parens,
 )
@@ -87,16 +88,7 @@ def _lane_invariant(
 def _unconditional(node: Node, statement: Node) -> bool:
     """Whether ``node`` is evaluated whenever ``statement`` is (no ``?:``, ``&&`` or ``||``
     between them)."""
-    current = node.parent
-    while current is not None and current != statement:
-        if current.type in ("conditional_expression", "lambda_expression"):
-            return False
-        if current.type == "binary_expression":
-            operator = current.child_by_field_name("operator")
-            if operator is not None and operator.type in ("&&", "||"):
-                return False
-        current = current.parent
-    return current == statement
+    return evaluated_whenever(node, statement, ("conditional_expression", "lambda_expression"))
 
 
 def _flat(node: Node) -> bool:

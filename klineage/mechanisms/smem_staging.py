@@ -52,6 +52,10 @@ of once per thread that needs it.
     are the same for every row: the vectors copied once per block into the dynamic shared
     buffer, a barrier, reads from the copy, the launch asking for the bytes
     (``form=row_vectors``, :mod:`klineage.mechanisms._staging_row_vectors`).
+  * *a row walked several times*, loops of one header that each load the same global
+    element at their index: the first pass stores its loads in the row's slice of the
+    dynamic shared buffer, the later passes read the slice, the launch asking for the bytes
+    (``form=row_cache``, :mod:`klineage.mechanisms._staging_row_cache_forward`).
 """
 
 from __future__ import annotations
@@ -96,6 +100,12 @@ from klineage.mechanisms._staging_helper_forward import (
 from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._staging_row_cache import NEEDED as ROW_NEEDED
 from klineage.mechanisms._staging_row_cache import cached_rows, row_cache_removal
+from klineage.mechanisms._staging_row_cache_forward import (
+    ROW_CACHE,
+    row_cache_application,
+    row_cache_candidates,
+    row_cache_conditions,
+)
 from klineage.mechanisms._staging_row_vectors import (
     ROW_VECTORS,
     row_vector_application,
@@ -828,6 +838,7 @@ class SmemStaging(Mechanism):
                         refusal=refusal,
                     )
         yield from row_vector_candidates(self, source)
+        yield from row_cache_candidates(self, source)
 
     def _candidate_form(
         self, source: ParsedSource, function: Function, loop: Node
@@ -924,6 +935,8 @@ class SmemStaging(Mechanism):
                 raise self.refuse(str(why), site, "apply") from None
         if site.detail.get("form") == ROW_VECTORS:
             return row_vector_application(self, source, site)
+        if site.detail.get("form") == ROW_CACHE:
+            return row_cache_application(self, source, site)
         loop = self.node_at(source, site, "for_statement")
         function = source.enclosing_function(loop)
         if function is None:
@@ -970,6 +983,8 @@ class SmemStaging(Mechanism):
     ) -> list[Condition]:
         source = kernel.parsed
         function = source.enclosing_function(site.start_byte)
+        if site.detail.get("form") == ROW_CACHE and "load" in site.detail:
+            return row_cache_conditions(source, site)  # a forward candidate, not a cache
         forms = (TRANSPOSE, TILE_TRANSPOSE, TILE_LOOP, TILE_LOOP_2D, ROW_VECTORS)
         if function is None or site.detail.get("form") in forms:
             # the transpose forms set their own block (32 x 8) or keep the kernel's, and stage

@@ -452,15 +452,31 @@ def test_a_verdict_is_shared_by_states_with_the_same_machine_code(
     assert gate.runs == 2 and resumed.shared == 1
 
 
+def _row_cache_expert(tmp_path: Path, text: str) -> Path:
+    """The center_rows problem with an expert that caches each warp's row in the dynamic
+    buffer on its first pass (the public-form fixture)."""
+    problem = tmp_path / "center_rows"
+    shutil.copytree(PUBLIC_FORMS / "problems" / "center_rows", problem)
+    (problem / "kernel.cu").write_text(text)
+    return problem
+
+
+ROW_CACHE_EXPERT = (PUBLIC_FORMS / "smem_staging" / "row_cache.before.cu").read_text()
+
+
 def test_a_form_without_a_forward_rule_is_restored_verified_and_not_transferable(
     builder: Builder, tmp_path: Path
 ) -> None:
-    """The expert caches each warp's row in the dynamic buffer on its first pass: the removal
-    exists, no forward rule writes that form, so the round trip restores the source the
-    lineage edge removed; the skill records the gain and is kept out of replay."""
-    problem = tmp_path / "center_rows"  # the problem files, with the public-form expert
-    shutil.copytree(PUBLIC_FORMS / "problems" / "center_rows", problem)
-    shutil.copy(PUBLIC_FORMS / "smem_staging" / "row_cache.before.cu", problem / "kernel.cu")
+    """The expert launches with a block held in a variable, where the row cache's forward
+    rule needs `dim3(x, y)` in the launch to size the slices: the removal exists, the forward
+    rule refuses, so the round trip restores the source the lineage edge removed; the skill
+    records the gain and is kept out of replay."""
+    text = ROW_CACHE_EXPERT.replace(
+        "  center_rows_cached<<<blocks, dim3(32, kRowsPerBlock), slices",
+        "  const dim3 block(32, kRowsPerBlock);\n  center_rows_cached<<<blocks, block, slices",
+    )
+    assert "<<<blocks, block, slices" in text
+    problem = _row_cache_expert(tmp_path, text)
     tmp_path = tmp_path / "out"
     gate = StandInGate(builder, cost={"smem_staging": 1.3}, expert_mechanisms=["smem_staging"])
     mine_gated(problem, tmp_path, gate=gate)  # warp_per_row and others go after it
@@ -469,9 +485,24 @@ def test_a_form_without_a_forward_rule_is_restored_verified_and_not_transferable
     assert skill.transferable is False and skill.verified is True
     assert skill.round_trip_exact is True
     assert skill.round_trip_note.startswith("no forward rule re-applies this form (")
+    assert "not written dim3(x, y)" in skill.round_trip_note
     assert "the round trip restored the source the lineage edge removed" in skill.round_trip_note
     card = (tmp_path / skill.id / "SKILL.md").read_text()
     assert "transferable: false" in card and "Not transferable: no forward rule" in card
+
+
+def test_a_cached_row_is_cached_again_by_the_forward_rule(builder: Builder, tmp_path: Path) -> None:
+    """The same expert launched with `dim3(32, rows)`: the round trip re-applies the row cache
+    with the forward rule (its own names, the same slices), so the skill transfers."""
+    problem = _row_cache_expert(tmp_path, ROW_CACHE_EXPERT)
+    tmp_path = tmp_path / "out"
+    gate = StandInGate(builder, cost={"smem_staging": 1.3}, expert_mechanisms=["smem_staging"])
+    mine_gated(problem, tmp_path, gate=gate)
+    skill = next(s for s in SkillLibrary.load(tmp_path) if s.mechanism == "smem_staging")
+    assert skill.effect.measured is Measured.GAIN
+    assert skill.transferable is True and skill.verified is True
+    assert skill.round_trip_exact is False
+    assert skill.round_trip_note == "re-applying gave a different source than the optimized one"
 
 
 def test_parameters_staged_once_are_staged_again_by_the_forward_rule(

@@ -18,6 +18,12 @@ from tests.conftest import FIXTURES
 
 PUBLIC_FORMS = FIXTURES / "public_forms"
 ROW_CACHE = PUBLIC_FORMS / "smem_staging" / "row_cache.before.cu"
+# the same expert launched with its block in a variable: the row cache's forward rule sizes
+# the slices from a `dim3(x, y)` in the launch, so it refuses this one (evidence only)
+NAMED_BLOCK = ROW_CACHE.read_text().replace(
+    "  center_rows_cached<<<blocks, dim3(32, kRowsPerBlock), slices",
+    "  const dim3 block(32, kRowsPerBlock);\n  center_rows_cached<<<blocks, block, slices",
+)
 runner = CliRunner()
 
 
@@ -41,10 +47,13 @@ def test_a_plan_takes_the_cache_before_the_warp_rows_and_builds_each_state() -> 
 def test_each_step_says_what_its_forward_rule_does_there() -> None:
     plan, _ = plan_walk(KernelSource.from_file(ROW_CACHE))
     steps = {step.mechanism: step for step in plan.steps}
-    # the vectors come back byte for byte; the row cache has no forward rule (evidence only)
+    # the vectors come back byte for byte; the row cache's forward rule writes its own names
     assert steps["vectorized_access"].transferable and steps["vectorized_access"].exact
-    assert not steps["smem_staging"].transferable
-    assert "no candidate site" in str(steps["smem_staging"].forward_refusal)
+    assert steps["smem_staging"].transferable and not steps["smem_staging"].exact
+    named, _ = plan_walk(KernelSource(NAMED_BLOCK))
+    cache = next(step for step in named.steps if step.mechanism == "smem_staging")
+    assert not cache.transferable
+    assert "not written dim3(x, y)" in str(cache.forward_refusal)
     # the exchange loop turns back into shuffles, though not the expert's own text
     assert steps["warp_shuffle_reduction"].transferable
     assert not steps["warp_shuffle_reduction"].exact
@@ -89,7 +98,7 @@ def test_the_cli_builds_a_problem_folders_states_under_its_options(tmp_path: Pat
 def test_the_cli_summarizes_a_folder_of_cuda_files(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "src").mkdir(parents=True)
-    shutil.copy(ROW_CACHE, repo / "src" / "rows.cuh")
+    (repo / "src" / "rows.cuh").write_text(NAMED_BLOCK)
     shutil.copy(PUBLIC_FORMS / "grid_stride_loop" / "named_stride.before.cu", repo / "a.cu")
     (repo / "notes.txt").write_text("not CUDA")
     result = runner.invoke(app, ["mechanisms", "walk", str(repo), "--json"])
