@@ -8,10 +8,18 @@ from collections.abc import Callable
 
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Launch, Node, ParsedSource
-from klineage.cuda.tree import NotInForm, call_arguments, strip_parens
+from klineage.cuda.source import Declaration, Function, Launch, Node, ParsedSource
+from klineage.cuda.tree import NotInForm, call_arguments, strip_parens, walk
 
-__all__ = ["OPT_IN", "idle_requests", "opt_in_calls", "own_launches", "request_edits", "size_text"]
+__all__ = [
+    "OPT_IN",
+    "idle_requests",
+    "kernel_byte_buffer",
+    "opt_in_calls",
+    "own_launches",
+    "request_edits",
+    "size_text",
+]
 
 OPT_IN = "cudaFuncAttributeMaxDynamicSharedMemorySize"
 
@@ -124,3 +132,38 @@ def own_launches(source: ParsedSource, function: Function, needed: str) -> list[
                 needed,
             )
     return launches
+
+
+def kernel_byte_buffer(source: ParsedSource, function: Function, needed: str) -> Declaration | None:
+    """The kernel's own dynamic shared buffer, a byte array declared at the top of its body
+    (None: the kernel has none), which a staging rule can put its data in front of; NotInForm
+    (with ``needed``, the rule's form) for several, another type, or one declared outside."""
+    body = function.body
+    assert body is not None
+    mine = [
+        d
+        for d in source.shared_declarations
+        if d.is_extern and body.start_byte <= d.node.start_byte < body.end_byte
+    ]
+    if len(mine) > 1:
+        raise NotInForm(f"{function.name}, with {len(mine)} dynamic shared buffers", needed)
+    if not mine:
+        for declaration in source.shared_declarations:
+            if declaration.is_extern and any(
+                source.text_of(n) in declaration.names for n in walk(body) if n.type == "identifier"
+            ):
+                raise NotInForm(
+                    "a kernel using a dynamic shared buffer declared outside it", needed
+                )
+        return None
+    buffer = mine[0]
+    if buffer.node.parent != body or buffer.type.replace("unsigned", "").strip() not in (
+        "char",
+        "uint8_t",
+    ):
+        raise NotInForm(
+            f"a dynamic buffer `{source.snippet(buffer.node, 50)}` not a byte array declared "
+            "at the top of the kernel",
+            needed,
+        )
+    return buffer

@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from klineage.conditions import AxisAtMost, Condition
-from klineage.cuda.analysis import IndexForm, analysis
+from klineage.cuda.analysis import FunctionIndices, IndexForm, analysis
 from klineage.cuda.analysis.indices import Access, LoopVariable, is_loop_atom
 from klineage.cuda.cexpr import SIZEOF, fold_int
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import static_shared_bytes
-from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.source import Declaration, Function, Launch, Node, ParsedSource
 from klineage.cuda.tree import (
     NotInForm,
     assigned_names,
@@ -60,7 +60,7 @@ from klineage.cuda.tree import (
     strip_parens,
     walk,
 )
-from klineage.mechanisms._dynamic_shared import own_launches, request_edits
+from klineage.mechanisms._dynamic_shared import kernel_byte_buffer, own_launches, request_edits
 from klineage.mechanisms._local_util import names_in_function, tensor_name
 from klineage.mechanisms._staging_once import multiple_of
 
@@ -73,9 +73,9 @@ ROW_CACHE = "row_cache"
 NEEDED = (
     "loops of one header `for (c = INIT; c < C; c += STEP)` (C a parameter or a constant) "
     "that each load the same global element at c, outside any condition of the first, from "
-    "memory the kernel never writes, in a kernel without a dynamic shared buffer whose rows "
-    "are told apart by nothing, threadIdx.y or the warp, launched in this file as a "
-    "statement of its own"
+    "memory the kernel never writes, in a kernel (whose own dynamic buffer, if any, is a byte "
+    "array at its top) whose rows are told apart by nothing, threadIdx.y or the warp, "
+    "launched in this file as a statement of its own"
 )
 _CONDITIONAL = frozenset(
     {
@@ -126,6 +126,8 @@ class RowCache:
     owner: _Owner
     launches: list[Launch]
     """The kernel's launches, each a statement of its own."""
+    buffer: Declaration | None
+    """The kernel's own dynamic buffer, when it has one: the slices go in front of its data."""
 
 
 def _walk_loads(source: ParsedSource, function: Function) -> Iterator[tuple[LoopVariable, Access]]:
@@ -182,13 +184,12 @@ def _owner(
     raise _refuse(f"rows told apart by {', '.join(sorted(row))}")
 
 
-def _element(source: ParsedSource, access: Access) -> tuple[str, str | None]:
-    """The slot's type and V: the buffer's element for a plain load, else the declared type
-    of the local the load initializes, V its elements."""
-    plain = access.buffer.element_type.replace("const", "").strip()
-    node = access.node
-    if access.bytes is None or SIZEOF.get(plain) == access.bytes:
-        return plain, None
+_LOAD_INTRINSICS = frozenset({"__ldg", "__ldcg", "__ldca", "__ldcs", "__ldlu", "__ldcv"})
+
+
+def _declared_type(source: ParsedSource, node: Node) -> str | None:
+    """The declared type of the local ``node`` initializes (None: it initializes none, or
+    the type is ``auto``)."""
     parent = node.parent
     declaration = parent.parent if parent is not None else None
     if (
@@ -197,12 +198,56 @@ def _element(source: ParsedSource, access: Access) -> tuple[str, str | None]:
         or declaration is None
         or declaration.type != "declaration"
     ):
-        raise _refuse(f"a vector load `{source.snippet(node, 50)}` that initializes no local")
+        return None
     kind = declaration.child_by_field_name("type")
-    size = SIZEOF.get(plain)
-    if kind is None or source.text_of(kind) == "auto" or size is None or access.bytes % size:
+    text = source.text_of(kind) if kind is not None else "auto"
+    return None if text == "auto" else text
+
+
+def _element(source: ParsedSource, access: Access) -> tuple[str, str | None]:
+    """The slot's type and V: the buffer's element for a plain load, else the declared type
+    of the local the load initializes, V its elements (written ``T::size`` where the kernel
+    names it). A load whose value type is unknown (a helper's pack in a statement) is
+    refused rather than guessed at."""
+    plain = access.buffer.element_type.replace("const", "").strip()
+    node = access.node
+    declared = _declared_type(source, node)
+    if declared is None or declared.replace("const", "").strip() == plain:
+        if access.bytes is not None and SIZEOF.get(plain) != access.bytes:
+            raise _refuse(f"a vector load `{source.snippet(node, 50)}` that initializes no local")
+        callee = node.child_by_field_name("function") if node.type == "call_expression" else None
+        if callee is not None and source.text_of(callee) not in _LOAD_INTRINSICS and not declared:
+            raise _refuse(f"a load `{source.snippet(node, 50)}` whose value's type is not declared")
+        return plain, None
+    element = declared.replace("const", "").strip()
+    size, pack = SIZEOF.get(plain), SIZEOF.get(element)
+    lanes = (
+        access.bytes // size
+        if access.bytes is not None and size and access.bytes % size == 0
+        else pack // size
+        if pack and size and pack % size == 0
+        else None
+    )
+    named = _pack_size(source, access, element)
+    if named is not None and (lanes is None or named[1] in (None, lanes)):
+        return element, named[0]
+    if lanes is None:
         raise _refuse(f"a vector load `{source.snippet(node, 50)}` of an unknown width")
-    return source.text_of(kind), str(access.bytes // size)
+    return element, str(lanes)
+
+
+def _qualified(indices: FunctionIndices, source: ParsedSource, text: str) -> Node:
+    return next(n for n in indices.nodes("qualified_identifier") if source.text_of(n) == text)
+
+
+def _pack_size(source: ParsedSource, access: Access, element: str) -> tuple[str, int | None] | None:
+    """``T::size`` as the kernel writes it, and its value where known, when the kernel names
+    it (the loops' steps are then checked against it as a symbol)."""
+    indices = analysis(source).indices(access.function)
+    for node in indices.nodes("qualified_identifier"):
+        if source.text_of(node).replace(" ", "") == f"{element}::size":
+            return source.text_of(node), indices.form(node).value
+    return None
 
 
 def _bound(source: ParsedSource, function: Function, variable: LoopVariable) -> Node:
@@ -220,17 +265,6 @@ def _bound(source: ParsedSource, function: Function, variable: LoopVariable) -> 
     ):
         raise _refuse(f"a loop to `{source.text_of(bound)}`, not a parameter the kernel keeps")
     return bound
-
-
-def _has_dynamic_buffer(source: ParsedSource, function: Function) -> bool:
-    body = function.body
-    assert body is not None
-    names = {source.text_of(n) for n in walk(body) if n.type == "identifier"}
-    return any(
-        d.is_extern
-        and (body.start_byte <= d.node.start_byte < body.end_byte or set(d.names) & names)
-        for d in source.shared_declarations
-    )
 
 
 def _forms(
@@ -301,7 +335,11 @@ def _form(
         )
     element, width = _element(source, access)
     if width is not None:
-        vector = IndexForm.constant(int(width))
+        vector = (
+            IndexForm.constant(int(width))
+            if width.isdigit()
+            else indices.form(_qualified(indices, source, width))
+        )
         step = variable.step
         if not (
             step is not None
@@ -312,8 +350,7 @@ def _form(
                 f"a loop over {variable.name} that does not stay a multiple of the {width} "
                 "elements a load takes"
             )
-    if _has_dynamic_buffer(source, function):
-        raise _refuse(f"{function.name}, which has a dynamic shared buffer already")
+    buffer = kernel_byte_buffer(source, function, NEEDED)
     bound = _bound(source, function, variable)
     owner = _owner(source, function, access, variable)
     return RowCache(
@@ -326,6 +363,7 @@ def _form(
         bound,
         owner,
         own_launches(source, function, NEEDED),
+        buffer,
     )
 
 
@@ -366,7 +404,8 @@ def _host_bytes(source: ParsedSource, cache: RowCache, launch: Launch) -> str:
         bound = source.text_of(arg) if arg.type == "identifier" else f"({source.text_of(arg)})"
     size = f"(size_t){_slots(bound, cache.width)} * sizeof({cache.element})"
     rows = _block_rows(source, launch, cache.owner)
-    return size if rows is None else f"(size_t){rows} * {size}"
+    size = size if rows is None else f"(size_t){rows} * {size}"
+    return size if cache.buffer is None else _aligned(size)  # as the kernel moves its data
 
 
 def row_cache_edits(source: ParsedSource, cache: RowCache) -> list[Edit]:
@@ -375,25 +414,45 @@ def row_cache_edits(source: ParsedSource, cache: RowCache) -> list[Edit]:
     body = function.body
     assert body is not None
     taken = names_in_function(source, function)
-    buffer = fresh_name(taken, "cache")
+    buffer = cache.buffer.names[0] if cache.buffer is not None else fresh_name(taken, "cache")
     pointer = fresh_name(taken | {buffer}, "row_cache")
     index = cache.first.name
     slot = index if cache.width is None else f"{index} / {cache.width}"
     slots = _slots(source.text_of(cache.bound), cache.width)
     offset = "" if cache.owner.kernel is None else f" + {cache.owner.kernel} * {slots}"
-    first = statements(body)[0] if statements(body) else None
-    indent = source.indent_of(first.start_byte) if first is not None else "  "
-    lines = [
-        f"extern __shared__ __align__(16) char {buffer}[];",
-        f"{cache.element}* {pointer} = reinterpret_cast<{cache.element}*>({buffer}){offset};",
-    ]
-    edits = [Edit.insert(body.start_byte + 1, "".join(f"\n{indent}{line}" for line in lines))]
+    cast = f"{cache.element}* {pointer} = reinterpret_cast<{cache.element}*>({buffer}){offset};"
+    edits: list[Edit] = []
+    if cache.buffer is None:
+        first = statements(body)[0] if statements(body) else None
+        indent = source.indent_of(first.start_byte) if first is not None else "  "
+        lines = [f"extern __shared__ __align__(16) char {buffer}[];", cast]
+        edits.append(
+            Edit.insert(body.start_byte + 1, "".join(f"\n{indent}{line}" for line in lines))
+        )
+    else:
+        # the slices go first; the kernel's own data moves past them, 16-byte aligned
+        rows = cache.owner.rows or "1"
+        shift = _aligned(f"{rows} * {slots} * sizeof({cache.element})")
+        declaration = cache.buffer.node
+        for node in walk(body):
+            if (
+                node.type == "identifier"
+                and source.text_of(node) == buffer
+                and not declaration.start_byte <= node.start_byte < declaration.end_byte
+            ):
+                edits.append(Edit.replace(node, f"({buffer} + {shift})"))
+        indent = source.indent_of(declaration.start_byte)
+        edits.append(Edit.insert(declaration.end_byte, f"\n{indent}{cast}"))
     edits += _store_edits(source, cache, taken | {buffer, pointer}, f"{pointer}[{slot}]")
     edits += [Edit.replace(node, f"{pointer}[{slot}]") for node in cache.later]
     edits += request_edits(
         source, cache.launches, lambda launch: _host_bytes(source, cache, launch), NEEDED
     )
     return edits
+
+
+def _aligned(size: str) -> str:
+    return f"(({size} + 15) / 16 * 16)"
 
 
 def _store_edits(source: ParsedSource, cache: RowCache, taken: set[str], slot: str) -> list[Edit]:

@@ -61,7 +61,7 @@ from klineage.cuda.tree import (
     strip_parens,
     walk,
 )
-from klineage.mechanisms._dynamic_shared import own_launches, request_edits
+from klineage.mechanisms._dynamic_shared import kernel_byte_buffer, own_launches, request_edits
 from klineage.mechanisms._local_util import names_in_function
 from klineage.mechanisms._staging_once import multiple_of
 from klineage.mechanisms._tiles_util import rename
@@ -216,35 +216,6 @@ def _walks_multiples(indices: FunctionIndices, loop: LoopVariable, width: IndexF
     )
 
 
-def _dynamic_buffer(source: ParsedSource, function: Function) -> Declaration | None:
-    body = function.body
-    assert body is not None
-    mine = [
-        d
-        for d in source.shared_declarations
-        if d.is_extern and body.start_byte <= d.node.start_byte < body.end_byte
-    ]
-    if len(mine) > 1:
-        raise _refuse(f"{function.name}, with {len(mine)} dynamic shared buffers")
-    if not mine:
-        for declaration in source.shared_declarations:
-            if declaration.is_extern and any(
-                source.text_of(n) in declaration.names for n in walk(body) if n.type == "identifier"
-            ):
-                raise _refuse("a kernel using a dynamic shared buffer declared outside it")
-        return None
-    buffer = mine[0]
-    if buffer.node.parent != body or buffer.type.replace("unsigned", "").strip() not in (
-        "char",
-        "uint8_t",
-    ):
-        raise _refuse(
-            f"a dynamic buffer `{source.snippet(buffer.node, 50)}` not a byte array declared "
-            "at the top of the kernel"
-        )
-    return buffer
-
-
 def row_vectors(source: ParsedSource, function: Function) -> RowVectors:
     """The form of a candidate kernel (:func:`invariant_loads` finds reads in it); NotInForm
     says what differs."""
@@ -295,7 +266,7 @@ def row_vectors(source: ParsedSource, function: Function) -> RowVectors:
                 f"a loop over {loop.name} from {loop.init} in steps of {loop.step}, not "
                 f"multiples of the {width} elements a read takes"
             )
-    buffer = _dynamic_buffer(source, function)
+    buffer = kernel_byte_buffer(source, function, NEEDED)
     if buffer is not None:
         for node in source.iter_nodes("return_statement", within=body):
             if node.start_byte < buffer.node.start_byte:

@@ -12,8 +12,8 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import MechanismRefused, Site, get
-from klineage.mining.removal import remove_mechanism
+from klineage.mechanisms import Carrier, MechanismRefused, Site, get
+from klineage.mining.removal import apply_everywhere, remove_mechanism
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
 
@@ -296,3 +296,57 @@ def test_the_slices_must_fit_what_a_block_can_opt_in_to() -> None:
     after = KernelSource((FORMS / "row_cache.after.cu").read_text())
     (condition,) = staging.conditions(after, _candidate(after))
     assert condition.statement == f"cols must be at most {limit // (8 * 4)}"  # kRowsPerBlock
+
+
+def _params_case(rows: int, cols: int) -> Case:
+    return Case(
+        axes={"rows": rows, "cols": cols},
+        buffers=[
+            Buffer("inp", "float", "rows * cols"),
+            Buffer("gain", "float", "cols"),
+            Buffer("bias", "float", "cols"),
+            Buffer("out", "float", "rows * cols", output=True),
+        ],
+        call="affine_rows(out, inp, gain, bias, (int)rows, (int)cols)",
+        threads="",
+        grid=f"dim3({(rows + 3) // 4})",
+        block_dims="dim3(32, 4)",
+    )
+
+
+@pytest.mark.nvcc
+def test_applied_everywhere_the_row_is_cached_and_the_vectors_staged() -> None:
+    # llm.c layernorm k6's layout, written again: each warp's row slice after the block's
+    # copy of the per-column vectors, the launch asking for both
+    after = KernelSource((FORMS / "row_params.after.cu").read_text())
+    applied = apply_everywhere(after, staging, Carrier()).text
+    # the pack's width as the kernel names it, the slices in front of the vectors' copy
+    assert "row_cache[c / Vec4::size] = in;" in applied
+    assert "const Vec4 in = row_cache[c / Vec4::size];" in applied
+    assert "s_gain[i / Vec4::size] = load_vec(gain + i);" in applied
+    slices = "blockDim.y * ((cols + Vec4::size - 1) / Vec4::size) * sizeof(Vec4)"
+    assert f"reinterpret_cast<Vec4*>((staged + (({slices} + 15) / 16 * 16)));" in applied
+    emulated = re.sub(
+        r"extern __shared__ __align__\(16\) char staged\[\];",
+        "__shared__ __align__(16) char staged[32768];",
+        applied,
+    )
+    cases = [_params_case(rows, cols) for rows, cols in ((5, 64), (3, 256))]
+    assert run_on_host(emulated, cases) == run_on_host(after.text, cases)
+
+
+def test_a_helper_load_of_an_undeclared_type_is_refused() -> None:
+    # a pack loaded by a helper inside a statement: its type is not written anywhere the
+    # rule could read it, so no slot type is guessed
+    text = (FORMS / "row_params.after.cu").read_text()
+    text = text.replace(
+        "const Vec4 in = load_vec(x + c);\n    for (int k = 0; k < Vec4::size; ++k) sum += in[k];",
+        "sum += load_vec(x + c)[0];",
+    )
+    assert "sum += load_vec(x + c)[0];" in text
+    refusals = [
+        c.refusal
+        for c in staging.candidates(KernelSource(text))
+        if c.detail.get("form") == "row_cache"
+    ]
+    assert refusals and "whose value's type is not declared" in str(refusals[0])
