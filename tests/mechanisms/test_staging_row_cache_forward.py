@@ -16,6 +16,7 @@ from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from klineage.mining.removal import apply_everywhere, remove_mechanism
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
+from tests.mechanisms.test_staging_row_vectors import _host_case as params_case
 
 staging = get("smem_staging")
 FORMS = PUBLIC_FORMS / "smem_staging"
@@ -298,22 +299,6 @@ def test_the_slices_must_fit_what_a_block_can_opt_in_to() -> None:
     assert condition.statement == f"cols must be at most {limit // (8 * 4)}"  # kRowsPerBlock
 
 
-def _params_case(rows: int, cols: int) -> Case:
-    return Case(
-        axes={"rows": rows, "cols": cols},
-        buffers=[
-            Buffer("inp", "float", "rows * cols"),
-            Buffer("gain", "float", "cols"),
-            Buffer("bias", "float", "cols"),
-            Buffer("out", "float", "rows * cols", output=True),
-        ],
-        call="affine_rows(out, inp, gain, bias, (int)rows, (int)cols)",
-        threads="",
-        grid=f"dim3({(rows + 3) // 4})",
-        block_dims="dim3(32, 4)",
-    )
-
-
 @pytest.mark.nvcc
 def test_applied_everywhere_the_row_is_cached_and_the_vectors_staged() -> None:
     # llm.c layernorm k6's layout, written again: each warp's row slice after the block's
@@ -331,7 +316,7 @@ def test_applied_everywhere_the_row_is_cached_and_the_vectors_staged() -> None:
         "__shared__ __align__(16) char staged[32768];",
         applied,
     )
-    cases = [_params_case(rows, cols) for rows, cols in ((5, 64), (3, 256))]
+    cases = [params_case("affine_rows", rows, cols) for rows, cols in ((5, 64), (3, 256))]
     assert run_on_host(emulated, cases) == run_on_host(after.text, cases)
 
 
