@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from klineage.conditions import AxisAtMost, Condition
-from klineage.cuda.analysis import FunctionIndices, IndexForm, analysis
+from klineage.cuda.analysis import IndexForm, analysis
 from klineage.cuda.analysis.indices import Access, LoopVariable, is_loop_atom
 from klineage.cuda.cexpr import SIZEOF, fold_int
 from klineage.cuda.edit import Edit
@@ -53,7 +53,7 @@ from klineage.cuda.source import Declaration, Function, Launch, Node, ParsedSour
 from klineage.cuda.tree import (
     NotInForm,
     assigned_names,
-    call_arguments,
+    dim3_extents,
     evaluated_whenever,
     fresh_name,
     statements,
@@ -113,7 +113,7 @@ class RowCache:
     function: Function
     first: LoopVariable
     """The first pass."""
-    load: Node
+    access: Access
     """The load in the first pass."""
     later: list[Node]
     """The same load in the later passes."""
@@ -204,11 +204,11 @@ def _declared_type(source: ParsedSource, node: Node) -> str | None:
     return None if text == "auto" else text
 
 
-def _element(source: ParsedSource, access: Access) -> tuple[str, str | None]:
-    """The slot's type and V: the buffer's element for a plain load, else the declared type
-    of the local the load initializes, V its elements (written ``T::size`` where the kernel
-    names it). A load whose value type is unknown (a helper's pack in a statement) is
-    refused rather than guessed at."""
+def _element(source: ParsedSource, access: Access) -> tuple[str, tuple[str, IndexForm] | None]:
+    """The slot's type and V (as written, and as a form): the buffer's element for a plain
+    load, else the declared type of the local the load initializes, V its elements (written
+    ``T::size`` where the kernel names it). A load whose value type is unknown (a helper's
+    pack in a statement) is refused rather than guessed at."""
     plain = access.buffer.element_type.replace("const", "").strip()
     node = access.node
     declared = _declared_type(source, node)
@@ -229,24 +229,20 @@ def _element(source: ParsedSource, access: Access) -> tuple[str, str | None]:
         else None
     )
     named = _pack_size(source, access, element)
-    if named is not None and (lanes is None or named[1] in (None, lanes)):
-        return element, named[0]
+    if named is not None and (lanes is None or named[1].value in (None, lanes)):
+        return element, named
     if lanes is None:
         raise _refuse(f"a vector load `{source.snippet(node, 50)}` of an unknown width")
-    return element, str(lanes)
+    return element, (str(lanes), IndexForm.constant(lanes))
 
 
-def _qualified(indices: FunctionIndices, source: ParsedSource, text: str) -> Node:
-    return next(n for n in indices.nodes("qualified_identifier") if source.text_of(n) == text)
-
-
-def _pack_size(source: ParsedSource, access: Access, element: str) -> tuple[str, int | None] | None:
-    """``T::size`` as the kernel writes it, and its value where known, when the kernel names
-    it (the loops' steps are then checked against it as a symbol)."""
+def _pack_size(source: ParsedSource, access: Access, element: str) -> tuple[str, IndexForm] | None:
+    """``T::size`` as the kernel writes it, and its form (a symbol where its value is not
+    known: the loops' steps are then checked against it as one), when the kernel names it."""
     indices = analysis(source).indices(access.function)
     for node in indices.nodes("qualified_identifier"):
         if source.text_of(node).replace(" ", "") == f"{element}::size":
-            return source.text_of(node), indices.form(node).value
+            return source.text_of(node), indices.form(node)
     return None
 
 
@@ -275,27 +271,20 @@ def _forms(
     if function.body is None or not function.is_kernel:
         return
     seen: set[tuple[int, str]] = set()
-    loads = list(_walk_loads(source, function))
-    for variable, access in loads:
-        key = (variable.loop.start_byte, _normal(source.text_of(access.node)))
-        header = _normal(source.header(variable.loop))
+    # each load with what makes another the same pass again: its loop's header and its text
+    loads = [
+        (v, a, (_normal(source.header(v.loop)), _normal(source.text_of(a.node))))
+        for v, a in _walk_loads(source, function)
+    ]
+    for variable, access, signature in loads:
+        key = (variable.loop.start_byte, signature[1])
         later = [
-            a.node
-            for v, a in loads
-            if _runs_after(variable.loop, v.loop)
-            and _normal(source.header(v.loop)) == header
-            and _normal(source.text_of(a.node)) == key[1]
+            a.node for v, a, s in loads if s == signature and _runs_after(variable.loop, v.loop)
         ]
-        if (
-            not later
-            or key in seen
-            or any(
-                v.loop.end_byte <= variable.loop.start_byte
-                and _normal(source.header(v.loop)) == header
-                and _normal(source.text_of(a.node)) == key[1]
-                for v, a in loads
-            )
-        ):
+        earlier = any(
+            s == signature and v.loop.end_byte <= variable.loop.start_byte for v, _, s in loads
+        )
+        if not later or key in seen or earlier:
             continue  # no later pass, or not the first one
         seen.add(key)
         try:
@@ -333,13 +322,10 @@ def _form(
         raise _refuse(
             f"a load over {', '.join(sorted(written))}, written between its first and last pass"
         )
-    element, width = _element(source, access)
-    if width is not None:
-        vector = (
-            IndexForm.constant(int(width))
-            if width.isdigit()
-            else indices.form(_qualified(indices, source, width))
-        )
+    element, vector_width = _element(source, access)
+    width = vector_width[0] if vector_width is not None else None
+    if vector_width is not None:
+        vector = vector_width[1]
         step = variable.step
         if not (
             step is not None
@@ -356,7 +342,7 @@ def _form(
     return RowCache(
         function,
         variable,
-        access.node,
+        access,
         later,
         element,
         width,
@@ -371,20 +357,27 @@ def _slots(count: str, width: str | None) -> str:
     return count if width is None else f"(({count} + {width} - 1) / {width})"
 
 
+def _block_dims(source: ParsedSource, launch: Launch) -> list[Node] | None:
+    """A launch's block extents: ``dim3(x, y)``'s arguments, or the one expression of a 1-D
+    block (None: a call of something other than ``dim3``)."""
+    block = launch.block
+    assert block is not None
+    node = strip_parens(block)
+    if node.type != "call_expression":
+        return [node]
+    callee = node.child_by_field_name("function")
+    return dim3_extents(node) if callee is not None and source.text_of(callee) == "dim3" else None
+
+
 def _block_rows(source: ParsedSource, launch: Launch, owner: _Owner) -> str | None:
     """A launch's rows a block, in the launching function's terms (None: one)."""
     if owner.rows is None:
         return None
     block = launch.block
     assert block is not None
-    node = strip_parens(block)
-    dims: list[Node] = [node]
-    if node.type == "call_expression":
-        callee = node.child_by_field_name("function")
-        arguments = node.child_by_field_name("arguments")
-        if callee is None or source.text_of(callee) != "dim3" or arguments is None:
-            raise _refuse(f"a launch whose block `{source.text_of(block)}` is not dim3(...)")
-        dims = list(arguments.named_children)
+    dims = _block_dims(source, launch)
+    if dims is None:
+        raise _refuse(f"a launch whose block `{source.text_of(block)}` is not dim3(...)")
     if owner.rows == "blockDim.y":
         if len(dims) < 2:
             raise _refuse(
@@ -458,7 +451,7 @@ def _aligned(size: str) -> str:
 def _store_edits(source: ParsedSource, cache: RowCache, taken: set[str], slot: str) -> list[Edit]:
     """The first pass stores the value it loads: after the local the load initializes, or
     through a new local for a load inside a statement."""
-    load = cache.load
+    load = cache.access.node
     parent = load.parent
     declaration = parent.parent if parent is not None else None
     loop_body = cache.first.loop.child_by_field_name("body")
@@ -548,7 +541,7 @@ def row_cache_conditions(source: ParsedSource, site: Site) -> list[Condition]:
         return []
     function = found.function
     axis = tensor_name(source, function, source.text_of(found.bound))
-    element = SIZEOF.get(_plain_element(source, found))
+    element = SIZEOF.get(found.access.buffer.element_type.replace("const", "").strip())
     rows = _constant_rows(source, found)
     static = static_shared_bytes(source, function)
     if axis is None or element is None or rows is None or static is None:
@@ -560,26 +553,15 @@ def row_cache_conditions(source: ParsedSource, site: Site) -> list[Condition]:
     return [AxisAtMost(axis=axis, n=(OPT_IN_LIMIT - static) // (rows * element), why=why)]
 
 
-def _plain_element(source: ParsedSource, cache: RowCache) -> str:
-    """The global buffer's element type (what one step of the bound counts)."""
-    access = next(
-        a
-        for a in analysis(source).indices(cache.function).accesses()
-        if a.node.start_byte == cache.load.start_byte and a.node.end_byte == cache.load.end_byte
-    )
-    return access.buffer.element_type.replace("const", "").strip()
-
-
 def _constant_rows(source: ParsedSource, cache: RowCache) -> int | None:
     """The rows a block, the same constant at every launch (1 for a row a block)."""
     if cache.owner.rows is None:
         return 1
     counts = set()
     for launch in cache.launches:
-        block = launch.block
-        assert block is not None
-        node = strip_parens(block)
-        dims = call_arguments(node) if node.type == "call_expression" else [node]
+        dims = _block_dims(source, launch)
+        if dims is None:
+            return None
         dim = dims[1] if cache.owner.rows == "blockDim.y" and len(dims) > 1 else dims[0]
         value = fold_int(source, dim)
         if value is None:
