@@ -11,6 +11,8 @@ launching function are taken as axis names, as the kernel ABI passes every var a
 
 from __future__ import annotations
 
+import re
+
 from klineage.conditions import DEFAULT_ARCH, EvalContext, evaluate_size
 from klineage.cuda.cexpr import SIZEOF, fold_int, to_size_expr
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
@@ -32,6 +34,7 @@ INTEGER_TYPES = frozenset(  # integer types as declarations write them (qualifie
         "int",
         "unsigned",
         "unsigned int",
+        "uint",
         "long",
         "long long",
         "int64_t",
@@ -91,6 +94,8 @@ def _initial_size(
     """The size expression a local starts with: ``int n = rows * 4`` or ``dim3 b(32, 8)``."""
     value = declarator.child_by_field_name("value")
     if type_name != "dim3":
+        if value is not None and value.type == "initializer_list" and value.named_child_count == 1:
+            value = value.named_children[0]  # `unsigned n{128U}`
         return None if value is None else to_size_expr(source, value, names)
     # `dim3 block(32, 8)` and `dim3 block{32, 8}`: the thread count is the product
     if value is None or value.type not in ("argument_list", "initializer_list"):
@@ -106,6 +111,37 @@ def _initial_size(
     if not parts or any(p is None for p in parts):
         return None
     return " * ".join(f"({p})" for p in parts)
+
+
+def _vexing_block(source: ParsedSource, launch: Launch) -> str | None:
+    """A launch's threads per block where its block is ``dim3 block(THREADS);`` with names
+    alone between the parentheses, which parses as a function declaration: each
+    "parameter" a name or a number of the launching function."""
+    block = launch.block
+    caller = source.enclosing_function(launch.node)
+    if block is None or block.type != "identifier" or caller is None or caller.body is None:
+        return None
+    name = source.text_of(block)
+    declarators = [
+        d
+        for statement in caller.body.named_children
+        if statement.type == "declaration" and source.text_of(statement).startswith("dim3")
+        for d in statement.children_by_field_name("declarator")
+        if d.type == "function_declarator"
+        and source.text_of(d.child_by_field_name("declarator") or d) == name
+    ]
+    if len(declarators) != 1:
+        return None
+    names = launch_names(source, caller)
+    parameters = declarators[0].child_by_field_name("parameters")
+    parts = []
+    for parameter in parameters.named_children if parameters is not None else []:
+        text = source.text_of(parameter).strip()
+        known = names.get(text, text if text.rstrip("uUlL").isdigit() else None)
+        if known is None:
+            return None
+        parts.append(str(known).rstrip("uUlL"))
+    return " * ".join(f"({p})" for p in parts) if parts else None
 
 
 def template_bindings(source: ParsedSource, launch: Launch) -> dict[str, int | str]:
@@ -152,6 +188,66 @@ def _common(exprs: list[str | None]) -> str | None:
 def block_size_of(source: ParsedSource, kernel: str | Function) -> str | None:
     """The block size every launch of ``kernel`` in the file uses, as a size expression."""
     return _common([launch_block_size(source, launch) for launch in source.launches_of(kernel)])
+
+
+def block_size_parameter(
+    source: ParsedSource, kernel: Function, before: int | None = None
+) -> str | None:
+    """A compile-time name of the kernel that equals its threads per block at every launch
+    (``k<.., 128><<<grid, 128>>>``, or a ``constexpr`` local of its body declared before
+    byte ``before``), so device code may count the block's threads at compile time; None
+    when no launch or no name shows it."""
+    launches = source.launches_of(kernel)
+    common: list[str] | None = None
+    for launch in launches:
+        threads = evaluate_size(launch_block_size(source, launch) or _vexing_block(source, launch))
+        values = _compile_time_values(source, kernel, launch, before)
+        equal = [n for n, v in values.items() if threads is not None and v == threads]
+        common = equal if common is None else [n for n in common if n in equal]
+    if not common:
+        return None
+    # several may equal it by chance (BM == 128 threads): the launch bounds' name first
+    bounds = source.text_of(kernel.launch_bounds) if kernel.launch_bounds is not None else ""
+    named = [n for n in common if re.search(rf"\b{re.escape(n)}\b", bounds)]
+    return (named or common)[0]
+
+
+def _compile_time_values(
+    source: ParsedSource, kernel: Function, launch: Launch, before: int | None
+) -> dict[str, int]:
+    """The kernel's template parameters and top-level ``constexpr`` integer locals (declared
+    before byte ``before``) as a launch instantiates them."""
+    values: dict[str, int] = {}
+    for name, expr in template_bindings(source, launch).items():
+        bound = evaluate_size(expr)
+        if bound is not None:
+            values[name] = bound
+    if kernel.body is None:
+        return values
+    for statement in kernel.body.named_children:
+        if statement.type != "declaration" or (
+            before is not None and statement.start_byte >= before
+        ):
+            continue
+        if "constexpr" not in source.text_of(statement).split("=")[0].split("{")[0].split():
+            continue
+        for declarator in statement.children_by_field_name("declarator"):
+            target = declarator.child_by_field_name("declarator")
+            value = declarator.child_by_field_name("value")
+            if (
+                value is not None
+                and value.type == "initializer_list"
+                and value.named_child_count == 1
+            ):
+                value = value.named_children[0]
+            if target is None or value is None:
+                continue
+            folded = evaluate_size(
+                to_size_expr(source, value, {**source.integer_constants, **values})
+            )
+            if folded is not None:
+                values[source.text_of(target)] = folded
+    return values
 
 
 def static_shared_bytes(

@@ -47,6 +47,7 @@ from math import gcd
 from klineage.cuda.analysis import IndexForm, analysis
 from klineage.cuda.cexpr import PRIMARY, precedence
 from klineage.cuda.edit import Edit
+from klineage.cuda.facts import block_size_parameter
 from klineage.cuda.source import Function, Node, ParsedSource, plain_assignment
 from klineage.cuda.tree import (
     NotInForm,
@@ -59,6 +60,7 @@ from klineage.cuda.tree import (
     template_arguments,
     walk,
 )
+from klineage.mechanisms._local_util import binary
 from klineage.mechanisms._staging_helper_2d import is_2d_staging, tile_2d_removal
 from klineage.mechanisms._staging_once import is_written, orphan_deletions
 from klineage.mechanisms._tiles_util import fresh_name, function_names, statement_deletion
@@ -206,8 +208,11 @@ def _stores(source: ParsedSource, loader: Function, param: str) -> list[_Store]:
                 "target of a plain store"
             )
         for other in walk(loader.body):
-            if other.type in ("if_statement", "conditional_expression", "switch_statement") and (
-                other.start_byte <= statement.start_byte < other.end_byte
+            if (
+                other.type in ("if_statement", "conditional_expression", "switch_statement")
+                and other.start_byte <= statement.start_byte < other.end_byte
+                and not _uniform_dispatch(source, loader, other, param)
+                and not _tail_guard(source, loader, other)
             ):
                 raise _refuse(
                     f"a loader whose store `{source.snippet(statement, 60)}` is conditional"
@@ -259,6 +264,61 @@ def _stores(source: ParsedSource, loader: Function, param: str) -> list[_Store]:
         slot, offset = indices.form(slot_node), indices.form(offset_node)
         found += [_Store(slot + s, pointer_name, offset + g) for s, g in lanes]
     return found
+
+
+def _uniform_dispatch(source: ParsedSource, loader: Function, branch: Node, param: str) -> bool:
+    """Whether ``branch`` is an ``if``/``else`` on the loader's parameters alone (the same
+    way for every thread of the block: a vector copy where the addresses allow, else a
+    scalar one) that stores into ``param`` on both sides, so the tile is filled either way
+    (the stores' one layout is checked with the others)."""
+    condition = branch.child_by_field_name("condition")
+    alternative = branch.child_by_field_name("alternative")
+    consequence = branch.child_by_field_name("consequence")
+    if branch.type != "if_statement" or None in (condition, alternative, consequence):
+        return False
+    assert condition is not None
+    known = {p.name for p in loader.params} | set(loader.template_params)
+    known |= set(analysis(source).constants)
+    casts = []  # `reinterpret_cast<T>`: the one call the test may make (an address's bits)
+    for node in walk(condition):
+        if node.type in ("assignment_expression", "update_expression"):
+            return False
+        if node.type == "call_expression":
+            function = node.child_by_field_name("function")
+            if function is None or not source.text_of(function).startswith("reinterpret_cast<"):
+                return False
+            casts.append(function)
+        inside_cast = any(c.start_byte <= node.start_byte < c.end_byte for c in casts)
+        if node.type == "identifier" and not inside_cast and source.text_of(node) not in known:
+            return False
+
+    def stores(side: Node | None) -> bool:
+        return side is not None and any(
+            n.type == "identifier" and source.text_of(n) == param for n in walk(side)
+        )
+
+    return stores(consequence) and stores(alternative)
+
+
+def _tail_guard(source: ParsedSource, loader: Function, branch: Node) -> bool:
+    """Whether ``branch`` is ``if (i < E) { .. }`` with no else, ``i`` a name and ``E`` over
+    the loader's compile-time names: the guard of an unrolled loop's last turn, which skips
+    slots past the tile (whose slots the stores' layout says where they come from)."""
+    condition = branch.child_by_field_name("condition")
+    if branch.type != "if_statement" or condition is None:
+        return False
+    if branch.child_by_field_name("alternative") is not None:
+        return False
+    inner = condition.named_children[0] if condition.named_children else None
+    parts = binary(strip_parens(inner), "<") if inner is not None else None
+    if parts is None or strip_parens(parts[0]).type != "identifier":
+        return False
+    known = set(loader.template_params) | set(analysis(source).constants)
+    return all(
+        n.type not in ("call_expression", "field_expression")
+        and (n.type != "identifier" or source.text_of(n) in known)
+        for n in walk(parts[1])
+    )
 
 
 def _content(form: IndexForm) -> int:
@@ -600,6 +660,15 @@ def _unused_deletions(
         for e in _template_orphans(source, function, call, removed)
         if not any(e.start_byte == d.start_byte for d in edits + found)
     ]
+    # the block's thread count stays (a forward rule's loader counts by it, as the expert's did)
+    count = block_size_parameter(source, function, before=call.start_byte)
+    assert function.body is not None
+    kept = [
+        s
+        for s in statements(function.body)
+        if s.type == "declaration" and count in declaration_names(source, s)
+    ]
+    found = [e for e in found if not any(e.start_byte <= s.start_byte < e.end_byte for s in kept)]
     if len(analysis(source).call_graph.call_sites(loader.name)) == 1:
         found.append(statement_deletion(source, loader.outer))
     return found

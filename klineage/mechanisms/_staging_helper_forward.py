@@ -29,6 +29,13 @@ to the tile's name) and loses the trailing parameters only the reads used::
       __syncthreads();
     }
 
+A tile of floats is copied a ``float4`` at a time along its side that is contiguous in global
+memory (four slot rows from one load for a tile stored transposed, else four slots), behind a
+block-uniform test that every such access is aligned, the scalar loop in its ``else``. Where a
+name of the kernel is its block's thread count at every launch, the loader counts turns by it
+and unrolls, so a thread's loads are in flight together (counted at run time, each turn waits
+for its load).
+
 Slot ``hi * L + lo`` holds ``P[lo * g_lo + hi * g_hi]`` for ``lo < L`` and ``hi < step /
 g_hi``, which is what ``P[X % L * g_lo + X / L * g_hi]`` read for ``X < L * step / g_hi``:
 that every read stays inside the tile is what the tiling is for and is not proved here (the
@@ -48,6 +55,7 @@ from dataclasses import dataclass, field
 
 from klineage.cuda.analysis import analysis
 from klineage.cuda.edit import Edit
+from klineage.cuda.facts import block_size_parameter
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import (
     NotInForm,
@@ -72,7 +80,7 @@ from klineage.mechanisms._tiles_util import (
     with_comments_above,
 )
 
-__all__ = ["TileLoop", "advanced_pointers", "tile_loop", "tile_loop_edits"]
+__all__ = ["TileLoop", "TileOperand", "advanced_pointers", "tile_loop", "tile_loop_edits"]
 
 NEEDED = (
     "a top-level loop `for (v = 0; v < n; v += s)` of a kernel without shared memory that "
@@ -80,6 +88,10 @@ NEEDED = (
     "g_lo + X / L * g_hi]` (in the kernel, or in a helper called only there with P) with L, "
     "g_lo and g_hi the same for every read of P, block-uniform, L and step / g_hi constant"
 )
+
+
+VECTOR_TYPES = {"float": "float4"}
+"""Element types whose tiles the loader moves 16 bytes at a time where the addresses allow."""
 
 
 def _refuse(form: str) -> NotInForm:
@@ -134,7 +146,7 @@ def _split(source: ParsedSource, index: Node) -> _Split | None:
 
 
 @dataclass
-class _Operand:
+class TileOperand:
     """One operand the loop reads and moves along K."""
 
     pointer: str
@@ -158,7 +170,7 @@ class TileLoop:
 
     function: Function
     loop: Node
-    operands: tuple[_Operand, ...]
+    operands: tuple[TileOperand, ...]
 
 
 def advanced_pointers(source: ParsedSource, function: Function, loop: Node) -> list[Node]:
@@ -229,7 +241,7 @@ def _reads_of(source: ParsedSource, scope: Function, name: str, within: Node) ->
 
 def _operand(
     source: ParsedSource, function: Function, loop: Node, advance: Node, first: Node
-) -> _Operand:
+) -> TileOperand:
     """The reads of the pointer ``advance`` moves, in ``loop`` before ``first`` advance."""
     expression = advance.named_children[0]
     target, step = expression.child_by_field_name("left"), expression.child_by_field_name("right")
@@ -239,7 +251,7 @@ def _operand(
     assert param is not None
     body = loop.child_by_field_name("body")
     assert body is not None
-    operand = _Operand(pointer, param.base_type, advance, step, function)
+    operand = TileOperand(pointer, param.base_type, advance, step, function)
     subscripts: list[Node] = []
     for node in walk(body):
         if node.type != "identifier" or source.text_of(node) != pointer:
@@ -316,7 +328,7 @@ class _Name:
     """The kernel's text for it."""
 
 
-def _name(source: ParsedSource, function: Function, operand: _Operand, name: str) -> _Name:
+def _name(source: ParsedSource, function: Function, operand: TileOperand, name: str) -> _Name:
     """How the loader gets a name of the operand's layout."""
     scope = operand.scope
     if name in analysis(source).constants:
@@ -338,7 +350,7 @@ def _name(source: ParsedSource, function: Function, operand: _Operand, name: str
     raise _refuse(f"a layout over {name}, which {scope.name} neither gets nor declares")
 
 
-def _kernel_nodes(source: ParsedSource, operand: _Operand, node: Node) -> list[Node]:
+def _kernel_nodes(source: ParsedSource, operand: TileOperand, node: Node) -> list[Node]:
     """The kernel expressions a layout expression stands for (the reader's arguments)."""
     if operand.reader is None:
         return [node]
@@ -358,7 +370,7 @@ def _compile_time(source: ParsedSource, function: Function, name: str) -> bool:
     return len(declared) == 1 and "constexpr" in source.text_of(declared[0][0]).split()
 
 
-def _extent(source: ParsedSource, function: Function, operand: _Operand, split: _Split) -> str:
+def _extent(source: ParsedSource, function: Function, operand: TileOperand, split: _Split) -> str:
     """The tile's rows: the pointer's step over the row stride, factor by factor."""
     names = operand.names
     factors = _flat(operand.step, "*")
@@ -499,7 +511,24 @@ def _text(source: ParsedSource, nodes: tuple[Node, ...]) -> str:
 
 def tile_loop_edits(source: ParsedSource, tiles: TileLoop, names: list[str]) -> list[Edit]:
     """The edits that stage each operand's tile (see the module docstring); ``names``
-    suggests the tiles' names, one per operand in order."""
+    suggests the tiles' names, one per operand in order.
+
+    Where a template parameter of the kernel is its block's thread count at every launch,
+    the loader counts threads by it: its loops then run a compile-time number of times and
+    unroll, so a thread's loads are all in flight before its first store (counted at run
+    time, each turn waits for its load)."""
+    threads = block_size_parameter(source, tiles.function, before=tiles.loop.start_byte)
+    if threads is not None:
+        try:
+            return _tile_loop_edits(source, tiles, names, threads)
+        except NotInForm:
+            pass  # a layout names the count's parameter for another value
+    return _tile_loop_edits(source, tiles, names, None)
+
+
+def _tile_loop_edits(
+    source: ParsedSource, tiles: TileLoop, names: list[str], threads: str | None
+) -> list[Edit]:
     function, loop = tiles.function, tiles.loop
     body = loop.child_by_field_name("body")
     assert body is not None and function.body is not None
@@ -516,8 +545,14 @@ def tile_loop_edits(source: ParsedSource, tiles: TileLoop, names: list[str]) -> 
     row, col = fresh_name(taken, "hi"), fresh_name(taken | {"hi"}, "lo")
     thread, count = fresh_name(taken, "thread"), fresh_name(taken, "threads")
     taken |= {row, col, thread, count}
-    flat = fresh_name(taken, "slot")
-    taken.add(flat)
+    flat, quad, base = (fresh_name(taken, n) for n in ("slot", "quad", "base"))
+    taken |= {flat, quad, base}
+    if threads is not None:
+        count = threads
+        loader.need(threads, _Name("template", "int", threads))
+    guards: list[str] = []
+    fast: list[str] = []  # each tile's vector loop where it has one, else its scalar loop
+    scalars: list[str] = []
     for operand, suggested in zip(tiles.operands, names, strict=True):
         tile = fresh_name(taken, suggested)
         taken.add(tile)
@@ -527,7 +562,11 @@ def tile_loop_edits(source: ParsedSource, tiles: TileLoop, names: list[str]) -> 
                 loader.need(name, _name(source, function, operand, name))
         low = source.text_of(split.low)
         kernel_low = rename(source, split.low, operand.names) if operand.names else low
-        if strip_parens(split.low).type not in ("identifier", "number_literal"):
+        vectorized = operand.element in VECTOR_TYPES and not (split.g_low and split.g_high)
+        flat_loops = vectorized or threads is not None
+        if strip_parens(split.low).type != "identifier" and (
+            flat_loops or strip_parens(split.low).type != "number_literal"
+        ):
             # the removal reads the slot's row stride as one compile-time name of the loader
             low = fresh_name(taken, "COLS")
             taken.add(low)
@@ -557,35 +596,39 @@ def tile_loop_edits(source: ParsedSource, tiles: TileLoop, names: list[str]) -> 
         offset.append(f"{row} * {_wrap(_text(source, split.g_high))}" if split.g_high else row)
         offset += [source.text_of(r) for r in split.rest]
         store = f"{tile}[{row} * {low} + {col}] = {pointer_name}[{' + '.join(offset)}];"
-        if split.g_low and not split.g_high:
-            # a slot row runs along the operand's contiguous dimension (a tile stored
-            # transposed): consecutive threads take consecutive slot rows, so a warp reads
-            # runs of global memory instead of one element of each of 32 rows
-            loader.lines += [
-                f"  for (int {flat} = {thread}; {flat} < {rows_name} * {_wrap(low)}; "
-                f"{flat} += {count}) {{",
-                f"    const int {row} = {flat} % {rows_name};",
-                f"    const int {col} = {flat} / {rows_name};",
-                f"    {store}",
-                "  }",
-            ]
+        names_ = _LoopNames(row, col, flat, quad, thread, count, base if threads else None)
+        scalar = _scalar_lines(split, store, names_, rows_name, low)
+        scalars += scalar
+        if vectorized:
+            guards.append(_aligned_text(source, split, pointer_name, rows_name, low))
+            fast += _vector_lines(split, (tile, pointer_name, offset), names_, rows_name, low)
         else:
-            loader.lines += [
-                f"  for (int {row} = 0; {row} < {rows_name}; ++{row}) {{",
-                f"    for (int {col} = {thread}; {col} < {low}; {col} += {count}) {{",
-                f"      {store}",
-                "    }",
-                "  }",
-            ]
+            fast += scalar
+        aligned = "__align__(16) " if vectorized and not split.g_low else ""
         declarations.append(
-            f"__shared__ {operand.element} {tile}[{_wrap(kernel_low)} * {_wrap(rows)}];\n{indent}"
+            f"__shared__ {aligned}{operand.element} {tile}[{_wrap(kernel_low)} * {_wrap(rows)}];"
+            f"\n{indent}"
         )
         edits += _read_edits(source, operand, tile)
+    # one test for every tile, so the vector loads of all tiles share a block and are in
+    # flight together (a test a tile kept each tile's loads behind the last one's stores)
+    guard = " &&\n      ".join(guards)
+    loader.lines += (
+        [
+            f"  if ({guard}) {{",
+            *(f"  {line}" for line in fast),
+            "  } else {",
+            *(f"  {line}" for line in scalars),
+            "  }",
+        ]
+        if guards
+        else scalars
+    )
     edits += _unused_tails(source, tiles.operands)
     edits.append(
         Edit.insert(
             with_comments_above(source, function.outer).start_byte,
-            _loader_text(loader, loader_name, thread, count),
+            _loader_text(loader, loader_name, thread, None if threads else count),
         )
     )
     edits.append(Edit.insert(loop.start_byte, "".join(declarations)))
@@ -601,6 +644,117 @@ def tile_loop_edits(source: ParsedSource, tiles: TileLoop, names: list[str]) -> 
     last = [c for c in body.children if c.type != "}"][-1]
     edits.append(Edit.insert(last.end_byte, f"\n{step_in}__syncthreads();"))
     return edits
+
+
+@dataclass(frozen=True)
+class _LoopNames:
+    """The loader's local names: slot row and column, flat slot, vector, thread, threads."""
+
+    row: str
+    col: str
+    flat: str
+    quad: str
+    thread: str
+    count: str
+    base: str | None = None
+    """The unrolled loops' counter, where ``count`` is a compile-time name (else None)."""
+
+
+def _flat_loop(n: _LoopNames, total: str, width: int, body: list[str]) -> list[str]:
+    """A loop over a tile's slots, ``width`` a thread a turn, around ``body`` (which reads
+    the slot as ``n.flat``): counted from the thread's first slot, or, with a compile-time
+    thread count, from 0 (unrolled, a guard for the last turn)."""
+    step = f"{n.count} * {width}" if width > 1 else n.count
+    first = f"{n.thread} * {width}" if width > 1 else n.thread
+    if n.base is None:
+        head = f"  for (int {n.flat} = {first}; {n.flat} < {total}; {n.flat} += {step}) {{"
+        return [head, *body, "  }"]
+    return [
+        "  #pragma unroll",
+        f"  for (int {n.base} = 0; {n.base} < {total}; {n.base} += {step}) {{",
+        f"    const int {n.flat} = {n.base} + {first};",
+        f"    if ({n.flat} < {total}) {{",
+        *(f"  {line}" for line in body),
+        "    }",
+        "  }",
+    ]
+
+
+def _scalar_lines(split: _Split, store: str, n: _LoopNames, rows: str, low: str) -> list[str]:
+    """A loader loop that copies a tile an element at a time."""
+    total = f"{rows} * {_wrap(low)}"
+    if n.base is not None and not (split.g_low and not split.g_high):
+        return _flat_loop(
+            n,
+            total,
+            1,
+            [
+                f"    const int {n.row} = {n.flat} / {low};",
+                f"    const int {n.col} = {n.flat} % {low};",
+                f"    {store}",
+            ],
+        )
+    if split.g_low and not split.g_high:
+        # a slot row runs along the operand's contiguous dimension (a tile stored
+        # transposed): consecutive threads take consecutive slot rows, so a warp reads
+        # runs of global memory instead of one element of each of 32 rows
+        return _flat_loop(
+            n,
+            total,
+            1,
+            [
+                f"    const int {n.row} = {n.flat} % {rows};",
+                f"    const int {n.col} = {n.flat} / {rows};",
+                f"    {store}",
+            ],
+        )
+    return [
+        f"  for (int {n.row} = 0; {n.row} < {rows}; ++{n.row}) {{",
+        f"    for (int {n.col} = {n.thread}; {n.col} < {low}; {n.col} += {n.count}) {{",
+        f"      {store}",
+        "    }",
+        "  }",
+    ]
+
+
+def _aligned_text(source: ParsedSource, split: _Split, pointer: str, rows: str, low: str) -> str:
+    """The block-uniform test that every 16-byte access of the vector loop is aligned: the
+    contiguous side a multiple of 4 (folded at compile time), the stride too, and the base."""
+    side, stride = (rows, split.g_low) if split.g_low else (low, split.g_high)
+    stride_text = _wrap(_text(source, stride)) if stride else "1"
+    base = " + ".join([pointer, *(_wrap(source.text_of(r)) for r in split.rest)])
+    return (
+        f"{_wrap(side)} % 4 == 0 && {stride_text} % 4 == 0 && "
+        f"reinterpret_cast<unsigned long long>({base}) % 16 == 0"
+    )
+
+
+def _vector_lines(
+    split: _Split, buffers: tuple[str, str, list[str]], n: _LoopNames, rows: str, low: str
+) -> list[str]:
+    """A loader loop that moves a tile four elements at a time: a ``float4`` load split over
+    four slot rows for a tile stored transposed, else ``float4`` copies along its rows.
+    Each thread starts at four times its index, so a warp's loads stay contiguous."""
+    tile, pointer, offset = buffers
+    load = f"reinterpret_cast<const float4 *>(&{pointer}[{' + '.join(offset)}])[0]"
+    lines: list[str] = []
+    if split.g_low:
+        lines += [
+            f"    const int {n.row} = {n.flat} % {rows};",
+            f"    const int {n.col} = {n.flat} / {rows};",
+            f"    const float4 {n.quad} = {load};",
+        ]
+        for lane, component in enumerate("xyzw"):
+            slot_row = f"({n.row} + {lane})" if lane else n.row
+            lines.append(f"    {tile}[{slot_row} * {low} + {n.col}] = {n.quad}.{component};")
+    else:
+        lines += [
+            f"    const int {n.row} = {n.flat} / {low};",
+            f"    const int {n.col} = {n.flat} % {low};",
+            f"    reinterpret_cast<float4 *>(&{tile}[{n.row} * {low} + {n.col}])[0] =",
+            f"        {load};",
+        ]
+    return _flat_loop(n, f"{rows} * {_wrap(low)}", 4, lines)
 
 
 def _template_argument(text: str) -> str:
@@ -622,7 +776,7 @@ def _wrap(text: str) -> str:
     return f"({stripped})"
 
 
-def _loader_text(loader: _Loader, name: str, thread: str, count: str) -> str:
+def _loader_text(loader: _Loader, name: str, thread: str, count: str | None) -> str:
     template = ", ".join(f"{v.type} {n}" for n, v in loader.templates.items())
     params = ", ".join(
         f"{t}{'' if t.endswith('*') else ' '}{n}" for t, n, _ in loader.pointers + loader.values
@@ -633,14 +787,14 @@ def _loader_text(loader: _Loader, name: str, thread: str, count: str) -> str:
         "  // every thread of the block copies its share of each tile's rows",
         f"  const int {thread} = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + "
         "threadIdx.x;",
-        f"  const int {count} = blockDim.x * blockDim.y * blockDim.z;",
+        *([f"  const int {count} = blockDim.x * blockDim.y * blockDim.z;"] if count else []),
         *loader.lines,
         "}",
     ]
     return "\n".join(lines) + "\n\n"
 
 
-def _read_edits(source: ParsedSource, operand: _Operand, tile: str) -> list[Edit]:
+def _read_edits(source: ParsedSource, operand: TileOperand, tile: str) -> list[Edit]:
     """Each read ``P[X % L * g + X / L * h]`` becomes ``S[X]``; a reader gets the tile for
     the pointer and loses the trailing parameters nothing reads any more."""
     edits = [
@@ -674,7 +828,7 @@ def _used_after(source: ParsedSource, body: Node, name: str, reads: list[_Split 
     return False
 
 
-def _unused_tails(source: ParsedSource, operands: tuple[_Operand, ...]) -> list[Edit]:
+def _unused_tails(source: ParsedSource, operands: tuple[TileOperand, ...]) -> list[Edit]:
     """Deletions of each reader's last parameters (and their arguments) that only the
     rewritten reads used: the values the removal passed in for them."""
     edits = []

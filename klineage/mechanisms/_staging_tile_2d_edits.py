@@ -15,9 +15,10 @@ one), so the removal's reader copies get them back too.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from klineage.cuda.edit import Edit
+from klineage.cuda.facts import block_size_parameter
 from klineage.cuda.source import Node, ParsedSource
 from klineage.cuda.tree import fresh_name, statements, strip_parens
 from klineage.mechanisms._staging_reader_2d_forward import reader_row_edits
@@ -98,6 +99,8 @@ class _Locals:
     value: str
     slot_k: str
     slot_b: str
+    fixed: bool = False
+    """``threads`` is a compile-time name of the loader: its loops count turns (and unroll)."""
 
 
 def _fill(
@@ -133,10 +136,26 @@ def _fill(
     }
     element = _element(operand, names)
     slot = own.slot
+    if own.fixed:
+        # a compile-time number of turns: unrolled, every load of a thread is in flight
+        # before its first store (the experts' loaders count threads at compile time too)
+        linear = f"({own.thread} + {slot} * {own.threads})"
+        head = [
+            "  #pragma unroll",
+            f"  for (int {slot} = 0; {slot} < {rows} * {cols} / {own.threads}; ++{slot}) {{",
+            f"    static_assert({rows} * {cols} % {own.threads} == 0, "
+            '"the block fills a tile in whole turns");',
+        ]
+    else:
+        linear = slot
+        head = [
+            f"  for (int {slot} = {own.thread}; {slot} < {rows} * {cols}; {slot} += "
+            f"{own.threads}) {{",
+        ]
     return [
-        f"  for (int {slot} = {own.thread}; {slot} < {rows} * {cols}; {slot} += {own.threads}) {{",
+        *head,
         # `=`, not braces: a size_t extent would narrow into the int slot
-        *(f"    int const {part} = {slot} {op} {fast};" for part, op in parts.items()),
+        *(f"    int const {part} = {linear} {op} {fast};" for part, op in parts.items()),
         f"    {element} {own.value} = {zero};",
         f"    if ({cond}) {{",
         f"      {own.value} = {load};",
@@ -163,7 +182,11 @@ def _loader_text(loader: _Loader, name: str, own: _Locals) -> str:
         "  // matrix",
         f"  int const {own.thread} = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + "
         "threadIdx.x;",
-        f"  int const {own.threads} = blockDim.x * blockDim.y * blockDim.z;",
+        *(
+            []
+            if own.fixed
+            else [f"  int const {own.threads} = blockDim.x * blockDim.y * blockDim.z;"]
+        ),
         *loader.lines,
         "}",
     ]
@@ -199,6 +222,11 @@ def tile_loop_2d_edits(source: ParsedSource, tiles: TileLoop2d, wanted: list[str
     own = _Locals(
         *(fresh_name(inner, n) for n in ("thread", "threads", "slot", "value", "slot_k", "slot_b"))
     )
+    # the block's thread count as a compile-time name of the kernel, where one is
+    threads = block_size_parameter(source, function, before=loop.start_byte)
+    if threads is not None:
+        count = loader.add(threads, "unsigned int \x00", threads, True)
+        own = replace(own, threads=count, fixed=True)
     declarations = []
     indent = source.indent_of(loop.start_byte)
     edits: list[Edit] = []

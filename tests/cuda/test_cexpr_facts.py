@@ -13,7 +13,13 @@ from klineage.cuda.cexpr import (
     to_size_expr,
     wrap_at,
 )
-from klineage.cuda.facts import block_size_of, eval_context, shared_memory_of, static_shared_bytes
+from klineage.cuda.facts import (
+    block_size_of,
+    block_size_parameter,
+    eval_context,
+    shared_memory_of,
+    static_shared_bytes,
+)
 from klineage.cuda.source import Node, ParsedSource
 from klineage.kernel import KernelSource
 from tests.conftest import REPO
@@ -134,3 +140,66 @@ def test_template_values_follow_instantiations_out_through_enclosing_templates()
     assert template_values(runtime, "pitch") is None  # one instantiation is not constant
     unused = KernelSource("template <int kD> __device__ int f() { return kD; }").parsed
     assert template_values(unused, "f") is None
+
+
+_COUNTED = """
+template <int BM, int BK, int THREADS>
+__global__ void __launch_bounds__(THREADS) tiled(const float *a, float *b) {
+  constexpr int ROWS{BM / 2};
+  constexpr int LANES = BM / 2;
+  b[threadIdx.x] = a[threadIdx.x];
+}
+
+extern "C" int run(const float *a, float *b, cudaStream_t stream) {
+  const uint kThreads = 128;
+  constexpr unsigned int kRows{128U};
+  dim3 block(kThreads);
+  tiled<kRows, 8, kThreads><<<1, block, 0, stream>>>(a, b);
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "found"),
+    [
+        # BM and THREADS both equal the 128 threads: the launch bounds' name is taken
+        ((), "THREADS"),
+        ((("__launch_bounds__(THREADS) ", ""),), "BM"),
+        # a constexpr local of the body (braced or not) counts too
+        ((("tiled<kRows, 8, kThreads>", "tiled<256, 8, 64>"),), "ROWS"),
+        # another launch, of 256 threads: THREADS holds both, BM only the first
+        (
+            (("  return 0;", "  tiled<128, 8, 256><<<1, 256, 0, stream>>>(a, b);\n  return 0;"),),
+            "THREADS",
+        ),
+        (
+            (("  return 0;", "  tiled<128, 8, 128><<<1, 256, 0, stream>>>(a, b);\n  return 0;"),),
+            None,
+        ),
+        # a block size the launch does not fold
+        ((("dim3 block(kThreads);", "dim3 block(n);"),), None),
+    ],
+)
+def test_block_size_parameter_names_the_block_thread_count(
+    change: tuple[tuple[str, str], ...], found: str | None
+) -> None:
+    text = _COUNTED
+    for old, new in change:
+        assert old in text
+        text = text.replace(old, new)
+    source = KernelSource(text).parsed
+    kernel = source.function("tiled")
+    assert kernel is not None
+    assert block_size_parameter(source, kernel) == found
+
+
+def test_a_local_declared_after_the_given_byte_is_no_count() -> None:
+    text = _COUNTED.replace("tiled<kRows, 8, kThreads>", "tiled<256, 8, 64>")
+    source = KernelSource(text).parsed
+    kernel = source.function("tiled")
+    assert kernel is not None
+    assert block_size_parameter(source, kernel, before=text.index("  constexpr int LANES")) == (
+        "ROWS"
+    )
+    assert block_size_parameter(source, kernel, before=text.index("  constexpr int ROWS")) is None

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, get
 from klineage.mechanisms.base import Site
@@ -38,3 +40,15 @@ def remove_helper_staging(text: str) -> str:
     (site,) = [s for s in staging.detect(KernelSource(text)) if s.supported]
     assert site.detail["form"] == "helper"
     return staging.remove(KernelSource(text), site).text
+
+
+_THREAD_COUNT = re.compile(r"^  constexpr int THREADS = [^;\n]*;\n", re.MULTILINE)
+
+
+def counted_at_run_time(text: str) -> str:
+    """`text` without its kernel's compile-time name for the block's threads (``constexpr
+    int THREADS = ..;``, which the staging removals keep): a forward rule's loader then
+    counts the block's threads at run time."""
+    found = _THREAD_COUNT.findall(text)
+    assert len(found) == 1, found
+    return text.replace(found[0], "")

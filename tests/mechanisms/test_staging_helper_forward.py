@@ -17,6 +17,7 @@ from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import compile_ok
 from tests.mechanisms.staging_support import (
     apply_form,
+    counted_at_run_time,
     form_candidate,
     remove_helper_staging,
     staged_pair,
@@ -63,7 +64,7 @@ def test_removing_the_applied_staging_gives_the_removed_state_back(case: str) ->
 
 
 def test_reads_in_the_kernel_are_staged_by_a_loader_all_threads_run() -> None:
-    _, after = _pair("micro_tiles")
+    after = KernelSource(counted_at_run_time(_pair("micro_tiles")[1].text))
     staged = _apply(after.text)
     assert (
         "template <int BM, int BK, int BN>\n"
@@ -72,21 +73,47 @@ def test_reads_in_the_kernel_are_staged_by_a_loader_all_threads_run() -> None:
     ) in staged
     # A's tile is stored transposed (a slot row runs along A's rows, which are contiguous):
     # consecutive threads take consecutive slot rows, so a warp reads runs of A, not one
-    # element of each of 32 rows (2.4x slower on SGEMM_CUDA's warp-tiled kernel, H100)
+    # element of each of 32 rows (2.4x slower on SGEMM_CUDA's warp-tiled kernel, H100); a
+    # thread loads four of them at once where every address is 16-byte aligned, and stores
+    # them into four slot rows (element by element, a warp's stores hit one bank 16 times:
+    # SGEMM_CUDA's round trip fell to 0.35 of the expert's float4 loader on an H100)
+    # B's slot rows are its rows: a thread copies four consecutive slots. One test covers
+    # both tiles, so all their vector loads are in one block, in flight together (a test a
+    # tile kept B's loads behind A's stores: SGEMM_CUDA's round trip 0.94 on an H100); the
+    # scalar loops where any address is unaligned
     assert (
-        "  for (int slot = thread; slot < BK * BM; slot += threads) {\n"
-        "    const int hi = slot % BK;\n"
-        "    const int lo = slot / BK;\n"
-        "    tile_a[hi * BM + lo] = A[lo * K + hi];\n"
+        "  if (BK % 4 == 0 && K % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 &&\n"
+        "      BN % 4 == 0 && N % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0) {\n"
+        "    for (int slot = thread * 4; slot < BK * BM; slot += threads * 4) {\n"
+        "      const int hi = slot % BK;\n"
+        "      const int lo = slot / BK;\n"
+        "      const float4 quad = reinterpret_cast<const float4 *>(&A[lo * K + hi])[0];\n"
+        "      tile_a[hi * BM + lo] = quad.x;\n"
+        "      tile_a[(hi + 1) * BM + lo] = quad.y;\n"
+        "      tile_a[(hi + 2) * BM + lo] = quad.z;\n"
+        "      tile_a[(hi + 3) * BM + lo] = quad.w;\n"
+        "    }\n"
+        "    for (int slot = thread * 4; slot < BK * BN; slot += threads * 4) {\n"
+        "      const int hi = slot / BN;\n"
+        "      const int lo = slot % BN;\n"
+        "      reinterpret_cast<float4 *>(&tile_b[hi * BN + lo])[0] =\n"
+        "          reinterpret_cast<const float4 *>(&B[lo + hi * N])[0];\n"
+        "    }\n"
+        "  } else {\n"
+        "    for (int slot = thread; slot < BK * BM; slot += threads) {\n"
+        "      const int hi = slot % BK;\n"
+        "      const int lo = slot / BK;\n"
+        "      tile_a[hi * BM + lo] = A[lo * K + hi];\n"
+        "    }\n"
+        "    for (int hi = 0; hi < BK; ++hi) {\n"
+        "      for (int lo = thread; lo < BN; lo += threads) {\n"
+        "        tile_b[hi * BN + lo] = B[lo + hi * N];\n"
+        "      }\n"
+        "    }\n"
+        "  }\n"
     ) in staged
-    # B's slot rows are its rows: consecutive threads already take consecutive columns
     assert (
-        "  for (int hi = 0; hi < BK; ++hi) {\n"
-        "    for (int lo = thread; lo < BN; lo += threads) {\n"
-        "      tile_b[hi * BN + lo] = B[lo + hi * N];\n"
-    ) in staged
-    assert (
-        "  __shared__ float tile_a[BM * BK];\n  __shared__ float tile_b[BN * BK];\n"
+        "  __shared__ float tile_a[BM * BK];\n  __shared__ __align__(16) float tile_b[BN * BK];\n"
         "  for (int k0 = 0; k0 < K; k0 += BK) {\n"
         "    stage_tiles<BM, BK, BN>(tile_a, A, tile_b, B, K, N);\n"
         "    __syncthreads();\n"
@@ -96,13 +123,44 @@ def test_reads_in_the_kernel_are_staged_by_a_loader_all_threads_run() -> None:
     assert "    B += BK * N;\n    __syncthreads();\n  }\n" in staged
 
 
+def test_a_compile_time_thread_count_unrolls_the_loader() -> None:
+    """micro_tiles names its block's threads (the removal kept ``THREADS``): the loader
+    counts turns by it from 0, unrolled, a guard on the last turn's slots."""
+    _, after = _pair("micro_tiles")
+    staged = _apply(after.text)
+    assert "template <int THREADS, int BM, int BK, int BN>\n" in staged
+    assert "const int threads" not in staged
+    assert (
+        "    #pragma unroll\n"
+        "    for (int base = 0; base < BK * BM; base += THREADS * 4) {\n"
+        "      const int slot = base + thread * 4;\n"
+        "      if (slot < BK * BM) {\n"
+        "        const int hi = slot % BK;\n"
+    ) in staged
+    assert (
+        "    #pragma unroll\n"
+        "    for (int base = 0; base < BK * BN; base += THREADS) {\n"
+        "      const int slot = base + thread;\n"
+        "      if (slot < BK * BN) {\n"
+        "        const int hi = slot / BN;\n"
+        "        const int lo = slot % BN;\n"
+        "        tile_b[hi * BN + lo] = B[lo + hi * N];\n"
+    ) in staged
+    assert "stage_tiles<THREADS, BM, BK, BN>(tile_a, A, tile_b, B, K, N);" in staged
+    assert _remove(staged) == after.text
+    # the guard must bound the slot by the loader's compile-time names to be read as one
+    guarded = staged.replace("if (slot < BK * BN)", "if (slot < N)", 1)
+    (site,) = staging.detect(KernelSource(guarded))
+    assert site.refusal is not None and "is conditional" in site.refusal
+
+
 def test_a_flat_loader_splits_its_slot_only_by_a_compile_time_row_count() -> None:
     # the removal reads `slot % BK` and `slot / BK` as a slot row and column; split by a
     # count known only at run time, the stores are not read as a tile's layout
-    _, after = _pair("micro_tiles")
+    after = KernelSource(counted_at_run_time(_pair("micro_tiles")[1].text))
     staged = _apply(after.text)
-    split = "    const int hi = slot % BK;\n    const int lo = slot / BK;\n"
-    assert split in staged
+    split = "      const int hi = slot % BK;\n      const int lo = slot / BK;\n"
+    assert staged.count(split) == 2  # the vector loop and its scalar fallback
     runtime = staged.replace(split, split.replace("BK;", "K;"))
     (site,) = [s for s in staging.detect(KernelSource(runtime)) if s.mechanism == "smem_staging"]
     assert site.refusal is not None and "not affine in the loader's positions" in site.refusal
@@ -127,6 +185,36 @@ def test_the_applied_staging_is_the_before_state_up_to_the_loader() -> None:
     either gives the same kernel."""
     before, after = _pair("warp_tiles")
     assert _remove(before.text) == _remove(_apply(after.text)) == after.text
+
+
+def test_a_tile_of_another_element_type_keeps_the_scalar_loader() -> None:
+    after = KernelSource(counted_at_run_time(_pair("micro_tiles")[1].text))
+    staged = _apply(after.text.replace("float", "double"))
+    assert "float4" not in staged and "  if (" not in staged
+    assert "      tile_a[hi * BM + lo] = A[lo * K + hi];\n" not in staged
+    assert "    tile_a[hi * BM + lo] = A[lo * K + hi];\n" in staged
+    assert _remove(staged) == after.text.replace("float", "double")
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (("  if (BK % 4 == 0 && K", "  if (thread % 2 == 0 && K"), "a test that differs by thread"),
+        (
+            ("  } else {\n    for (int slot = thread;", "  }\n  {\n    for (int slot = thread;"),
+            "no else",
+        ),
+        (("reinterpret_cast<unsigned long long>(A) % 16", "(K = 4) % 16"), "an assignment"),
+    ],
+)
+def test_the_removal_reads_only_a_uniform_if_else_of_two_loaders(
+    change: tuple[str, str], why: str
+) -> None:
+    after = KernelSource(counted_at_run_time(_pair("micro_tiles")[1].text))
+    staged = _apply(after.text)
+    assert change[0] in staged, why
+    (site,) = [s for s in staging.detect(KernelSource(staged.replace(*change)))]
+    assert site.refusal is not None and "is conditional" in site.refusal, (why, site.refusal)
 
 
 @pytest.mark.parametrize(
@@ -178,7 +266,7 @@ def test_the_applied_staging_is_the_before_state_up_to_the_loader() -> None:
 def test_forms_the_forward_rule_does_not_take_are_refused_by_name(
     change: tuple[str, str], reason: str
 ) -> None:
-    _, after = _pair("micro_tiles")
+    after = KernelSource(counted_at_run_time(_pair("micro_tiles")[1].text))
     assert change[0] in after.text
     text = after.text.replace(*change)
     site = _candidate(KernelSource(text))
@@ -224,12 +312,14 @@ EMULATED = {
 
 
 def _cases(case: str) -> list[Case]:
+    """Aligned operands (the loader's float4 loops), then A and B one element off 16 bytes
+    (its scalar fallbacks)."""
     call, block, (bm, bn) = EMULATED[case]
     found = []
-    for m, n, k in ((bm, bn, 32), (2 * bm, bn, 48)):
+    for m, n, k, offset in ((bm, bn, 32, 0), (2 * bm, bn, 48, 0), (bm, bn, 32, 1)):
         buffers = [
-            Buffer("A", "float", "M * K", offset=0),
-            Buffer("B", "float", "K * N", offset=0),
+            Buffer("A", "float", "M * K", offset=offset),
+            Buffer("B", "float", "K * N", offset=offset),
             Buffer("C", "float", "M * N", output=True),
         ]
         grid = f"dim3({n // bn}, {m // bm})"
@@ -243,9 +333,12 @@ def test_the_applied_staging_computes_what_the_global_reads_did(case: str) -> No
     """The removed state, the staged one and the expert's state write the same bytes when
     each block's threads run on the CPU (several tiles along K, two blocks)."""
     before, after = _pair(case)
-    want = run_on_host(after.text, _cases(case))
-    assert run_on_host(_apply(after.text), _cases(case)) == want
-    assert run_on_host(before.text, _cases(case)) == want
+    cases = _cases(case)
+    want = run_on_host(after.text, cases)
+    assert run_on_host(_apply(after.text), cases) == want
+    # the expert's float4 loads need aligned operands (unaligned, they fault on the host too)
+    aligned = [c for c in cases if all(b.offset == 0 for b in c.buffers)]
+    assert run_on_host(before.text, aligned) == run_on_host(after.text, aligned)
 
 
 @pytest.mark.nvcc

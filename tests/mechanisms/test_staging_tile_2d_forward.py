@@ -17,6 +17,7 @@ from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import compile_ok
 from tests.mechanisms.staging_support import (
     apply_form,
+    counted_at_run_time,
     form_candidate,
     remove_helper_staging,
     staged_pair,
@@ -62,6 +63,28 @@ def test_removing_the_applied_staging_gives_the_removed_state_back(case: str) ->
     assert _remove(staged) == after.text
 
 
+def test_a_compile_time_thread_count_unrolls_the_loader() -> None:
+    """The kernel names its block's thread count (``THREADS``, 256 at run()'s launch): the
+    loader counts turns by it, unrolled; a kernel without one counts at run time."""
+    _, after = _pair("bounded_rows_2d")
+    staged = _apply(after.text)
+    assert "template <int WIDTH, int TK, int WIDTH_2, unsigned int THREADS>" in staged
+    assert "int const threads" not in staged
+    assert (
+        "  #pragma unroll\n"
+        "  for (int slot = 0; slot < TK * WIDTH / THREADS; ++slot) {\n"
+        '    static_assert(TK * WIDTH % THREADS == 0, "the block fills a tile in whole turns");\n'
+        "    int const slot_k = (thread + slot * THREADS) % TK;\n"
+        "    int const slot_b = (thread + slot * THREADS) / TK;\n"
+    ) in staged
+    assert "stage_tiles_2d<TM, TK, TN, THREADS>(tile_a, a, " in staged
+    # the removal kept the count, though the loader was its one reader (leimao V06's
+    # NUM_THREADS), so the forward rule finds it again
+    runtime = _apply(counted_at_run_time(after.text))
+    assert "  int const threads = blockDim.x * blockDim.y * blockDim.z;\n" in runtime
+    assert "#pragma unroll\n  for (int slot = 0;" not in runtime
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_the_walk_reapplies_the_staging_it_removed(case: str) -> None:
     """The round trip of a walk: remove the expert's staging, apply the forward rule where
@@ -75,7 +98,7 @@ def test_the_walk_reapplies_the_staging_it_removed(case: str) -> None:
 
 def test_rows_go_back_to_the_one_reader_helper_the_removal_copied() -> None:
     before, after = _pair("bounded_rows_2d")
-    staged = _apply(after.text)
+    staged = _apply(counted_at_run_time(after.text))
     reader = before.text[
         before.text.index("template <int WIDTH") : before.text.index(
             "template <int TM, int TN, int TK, int RM"
@@ -95,7 +118,7 @@ def test_rows_go_back_to_the_one_reader_helper_the_removal_copied() -> None:
 
 def test_the_loader_walks_each_tile_along_its_contiguous_global_dimension() -> None:
     _, after = _pair("bounded_rows_2d")
-    staged = _apply(after.text)
+    staged = _apply(counted_at_run_time(after.text))
     assert (
         "template <int WIDTH, int TK, int WIDTH_2>\n"
         "__device__ void stage_tiles_2d(float tile_a[TK][WIDTH], const float* a, int rows, "
@@ -161,7 +184,7 @@ LOOP_A = "    for (int kk = 0; kk < TK; ++kk) {\n      " + CALL_A
         ),
         (
             ("  float acc[RM][RN]", "  if (rows == 0) return;\n  float acc[RM][RN]"),
-            "a return before or in the loop (line 28)",
+            "a return before or in the loop (line 29)",
         ),
         (
             ("step < steps;", "step < steps + (int)threadIdx.x;"),
@@ -237,6 +260,10 @@ def test_the_applied_staging_computes_what_the_expert_and_the_global_reads_did()
     assert want.count("\n") >= 1
     assert run_on_host(after.text, _cases()) == want
     assert run_on_host(_apply(after.text), _cases()) == want
+    # counted at run time
+    runtime = counted_at_run_time(after.text)
+    assert "for (int slot = 0;" not in _apply(runtime)
+    assert run_on_host(_apply(runtime), _cases()) == want
 
 
 @pytest.mark.nvcc
