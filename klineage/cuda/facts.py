@@ -124,11 +124,10 @@ def _vexing_block(source: ParsedSource, launch: Launch) -> str | None:
     name = source.text_of(block)
     declarators = [
         d
-        for statement in caller.body.named_children
-        if statement.type == "declaration" and source.text_of(statement).startswith("dim3")
-        for d in statement.children_by_field_name("declarator")
-        if d.type == "function_declarator"
-        and source.text_of(d.child_by_field_name("declarator") or d) == name
+        for decl in source.declarations
+        if decl.type == "dim3" and decl.node.parent == caller.body
+        for n, d in zip(decl.names, decl.declarators, strict=True)
+        if n == name and d.type == "function_declarator"
     ]
     if len(declarators) != 1:
         return None
@@ -222,31 +221,20 @@ def _compile_time_values(
         bound = evaluate_size(expr)
         if bound is not None:
             values[name] = bound
-    if kernel.body is None:
+    body = kernel.body
+    if body is None:
         return values
-    for statement in kernel.body.named_children:
-        if statement.type != "declaration" or (
-            before is not None and statement.start_byte >= before
-        ):
+    for decl in source.declarations:
+        top_level = decl.node.parent == body
+        if not top_level or "constexpr" not in decl.qualifiers or decl.type not in INTEGER_TYPES:
             continue
-        if "constexpr" not in source.text_of(statement).split("=")[0].split("{")[0].split():
+        if before is not None and decl.node.start_byte >= before:
             continue
-        for declarator in statement.children_by_field_name("declarator"):
-            target = declarator.child_by_field_name("declarator")
-            value = declarator.child_by_field_name("value")
-            if (
-                value is not None
-                and value.type == "initializer_list"
-                and value.named_child_count == 1
-            ):
-                value = value.named_children[0]
-            if target is None or value is None:
-                continue
-            folded = evaluate_size(
-                to_size_expr(source, value, {**source.integer_constants, **values})
-            )
+        for name, declarator in zip(decl.names, decl.declarators, strict=True):
+            names: dict[str, int | str] = {**source.integer_constants, **values}
+            folded = evaluate_size(_initial_size(source, decl.type, declarator, names))
             if folded is not None:
-                values[source.text_of(target)] = folded
+                values[name] = folded
     return values
 
 

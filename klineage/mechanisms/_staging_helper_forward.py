@@ -80,7 +80,7 @@ from klineage.mechanisms._tiles_util import (
     with_comments_above,
 )
 
-__all__ = ["TileLoop", "TileOperand", "advanced_pointers", "tile_loop", "tile_loop_edits"]
+__all__ = ["TileLoop", "advanced_pointers", "tile_loop", "tile_loop_edits"]
 
 NEEDED = (
     "a top-level loop `for (v = 0; v < n; v += s)` of a kernel without shared memory that "
@@ -90,8 +90,8 @@ NEEDED = (
 )
 
 
-VECTOR_TYPES = {"float": "float4"}
-"""Element types whose tiles the loader moves 16 bytes at a time where the addresses allow."""
+VECTOR_ELEMENTS = frozenset({"float"})
+"""Element types whose tiles the loader moves a ``float4`` at a time where addresses allow."""
 
 
 def _refuse(form: str) -> NotInForm:
@@ -146,7 +146,7 @@ def _split(source: ParsedSource, index: Node) -> _Split | None:
 
 
 @dataclass
-class TileOperand:
+class _Operand:
     """One operand the loop reads and moves along K."""
 
     pointer: str
@@ -170,7 +170,7 @@ class TileLoop:
 
     function: Function
     loop: Node
-    operands: tuple[TileOperand, ...]
+    operands: tuple[_Operand, ...]
 
 
 def advanced_pointers(source: ParsedSource, function: Function, loop: Node) -> list[Node]:
@@ -241,7 +241,7 @@ def _reads_of(source: ParsedSource, scope: Function, name: str, within: Node) ->
 
 def _operand(
     source: ParsedSource, function: Function, loop: Node, advance: Node, first: Node
-) -> TileOperand:
+) -> _Operand:
     """The reads of the pointer ``advance`` moves, in ``loop`` before ``first`` advance."""
     expression = advance.named_children[0]
     target, step = expression.child_by_field_name("left"), expression.child_by_field_name("right")
@@ -251,7 +251,7 @@ def _operand(
     assert param is not None
     body = loop.child_by_field_name("body")
     assert body is not None
-    operand = TileOperand(pointer, param.base_type, advance, step, function)
+    operand = _Operand(pointer, param.base_type, advance, step, function)
     subscripts: list[Node] = []
     for node in walk(body):
         if node.type != "identifier" or source.text_of(node) != pointer:
@@ -328,7 +328,7 @@ class _Name:
     """The kernel's text for it."""
 
 
-def _name(source: ParsedSource, function: Function, operand: TileOperand, name: str) -> _Name:
+def _name(source: ParsedSource, function: Function, operand: _Operand, name: str) -> _Name:
     """How the loader gets a name of the operand's layout."""
     scope = operand.scope
     if name in analysis(source).constants:
@@ -350,7 +350,7 @@ def _name(source: ParsedSource, function: Function, operand: TileOperand, name: 
     raise _refuse(f"a layout over {name}, which {scope.name} neither gets nor declares")
 
 
-def _kernel_nodes(source: ParsedSource, operand: TileOperand, node: Node) -> list[Node]:
+def _kernel_nodes(source: ParsedSource, operand: _Operand, node: Node) -> list[Node]:
     """The kernel expressions a layout expression stands for (the reader's arguments)."""
     if operand.reader is None:
         return [node]
@@ -370,7 +370,7 @@ def _compile_time(source: ParsedSource, function: Function, name: str) -> bool:
     return len(declared) == 1 and "constexpr" in source.text_of(declared[0][0]).split()
 
 
-def _extent(source: ParsedSource, function: Function, operand: TileOperand, split: _Split) -> str:
+def _extent(source: ParsedSource, function: Function, operand: _Operand, split: _Split) -> str:
     """The tile's rows: the pointer's step over the row stride, factor by factor."""
     names = operand.names
     factors = _flat(operand.step, "*")
@@ -513,10 +513,10 @@ def tile_loop_edits(source: ParsedSource, tiles: TileLoop, names: list[str]) -> 
     """The edits that stage each operand's tile (see the module docstring); ``names``
     suggests the tiles' names, one per operand in order.
 
-    Where a template parameter of the kernel is its block's thread count at every launch,
-    the loader counts threads by it: its loops then run a compile-time number of times and
-    unroll, so a thread's loads are all in flight before its first store (counted at run
-    time, each turn waits for its load)."""
+    Where a compile-time name of the kernel is its block's thread count at every launch
+    (:func:`klineage.cuda.facts.block_size_parameter`), the loader counts threads by it: its
+    loops then run a compile-time number of times and unroll, so a thread's loads are all in
+    flight before its first store (counted at run time, each turn waits for its load)."""
     threads = block_size_parameter(source, tiles.function, before=tiles.loop.start_byte)
     if threads is not None:
         try:
@@ -562,7 +562,7 @@ def _tile_loop_edits(
                 loader.need(name, _name(source, function, operand, name))
         low = source.text_of(split.low)
         kernel_low = rename(source, split.low, operand.names) if operand.names else low
-        vectorized = operand.element in VECTOR_TYPES and not (split.g_low and split.g_high)
+        vectorized = operand.element in VECTOR_ELEMENTS and not (split.g_low and split.g_high)
         flat_loops = vectorized or threads is not None
         if strip_parens(split.low).type != "identifier" and (
             flat_loops or strip_parens(split.low).type != "number_literal"
@@ -680,34 +680,26 @@ def _flat_loop(n: _LoopNames, total: str, width: int, body: list[str]) -> list[s
     ]
 
 
+def _slot_lines(split: _Split, n: _LoopNames, rows: str, low: str) -> list[str]:
+    """The slot row and column of the flat slot: for a tile stored transposed (a slot row
+    runs along the operand's contiguous dimension), consecutive slots walk a slot column, so
+    a warp reads runs of global memory instead of one element of each of 32 rows."""
+    if split.g_low and not split.g_high:
+        return [
+            f"    const int {n.row} = {n.flat} % {rows};",
+            f"    const int {n.col} = {n.flat} / {rows};",
+        ]
+    return [
+        f"    const int {n.row} = {n.flat} / {low};",
+        f"    const int {n.col} = {n.flat} % {low};",
+    ]
+
+
 def _scalar_lines(split: _Split, store: str, n: _LoopNames, rows: str, low: str) -> list[str]:
     """A loader loop that copies a tile an element at a time."""
-    total = f"{rows} * {_wrap(low)}"
-    if n.base is not None and not (split.g_low and not split.g_high):
-        return _flat_loop(
-            n,
-            total,
-            1,
-            [
-                f"    const int {n.row} = {n.flat} / {low};",
-                f"    const int {n.col} = {n.flat} % {low};",
-                f"    {store}",
-            ],
-        )
-    if split.g_low and not split.g_high:
-        # a slot row runs along the operand's contiguous dimension (a tile stored
-        # transposed): consecutive threads take consecutive slot rows, so a warp reads
-        # runs of global memory instead of one element of each of 32 rows
-        return _flat_loop(
-            n,
-            total,
-            1,
-            [
-                f"    const int {n.row} = {n.flat} % {rows};",
-                f"    const int {n.col} = {n.flat} / {rows};",
-                f"    {store}",
-            ],
-        )
+    if n.base is not None or (split.g_low and not split.g_high):
+        body = [*_slot_lines(split, n, rows, low), f"    {store}"]
+        return _flat_loop(n, f"{rows} * {_wrap(low)}", 1, body)
     return [
         f"  for (int {n.row} = 0; {n.row} < {rows}; ++{n.row}) {{",
         f"    for (int {n.col} = {n.thread}; {n.col} < {low}; {n.col} += {n.count}) {{",
@@ -737,20 +729,14 @@ def _vector_lines(
     Each thread starts at four times its index, so a warp's loads stay contiguous."""
     tile, pointer, offset = buffers
     load = f"reinterpret_cast<const float4 *>(&{pointer}[{' + '.join(offset)}])[0]"
-    lines: list[str] = []
+    lines = _slot_lines(split, n, rows, low)
     if split.g_low:
-        lines += [
-            f"    const int {n.row} = {n.flat} % {rows};",
-            f"    const int {n.col} = {n.flat} / {rows};",
-            f"    const float4 {n.quad} = {load};",
-        ]
+        lines.append(f"    const float4 {n.quad} = {load};")
         for lane, component in enumerate("xyzw"):
             slot_row = f"({n.row} + {lane})" if lane else n.row
             lines.append(f"    {tile}[{slot_row} * {low} + {n.col}] = {n.quad}.{component};")
     else:
         lines += [
-            f"    const int {n.row} = {n.flat} / {low};",
-            f"    const int {n.col} = {n.flat} % {low};",
             f"    reinterpret_cast<float4 *>(&{tile}[{n.row} * {low} + {n.col}])[0] =",
             f"        {load};",
         ]
@@ -794,7 +780,7 @@ def _loader_text(loader: _Loader, name: str, thread: str, count: str | None) -> 
     return "\n".join(lines) + "\n\n"
 
 
-def _read_edits(source: ParsedSource, operand: TileOperand, tile: str) -> list[Edit]:
+def _read_edits(source: ParsedSource, operand: _Operand, tile: str) -> list[Edit]:
     """Each read ``P[X % L * g + X / L * h]`` becomes ``S[X]``; a reader gets the tile for
     the pointer and loses the trailing parameters nothing reads any more."""
     edits = [
@@ -828,7 +814,7 @@ def _used_after(source: ParsedSource, body: Node, name: str, reads: list[_Split 
     return False
 
 
-def _unused_tails(source: ParsedSource, operands: tuple[TileOperand, ...]) -> list[Edit]:
+def _unused_tails(source: ParsedSource, operands: tuple[_Operand, ...]) -> list[Edit]:
     """Deletions of each reader's last parameters (and their arguments) that only the
     rewritten reads used: the values the removal passed in for them."""
     edits = []

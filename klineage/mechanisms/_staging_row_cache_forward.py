@@ -533,9 +533,9 @@ OPT_IN_LIMIT = 227 * 1024
 
 def row_cache_conditions(source: ParsedSource, site: Site) -> list[Condition]:
     """Where the slices fit: the passes' bound at most what 227 KiB hold a block, less the
-    kernel's static shared memory (cross_entropy's 128K vocabularies do not fit a row a
-    block). None known (no condition) when the bound is no ``run`` parameter or the rows a
-    block are not a constant."""
+    kernel's static shared memory (a 128K-float row does not fit a block). None known (no
+    condition) when the bound is no ``run`` parameter or the rows a block are not a
+    constant."""
     found = _at_site(source, site)
     if not isinstance(found, RowCache):
         return []
