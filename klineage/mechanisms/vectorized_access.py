@@ -993,7 +993,15 @@ def vector_kernels(source: ParsedSource) -> list[_VectorKernel]:
 # Single vector accesses, and their split forms
 # ---------------------------------------------------------------------------------------------
 
-AccessForm = Literal["subscript", "deref", "ldg"]
+AccessForm = Literal["subscript", "deref", "ldg", "hinted"]
+"""How a vector access is spelled: ``p[i]``, ``*A``, ``__ldg(A)``, or another load or store
+intrinsic with a cache hint (``__ldcs(A)``, ``__stcs(A, v)``, ...)."""
+
+LOAD_INTRINSICS = frozenset({"__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "__ldcv"})
+"""Loads through one pointer (read-only or cache-hinted); each has an overload for every scalar
+and vector type, so a vector load splits into the same intrinsic on each element."""
+STORE_INTRINSICS = frozenset({"__stwb", "__stcg", "__stcs", "__stwt"})
+"""Cache-hinted stores ``__stcs(A, v)``, overloaded for every scalar and vector type too."""
 
 
 @dataclass(frozen=True)
@@ -1014,6 +1022,8 @@ class _Access:
     value: Node | None
     """A store's value."""
     refusal: str | None
+    intrinsic: str = ""
+    """The load or store intrinsic the access goes through (``__ldg``, ``__stcs``), if any."""
 
 
 def _vector_pointer(source: ParsedSource, function: Function, node: Node) -> VectorType | None:
@@ -1054,19 +1064,10 @@ def _reference_binding(source: ParsedSource, node: Node) -> str | None:
 
 
 def _access_at(source: ParsedSource, function: Function, node: Node) -> _Access | None:
-    """The whole-vector access at ``node`` (a ``p[i]``, ``*A`` or ``__ldg(A)``), if it is one."""
+    """The whole-vector access at ``node`` (a ``p[i]``, ``*A``, ``__ldg(A)`` or another load or
+    store intrinsic), if it is one."""
     if node.type == "call_expression":
-        callee = node.child_by_field_name("function")
-        arguments = node.child_by_field_name("arguments")
-        args = statements(arguments) if arguments is not None else []
-        if callee is None or source.text_of(callee) != "__ldg" or len(args) != 1:
-            return None
-        vector = _vector_pointer(source, function, args[0])
-        if vector is None:
-            return None
-        refusal = None if is_side_effect_free(source, args[0]) else "the address has side effects"
-        text = source.text_of(args[0])
-        return _Access(node, "load", "ldg", text, args[0], None, vector, None, refusal)
+        return _intrinsic_access(source, function, node)
     form: AccessForm
     address_node: Node | None
     if node.type == "subscript_expression":
@@ -1101,6 +1102,34 @@ def _access_at(source: ParsedSource, function: Function, node: Node) -> _Access 
     )
 
 
+def _intrinsic_access(source: ParsedSource, function: Function, call: Node) -> _Access | None:
+    """``__ldcs(A)`` (any load intrinsic) or ``__stcs(A, v);`` (any store intrinsic) of a whole
+    vector."""
+    callee = call.child_by_field_name("function")
+    arguments = call.child_by_field_name("arguments")
+    args = statements(arguments) if arguments is not None else []
+    name = source.text_of(callee) if callee is not None else ""
+    if name in LOAD_INTRINSICS and len(args) == 1:
+        kind: Literal["load", "store"] = "load"
+    elif name in STORE_INTRINSICS and len(args) == 2:
+        kind = "store"
+    else:
+        return None
+    vector = _vector_pointer(source, function, args[0])
+    if vector is None:
+        return None
+    refusal = None if is_side_effect_free(source, args[0]) else "the address has side effects"
+    text = source.text_of(args[0])
+    form: AccessForm = "ldg" if name == "__ldg" else "hinted"
+    if kind == "load":
+        return _Access(call, "load", form, text, args[0], None, vector, None, refusal, name)
+    statement = call.parent
+    if statement is None or statement.type != "expression_statement":
+        used = "the store's value is used in a larger expression"
+        return _Access(call, "store", form, text, args[0], None, vector, args[1], used, name)
+    return _Access(statement, "store", form, text, args[0], None, vector, args[1], refusal, name)
+
+
 def vector_accesses(source: ParsedSource, skip: list[tuple[int, int]]) -> list[_Access]:
     """Every whole-vector load and store in device code outside the ``skip`` regions."""
     found = []
@@ -1124,8 +1153,9 @@ def split_text(source: ParsedSource, access: _Access, names: set[str]) -> str:
     column = len(source.data[line_start : access.node.start_byte].decode("utf-8"))
     if access.kind == "load":
         cast = f"reinterpret_cast<const {element}*>({access.address})"
-        if access.form == "ldg":
-            parts = [f"__ldg({cast}{f' + {k}' if k else ''})" for k in range(vector.count)]
+        if access.intrinsic:
+            hint = access.intrinsic
+            parts = [f"{hint}({cast}{f' + {k}' if k else ''})" for k in range(vector.count)]
         else:
             parts = [f"{cast}[{k}]" for k in range(vector.count)]
         one_line = f"{vector.make}({', '.join(parts)})"
@@ -1136,10 +1166,17 @@ def split_text(source: ParsedSource, access: _Access, names: set[str]) -> str:
     assert access.value is not None
     packed, elems = _fresh("packed", names), _fresh("elems", names)
     indent = source.indent_of(access.node.start_byte)
+    stores = [
+        f"{access.intrinsic}(&{elems}[{k}], {packed}.{f});"
+        if access.intrinsic
+        else f"{elems}[{k}] = {packed}.{f};"
+        for k, f in enumerate(vector.fields)
+    ]
     inner = [
         f"const {vector.name} {packed} = {source.text_of(access.value)};",
         f"{element}* {elems} = reinterpret_cast<{element}*>({access.address});",
-    ] + [f"{elems}[{k}] = {packed}.{f};" for k, f in enumerate(vector.fields)]
+        *stores,
+    ]
     return "{" + "".join(f"\n{indent}  {line}" for line in inner) + f"\n{indent}}}"
 
 
@@ -1160,6 +1197,8 @@ class _Split:
     address: Node
     vector: VectorType
     value: Node | None
+    intrinsic: str = ""
+    """The intrinsic every element access goes through (``__ldg``, ``__stcs``), if any."""
 
 
 def _cast_target(source: ParsedSource, node: Node) -> tuple[str, Node] | None:
@@ -1180,8 +1219,9 @@ def _cast_target(source: ParsedSource, node: Node) -> tuple[str, Node] | None:
     return (target[:-1], args[0]) if target.endswith("*") else None
 
 
-def _element_ref(source: ParsedSource, node: Node) -> tuple[str, Node, int, bool] | None:
-    """(E, A, k, ldg) of ``reinterpret_cast<const E*>(A)[k]`` or ``__ldg(cast + k)``."""
+def _element_ref(source: ParsedSource, node: Node) -> tuple[str, Node, int, str] | None:
+    """(E, A, k, intrinsic) of ``reinterpret_cast<const E*>(A)[k]`` (intrinsic "") or
+    ``__ldg(cast + k)`` (any load intrinsic)."""
     node = strip_parens(node)
     if node.type == "subscript_expression":
         base = node.child_by_field_name("argument")
@@ -1190,20 +1230,21 @@ def _element_ref(source: ParsedSource, node: Node) -> tuple[str, Node, int, bool
         cast = _cast_target(source, base) if base is not None else None
         if cast is None or len(inner) != 1 or not source.text_of(inner[0]).isdigit():
             return None
-        return cast[0], cast[1], int(source.text_of(inner[0])), False
+        return cast[0], cast[1], int(source.text_of(inner[0])), ""
     if node.type != "call_expression":
         return None
     callee = node.child_by_field_name("function")
     arguments = node.child_by_field_name("arguments")
     args = statements(arguments) if arguments is not None else []
-    if callee is None or source.text_of(callee) != "__ldg" or len(args) != 1:
+    hint = source.text_of(callee) if callee is not None else ""
+    if hint not in LOAD_INTRINSICS or len(args) != 1:
         return None
     sum_ = binary(strip_parens(args[0]), "+")
     if sum_ is not None and source.text_of(sum_[1]).isdigit():
         cast, k = _cast_target(source, sum_[0]), int(source.text_of(sum_[1]))
     else:
         cast, k = _cast_target(source, args[0]), 0
-    return None if cast is None else (cast[0], cast[1], k, True)
+    return None if cast is None else (cast[0], cast[1], k, hint)
 
 
 def _split_load(source: ParsedSource, function: Function, call: Node) -> _Split | None:
@@ -1223,8 +1264,8 @@ def _split_load(source: ParsedSource, function: Function, call: Node) -> _Split 
         return None
     for k, ref in enumerate(refs):
         assert ref is not None
-        element, node, index, ldg = ref
-        if (element, source.text_of(node), index, ldg) != (
+        element, node, index, hint = ref
+        if (element, source.text_of(node), index, hint) != (
             vector.element,
             source.text_of(address),
             k,
@@ -1232,10 +1273,27 @@ def _split_load(source: ParsedSource, function: Function, call: Node) -> _Split 
         ):
             return None
     address_text = source.text_of(address)
-    form: AccessForm = (
-        "ldg" if first[3] else ("subscript" if address_text.startswith("&") else "deref")
-    )
-    return _Split(call, "load", form, address, vector, None)
+    form = _split_form(first[3], address_text)
+    return _Split(call, "load", form, address, vector, None, first[3])
+
+
+def _split_form(intrinsic: str, address: str) -> AccessForm:
+    """The access form a split access merges back into."""
+    if intrinsic:
+        return "ldg" if intrinsic == "__ldg" else "hinted"
+    return "subscript" if address.startswith("&") else "deref"
+
+
+def _element_store(source: ParsedSource, statement: Node, elems: str, packed: str) -> str | None:
+    """The intrinsic ("" for a plain assignment) of the split store statement ``elems[k] =
+    packed.f;`` or ``__stcs(&elems[k], packed.f);``, given as (k, f) by the caller's match."""
+    text = " ".join(source.text_of(statement).split())
+    if text.startswith(f"{elems}["):
+        return ""
+    call = statement.named_children[0] if statement.named_children else None
+    callee = call.child_by_field_name("function") if call is not None else None
+    hint = source.text_of(callee) if callee is not None else None
+    return hint if hint in STORE_INTRINSICS else None
 
 
 def _split_store(source: ParsedSource, function: Function, block: Node) -> _Split | None:
@@ -1263,12 +1321,19 @@ def _split_store(source: ParsedSource, function: Function, block: Node) -> _Spli
         return None
     if normalize_type(packed[1]) != vector.name:
         return None
+    hint = _element_store(source, body[2], elems, packed[0])
+    if hint is None:
+        return None
     for k, (statement, name) in enumerate(zip(body[2:], vector.fields, strict=True)):
-        if " ".join(source.text_of(statement).split()) != f"{elems}[{k}] = {packed[0]}.{name};":
+        wanted = (
+            f"{hint}(&{elems}[{k}], {packed[0]}.{name});"
+            if hint
+            else f"{elems}[{k}] = {packed[0]}.{name};"
+        )
+        if " ".join(source.text_of(statement).split()) != wanted:
             return None
     address = source.text_of(cast[1])
-    form: AccessForm = "subscript" if address.startswith("&") else "deref"
-    return _Split(block, "store", form, cast[1], vector, packed[2])
+    return _Split(block, "store", _split_form(hint, address), cast[1], vector, packed[2], hint)
 
 
 def split_forms(source: ParsedSource) -> list[_Split]:
@@ -1295,8 +1360,11 @@ def merged_text(source: ParsedSource, split: _Split) -> str:
     """The vector access a split form stands for."""
     address = split.address
     text = source.text_of(address)
-    if split.form == "ldg":
-        access = f"__ldg({text})"
+    if split.kind == "store" and split.intrinsic:
+        assert split.value is not None
+        return f"{split.intrinsic}({text}, {source.text_of(split.value)});"
+    if split.intrinsic:
+        access = f"{split.intrinsic}({text})"
     elif split.form == "subscript":
         target = address.child_by_field_name("argument")
         access = source.text_of(target) if target is not None else f"*({text})"

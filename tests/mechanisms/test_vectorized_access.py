@@ -235,6 +235,73 @@ def test_a_store_through_a_cast_splits_and_merges_back() -> None:
     assert mechanism.apply(split, candidate).text == kernel.text
 
 
+# A packed-struct idiom: loads and stores of 16 bytes through cache-hinted intrinsics inside the
+# struct's helpers (__ldcs, __stcs, __stcg), beside plain ones.
+HINTED = """#include <stdint.h>
+#include <cuda_runtime.h>
+
+struct alignas(16) Pack4 {
+  float v[4];
+};
+
+__device__ Pack4 load_streaming(const float* at) {
+  Pack4 out;
+  int4 bits = __ldcs(reinterpret_cast<const int4*>(at));
+  memcpy(&out, &bits, sizeof(bits));
+  return out;
+}
+
+__device__ void store_streaming(float* at, Pack4 value) {
+  int4 bits;
+  memcpy(&bits, &value, sizeof(bits));
+  __stcs(reinterpret_cast<int4*>(at), bits);
+}
+
+__device__ void store_global(float* at, float4 value) {
+  __stcg(reinterpret_cast<float4*>(at), value);
+}
+
+__global__ void scale_rows(const float* x, float* y, float* z, float s, int64_t n4) {
+  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n4) return;
+  Pack4 p = load_streaming(x + 4 * i);
+  for (int k = 0; k < 4; ++k) p.v[k] *= s;
+  store_streaming(y + 4 * i, p);
+  store_global(z + 4 * i, make_float4(p.v[0], p.v[1], p.v[2], p.v[3]));
+}
+"""
+
+
+@pytest.mark.nvcc
+def test_cache_hinted_vector_accesses_split_keep_their_hint_and_merge_back(
+    mechanism_builder: Builder,
+) -> None:
+    kernel = KernelSource(HINTED)
+    sites = mechanism.detect(kernel)
+    assert [(s.detail["form"], s.detail["access"]) for s in sites] == [
+        ("load", "hinted"),
+        ("store", "hinted"),
+        ("store", "hinted"),
+    ]
+    chain = removal_chain(mechanism, kernel)
+    scalar = chain.states[-1]
+    assert "__ldcs(reinterpret_cast<const int*>(reinterpret_cast<const int4*>(at)) + 3)" in (
+        scalar.text
+    )
+    assert "__stcs(&elems[3], packed.w);" in scalar.text
+    assert "__stcg(&elems[1], packed.y);" in scalar.text
+    assert mechanism.detect(scalar) == []
+    compile_ok(mechanism_builder, chain.states)
+    back = apply_everywhere(scalar, mechanism, Carrier())
+    assert back.text == kernel.text
+
+
+def test_a_hinted_store_whose_address_has_side_effects_is_refused() -> None:
+    body = "  int64_t i = 0;\n  __stcs(q4 + i++, make_float4(0, 0, 0, 0));"
+    (site,) = mechanism.detect(_device(body))
+    assert "side effects" in (site.refusal or "")
+
+
 # One thread per element, an early exit for invalid ids: every path stores y[i] (the exit
 # stores a zero first), so a lane's element is always written.
 LOOKUP = """#include <stdint.h>
