@@ -391,9 +391,40 @@ def _block_reducers(source: ParsedSource) -> set[str]:
             continue
         if not _calls_any(source, function, _SYNC):
             continue
-        if _returns_warp_result(source, function, warp):
+        bound = warp | _warp_template_params(source, function, warp)
+        if _returns_warp_result(source, function, bound):
             found.add(function.name)
     return found
+
+
+def _warp_template_params(source: ParsedSource, function: Function, warp: set[str]) -> set[str]:
+    """The template parameters of ``function`` that stand for a warp reduction: every call
+    that names one (``block_reduce<warp_max>(v)``) passes a warp-reduction helper there, or
+    forwards a template parameter of its own caller (an overload with default arguments)."""
+    bound = set()
+    calls = analysis(source).call_graph.call_sites(function.name)
+    for position, name in enumerate(function.template_params):
+        passed = []
+        for caller, call in calls:
+            arguments = _template_arguments(source, call)
+            if arguments is None or position >= len(arguments):
+                passed = []
+                break
+            definition = source.function(caller)
+            if definition is None or arguments[position] not in definition.template_params:
+                passed.append(arguments[position])
+        if passed and all(argument in warp for argument in passed):
+            bound.add(name)
+    return bound
+
+
+def _template_arguments(source: ParsedSource, call: Node) -> list[str] | None:
+    """The template arguments of ``f<a, b>(...)`` as written; None without any."""
+    callee = call.child_by_field_name("function")
+    if callee is None or callee.type != "template_function":
+        return None
+    arguments = callee.child_by_field_name("arguments")
+    return [source.text_of(a) for a in arguments.named_children] if arguments else None
 
 
 def _calls_any(source: ParsedSource, function: Function, names: frozenset[str]) -> bool:
@@ -2773,6 +2804,8 @@ def _block_reduction(source: ParsedSource, kernel: Function) -> bool:
         call_name(source, n) in reducers for n in inside(source, kernel.body, "call_expression")
     ):
         return True
+    if helper_block_reductions(source, kernel):
+        return True  # the removal refuses it, naming the helper
     inline = _InlineReductions(source, kernel.body)
     if inline.any_run() or _scratch_runs(source, kernel, inline):
         return True
@@ -2780,6 +2813,24 @@ def _block_reduction(source: ParsedSource, kernel: Function) -> bool:
         return bool(_serial_runs(source, kernel))
     except NotCanonical:
         return True  # the form's start: refused by the removal with what differs
+
+
+def helper_block_reductions(source: ParsedSource, kernel: Function) -> list[str]:
+    """The device helpers a kernel calls (directly or not) that make block-reduction calls
+    themselves: a row handed to a helper that reduces it over the block (llm.c's
+    ``prepare_softmax_blockwide3(idx, ...)`` calling ``blockReduce<warpReduceMax>``)."""
+    reducers = block_reduce_functions(source)
+    graph = analysis(source).call_graph
+    found = []
+    for name in sorted(graph.reachable(kernel.name) - reducers):
+        helper = graph.definition(name)
+        if helper is None or helper.body is None:
+            continue
+        if any(
+            call_name(source, n) in reducers for n in inside(source, helper.body, "call_expression")
+        ):
+            found.append(name)
+    return found
 
 
 def is_block_per_row(source: ParsedSource, kernel: Function) -> bool:
@@ -2800,6 +2851,13 @@ def is_warp_per_row(source: ParsedSource, kernel: Function) -> bool:
 def group_rows(source: ParsedSource, kernel: Function, group: Group) -> GroupRows:
     """The edits that turn a block- (or warp-) per-row kernel into a thread-per-row one;
     :class:`NotCanonical` says why not."""
+    helpers = helper_block_reductions(source, kernel) if group == "block" else []
+    if helpers:
+        raise NotCanonical(
+            f"{kernel.name} hands its row to {', '.join(helpers)}, which reduces it over the "
+            "block there; this rule needs the row's loops and block reductions in the kernel "
+            "itself (inline the helper first)"
+        )
     emptied, untaken = emptied_branches(source, kernel)
     walker = _GroupWalker(source, kernel, group, untaken)
     index = _block_layout(walker) if group == "block" else _warp_layout(walker)

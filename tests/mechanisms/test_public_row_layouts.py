@@ -243,3 +243,63 @@ def test_a_walk_back_by_another_step_is_refused() -> None:
     )
     (site,) = warp_per_row.detect(KernelSource(text))
     assert site.refusal is not None and "is used after the loop" in site.refusal
+
+
+# A block per row whose row goes to a helper: the helper strides the row by the block and
+# reduces through a block reducer whose warp reduction is a template argument (a function
+# pointer), as some public code shares one block reducer for sums and maxima.
+HELPER_ROWS = """\
+using warp_fn = float (*)(float);
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+  return v;
+}
+template <warp_fn reduce_warp>
+__device__ float block_reduce(float v, float pad) {
+  __shared__ float slots[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float w = reduce_warp(v);
+  if (lane == 0) slots[warp] = w;
+  __syncthreads();
+  w = lane < blockDim.x / 32 ? slots[lane] : pad;
+  return reduce_warp(w);
+}
+template <warp_fn reduce_warp>
+__device__ float block_reduce(float v) {
+  return block_reduce<reduce_warp>(v, 0.0f);
+}
+__device__ float2 row_stats(const float* x, int row, int cols) {
+  float m = -INFINITY, s = 0.0f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, x[row * cols + c]);
+  m = block_reduce<warp_max>(m, -INFINITY);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) s += expf(x[row * cols + c] - m);
+  return make_float2(m, block_reduce<warp_sum>(s));
+}
+__global__ void log_norm(const float* x, float* out, int cols) {
+  int row = blockIdx.x;
+  float2 st = row_stats(x, row, cols);
+  if (threadIdx.x == 0) out[row] = st.x + logf(st.y);
+}
+"""
+
+
+def test_a_block_reduction_a_helper_makes_for_the_kernel_row_is_found_and_refused() -> None:
+    (site,) = block_per_row.detect(KernelSource(HELPER_ROWS))
+    assert site.detail.get("function", site.function) == "log_norm"
+    assert "hands its row to row_stats" in (site.refusal or "")
+    assert "inline the helper first" in (site.refusal or "")
+
+
+def test_a_block_reducer_is_one_only_where_every_caller_passes_a_warp_reduction() -> None:
+    # the same reducer instantiated once with a function that is no warp reduction
+    text = HELPER_ROWS.replace(
+        "__global__ void log_norm",
+        "__device__ float twice(float v) { return 2.0f * v; }\n"
+        "__device__ float other(float v) { return block_reduce<twice>(v, 0.0f); }\n"
+        "__global__ void log_norm",
+    )
+    assert block_per_row.detect(KernelSource(text)) == []
