@@ -56,6 +56,7 @@ from klineage.cuda.tree import (
     statement_before,
     walk,
 )
+from klineage.mechanisms._block_rows_helper import HelperRowsError, helper_rows
 from klineage.mechanisms._block_unrolled import (
     STORE_INTRINSICS,
     UnrolledFormError,
@@ -2853,11 +2854,7 @@ def group_rows(source: ParsedSource, kernel: Function, group: Group) -> GroupRow
     :class:`NotCanonical` says why not."""
     helpers = helper_block_reductions(source, kernel) if group == "block" else []
     if helpers:
-        raise NotCanonical(
-            f"{kernel.name} hands its row to {', '.join(helpers)}, which reduces it over the "
-            "block there; this rule needs the row's loops and block reductions in the kernel "
-            "itself (inline the helper first)"
-        )
+        return _helper_group_rows(source, kernel, helpers)
     emptied, untaken = emptied_branches(source, kernel)
     walker = _GroupWalker(source, kernel, group, untaken)
     index = _block_layout(walker) if group == "block" else _warp_layout(walker)
@@ -2868,6 +2865,23 @@ def group_rows(source: ParsedSource, kernel: Function, group: Group) -> GroupRow
     walker.edits += helper_deletions(source, walker.removed)
     kept = [e for e in walker.edits if not any(_inside_node(e, n) for n in untaken)]
     return GroupRows(kernel, group, kept + emptied, walker.removed)
+
+
+def _helper_group_rows(source: ParsedSource, kernel: Function, helpers: list[str]) -> GroupRows:
+    """A block per row whose row goes to helpers that block-reduce it: each thread runs the
+    row code as a one-thread block (:mod:`klineage.mechanisms._block_rows_helper`)."""
+    walker = _GroupWalker(source, kernel, "block", [])
+    uses = block_row_uses(source, kernel) or []
+    try:
+        rows = helper_rows(source, kernel, walker.block_reducers, uses)
+    except HelperRowsError as why:
+        raise NotCanonical(
+            f"{kernel.name} hands its row to {', '.join(helpers)}, which reduces it over the "
+            f"block there, and {why}"
+        ) from None
+    index = _block_index(source, walker)
+    edits = walker.edits + rows.edits + _thread_launches(source, walker, index)
+    return GroupRows(kernel, "block", edits, walker.removed)
 
 
 def _inside_node(edit: Edit, node: Node) -> bool:

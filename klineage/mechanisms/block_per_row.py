@@ -19,7 +19,10 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   memory), and a row count the kernel never checks but the launch passes as the grid size;
   and the cooperative-groups spelling of llm.c's attention backward (rows counted down from
   the grid's end, loops by a template block size, per-warp sums reloaded from zeroed slots;
-  see :mod:`klineage.mechanisms._block_rows_cg`).
+  see :mod:`klineage.mechanisms._block_rows_cg`); and a row handed to helpers that walk it by
+  the block and block-reduce it (``stats = row_stats(idx, ...)`` calling
+  ``block_reduce<warp_max>(m)``), each thread running the row code as a one-thread block (see
+  :mod:`klineage.mechanisms._block_rows_helper`).
   Refused when anything else ties the kernel to the block (a row held in registers across
   block-strided slots, shared memory beyond the reductions, barriers, helpers that use
   ``threadIdx``), with the line.

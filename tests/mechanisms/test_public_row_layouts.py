@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
+from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
 from tests.mechanisms.roundtrip import PUBLIC_FORMS, removal_chain
 from tests.mechanisms.test_warp_per_row import WARP_ROWS
 
@@ -245,10 +248,13 @@ def test_a_walk_back_by_another_step_is_refused() -> None:
     assert site.refusal is not None and "is used after the loop" in site.refusal
 
 
-# A block per row whose row goes to a helper: the helper strides the row by the block and
-# reduces through a block reducer whose warp reduction is a template argument (a function
-# pointer), as some public code shares one block reducer for sums and maxima.
+# A block per row whose row goes to a helper: the helper strides the row by the block (the
+# maximum walked backwards, as some public code does for the cache) and reduces through a
+# block reducer whose warp reduction is a template argument (a function pointer), one reducer
+# shared by sums and maxima.
 HELPER_ROWS = """\
+#include <math.h>
+#include <stdint.h>
 using warp_fn = float (*)(float);
 __device__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
@@ -266,7 +272,9 @@ __device__ float block_reduce(float v, float pad) {
   if (lane == 0) slots[warp] = w;
   __syncthreads();
   w = lane < blockDim.x / 32 ? slots[lane] : pad;
-  return reduce_warp(w);
+  w = reduce_warp(w);
+  __syncthreads();
+  return w;
 }
 template <warp_fn reduce_warp>
 __device__ float block_reduce(float v) {
@@ -274,7 +282,8 @@ __device__ float block_reduce(float v) {
 }
 __device__ float2 row_stats(const float* x, int row, int cols) {
   float m = -INFINITY, s = 0.0f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, x[row * cols + c]);
+  for (int c = cols + threadIdx.x - blockDim.x; c >= 0; c -= blockDim.x)
+    m = fmaxf(m, x[row * cols + c]);
   m = block_reduce<warp_max>(m, -INFINITY);
   for (int c = threadIdx.x; c < cols; c += blockDim.x) s += expf(x[row * cols + c] - m);
   return make_float2(m, block_reduce<warp_sum>(s));
@@ -284,14 +293,100 @@ __global__ void log_norm(const float* x, float* out, int cols) {
   float2 st = row_stats(x, row, cols);
   if (threadIdx.x == 0) out[row] = st.x + logf(st.y);
 }
+
+extern "C" int run(const float* x, float* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  log_norm<<<(unsigned)rows, 64, 0, stream>>>(x, out, (int)cols);
+  return 0;
+}
 """
 
 
-def test_a_block_reduction_a_helper_makes_for_the_kernel_row_is_found_and_refused() -> None:
-    (site,) = block_per_row.detect(KernelSource(HELPER_ROWS))
-    assert site.detail.get("function", site.function) == "log_norm"
+def test_a_row_a_helper_block_reduces_becomes_a_thread_per_row_that_runs_it_alone() -> None:
+    kernel = KernelSource(HELPER_ROWS)
+    (site,) = block_per_row.detect(kernel)
+    assert site.supported, site.refusal
+    after = block_per_row.remove(kernel, site).text
+    assert "for (int c = cols - 1; c >= 0; c -= 1)" in after
+    assert "for (int c = 0; c < cols; c += 1)" in after
+    assert "m = block_reduce" not in after  # a reduction of one value into itself goes
+    assert "return make_float2(m, s);" in after
+    assert "int row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;" in after
+    assert "if (row >= rows) return;" in after
+    assert "if (threadIdx.x == 0)" not in after
+    assert (
+        "log_norm<<<(unsigned)((rows + 63) / 64), 64, 0, stream>>>(x, out, (int)cols, rows);"
+        in after
+    )
+    assert block_per_row.detect(KernelSource(after)) == []
+
+
+@pytest.mark.nvcc
+def test_the_thread_per_row_computes_what_the_block_per_row_did_on_the_host() -> None:
+    kernel = KernelSource(HELPER_ROWS)
+    (site,) = block_per_row.detect(kernel)
+    after = block_per_row.remove(kernel, site).text
+    results = []
+    for text, grid in ((HELPER_ROWS, True), (after, False)):
+        cases = []
+        for rows, cols in ((3, 1), (5, 70), (2, 200)):  # fewer columns than threads, a tail
+            buffers = [
+                Buffer("x", "float", "rows * cols"),
+                Buffer("out", "float", "rows", output=True),
+            ]
+            call = "log_norm(x, out, (int)cols)" if grid else "log_norm(x, out, (int)cols, rows)"
+            cases.append(
+                Case(
+                    axes={"rows": rows, "cols": cols},
+                    buffers=buffers,
+                    call=call,
+                    threads="rows",
+                    block=64,
+                    grid="dim3(rows)" if grid else "",
+                    block_dims="dim3(64)",
+                )
+            )
+        results.append(floats(run_on_host(text, cases)))
+    before, thread_rows = results
+    assert len(before) == 3 and all(
+        len(v) == n for v, n in zip(before.values(), (3, 5, 2), strict=True)
+    )
+    assert_close(thread_rows, before)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            (
+                "float m = -INFINITY, s = 0.0f;",
+                "__shared__ float seen[64]; float m = -INFINITY, s = 0.0f;",
+            ),
+            "shared memory",
+        ),
+        (
+            (
+                "return make_float2(m, block_reduce<warp_sum>(s));",
+                "return make_float2(warp_max(m), s);",
+            ),
+            "works across threads",
+        ),
+        (("float m = -INFINITY, s = 0.0f;", "float m = threadIdx.y, s = 0.0f;"), "threadIdx.y"),
+        (
+            (
+                "__global__ void log_norm",
+                "__device__ float2 again(const float* x) { return row_stats(x, 0, 4); }\n"
+                "__global__ void log_norm",
+            ),
+            "again calls it too",
+        ),
+    ],
+)
+def test_row_code_a_one_thread_block_would_change_is_refused(
+    change: tuple[str, str], reason: str
+) -> None:
+    (site,) = block_per_row.detect(KernelSource(HELPER_ROWS.replace(*change)))
     assert "hands its row to row_stats" in (site.refusal or "")
-    assert "inline the helper first" in (site.refusal or "")
+    assert reason in (site.refusal or "")
 
 
 def test_a_block_reducer_is_one_only_where_every_caller_passes_a_warp_reduction() -> None:
