@@ -1001,7 +1001,7 @@ class ParsedSource:
             if node.type == "preproc_def":
                 name = node.child_by_field_name("name")
                 value = node.child_by_field_name("value")
-                if name is None or value is None:
+                if name is None or value is None or not self._device_branch(node, constants):
                     continue
                 folded = _fold_define(self.text_of(value), constants)
                 if folded is not None:
@@ -1027,6 +1027,31 @@ class ParsedSource:
                 if folded is not None:
                     constants[self.text_of(name)] = folded
         return constants
+
+    def _device_branch(self, node: Node, constants: dict[str, int]) -> bool:
+        """Whether the device pass compiles ``node``: every ``#if``/``#elif`` around it that
+        tests ``__CUDA_ARCH__`` is read with the target's value (``#if __CUDA_ARCH__ >= 900
+        #define N 2 #else #define N 1``: N is 2 for the kernels). Conditions on anything
+        else count as taken, as before."""
+        names = {**constants, "__CUDA_ARCH__": DEVICE_ARCH}
+        child, parent = node, node.parent
+        while parent is not None:
+            if parent.type in ("preproc_if", "preproc_elif"):
+                condition = parent.child_by_field_name("condition")
+                alternative = parent.child_by_field_name("alternative")
+                value = None
+                if condition is not None and "__CUDA_ARCH__" in self.text_of(condition):
+                    value = fold_int(self, condition, names)
+                in_alternative = alternative is not None and child == alternative
+                if value is not None and bool(value) == in_alternative:
+                    return False
+            child, parent = parent, parent.parent
+        return True
+
+
+DEVICE_ARCH = 900
+"""``__CUDA_ARCH__`` where the device code is compiled (sm_90): the value a ``#if`` on it
+takes for the kernels, which is what the constants are read for."""
 
 
 def _inner_declarator(node: Node) -> Node | None:

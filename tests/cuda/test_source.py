@@ -126,6 +126,30 @@ def test_defines_with_trailing_comments_and_parentheses_are_constants() -> None:
     assert constants == {"LANES": 32, "PER_THREAD": 4, "ALIAS": 32, "kTile": 128}
 
 
+def test_defines_under_a_cuda_arch_test_take_the_device_pass_value() -> None:
+    # a block count picked per architecture, and a width chosen through #elif; a condition
+    # on anything else counts as taken, as before
+    text = (
+        "#if __CUDA_ARCH__ == 800 || __CUDA_ARCH__ >= 900\n"
+        "#define BLOCKS_PER_SM 2\n"
+        "#else\n"
+        "#define BLOCKS_PER_SM 1\n"
+        "#endif\n"
+        "#if __CUDA_ARCH__ < 700\n"
+        "#define WIDTH 8\n"
+        "#elif __CUDA_ARCH__ < 950\n"
+        "#define WIDTH 16\n"
+        "#else\n"
+        "#define WIDTH 32\n"
+        "#endif\n"
+        "#ifdef EXTRA\n"
+        "#define EXTRA_ROWS 3\n"
+        "#endif\n"
+    )
+    constants = KernelSource(text).parsed.integer_constants
+    assert constants == {"BLOCKS_PER_SM": 2, "WIDTH": 16, "EXTRA_ROWS": 3}
+
+
 def test_positions_are_bytes_and_lines(sample: KernelSource) -> None:
     src = sample.parsed
     assert len(src.data) > len(SAMPLE)  # the comment holds multi-byte characters
