@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from klineage.cuda.analysis import analysis
+from klineage.cuda.analysis.callgraph import BLOCK_BARRIERS, WARP_COLLECTIVES
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.mechanisms._reductions_util import (
@@ -129,13 +130,22 @@ def _check_alone(
             raise HelperRowsError(
                 f"{function.name} declares shared memory at line {line(node.start_byte)}"
             )
+    groups = analysis(source).cooperative_groups
+    collectives = [*groups.reduces, *groups.shuffles, *groups.barriers]
+    used = next((c for c in collectives if c.function.node == function.node), None)
+    if used is not None:
+        raise HelperRowsError(
+            f"{function.name} works across threads through cooperative groups at line "
+            f"{line(used.node.start_byte)}"
+        )
     graph = analysis(source).call_graph
     for call in inside(source, function.body, "call_expression"):
         name = call_name(source, call) or ""
         if name in checked:
             continue
         summary = graph.summary(name)
-        if summary.block_barrier or summary.warp_collective or name.startswith("__shfl"):
+        intrinsic = name in BLOCK_BARRIERS or name.startswith((*WARP_COLLECTIVES, "__syncwarp"))
+        if summary.block_barrier or summary.warp_collective or intrinsic:
             raise HelperRowsError(
                 f"{function.name} calls {name} at line {line(call.start_byte)}, which works "
                 "across threads outside the block reducers"

@@ -373,6 +373,20 @@ def test_the_thread_per_row_computes_what_the_block_per_row_did_on_the_host() ->
         (("float m = -INFINITY, s = 0.0f;", "float m = threadIdx.y, s = 0.0f;"), "threadIdx.y"),
         (
             (
+                "  return make_float2(m, block_reduce<warp_sum>(s));",
+                "  __syncthreads();\n  return make_float2(m, block_reduce<warp_sum>(s));",
+            ),
+            "calls __syncthreads",
+        ),
+        (
+            (
+                "  return make_float2(m, block_reduce<warp_sum>(s));",
+                "  __syncwarp();\n  return make_float2(m, block_reduce<warp_sum>(s));",
+            ),
+            "calls __syncwarp",
+        ),
+        (
+            (
                 "__global__ void log_norm",
                 "__device__ float2 again(const float* x) { return row_stats(x, 0, 4); }\n"
                 "__global__ void log_norm",
@@ -398,3 +412,16 @@ def test_a_block_reducer_is_one_only_where_every_caller_passes_a_warp_reduction(
         "__global__ void log_norm",
     )
     assert block_per_row.detect(KernelSource(text)) == []
+
+
+def test_row_code_that_syncs_a_cooperative_group_is_refused() -> None:
+    text = HELPER_ROWS.replace(
+        "#include <math.h>\n",
+        "#include <math.h>\n#include <cooperative_groups.h>\nnamespace cg = cooperative_groups;\n",
+    ).replace(
+        "  float m = -INFINITY, s = 0.0f;\n",
+        "  cg::thread_block block = cg::this_thread_block();\n  float m = -INFINITY, s = 0.0f;\n"
+        "  block.sync();\n",
+    )
+    (site,) = block_per_row.detect(KernelSource(text))
+    assert "row_stats works across threads through cooperative groups" in (site.refusal or "")
