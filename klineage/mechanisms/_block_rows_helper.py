@@ -66,17 +66,22 @@ class HelperRows:
 
 
 def helper_rows(
-    source: ParsedSource, kernel: Function, reducers: set[str], row_uses: list[Node]
+    source: ParsedSource,
+    kernel: Function,
+    reducers: set[str],
+    row_uses: list[Node],
+    row_edits: list[Edit],
 ) -> HelperRows:
-    """The one-thread-block rewrite of ``kernel``'s row code (its ``blockIdx.x`` row uses,
-    which the caller rewrites, left alone)."""
+    """The one-thread-block rewrite of ``kernel``'s row code. ``row_edits`` are the caller's
+    rewrites of the ``blockIdx.x`` row uses: one inside a node this rewrite replaces is written
+    into its text (the caller drops it, :func:`outside`)."""
     functions = _row_functions(source, kernel, reducers)
     checked = reducers | {f.name for f in functions}
     edits: list[Edit] = []
     for function in functions:
         assert function.body is not None
         _check_alone(source, function, kernel, checked, row_uses)
-        writer = _OneThread(source, reducers)
+        writer = _OneThread(source, reducers, row_edits)
         edits += writer.edits(function.body)
     return HelperRows(edits, functions)
 
@@ -162,6 +167,17 @@ def _check_alone(
         )
 
 
+def outside(edits: list[Edit], rewrites: list[Edit]) -> list[Edit]:
+    """The ``edits`` no rewrite contains (those it does are written into its text)."""
+    return [
+        e
+        for e in edits
+        if not any(
+            r.start_byte <= e.start_byte and e.end_byte <= r.end_byte and r != e for r in rewrites
+        )
+    ]
+
+
 def _within(node: Node, outer: Node) -> bool:
     return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
 
@@ -169,9 +185,10 @@ def _within(node: Node, outer: Node) -> bool:
 class _OneThread:
     """Writes a function body's code as a one-thread block runs it."""
 
-    def __init__(self, source: ParsedSource, reducers: set[str]) -> None:
+    def __init__(self, source: ParsedSource, reducers: set[str], row_edits: list[Edit]) -> None:
         self.source = source
         self.reducers = reducers
+        self.row_edits = {(e.start_byte, e.end_byte): e.replacement for e in row_edits}
 
     def edits(self, body: Node) -> list[Edit]:
         """Replacements at the outermost nodes the rewrite changes."""
@@ -226,6 +243,9 @@ class _OneThread:
 
     def _rewrite(self, node: Node) -> str | None:
         source = self.source
+        row = self.row_edits.get((node.start_byte, node.end_byte))
+        if row is not None and node.type == "field_expression":
+            return row
         if node.type == "field_expression":
             return _ONE_THREAD.get(source.text_of(node).replace(" ", ""))
         if node.type == "call_expression" and call_name(source, node) in self.reducers:

@@ -56,7 +56,7 @@ from klineage.cuda.tree import (
     statement_before,
     walk,
 )
-from klineage.mechanisms._block_rows_helper import HelperRowsError, helper_rows
+from klineage.mechanisms._block_rows_helper import HelperRowsError, helper_rows, outside
 from klineage.mechanisms._block_unrolled import (
     STORE_INTRINSICS,
     UnrolledFormError,
@@ -2806,7 +2806,7 @@ def _block_reduction(source: ParsedSource, kernel: Function) -> bool:
     ):
         return True
     if helper_block_reductions(source, kernel):
-        return True  # the removal refuses it, naming the helper
+        return True  # removed as a one-thread block, or refused naming the helper
     inline = _InlineReductions(source, kernel.body)
     if inline.any_run() or _scratch_runs(source, kernel, inline):
         return True
@@ -2872,15 +2872,16 @@ def _helper_group_rows(source: ParsedSource, kernel: Function, helpers: list[str
     row code as a one-thread block (:mod:`klineage.mechanisms._block_rows_helper`)."""
     walker = _GroupWalker(source, kernel, "block", [])
     uses = block_row_uses(source, kernel) or []
+    index = _block_index(source, walker)
     try:
-        rows = helper_rows(source, kernel, walker.block_reducers, uses)
+        rows = helper_rows(source, kernel, walker.block_reducers, uses, walker.edits)
     except HelperRowsError as why:
         raise NotCanonical(
             f"{kernel.name} hands its row to {', '.join(helpers)}, which reduces it over the "
             f"block there, and {why}"
         ) from None
-    index = _block_index(source, walker)
-    edits = walker.edits + rows.edits + _thread_launches(source, walker, index)
+    edits = outside(walker.edits, rows.edits) + rows.edits
+    edits += _thread_launches(source, walker, index)
     return GroupRows(kernel, "block", edits, walker.removed)
 
 

@@ -425,3 +425,20 @@ def test_row_code_that_syncs_a_cooperative_group_is_refused() -> None:
     )
     (site,) = block_per_row.detect(KernelSource(text))
     assert "row_stats works across threads through cooperative groups" in (site.refusal or "")
+
+
+def test_a_row_named_by_blockidx_inside_a_thread_zero_guard_becomes_the_threads_row() -> None:
+    text = HELPER_ROWS.replace(
+        "  int row = blockIdx.x;\n  float2 st = row_stats(x, row, cols);\n"
+        "  if (threadIdx.x == 0) out[row] = st.x + logf(st.y);\n",
+        "  float2 st = row_stats(x, blockIdx.x, cols);\n"
+        "  if (threadIdx.x == 0) out[blockIdx.x] = st.x + logf(st.y);\n",
+    )
+    assert text != HELPER_ROWS
+    (site,) = block_per_row.detect(KernelSource(text))
+    assert site.supported, site.refusal
+    after = block_per_row.remove(KernelSource(text), site).text
+    assert "const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;" in after
+    assert "float2 st = row_stats(x, row, cols);" in after
+    assert "out[row] = st.x + logf(st.y);" in after
+    assert "blockIdx.x" not in after.split("const int64_t row =")[1].split("\n", 1)[1]
