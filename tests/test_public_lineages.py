@@ -5,6 +5,7 @@ from public code stay untracked)."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -308,3 +309,30 @@ def test_a_round_trip_at_the_experts_speed_counts_with_or_without_a_gain() -> No
     }  # fmt: skip
     present = ["pragma_unroll", "fast_math", "split_k", "smem_staging"]
     assert bench.reproduced_mapped(mined, present) == ["fast_math", "pragma_unroll"]
+
+
+def test_the_fused_classifiers_reference_is_softmax_minus_the_target_times_dloss() -> None:
+    # our definition of llm.c's fused classifier, checked against what the harness's CPU code
+    # computes, written out by hand: padded rows, an odd vocabulary, zero pads
+    torch = pytest.importorskip("torch")
+    from klineage.gate.inputs import run_reference
+
+    definition = load_problem(PUBLIC / "llmc_classifier_fused").definition
+    n, v, p = 3, 5, 8
+    logits = torch.linspace(-2.0, 3.0, n * p).reshape(n, p)
+    dlosses = torch.tensor([0.5, -1.0, 2.0])
+    targets = torch.tensor([0, 4, 2], dtype=torch.int32)
+    given = {"logits": logits, "dlosses": dlosses, "targets": targets}
+    out = run_reference(definition, given, {"N": n, "V": v, "P": p})
+    for row in range(n):
+        x = [float(e) for e in logits[row, :v]]
+        top = max(x)
+        total = sum(math.exp(e - top) for e in x)
+        probs = [math.exp(e - top) / total for e in x]
+        target = int(targets[row])
+        assert float(out["losses"][row]) == pytest.approx(
+            -(x[target] - top) + math.log(total), rel=1e-5
+        )
+        for col in range(p):
+            want = 0.0 if col >= v else (probs[col] - (col == target)) * float(dlosses[row])
+            assert float(out["dlogits"][row, col]) == pytest.approx(want, rel=1e-5, abs=1e-7)
