@@ -6,7 +6,10 @@ bf16 or half values. The mechanism has two shapes.
 
 **Single accesses** through a pointer to a vector type (``float4``, ``float2``, ``uint4``,
 ``uint2``, ``int4``, ``int2``, ``double2``, ``__half2``, ``__nv_bfloat162``), as expert
-kernels write them: ``v = __ldg(row4 + c)``, ``a.raw = x16[c]``, ``out4[c] = make_float4(...)``.
+kernels write them: ``v = __ldg(row4 + c)``, ``a.raw = x16[c]``, ``out4[c] = make_float4(...)``,
+and through the cache-hinted intrinsics public helpers use (``__ldcs(reinterpret_cast<const
+int4*>(p))``, ``__stcs(reinterpret_cast<int4*>(p), bits)``; :data:`LOAD_INTRINSICS`,
+:data:`STORE_INTRINSICS`).
 
 - remove: the access becomes one scalar access per element, with the register value kept
   as it was, so the code around it does not change::
@@ -15,6 +18,7 @@ kernels write them: ``v = __ldg(row4 + c)``, ``a.raw = x16[c]``, ``out4[c] = mak
                                       __ldg(reinterpret_cast<const float*>(in4 + c) + 1), ...)
       out4[c] = v;    ->  { const float4 packed = v; float* elems =
                             reinterpret_cast<float*>(&out4[c]); elems[0] = packed.x; ... }
+      __stcs(out4, v);  ->  { ...; __stcs(&elems[0], packed.x); ... }   (the hint kept)
 
   The same bytes are read and written, so the result is identical and no alignment is
   needed any more. Refused, with the reason, when the address has side effects (it is
