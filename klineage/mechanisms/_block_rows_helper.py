@@ -9,8 +9,8 @@ one thread is its value. So the removal runs each thread as a one-thread block o
 its own: in the kernel and in the helpers that hold its row code, ``threadIdx.x`` becomes 0
 (dropped from a sum), ``blockDim.x`` becomes 1, a block reduction ``block_reduce<op>(v, ...)``
 becomes ``v`` and a ``threadIdx.x == 0`` guard its body; the row index becomes the thread's,
-with a bound check, and each launch covers the rows with blocks of the same size (the
-canonical rule's :func:`row_launch_edits`).
+with a bound check, and each launch covers the rows with blocks of the same size (both
+written by the canonical rule, :func:`klineage.mechanisms._reductions_rows.group_rows`).
 
 Refused, with what ties the code to the block, where the row code shares memory or
 synchronizes outside the block reducers (``__shared__``, barriers, shuffles, cooperative
@@ -20,12 +20,10 @@ outside the row index), or lives in a helper that another caller shares.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from klineage.cuda.analysis import analysis
 from klineage.cuda.analysis.callgraph import BLOCK_BARRIERS, WARP_COLLECTIVES
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.mechanisms._reductions_util import (
     builtin_uses,
     call_name,
@@ -56,23 +54,15 @@ class HelperRowsError(ValueError):
     """The kernel's row code is not in the form this removal takes; the message says why."""
 
 
-@dataclass(frozen=True)
-class HelperRows:
-    """The edits inside the row code, and the functions they touch."""
-
-    edits: list[Edit]
-    functions: list[Function]
-    """The kernel and the helpers that hold its row code."""
-
-
 def helper_rows(
     source: ParsedSource,
     kernel: Function,
     reducers: set[str],
     row_uses: list[Node],
     row_edits: list[Edit],
-) -> HelperRows:
-    """The one-thread-block rewrite of ``kernel``'s row code. ``row_edits`` are the caller's
+) -> list[Edit]:
+    """The one-thread-block rewrite of ``kernel``'s row code (in the kernel and the helpers
+    that hold it). ``row_edits`` are the caller's
     rewrites of the ``blockIdx.x`` row uses: one inside a node this rewrite replaces is written
     into its text (the caller drops it, :func:`outside`)."""
     functions = _row_functions(source, kernel, reducers)
@@ -83,7 +73,7 @@ def helper_rows(
         _check_alone(source, function, kernel, checked, row_uses)
         writer = _OneThread(source, reducers, row_edits)
         edits += writer.edits(function.body)
-    return HelperRows(edits, functions)
+    return edits
 
 
 def _row_functions(source: ParsedSource, kernel: Function, reducers: set[str]) -> list[Function]:
@@ -159,7 +149,7 @@ def _check_alone(
         text = source.text_of(use).replace(" ", "")
         if text in _ONE_THREAD:
             continue
-        if text == "blockIdx.x" and function is kernel and any(_within(use, r) for r in row_uses):
+        if text == "blockIdx.x" and function is kernel and any(within(use, r) for r in row_uses):
             continue
         raise HelperRowsError(
             f"{function.name} reads {text} at line {line(use.start_byte)}; this rule takes "
@@ -176,10 +166,6 @@ def outside(edits: list[Edit], rewrites: list[Edit]) -> list[Edit]:
             r.start_byte <= e.start_byte and e.end_byte <= r.end_byte and r != e for r in rewrites
         )
     ]
-
-
-def _within(node: Node, outer: Node) -> bool:
-    return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
 
 
 class _OneThread:
@@ -217,8 +203,7 @@ class _OneThread:
         )
         if left is None or right is None or call_name(self.source, right) not in self.reducers:
             return False
-        arguments = right.child_by_field_name("arguments")
-        first = arguments.named_children[0] if arguments and arguments.named_children else None
+        first = _first_argument(right)
         text = self.source.text_of
         operator = assignment.child_by_field_name("operator")
         plain = operator is None or text(operator) == "="
@@ -249,8 +234,7 @@ class _OneThread:
         if node.type == "field_expression":
             return _ONE_THREAD.get(source.text_of(node).replace(" ", ""))
         if node.type == "call_expression" and call_name(source, node) in self.reducers:
-            arguments = node.child_by_field_name("arguments")
-            first = arguments.named_children[0] if arguments and arguments.named_children else None
+            first = _first_argument(node)
             if first is None:
                 raise HelperRowsError(f"a block reduction without a value: {source.text_of(node)}")
             value = self.render(first)
@@ -284,3 +268,9 @@ class _OneThread:
         sides = [node.child_by_field_name("left"), node.child_by_field_name("right")]
         texts = sorted(self.source.text_of(s).replace(" ", "") for s in sides if s is not None)
         return texts == ["0", "threadIdx.x"]
+
+
+def _first_argument(call: Node) -> Node | None:
+    """The first argument of a call: the value a block reduction reduces."""
+    arguments = call.child_by_field_name("arguments")
+    return arguments.named_children[0] if arguments and arguments.named_children else None

@@ -2818,8 +2818,8 @@ def _block_reduction(source: ParsedSource, kernel: Function) -> bool:
 
 def helper_block_reductions(source: ParsedSource, kernel: Function) -> list[str]:
     """The device helpers a kernel calls (directly or not) that make block-reduction calls
-    themselves: a row handed to a helper that reduces it over the block (llm.c's
-    ``prepare_softmax_blockwide3(idx, ...)`` calling ``blockReduce<warpReduceMax>``)."""
+    themselves: a row handed to a helper that reduces it over the block (``stats =
+    row_stats(row, ...)`` whose body calls ``block_reduce<warp_max>(m)``)."""
     reducers = block_reduce_functions(source)
     graph = analysis(source).call_graph
     found = []
@@ -2880,7 +2880,7 @@ def _helper_group_rows(source: ParsedSource, kernel: Function, helpers: list[str
             f"{kernel.name} hands its row to {', '.join(helpers)}, which reduces it over the "
             f"block there, and {why}"
         ) from None
-    edits = outside(walker.edits, rows.edits) + rows.edits
+    edits = outside(walker.edits, rows) + rows
     edits += _thread_launches(source, walker, index)
     return GroupRows(kernel, "block", edits, walker.removed)
 

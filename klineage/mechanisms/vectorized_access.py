@@ -1171,9 +1171,7 @@ def split_text(source: ParsedSource, access: _Access, names: set[str]) -> str:
     packed, elems = _fresh("packed", names), _fresh("elems", names)
     indent = source.indent_of(access.node.start_byte)
     stores = [
-        f"{access.intrinsic}(&{elems}[{k}], {packed}.{f});"
-        if access.intrinsic
-        else f"{elems}[{k}] = {packed}.{f};"
+        _element_store_text(access.intrinsic, elems, k, f"{packed}.{f}")
         for k, f in enumerate(vector.fields)
     ]
     inner = [
@@ -1288,9 +1286,15 @@ def _split_form(intrinsic: str, address: str) -> AccessForm:
     return "subscript" if address.startswith("&") else "deref"
 
 
-def _element_store(source: ParsedSource, statement: Node, elems: str, packed: str) -> str | None:
-    """The intrinsic ("" for a plain assignment) of the split store statement ``elems[k] =
-    packed.f;`` or ``__stcs(&elems[k], packed.f);``, given as (k, f) by the caller's match."""
+def _element_store_text(intrinsic: str, elems: str, k: int, value: str) -> str:
+    """One element's store of a split vector store: ``elems[k] = value;``, or through the
+    vector store's intrinsic, ``__stcs(&elems[k], value);``."""
+    return f"{intrinsic}(&{elems}[{k}], {value});" if intrinsic else f"{elems}[{k}] = {value};"
+
+
+def _element_store(source: ParsedSource, statement: Node, elems: str) -> str | None:
+    """The intrinsic of a split store's element statement: "" for ``elems[k] = ...;``, the
+    name for ``__stcs(&elems[k], ...);``, None for anything else (the caller matches the rest)."""
     text = " ".join(source.text_of(statement).split())
     if text.startswith(f"{elems}["):
         return ""
@@ -1325,15 +1329,11 @@ def _split_store(source: ParsedSource, function: Function, block: Node) -> _Spli
         return None
     if normalize_type(packed[1]) != vector.name:
         return None
-    hint = _element_store(source, body[2], elems, packed[0])
+    hint = _element_store(source, body[2], elems)
     if hint is None:
         return None
     for k, (statement, name) in enumerate(zip(body[2:], vector.fields, strict=True)):
-        wanted = (
-            f"{hint}(&{elems}[{k}], {packed[0]}.{name});"
-            if hint
-            else f"{elems}[{k}] = {packed[0]}.{name};"
-        )
+        wanted = _element_store_text(hint, elems, k, f"{packed[0]}.{name}")
         if " ".join(source.text_of(statement).split()) != wanted:
             return None
     address = source.text_of(cast[1])
