@@ -341,8 +341,15 @@ def template_values(
         outer = template_values(source, enclosing.name, depth + 1) if enclosing else [{}]
         if outer is None:
             return None
+        # the launching function's constexpr locals count: `constexpr int STAGES = 3;`
+        folded_locals = {
+            name: evaluate_size(value) for name, value in launch_names(source, enclosing).items()
+        }
         for names in outer:
-            known = {**source.integer_constants, **names}
+            known = {
+                **{k: v for k, v in folded_locals.items() if v is not None},
+                **names,
+            }
             values = [fold_int(source, argument, known) for argument in arguments]
             folded = [v for v in values if v is not None]
             if len(folded) != len(values):

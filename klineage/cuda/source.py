@@ -845,6 +845,10 @@ class ParsedSource:
                 template_args = function.child_by_field_name("arguments")
             name = self.text_of(name_node) if name_node is not None else ""
             config = next((c for c in node.children if c.type == "kernel_call_syntax"), None)
+            if config is not None and template_args is None:
+                alias = self._kernel_alias(node, name)
+                if alias is not None:
+                    name, template_args = alias
             if config is not None:
                 launches.append(
                     Launch(
@@ -860,6 +864,43 @@ class ParsedSource:
             else:
                 calls.append(Call(node=node, name=name, template_args=template_args, args=args))
         return tuple(calls), tuple(launches)
+
+    def _kernel_alias(self, launch: Node, name: str) -> tuple[str, Node | None] | None:
+        """(kernel, template arguments) that a launch through a local pointer starts:
+        ``auto* k = kernel<128, 3>; k<<<grid, block>>>(...)`` (also ``auto k = &kernel<...>``),
+        where the pointer is declared once in the launching function and never reassigned;
+        None for any other launch."""
+        if any(f.name == name for f in self.functions):
+            return None
+        caller = self.enclosing_function(launch)
+        if caller is None or caller.body is None:
+            return None
+        found = [
+            declarator
+            for decl in self.declarations
+            if decl.type == "auto" and within(decl.node, caller.body)
+            for declared, declarator in zip(decl.names, decl.declarators, strict=True)
+            if declared == name
+        ]
+        if len(found) != 1 or found[0].type != "init_declarator":
+            return None
+        value = found[0].child_by_field_name("value")
+        if value is not None and value.type == "pointer_expression":
+            value = value.child_by_field_name("argument")
+        if value is None or value.type not in ("template_function", "identifier"):
+            return None
+        kernel_node = (
+            value.child_by_field_name("name") if value.type == "template_function" else value
+        )
+        kernel = self.text_of(kernel_node) if kernel_node is not None else ""
+        if not any(k.name == kernel.rsplit("::", 1)[-1] for k in self.kernels):
+            return None
+        for assignment in self.iter_nodes("assignment_expression", within=caller.body):
+            left = assignment.child_by_field_name("left")
+            if left is not None and self.text_of(left) == name:
+                return None  # a pointer that is re-pointed: not followed
+        arguments = value.child_by_field_name("arguments") if value.type != "identifier" else None
+        return kernel, arguments
 
     @property
     def calls(self) -> tuple[Call, ...]:
@@ -921,6 +962,8 @@ class ParsedSource:
             if around in defined:
                 return around
             around = around.rpartition("::")[0]
+        if "" not in defined and len(defined) == 1:
+            return next(iter(defined))  # `using namespace ns;` before the launch
         return ""
 
     @cached_property

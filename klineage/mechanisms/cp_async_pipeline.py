@@ -20,14 +20,16 @@ for the stage it needs, so loads and math overlap.
   is made synchronous too, where ``sync`` is a ``cuda::barrier`` (its waits stay) or a
   one-thread ``cuda::pipeline`` (its steps become no-ops), :mod:`klineage.mechanisms._cpp_async`.
   ``bulk`` (TMA) copies, mbarrier completion, group copies and pipelines shared by threads are
-  refused with a reason;
+  refused with a reason. A ring of stages that warps hand to each other through mbarriers
+  (Hopper producer/consumer pipelines, :mod:`klineage.mechanisms._mbarrier_ring`) is removed
+  whole instead: its stage count, bound at the launch, becomes 1;
 - apply: puts an instruction back where this mechanism made it synchronous (commits and
   waits before the copies), or turns the tile loads of a canonical staged loop (see
   :mod:`klineage.mechanisms._staging`; each tile stored as ``cond ? p[i] : 0`` or ``p[i]``
   with no conversion) into a two-stage ``cp.async`` ring: the tiles become ``[2][..][..]``,
   the first tile is copied before the loop, each iteration copies the next tile into the
   other stage, commits, waits for all but the newest group and computes (carrier
-  ``stages`` = 2).
+  ``stages`` = 2), or sets a one-stage mbarrier ring's count to ``stages``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from klineage.mechanisms._cpp_async import (
     sync_object,
     sync_refusal,
 )
+from klineage.mechanisms._mbarrier_ring import Ring, rings, set_stages
 from klineage.mechanisms._ptx_stash import PtxEmulation, Unsupported
 from klineage.mechanisms._staging import (
     NotStaged,
@@ -458,7 +461,8 @@ class CpAsyncPipeline(PtxEmulation):
         "the current tile is computed, so memory latency hides behind the math."
     )
     carrier_keys: ClassVar[dict[str, str]] = {
-        "stages": "pipeline stages for a staged tile loop (only 2 is written)",
+        "stages": "pipeline stages: of a staged tile loop (only 2 is written), or of an "
+        "mbarrier ring (any count)",
     }
 
     # -- statements -------------------------------------------------------------------------
@@ -494,6 +498,9 @@ class CpAsyncPipeline(PtxEmulation):
         yield from sorted(nodes, key=lambda n: n.start_byte)
 
     def extra_sites(self, source: ParsedSource) -> Iterator[Site]:
+        for ring in rings(source):
+            if ring.stages != 1:
+                yield self._ring_site(source, ring)
         for call in source.calls_named(*_CPP_ASYNC):
             if cpp_kind(call) == "copy":
                 continue  # a thread's copy: a statement site of its own
@@ -516,6 +523,31 @@ class CpAsyncPipeline(PtxEmulation):
         if isinstance(statement, Call):
             return _copy_lines(_pipeline_copy(source, statement))
         return _copy_lines(_asm_copy(source, statement))
+
+    def _ring_site(self, source: ParsedSource, ring: Ring) -> Site:
+        return self.site(
+            source,
+            ring.wrap,
+            snippet=f"{ring.stages}-stage mbarrier ring ({ring.parameter}, {ring.barriers}[])",
+            detail={"form": "ring", "stages": ring.stages, "parameter": ring.parameter},
+            refusal=ring.refusal,
+        )
+
+    def _ring_at(self, source: ParsedSource, site: Site) -> Ring:
+        for ring in rings(source):
+            if (ring.wrap.start_byte, ring.kernel.name) == (site.start_byte, site.function):
+                return ring
+        raise self.refuse("the mbarrier ring is no longer found at the site", site)
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") != "ring":
+            return super().removal(source, site)
+        return set_stages(source, self._ring_at(source, site), 1)
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        if site.detail.get("form") == "ring":
+            return Carrier(stages=int(site.detail["stages"]))
+        return super().carrier_of(kernel, site)
 
     # -- ordering ---------------------------------------------------------------------------
 
@@ -574,6 +606,9 @@ class CpAsyncPipeline(PtxEmulation):
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         yield from super().find_candidates(source)
+        for ring in rings(source):
+            if ring.stages == 1:
+                yield self._ring_site(source, ring)
         for function, loop in staging_loops(source):
             try:
                 _ring(source, analyze_staged_loop(source, function, loop))
@@ -589,6 +624,11 @@ class CpAsyncPipeline(PtxEmulation):
             )
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") == "ring":
+            stages = carrier.get_int("stages", 2) or 2
+            if stages < 2:
+                raise self.refuse(f"stages={stages}: a pipeline needs 2 or more", site, "apply")
+            return set_stages(source, self._ring_at(source, site), stages)
         if site.detail.get("form") != "staged":
             return super().application(source, site, carrier)
         stages = carrier.get_int("stages", 2)
@@ -607,6 +647,8 @@ class CpAsyncPipeline(PtxEmulation):
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None
     ) -> list[Condition]:
+        if site.detail.get("form") == "ring":
+            return [ArchAtLeast(sm=90, why="bulk copies completing on mbarriers need sm_90")]
         found: list[Condition] = [ArchAtLeast(sm=80, why="cp.async needs sm_80")]
         if site.detail.get("form") == "staged":
             source = kernel.parsed

@@ -427,3 +427,40 @@ def test_a_kernel_s_launches_are_those_its_namespace_resolves_to() -> None:
     }
     assert blocks == {"scale@narrow": ["256"], "scale@wide": ["512", "512"]}
     assert len(source.launches_of("scale")) == 3  # by name alone: every kernel so named
+
+
+ALIASED = """
+namespace gemm {
+template <int kTile, int kStages> __global__ void body(float* y) { y[0] = kTile * kStages; }
+}
+extern "C" int run(float* y, cudaStream_t stream) {
+  using namespace gemm;
+  constexpr int STAGES = 3;
+  auto* kernel = body<128, STAGES>;
+  kernel<<<1, 32, 0, stream>>>(y);
+  auto same = &body<64, 2>;
+  same<<<1, 32, 0, stream>>>(y);
+  return 0;
+}
+"""
+
+
+def test_a_launch_through_a_local_pointer_is_a_launch_of_its_kernel() -> None:
+    # `auto* k = kernel<...>; k<<<...>>>`: the pointer's kernel and template arguments, found
+    # through `using namespace` too
+    from klineage.cuda.facts import template_values
+
+    source = KernelSource(ALIASED).parsed
+    (kernel,) = source.kernels
+    launches = source.launches_of(kernel)
+    assert [(la.kernel, [source.text_of(a) for a in la.template_args]) for la in launches] == [
+        ("body", ["128", "STAGES"]),
+        ("body", ["64", "2"]),
+    ]
+    # the launching function's constants fold into the bindings
+    assert template_values(source, "body") == [
+        {"kTile": 128, "kStages": 3},
+        {"kTile": 64, "kStages": 2},
+    ]
+    repointed = KernelSource(ALIASED.replace("  same<<<", "  same = &body<32, 1>;\n  same<<<"))
+    assert [la.kernel for la in repointed.parsed.launches] == ["body", "same"]

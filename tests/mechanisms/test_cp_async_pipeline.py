@@ -9,7 +9,13 @@ from klineage.conditions import ArchAtLeast, SharedMemoryAtMost
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, get, remove_all
-from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite, compile_ok, fixture_pairs
+from tests.mechanisms.roundtrip import (
+    FIXTURES,
+    PUBLIC_FORMS,
+    RoundTripSuite,
+    compile_ok,
+    fixture_pairs,
+)
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 
 mechanism = get("cp_async_pipeline")
@@ -276,3 +282,100 @@ def test_a_helper_given_different_sync_objects_is_refused() -> None:
     )
     (copy,) = [s for s in mechanism.detect(KernelSource(text)) if "memcpy_async" in s.snippet]
     assert "the calls of stage pass different kinds of sync" in str(copy.refusal), copy.refusal
+
+
+RING = PUBLIC_FORMS / "cp_async_pipeline" / "ring_stages.before.cu"
+
+
+def _ring_kernel(old: str = "", new: str = "") -> KernelSource:
+    text = RING.read_text(encoding="utf-8")
+    assert old in text
+    return KernelSource(text.replace(old, new) if old else text, name="ring_stages.cu")
+
+
+def _ring_sites(kernel: KernelSource, *, candidates: bool = False) -> list:
+    found = mechanism.candidates(kernel) if candidates else mechanism.detect(kernel)
+    return [s for s in found if s.detail.get("form") == "ring"]
+
+
+def test_an_mbarrier_ring_is_detected_with_its_stage_count_as_carrier() -> None:
+    kernel = _ring_kernel()
+    (site,) = _ring_sites(kernel)
+    assert site.supported and site.function == "stream_affine"
+    assert site.snippet == "4-stage mbarrier ring (STAGES, full[])"
+    assert mechanism.carrier_of(kernel, site) == Carrier(stages=4)
+    assert any(
+        isinstance(c, ArchAtLeast) and c.sm == 90 for c in mechanism.conditions(kernel, site)
+    )
+
+
+def test_a_one_stage_ring_is_a_candidate_that_takes_any_count_forward() -> None:
+    one_stage = mechanism.remove(_ring_kernel(), _ring_sites(_ring_kernel())[0])
+    assert "constexpr int STAGES = 1;" in one_stage.text
+    assert not _ring_sites(one_stage)
+    (candidate,) = _ring_sites(one_stage, candidates=True)
+    assert mechanism.apply(one_stage, candidate, Carrier(stages=4)).text == RING.read_text()
+    three = mechanism.apply(one_stage, candidate)  # the default: two stages
+    assert "constexpr int STAGES = 2;" in three.text
+    with pytest.raises(MechanismRefused, match="a pipeline needs 2 or more"):
+        mechanism.apply(one_stage, candidate, Carrier(stages=1))
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (  # the index wrapped by a modulo, the barriers declared in the kernel
+            "  auto& ring = *reinterpret_cast<RingStorage<TILE_FLOATS, STAGES>*>(smem);\n",
+            "  auto& ring = *reinterpret_cast<RingStorage<TILE_FLOATS, STAGES>*>(smem);\n"
+            "  __shared__ uint64_t ready[STAGES];\n  int slot = 0;\n"
+            "  slot = (slot + 1) % STAGES;\n  ready[slot] = 0;\n",
+        ),
+        ("if (++stage == STAGES) {", "if (STAGES == ++stage) {"),
+    ],
+)
+def test_the_ring_is_found_in_other_spellings(old: str, new: str) -> None:
+    kernel = _ring_kernel(old, new)
+    assert any(s.supported for s in _ring_sites(kernel))
+
+
+def test_a_literal_stage_count_at_a_direct_launch_is_edited() -> None:
+    kernel = _ring_kernel(
+        "  auto* kernel = stream_affine<TILE, STAGES>;\n",
+        "  auto* kernel = stream_affine<TILE, 4>;\n",
+    )
+    kernel = KernelSource(
+        kernel.text.replace("kernel<<<blocks", "stream_affine<TILE, 3><<<blocks")
+        .replace("  auto* kernel = stream_affine<TILE, 4>;\n", "")
+        .replace("cudaFuncSetAttribute(kernel,", "cudaFuncSetAttribute(stream_affine<TILE, 3>,")
+    )
+    (site,) = _ring_sites(kernel)
+    assert site.detail["stages"] == 3
+    assert "stream_affine<TILE, 1><<<blocks" in mechanism.remove(kernel, site).text
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        (  # the host reads the count for more than the kernel's template
+            "  const int64_t tiles = n / TILE;\n",
+            "  const int64_t tiles = n / TILE + STAGES - STAGES;\n",
+            "`STAGES` is also used outside template arguments (line 119)",
+        ),
+        (  # two launches: which one sets the ring is not one edit
+            "  return (int)cudaGetLastError();\n}",
+            "  kernel<<<1, 32 + 128, shared, stream>>>(x, y, 0);\n"
+            "  return (int)cudaGetLastError();\n}",
+            "stream_affine is launched 2 times",
+        ),
+        (
+            "  constexpr int STAGES = 4;\n",
+            "  const int STAGES = n > 4096 ? 4 : 2;\n",
+            "is not one constant at the launches",
+        ),
+    ],
+)
+def test_a_stage_count_not_written_once_is_refused_with_the_reason(
+    old: str, new: str, reason: str
+) -> None:
+    (site,) = _ring_sites(_ring_kernel(old, new))
+    assert reason in str(site.refusal), site.refusal

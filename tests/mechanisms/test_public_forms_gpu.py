@@ -56,6 +56,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "linear_warps": PROBLEMS / "sgemm_bounded",
     "named_stride": PROBLEMS / "scale_tiles",
     "dim3_grid": PROBLEMS / "scale_tiles",
+    "ring_stages": PROBLEMS / "stream_affine",
 }
 
 

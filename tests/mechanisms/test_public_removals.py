@@ -18,7 +18,9 @@ by its ``tile_loop_2d`` form (tests/mechanisms/test_staging_tile_2d_forward.py),
 warp_per_row's ``rows_2d`` and ``rows_2d_walk_back``, whose thread per row in a 32 x y block is
 written back into a warp per row (tests/mechanisms/test_warp_rows_2d_forward.py), and
 smem_swizzle's ``rotation`` pairs, whose unrotated shared rows get a rotation of their chunks
-written back at every access (tests/mechanisms/test_swizzle_rotation_forward.py).
+written back at every access (tests/mechanisms/test_swizzle_rotation_forward.py), and
+cp_async_pipeline's ``ring_stages``, whose one-stage mbarrier ring gets its stages back
+(tests/mechanisms/test_cp_async_pipeline.py).
 """
 
 from __future__ import annotations
