@@ -27,6 +27,7 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.facts import template_values
 from klineage.cuda.source import Function, Node, ParsedSource, strip_parens, within
 from klineage.cuda.tree import NotInForm
+from klineage.mechanisms._launch_literal import launch_literal
 
 BARRIER_TYPES = frozenset({"uint64_t", "unsigned long long", "__mbarrier_t", "std::uint64_t"})
 """Element types of an mbarrier array (an mbarrier is a 64-bit word in shared memory)."""
@@ -157,49 +158,6 @@ def _compared_names(condition: str, parameter: str) -> list[str]:
     return [other] if other is not None and other.isidentifier() else []
 
 
-def _count_node(
-    source: ParsedSource, kernel: Function, position: int
-) -> tuple[Node | None, str | None]:
-    """The literal that writes the stage count at the launch of ``kernel`` (template argument
-    ``position``), or (None, why not)."""
-    launches = source.launches_of(kernel)
-    if len(launches) != 1:
-        return None, f"{kernel.name} is launched {len(launches)} times; one launch is edited"
-    launch = launches[0]
-    if position >= len(launch.template_args):
-        return None, "the launch does not write the stage count among its template arguments"
-    argument = strip_parens(launch.template_args[position])
-    if argument.type == "number_literal":
-        return argument, None
-    name = source.text_of(argument).strip()
-    caller = source.enclosing_function(launch.node)
-    if not name.isidentifier() or caller is None or caller.body is None:
-        return (
-            None,
-            f"the stage count is the expression `{name}`; a literal or a constant is edited",
-        )
-    values = [
-        declarator.child_by_field_name("value")
-        for decl in source.declarations
-        if within(decl.node, caller.body)
-        and ("constexpr" in decl.qualifiers or "const" in decl.qualifiers)
-        for declared, declarator in zip(decl.names, decl.declarators, strict=True)
-        if declared == name and declarator.type == "init_declarator"
-    ]
-    if len(values) != 1 or values[0] is None or values[0].type != "number_literal":
-        return None, f"`{name}` is not a constant of {caller.name} with a literal value"
-    for use in source.iter_nodes("identifier", "type_identifier", within=caller.body):
-        if source.text_of(use) != name or within(use, values[0].parent or use):
-            continue
-        if source.ancestor(use, "template_argument_list") is None:
-            line = source.line_of(use.start_byte)
-            return None, (
-                f"`{name}` is also used outside template arguments (line {line}); changing it "
-                "would change more than the ring"
-            )
-    return values[0], None
-
-
 def rings(source: ParsedSource) -> Iterator[Ring]:
     """Every ring of mbarrier-handed stages in the file's kernels."""
     text = source.kernel.text
@@ -226,7 +184,7 @@ def rings(source: ParsedSource) -> Iterator[Ring]:
                     f"the stage count {parameter} is not one constant at the launches",
                 )
                 continue
-            count, why = _count_node(source, kernel, position)
+            count, why = launch_literal(source, kernel, position, template_only=True)
             yield Ring(kernel, parameter, barriers, wraps[0], int(counts.pop() or 0), count, why)
 
 

@@ -12,11 +12,14 @@ of by every thread of its row.
 - remove and apply: refused in general. The block tile fixes how the grid, the thread
   indexing, the staging and the launch split the output; changing it is a re-tiling of the
   whole kernel.
-- one exception, the *wide wgmma tile*: a Hopper kernel whose warpgroups each cover the
+- two exceptions. The *wide wgmma tile*: a Hopper kernel whose warpgroups each cover the
   tile's whole N extent with one ``wgmma.mma_async.m64n256k16`` (the widest there is) has a
   second site at that extent. Removing it halves the tile to N = 128 and apply widens it back
   to 256; see :mod:`klineage.mechanisms._wgmma_tile` for the four places that move together.
-  The tiling itself stays (wgmma needs a tile): what the skill teaches is the width.
+  The tiling itself stays (wgmma needs a tile): what the skill teaches is the width. And the
+  *template wgmma tile*: a kernel written for any tile shape, whose wgmma width is one of its
+  template parameters picked by a templated wgmma; removing it halves the width where the
+  host binds it and apply doubles it, :mod:`klineage.mechanisms._wgmma_width`.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from klineage.mechanisms._wgmma_tile import (
     tile_of,
     wgmma_wrappers,
 )
+from klineage.mechanisms._wgmma_width import TemplateTile, template_tiles
 from klineage.mechanisms.base import Action, Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 
@@ -89,6 +93,8 @@ def tile_origins(source: ParsedSource, function: Function) -> list[tuple[Node, N
 
 WIDE = "wide_wgmma_tile"
 """``Site.detail["form"]`` of the removable wide-tile site."""
+TEMPLATE = "template_wgmma_tile"
+"""``Site.detail["form"]`` of a wgmma tile whose width is a template parameter."""
 
 
 def _extents(source: ParsedSource, function: Function) -> list[str]:
@@ -119,7 +125,8 @@ class BlockTiling(Mechanism):
     )
     carrier_keys: ClassVar[dict[str, str]] = {
         "wrapper": "the wgmma wrapper's exact text at N = 256 (a removal carries it, so "
-        "re-applying restores it byte for byte; without it the wrapper is rendered)"
+        "re-applying restores it byte for byte; without it the wrapper is rendered)",
+        "n": "the width a template wgmma tile is set to (default: twice the present one)",
     }
 
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
@@ -143,6 +150,42 @@ class BlockTiling(Mechanism):
             tile = _wgmma_tile(source, function, names)
             if tile is not None and tile.wrapper.n == WIDEST_N:
                 yield self._wide_site(source, tile, names)
+        for template in template_tiles(source):
+            # a width not bound once (0) is a site refused with the reason
+            if template.width == 0 or template.width // 2 in template.widths:
+                yield self._template_site(source, template)
+
+    def _template_site(self, source: ParsedSource, tile: TemplateTile) -> Site:
+        widths = ", ".join(str(w) for w in tile.widths)
+        return self.site(
+            source,
+            tile.call,
+            snippet=f"{tile.kernel.name}: wgmma tile {tile.parameter} = {tile.width} "
+            f"(a template parameter; wgmma widths {widths})",
+            detail={
+                "kernel": tile.kernel.name,
+                "form": TEMPLATE,
+                "parameter": tile.parameter,
+                "n": tile.width,
+            },
+            refusal=tile.refusal,
+        )
+
+    def _template_at(self, source: ParsedSource, site: Site, action: Action) -> TemplateTile:
+        for tile in template_tiles(source):
+            if (tile.kernel.name, tile.call.start_byte) == (site.function, site.start_byte):
+                return tile
+        raise self.refuse("the template wgmma tile is no longer found at the site", site, action)
+
+    def _set_width(self, site: Site, tile: TemplateTile, width: int, action: Action) -> list[Edit]:
+        if width not in tile.widths:
+            widths = ", ".join(str(w) for w in tile.widths)
+            raise self.refuse(
+                f"the templated wgmma writes widths {widths}, not {width}", site, action
+            )
+        if tile.literal is None:
+            raise self.refuse(str(tile.refusal), site, action)
+        return [Edit.replace(tile.literal, str(width))]
 
     def _wide_site(self, source: ParsedSource, tile: Tile, names: list[str]) -> Site:
         return self.site(
@@ -167,6 +210,9 @@ class BlockTiling(Mechanism):
             tile = _wgmma_tile(source, function, names)
             if tile is not None and tile.wrapper.n < WIDEST_N:
                 yield self._wide_site(source, tile, names)
+        for template in template_tiles(source):
+            if template.width * 2 in template.widths:
+                yield self._template_site(source, template)
 
     def _tile_at(self, source: ParsedSource, site: Site, action: Action) -> Tile:
         kernel = source.function(str(site.detail.get("kernel", "")))
@@ -176,6 +222,9 @@ class BlockTiling(Mechanism):
         return tile
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        if site.detail.get("form") == TEMPLATE:
+            tile = self._template_at(source, site, "remove")
+            return self._set_width(site, tile, tile.width // 2, "remove")
         if site.detail.get("form") != WIDE:
             raise self.refuse(REFUSAL, site)
         tile = self._tile_at(source, site, "remove")
@@ -185,6 +234,10 @@ class BlockTiling(Mechanism):
             raise self.refuse(str(err), site) from err
 
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        if site.detail.get("form") == TEMPLATE:
+            template = self._template_at(source, site, "apply")
+            width = carrier.get_int("n", template.width * 2) or template.width * 2
+            return self._set_width(site, template, width, "apply")
         tile = self._tile_at(source, site, "apply")
         text = carrier.as_dict().get("wrapper")
         wrapper_text = None
@@ -209,6 +262,8 @@ class BlockTiling(Mechanism):
         return text
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        if site.detail.get("form") == TEMPLATE:
+            return Carrier(n=int(site.detail["n"]))
         if site.detail.get("form") != WIDE:
             return Carrier()
         tile = self._tile_at(kernel.parsed, site, "remove")
@@ -217,6 +272,16 @@ class BlockTiling(Mechanism):
     def conditions(
         self, kernel: KernelSource, site: Site, problem: Problem | None = None
     ) -> list[Condition]:
+        if site.detail.get("form") == TEMPLATE:
+            parameter = site.detail.get("parameter")
+            return [
+                ArchAtLeast(sm=90, specific=True, why="wgmma exists only on sm_90a"),
+                Prose(
+                    text=f"every extent of the tile follows the template parameter {parameter}"
+                    " (shared tiles, accumulators, loops, the grid and the tensor maps)",
+                    why="only the literal the host binds it with is changed",
+                ),
+            ]
         found: list[Condition] = [
             Prose(
                 text=f"the launch grid covers the output in tiles of {site.detail.get('extents')}",

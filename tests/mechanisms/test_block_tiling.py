@@ -167,3 +167,60 @@ def test_a_kernel_without_a_wgmma_wrapper_has_no_wgmma_tile() -> None:
     before = fixture_pairs("block_tiling")[0].before
     kernel = before.parsed.kernels[0]
     assert "no device function wrapping" in str(tile_of(before.parsed, kernel, ["kBM", "kBN"]))
+
+
+TEMPLATE_TILE = (
+    Path(__file__).parents[1] / "fixtures/public_forms/block_tiling/wide_template.before.cu"
+)
+
+
+def _template_kernel(old: str = "", new: str = "") -> KernelSource:
+    text = TEMPLATE_TILE.read_text(encoding="utf-8")
+    assert old in text
+    return KernelSource(text.replace(old, new) if old else text, name="wide_template.cu")
+
+
+def _template_sites(kernel: KernelSource, *, candidates: bool = False) -> list[Site]:
+    found = mechanism.candidates(kernel) if candidates else mechanism.detect(kernel)
+    return [s for s in found if s.detail.get("form") == "template_wgmma_tile"]
+
+
+def test_a_template_wgmma_tile_is_found_through_the_kernel_s_alias_of_its_parameter() -> None:
+    kernel = _template_kernel()
+    (site,) = _template_sites(kernel)
+    assert site.supported and site.function == "gemm_wide"
+    assert "wgmma tile BN = 256 (a template parameter; wgmma widths 128, 256)" in site.snippet
+    assert mechanism.carrier_of(kernel, site) == Carrier(n=256)
+    conditions = mechanism.conditions(kernel, site)
+    assert any(getattr(c, "sm", None) == 90 and getattr(c, "specific", False) for c in conditions)
+    assert any("follows the template parameter BN" in getattr(c, "text", "") for c in conditions)
+    assert not any("None" in getattr(c, "text", "") for c in conditions)
+
+
+def test_removal_halves_the_launch_constant_and_apply_doubles_it_back() -> None:
+    kernel = _template_kernel()
+    narrow = mechanism.remove(kernel, _template_sites(kernel)[0])
+    assert narrow.text == TEMPLATE_TILE.with_name("wide_template.after.cu").read_text()
+    assert not _template_sites(narrow)
+    (candidate,) = _template_sites(narrow, candidates=True)
+    assert mechanism.apply(narrow, candidate).text == kernel.text
+    with pytest.raises(MechanismRefused, match="writes widths 128, 256, not 512"):
+        mechanism.apply(narrow, candidate, Carrier(n=512))
+
+
+def test_a_width_the_templated_wgmma_does_not_write_is_not_a_site() -> None:
+    # without the N = 128 branch the tile cannot be halved: no site, and no candidate either
+    kernel = _template_kernel(
+        "  if constexpr (WIDTH == 128) wgmma_m64n128k16(d, desc_a, desc_b);\n", ""
+    )
+    assert not _template_sites(kernel) and not _template_sites(kernel, candidates=True)
+
+
+def test_a_width_bound_twice_is_refused_with_the_reason() -> None:
+    kernel = _template_kernel(
+        "  return (int)cudaGetLastError();\n}",
+        "  gemm_wide<BM, 128, BK><<<grid, 128, 0, stream>>>(A, B, C, (int)M, (int)N, (int)K);\n"
+        "  return (int)cudaGetLastError();\n}",
+    )
+    (site,) = _template_sites(kernel)
+    assert "is not one constant at the launches" in str(site.refusal)

@@ -57,6 +57,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "named_stride": PROBLEMS / "scale_tiles",
     "dim3_grid": PROBLEMS / "scale_tiles",
     "ring_stages": PROBLEMS / "stream_affine",
+    "wide_template": PROBLEMS / "gemm_nt_bf16",
 }
 
 
