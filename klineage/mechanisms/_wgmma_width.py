@@ -13,8 +13,10 @@ width::
 Everything that follows the tile (shared tiles, accumulators, loops, and on the host the grid
 and tensor maps) is written in terms of the parameter, so the width is one literal where the
 host binds it (:mod:`klineage.mechanisms._launch_literal`). Removing the wide tile halves that
-literal, where the templated wgmma has the half width; applying doubles it back. The gate
-decides whether the kernel really is written for both widths.
+literal, where the templated wgmma has the half width; applying doubles it back. As with
+the wide wgmma tile (N = 256), the wide tile is the widest width the templated wgmma writes:
+a kernel bound to a narrower one is a candidate, not a site, so a walk halves a tile once.
+The gate decides whether the kernel really is written for both widths.
 """
 
 from __future__ import annotations

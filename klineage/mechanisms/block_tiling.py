@@ -151,8 +151,10 @@ class BlockTiling(Mechanism):
             if tile is not None and tile.wrapper.n == WIDEST_N:
                 yield self._wide_site(source, tile, names)
         for template in template_tiles(source):
-            # a width not bound once (0) is a site refused with the reason
-            if template.width == 0 or template.width // 2 in template.widths:
+            # the wide tile is the widest instruction the templated wgmma writes (as the wide
+            # wgmma tile is N = 256); a width not bound once (0) is a site refused with why
+            widest = template.width == max(template.widths)
+            if template.width == 0 or (widest and template.width // 2 in template.widths):
                 yield self._template_site(source, template)
 
     def _template_site(self, source: ParsedSource, tile: TemplateTile) -> Site:
@@ -211,7 +213,7 @@ class BlockTiling(Mechanism):
             if tile is not None and tile.wrapper.n < WIDEST_N:
                 yield self._wide_site(source, tile, names)
         for template in template_tiles(source):
-            if template.width * 2 in template.widths:
+            if 0 < template.width < max(template.widths) and template.width * 2 in template.widths:
                 yield self._template_site(source, template)
 
     def _tile_at(self, source: ParsedSource, site: Site, action: Action) -> Tile:

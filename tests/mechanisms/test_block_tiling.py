@@ -224,3 +224,28 @@ def test_a_width_bound_twice_is_refused_with_the_reason() -> None:
     )
     (site,) = _template_sites(kernel)
     assert "is not one constant at the launches" in str(site.refusal)
+
+
+def test_only_the_widest_template_tile_is_a_site_so_a_walk_halves_it_once() -> None:
+    # a templated wgmma with 64, 128 and 256: the 256-wide tile is the site; once halved to
+    # 128 it is a candidate only, not a site to halve again
+    wider = _template_kernel(
+        "  if constexpr (WIDTH == 128) wgmma_m64n128k16(d, desc_a, desc_b);\n",
+        "  if constexpr (WIDTH == 128) wgmma_m64n128k16(d, desc_a, desc_b);\n"
+        "  if constexpr (WIDTH == 64) wgmma_m64n64k16(d, desc_a, desc_b);\n",
+    )
+    wider = KernelSource(
+        wider.text.replace(
+            "template <int WIDTH>\n",
+            "__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t a, "
+            'uint64_t b) {\n  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16'
+            '.bf16 {...};");\n}\n\ntemplate <int WIDTH>\n',
+        )
+    )
+    (site,) = _template_sites(wider)
+    assert "widths 64, 128, 256" in site.snippet
+    narrow = mechanism.remove(wider, site)
+    assert "constexpr int BN = 128;" in narrow.text
+    assert not _template_sites(narrow)
+    (candidate,) = _template_sites(narrow, candidates=True)
+    assert candidate.detail["n"] == 128
