@@ -5,7 +5,7 @@ of ``S`` stages: each stage has its tile buffers and a ``full``/``empty`` pair o
 and each side walks the ring with an index that wraps and flips the barrier parity::
 
     template <int STAGES, ...> __global__ void kernel(...) {
-      __shared__ uint64_t full[STAGES], empty[STAGES];   // or fields of a struct template
+      __shared__ uint64_t full[STAGES], empty[STAGES];   // or cuda::barrier, or struct fields
       ...
       if (stage == STAGES) { stage = 0; phase ^= 1; }     // or stage = (stage + 1) % STAGES
     }
@@ -20,6 +20,7 @@ every use of it is a template argument); applying it sets a count of 1 back to `
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,6 +32,23 @@ from klineage.mechanisms._launch_literal import launch_literal
 
 BARRIER_TYPES = frozenset({"uint64_t", "unsigned long long", "__mbarrier_t", "std::uint64_t"})
 """Element types of an mbarrier array (an mbarrier is a 64-bit word in shared memory)."""
+_LIBCU_BARRIER = re.compile(
+    r"\busing\s+(\w+)\s*=\s*(?:::)?cuda::barrier\s*<"
+    r"|\btypedef\s+(?:::)?cuda::barrier\s*<[^;]*>\s*(\w+)\s*;"
+)
+
+
+def _barrier_types(source: ParsedSource) -> frozenset[str]:
+    """The element types of barrier arrays in this file: 64-bit words, libcu++'s
+    ``cuda::barrier<...>`` (also an mbarrier in shared memory) and the names the file gives it
+    (``using barrier = cuda::barrier<cuda::thread_scope_block>;``)."""
+    aliases = {a or b for a, b in _LIBCU_BARRIER.findall(source.kernel.text)}
+    return BARRIER_TYPES | aliases
+
+
+def _is_barrier(types: frozenset[str], type_text: str) -> bool:
+    text = type_text.strip().removeprefix("::")
+    return text in types or text.startswith("cuda::barrier<")
 
 
 @dataclass(frozen=True)
@@ -56,15 +74,16 @@ def _barrier_array(source: ParsedSource, kernel: Function, parameter: str) -> st
     """The name of a 64-bit array sized by ``parameter``, declared in ``kernel`` or as a field
     of a struct template that ``kernel`` instantiates with ``parameter`` at that position."""
     assert kernel.body is not None
+    types = _barrier_types(source)
     for decl in source.declarations:
-        if within(decl.node, kernel.body) and decl.type in BARRIER_TYPES:
+        if within(decl.node, kernel.body) and _is_barrier(types, decl.type):
             for name, declarator in zip(decl.names, decl.declarators, strict=True):
                 if _sized_by(source, declarator, parameter):
                     return name
     for struct, position in _struct_uses(source, kernel, parameter):
         for field in source.iter_nodes("field_declaration", within=struct):
             type_node = field.child_by_field_name("type")
-            if type_node is None or source.text_of(type_node) not in BARRIER_TYPES:
+            if type_node is None or not _is_barrier(types, source.text_of(type_node)):
                 continue
             for declarator in field.children_by_field_name("declarator"):
                 if _sized_by(source, declarator, position):

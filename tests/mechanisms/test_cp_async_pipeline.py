@@ -331,10 +331,24 @@ def test_a_one_stage_ring_is_a_candidate_that_takes_any_count_forward() -> None:
             "  slot = (slot + 1) % STAGES;\n  ready[slot] = 0;\n",
         ),
         ("if (++stage == STAGES) {", "if (STAGES == ++stage) {"),
+        (  # libcu++ barriers, named by an alias
+            "  alignas(8) uint64_t full[STAGES], empty[STAGES];\n",
+            "  barrier full[STAGES], empty[STAGES];\n",
+        ),
     ],
 )
 def test_the_ring_is_found_in_other_spellings(old: str, new: str) -> None:
     kernel = _ring_kernel(old, new)
+    if "barrier full" in new:
+        kernel = KernelSource(
+            kernel.text.replace(
+                "constexpr int TILE = 1024;",
+                "using barrier = cuda::barrier<cuda::thread_scope_block>;\n"
+                "constexpr int TILE = 1024;",
+            )
+        )
+        without_alias = _ring_kernel(old, new)  # a type the file does not make a barrier
+        assert not _ring_sites(without_alias)
     assert any(s.supported for s in _ring_sites(kernel))
 
 
