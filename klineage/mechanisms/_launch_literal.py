@@ -2,13 +2,14 @@
 
 Hopper kernels take their shape as template parameters (stages, tile extents) that the host
 binds once: ``kernel<128, STAGES><<<...>>>`` after ``constexpr int STAGES = 4;``, or
-through a pointer, ``auto* k = kernel<BM, BN>; k<<<...>>>``. Changing the shape is editing
+through a pointer, ``auto* k = kernel<kTileM, kTileN>; k<<<...>>>``. Changing the shape is editing
 that one literal: the template argument itself, or the launching function's constant.
 """
 
 from __future__ import annotations
 
 from klineage.cuda.source import Function, Node, ParsedSource, strip_parens, within
+from klineage.mechanisms._local_util import local_initializer
 
 
 def launch_literal(
@@ -32,20 +33,13 @@ def launch_literal(
     caller = source.enclosing_function(launch.node)
     if not name.isidentifier() or caller is None or caller.body is None:
         return None, f"the launch passes the expression `{name}`; a literal or a constant is edited"
-    values = [
-        declarator.child_by_field_name("value")
-        for decl in source.declarations
-        if within(decl.node, caller.body)
-        and ("constexpr" in decl.qualifiers or "const" in decl.qualifiers)
-        for declared, declarator in zip(decl.names, decl.declarators, strict=True)
-        if declared == name and declarator.type == "init_declarator"
-    ]
-    if len(values) != 1 or values[0] is None or values[0].type != "number_literal":
+    value = local_initializer(source, caller, name, launch.node)
+    if value is None or value.type != "number_literal":
         return None, f"`{name}` is not a constant of {caller.name} with a literal value"
     if not template_only:
-        return values[0], None
+        return value, None
     for use in source.iter_nodes("identifier", "type_identifier", within=caller.body):
-        if source.text_of(use) != name or within(use, values[0].parent or use):
+        if source.text_of(use) != name or within(use, value.parent or use):
             continue
         if source.ancestor(use, "template_argument_list") is None:
             line = source.line_of(use.start_byte)
@@ -53,4 +47,4 @@ def launch_literal(
                 f"`{name}` is also used outside template arguments (line {line}); changing it "
                 f"would change more than {kernel.name}'s template"
             )
-    return values[0], None
+    return value, None

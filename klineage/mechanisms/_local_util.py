@@ -914,7 +914,7 @@ def names_in_function(source: ParsedSource, function: Function) -> set[str]:
 _SIMPLE = re.compile(r"^[A-Za-z_][\w.]*( \* [A-Za-z_][\w.]*)*$|^\d+$")
 
 
-def _local_initializer(
+def local_initializer(
     source: ParsedSource, function: Function, name: str, at: Node | None = None
 ) -> Node | None:
     """The initializer of a never-reassigned local (``T x = v``, ``T* p = v``) of
@@ -983,7 +983,7 @@ def size_at_launch(
         elif name in source.integer_constants:
             continue
         else:
-            value = _local_initializer(source, kernel, name, node)
+            value = local_initializer(source, kernel, name, node)
             if value is None:
                 raise Refused(
                     f"{name} in the bound {source.snippet(expr)!r} is not a kernel parameter or "
@@ -1225,7 +1225,7 @@ def _named_pointer_alignment(
     name = source.text_of(node)
     param = function.param(name)
     if param is None:
-        value = _local_initializer(source, function, name, node)
+        value = local_initializer(source, function, name, node)
         if value is None:
             return None
         return alignment_conditions(source, function, value, alignment, depth + 1)
@@ -1271,7 +1271,7 @@ def offset_divisible(
             axis = tensor_name(source, function, name)
             why = f"keeps {divisor}-element accesses aligned"
             return None if axis is None else [AxisDivisible(axis=axis, k=divisor, why=why)]
-        value = _local_initializer(source, function, name)
+        value = local_initializer(source, function, name)
         return (
             None if value is None else offset_divisible(source, function, value, divisor, depth + 1)
         )
