@@ -60,6 +60,19 @@ REFUSAL = (
 )
 
 
+def _origin_terms(value: Node) -> Iterator[tuple[Node, Node]]:
+    """The scaled terms of an origin, also in each branch of a conditional one: a block row
+    walked in serpentine order is ``odd ? (rows - 1 - blockIdx.y) * kBM : blockIdx.y * kBM``."""
+    value = strip_casts(value)
+    if value.type == "conditional_expression":
+        for field in ("consequence", "alternative"):
+            branch = value.child_by_field_name(field)
+            if branch is not None:
+                yield from _origin_terms(branch)
+        return
+    yield from scaled_terms(value)
+
+
 def tile_origins(source: ParsedSource, function: Function) -> list[tuple[Node, Node]]:
     """(declaration, tile extent) of the locals that scale a block-level value (derived from
     the block index, not the thread index) by a compile-time extent (``m0 = tile_row *
@@ -69,26 +82,29 @@ def tile_origins(source: ParsedSource, function: Function) -> list[tuple[Node, N
     locals_ = Locals(source, function)
     counters = frozenset(locals_.assigned)
     found: list[tuple[str, Node, Node]] = []
+    threads = {"threadIdx.x", "threadIdx.y", "threadIdx.z"}
+    per_thread: set[str] = set()
     for name, decl, value in top_declarations(source, function):
-        for scaled, extent in scaled_terms(value):
+        for scaled, extent in _origin_terms(value):
             extent_node = strip_casts(extent)
             if not is_constant(source, function, extent_node):
                 continue
             if "blockDim" in source.text_of(scaled):
                 continue
-            threads = {"threadIdx.x", "threadIdx.y", "threadIdx.z"}
             if locals_.depends_on(scaled, set(BLOCK_INDEX), counters) and not (
                 locals_.depends_on(scaled, threads, counters)
             ):
                 found.append((name, decl, extent_node))
+                if locals_.depends_on(value, threads, counters):
+                    per_thread.add(name)
                 break
-    feeding = {
-        name
-        for name, _, _ in found
-        for other, declaration, _ in found
-        if other != name and name in names_in(source, declaration)
-    }
-    return [(decl, extent) for name, decl, extent in found if name not in feeding]
+    uses = {name: names_in(source, declaration) for name, declaration, _ in found}
+    block_level = [name for name, _, _ in found if name not in per_thread]
+    # an origin that feeds a block-level one is a step towards it (a rasterization group's
+    # first row); a per-thread one that reads a block-level origin is an address in its tile
+    dropped = {n for n in block_level for o in block_level if o != n and n in uses[o]}
+    dropped |= {o for o in per_thread if any(n in uses[o] for n in block_level)}
+    return [(decl, extent) for name, decl, extent in found if name not in dropped]
 
 
 WIDE = "wide_wgmma_tile"

@@ -86,6 +86,11 @@ def _padding(source: ParsedSource, size: Node) -> tuple[Node, Node] | None:
     return None
 
 
+def _one_line(source: ParsedSource, node: Node, limit: int = 80) -> str:
+    text = " ".join(source.text_of(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _uses(source: ParsedSource, name: str, scope: Node, skip: Node) -> list[Node]:
     """Identifier nodes named ``name`` inside ``scope``, outside ``skip``."""
     return [
@@ -134,7 +139,8 @@ def _shared_names(source: ParsedSource) -> set[str]:
         return names
     pointers = []
     for decl in source.declarations:
-        if "*" not in source.text_of(decl.node).split("=")[0]:
+        head = source.text_of(decl.node).split("=")[0]
+        if "*" not in head and "&" not in head:  # a pointer, or a struct laid over the buffer
             continue
         for name, declarator in zip(decl.names, decl.declarators, strict=True):
             value = declarator.child_by_field_name("value")
@@ -197,6 +203,21 @@ def _shared_size_use(source: ParsedSource, node: Node) -> bool:
     return function is not None and source.text_of(function) == "cudaFuncSetAttribute"
 
 
+def _names_a_shared_buffer(source: ParsedSource, use: Node, shared: set[str]) -> bool:
+    """The expression around a use (up to its statement, declarator or argument) also names
+    a shared buffer: an address computation."""
+    top = use
+    while top.parent is not None and top.parent.type not in (
+        "expression_statement",
+        "init_declarator",
+        "return_statement",
+        "argument_list",
+    ):
+        top = top.parent
+    names = {source.text_of(n) for n in source.iter_nodes("identifier", within=top)}
+    return bool(names & shared)
+
+
 def _pitch_uses_ok(
     source: ParsedSource, name: str, declaration: Node, shared: set[str], depth: int = 0
 ) -> bool:
@@ -206,7 +227,14 @@ def _pitch_uses_ok(
     uses = _uses(source, name, source.root, declaration)
     if not uses or depth > 3:
         return False
-    for use in uses:
+    return _other_use(source, name, declaration, shared, depth) is None
+
+
+def _other_use(
+    source: ParsedSource, name: str, declaration: Node, shared: set[str], depth: int = 0
+) -> Node | None:
+    """The first use of the constant that is none of the uses `_pitch_uses_ok` allows."""
+    for use in _uses(source, name, source.root, declaration):
         if _shared_size_use(source, use):
             continue
         if ParsedSource.ancestor(use, "static_assert_declaration") is not None:
@@ -215,20 +243,60 @@ def _pitch_uses_ok(
         if derived is not None:
             holder = ParsedSource.ancestor(use, "declaration")
             if holder is None or not _pitch_uses_ok(source, derived, holder, shared, depth + 1):
-                return False
+                return use
             continue
-        top = use
-        while top.parent is not None and top.parent.type not in (
-            "expression_statement",
-            "init_declarator",
-            "return_statement",
-            "argument_list",
-        ):
-            top = top.parent
-        names = {source.text_of(n) for n in source.iter_nodes("identifier", within=top)}
-        if not names & shared:
-            return False
-    return True
+        if not _names_a_shared_buffer(source, use, shared):
+            return use
+    return None
+
+
+def _identifiers(source: ParsedSource, node: Node) -> set[str]:
+    return {source.text_of(n) for n in source.iter_nodes("identifier", within=node)}
+
+
+def _tensor_map_copy(source: ParsedSource, pitch: str) -> Node | None:
+    """A call in a kernel handed both a ``CUtensorMap`` parameter and a local whose
+    initializer uses the pitch (``store(&map, tile + w * kPadded * N, ...)``): a copy engine
+    reads those rows with the box its map was encoded with."""
+    for function in source.kernels:
+        maps = {p.name for p in function.params if p.name and "CUtensorMap" in p.type}
+        if not maps or function.body is None:
+            continue
+        pitched = set()
+        for declarator in source.iter_nodes("init_declarator", within=function.body):
+            value = declarator.child_by_field_name("value")
+            name = declarator.child_by_field_name("declarator")
+            while name is not None and name.type != "identifier":  # `T* p`, `T& r`
+                name = name.child_by_field_name("declarator")
+            if name is not None and value is not None and pitch in _identifiers(source, value):
+                pitched.add(source.text_of(name))
+        for call in source.calls:
+            if not function.node.start_byte <= call.node.start_byte < function.node.end_byte:
+                continue
+            named = set().union(*(_identifiers(source, a) for a in call.args))
+            if named & maps and named & pitched:
+                return call.node
+    return None
+
+
+def _padded_pitches_elsewhere(source: ParsedSource) -> Iterator[tuple[_Pitch, Node]]:
+    """Padded constants named as padding (``kRowPadded = kRow + 8``) that address shared
+    memory but also reach other code (a lane's offset, an address handed to a copy engine),
+    with the first such use: detected, but not removable by dropping the pad alone."""
+    shared = _shared_names(source)
+    for decl in source.declarations:
+        if not {"const", "constexpr"} & set(decl.qualifiers) or decl.is_shared:
+            continue
+        for name, declarator in zip(decl.names, decl.declarators, strict=True):
+            value = declarator.child_by_field_name("value")
+            if value is None or not _PAD.search(name) or _padding(source, value) is None:
+                continue
+            uses = _uses(source, name, source.root, decl.node)
+            if not any(_names_a_shared_buffer(source, u, shared) for u in uses):
+                continue
+            other = _other_use(source, name, decl.node, shared)
+            if other is not None:
+                yield _Pitch(name, declarator, value), other
 
 
 @register
@@ -264,6 +332,30 @@ class SmemPadding(Mechanism):
                     pitch.value,
                     detail={"pitch": pitch.name, "pad": source.text_of(padded[1])},
                 )
+        for pitch, other in _padded_pitches_elsewhere(source):
+            padded = _padding(source, pitch.value)
+            assert padded is not None  # _padded_pitches_elsewhere checked it
+            statement = ParsedSource.ancestor(other, "declaration") or other.parent or other
+            copy = _tensor_map_copy(source, pitch.name)
+            engine = (
+                ""
+                if copy is None
+                else f", and the padded rows go to a tensor-map copy at line "
+                f"{source.line_of(copy.start_byte)} (`{_one_line(source, copy)}`), whose box "
+                "holds the padded pitch"
+            )
+            yield self.site(
+                source,
+                pitch.value,
+                detail={"pitch": pitch.name, "pad": source.text_of(padded[1])},
+                refusal=(
+                    f"the site is the padded pitch {pitch.name}, also used at line "
+                    f"{source.line_of(other.start_byte)} (`{_one_line(source, statement)}`), "
+                    f"which this rule does not follow to a shared-memory address{engine}; it "
+                    "drops a pad only where every use of the pitch is one, so that nothing "
+                    "else still assumes the padded rows"
+                ),
+            )
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
         for array in _arrays(source):

@@ -249,3 +249,40 @@ def test_only_the_widest_template_tile_is_a_site_so_a_walk_halves_it_once() -> N
     assert not _template_sites(narrow)
     (candidate,) = _template_sites(narrow, candidates=True)
     assert candidate.detail["n"] == 128
+
+
+# Tile origins counted in mma tiles, the block rows walked in serpentine order along
+# blockIdx.z, and a per-warp address that reads both origins (the idiom of public mma.sync
+# HGEMMs): the origins are the tile, the address is not a third origin.
+SERPENTINE = """
+#define MMA_M 16
+#define MMA_N 8
+#define BLOCK_ROWS_IN_TILES 16  // 256 rows / MMA_M
+#define BLOCK_COLS_IN_TILES 16  // 128 columns / MMA_N
+__global__ void hgemm(const half* A, half* C, size_t M, size_t N) {
+    const size_t tile_i = (blockIdx.z % 2) ? ((gridDim.y - blockIdx.y - 1) * BLOCK_ROWS_IN_TILES)
+                                           : (blockIdx.y * BLOCK_ROWS_IN_TILES);
+    const size_t tile_j = (blockIdx.z * gridDim.x + blockIdx.x) * BLOCK_COLS_IN_TILES;
+    const size_t warp = threadIdx.x / 32;
+    const size_t out = (tile_i + warp * 2) * MMA_M * N + tile_j * MMA_N;
+    C[out + threadIdx.x % 32] = A[out];
+}
+"""
+
+
+def test_a_serpentine_block_row_in_mma_tile_units_is_a_tile_origin() -> None:
+    (site,) = mechanism.detect(KernelSource(SERPENTINE))
+    assert site.detail["extents"] == "BLOCK_COLS_IN_TILES,BLOCK_ROWS_IN_TILES"
+    assert (site.start_line, site.end_line) == (4, 5) and not site.supported
+
+
+def test_a_per_thread_address_reading_the_origins_does_not_hide_them() -> None:
+    """Without the serpentine branch the tile is still two origins, not the address."""
+    text = SERPENTINE.replace(
+        "(blockIdx.z % 2) ? ((gridDim.y - blockIdx.y - 1) * BLOCK_ROWS_IN_TILES)\n"
+        "                                           : (blockIdx.y * BLOCK_ROWS_IN_TILES)",
+        "blockIdx.y * BLOCK_ROWS_IN_TILES",
+    )
+    assert "?" not in text
+    (site,) = mechanism.detect(KernelSource(text))
+    assert site.detail["extents"] == "BLOCK_COLS_IN_TILES,BLOCK_ROWS_IN_TILES"

@@ -97,3 +97,62 @@ def test_the_padded_staged_heldout_gemms_compile(mechanism_builder: Builder) -> 
         staged = _staged_heldout(problem)
         padded.append(mechanism.apply(staged, mechanism.candidates(staged)[0]))
     compile_ok(mechanism_builder, padded)
+
+
+# A Hopper epilogue in the idiom of public warp-specialized GEMMs: each consumer warpgroup
+# stores its accumulators into a padded C tile with stmatrix, at lane offsets computed from the
+# padded pitch, and one thread hands the tile to a TMA store whose box was encoded padded.
+PADDED_EPILOGUE = """
+#include <cuda.h>
+#include <cuda_bf16.h>
+template <int BM, int BN>
+struct Tiles {
+    alignas(128) __nv_bfloat16 C[BN * (BM + 8)];
+};
+__device__ void store_tile(const CUtensorMap* map, __nv_bfloat16* tile, int row, int col);
+template <int BM, int BN>
+__global__ void epilogue(const __grid_constant__ CUtensorMap mapC) {
+    extern __shared__ __align__(128) unsigned char buffer[];
+    Tiles<BM, BN>& tiles = *reinterpret_cast<Tiles<BM, BN>*>(buffer);
+    __nv_bfloat16* sC = tiles.C;
+    constexpr int kRowsPadded = BM + 8;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __nv_bfloat16* tile = sC + warp * kRowsPadded * 16;
+    unsigned offset = (lane % 8) * kRowsPadded + (lane & 8);
+    unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(tile)) + offset * 2;
+    asm volatile("stmatrix.sync.aligned.m8n8.x1.trans.shared::cta.b16 [%0], {%1};"
+                 :: "r"(addr), "r"(0));
+    if (threadIdx.x == 0) store_tile(&mapC, tile, blockIdx.y * BM, blockIdx.x * BN);
+}
+"""
+
+
+def test_a_padded_pitch_lane_offsets_and_a_tensor_map_also_use_is_detected_and_refused() -> None:
+    """Detected by its name and its `E + P` form; refused, naming the lane offset and the
+    tensor-map copy that still assume the padded rows (dropping the pad alone breaks them)."""
+    (site,) = mechanism.detect(KernelSource(PADDED_EPILOGUE))
+    assert site.detail == {"pitch": "kRowsPadded", "pad": "8"}
+    assert not site.supported
+    reason = site.refusal or ""
+    assert "used at line 17" in reason and "(lane % 8) * kRowsPadded" in reason
+    assert "tensor-map copy at line 21" in reason and "store_tile(&mapC, tile" in reason
+    with pytest.raises(MechanismRefused):
+        mechanism.remove(KernelSource(PADDED_EPILOGUE), site)
+
+
+def test_without_a_tensor_map_the_refusal_names_only_the_other_use() -> None:
+    text = PADDED_EPILOGUE.replace(
+        "    if (threadIdx.x == 0) store_tile(&mapC, tile, blockIdx.y * BM, blockIdx.x * BN);\n",
+        "",
+    )
+    (site,) = mechanism.detect(KernelSource(text))
+    assert "used at line 17" in (site.refusal or "") and "tensor-map" not in (site.refusal or "")
+
+
+def test_a_padded_constant_that_never_addresses_shared_memory_is_not_a_site() -> None:
+    """A name saying pad is not enough: some use must address a shared buffer."""
+    text = (
+        "constexpr int kRowPadded = 64 + 8;\n"
+        "__global__ void k(float* y) { y[threadIdx.x * kRowPadded] = 0.0f; }\n"
+    )
+    assert mechanism.detect(KernelSource(text)) == []
