@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import PRIMARY, fold_int, precedence
 from klineage.cuda.facts import template_bindings
 from klineage.cuda.source import Function, Node, ParsedSource
@@ -421,7 +422,15 @@ def analyze_staged_loop(source: ParsedSource, function: Function, loop: Node) ->
     if loop.type != "for_statement" or body is None or body.type != "compound_statement":
         raise NotStaged("the tile loop is not a for loop with a braced body")
     if not function.is_kernel:
-        raise NotStaged("the staged loop is not in a __global__ kernel")
+        callers = sorted(
+            caller for caller, _ in analysis(source).call_graph.call_sites(function.name)
+        )
+        raise NotStaged(
+            f"the tile loop is in {function.name}, a __device__ function that declares its own "
+            f"shared tiles and that {', '.join(callers) or 'a kernel'} calls (directly or bound "
+            "as a template argument); this rule needs the staged tile loop in the __global__ "
+            "kernel itself, whose launch it reads"
+        )
     locals_ = Locals(source, function)
     shared = shared_arrays(source, function)
     stores, first_sync, compute, last_sync = _split_body(source, body)
@@ -526,10 +535,11 @@ def read_mapping(
 
 
 def staging_loops(source: ParsedSource) -> list[tuple[Function, Node]]:
-    """Loops in kernels whose body has a ``__syncthreads()`` at its top level and stores into
-    a static ``__shared__`` array inside: the places a staged tile may be."""
+    """Loops in kernels (and in the device functions that hold a kernel's block-level work,
+    `SourceAnalysis.block_functions`) whose body has a ``__syncthreads()`` at its top level
+    and stores into a static ``__shared__`` array inside: the places a staged tile may be."""
     found = []
-    for function in source.kernels:
+    for function in analysis(source).block_functions:
         shared = shared_arrays(source, function)
         if function.body is None or not shared:
             continue

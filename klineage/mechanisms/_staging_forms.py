@@ -170,7 +170,7 @@ def _places(source: ParsedSource, function: Function) -> list[_Place]:
 def staging_forms(source: ParsedSource, skip: set[int]) -> list[FoundForm]:
     """Every staging site of the kernels not already reported (loop starts in ``skip``)."""
     found: list[FoundForm] = []
-    for function in source.kernels:
+    for function in analysis(source).block_functions:
         if function.body is None or not analysis(source).shared(function).barriers:
             continue
         places = _places(source, function)

@@ -167,3 +167,50 @@ def test_the_call_graph_summarizes_helpers() -> None:
     assert "cp_async_wait" in graph.summary("tile").ptx
     assert graph.summary("tile").block_barrier and not graph.summary("wait_all").block_barrier
     assert graph.call_sites("wait_all")[0][0] == "fence_then_wait"
+
+
+# A kernel written once for several bodies: the body is a template argument (a pointer to a
+# __device__ function), bound where a launcher templated on it launches the kernel. The body
+# declares its own shared tiles and barriers: the block's work is all there.
+BODY_AS_TEMPLATE_ARGUMENT = """
+using body_fn = void (*)(float* out, const float* in, int n);
+__device__ void plain_body(float* out, const float* in, int n) {
+    out[blockIdx.x * 64 + threadIdx.x] = in[blockIdx.x * 64 + threadIdx.x];
+}
+__device__ void staged_body(float* out, const float* in, int n) {
+    __shared__ float tile[64];
+    for (int base = 0; base < n; base += 64) {
+        __syncthreads();
+        tile[threadIdx.x] = in[base + threadIdx.x];
+        __syncthreads();
+        out[base + threadIdx.x] = tile[63 - threadIdx.x];
+    }
+}
+template <body_fn body>
+__global__ void run_body(float* out, const float* in, int n) { body(out, in, n); }
+template <body_fn body>
+void launch(float* out, const float* in, int n) { run_body<body><<<1, 64>>>(out, in, n); }
+void both(float* out, const float* in, int n) {
+    launch<plain_body>(out, in, n);
+    run_body<&staged_body><<<1, 64>>>(out, in, n);
+}
+"""
+
+
+def test_a_body_bound_as_a_template_argument_is_called_by_the_kernel() -> None:
+    """Bound directly at a launch (`&staged_body`) or through a launcher's own template
+    parameter (`launch<plain_body>`): both are callees of the kernel, with the call node."""
+    source = KernelSource(BODY_AS_TEMPLATE_ARGUMENT).parsed
+    graph = analysis(source).call_graph
+    assert sorted(graph.callees("run_body")) == ["plain_body", "staged_body"]
+    ((caller, node),) = graph.call_sites("staged_body")
+    assert caller == "run_body" and source.text_of(node) == "body(out, in, n)"
+    assert graph.summary("run_body").block_barrier  # through the staged body
+
+
+def test_the_block_functions_are_the_kernels_and_bodies_with_their_own_shared_tiles() -> None:
+    source = KernelSource(BODY_AS_TEMPLATE_ARGUMENT).parsed
+    names = [f.name for f in analysis(source).block_functions]
+    assert names == ["run_body", "staged_body"]  # plain_body declares no shared memory
+    bodies_only = BODY_AS_TEMPLATE_ARGUMENT.split("template <body_fn body>\n__global__")[0]
+    assert analysis(KernelSource(bodies_only).parsed).block_functions == ()  # no kernel

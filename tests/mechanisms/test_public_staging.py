@@ -150,3 +150,50 @@ def test_a_staged_buffer_written_again_is_refused() -> None:
 
 def test_partial_sums_in_shared_memory_are_not_staging() -> None:
     assert staging.detect(KernelSource(PARTIALS)) == []
+
+
+# A kernel written once for several bodies, each body a __device__ function bound as a template
+# argument; this body stages 128 x 32 slices of q and k for the whole block and reads them with
+# a column skewed by the thread (public llm.c-style attention score tiles).
+BODY_STAGES_TILES = """\
+using tile_body = void (*)(float* p, const float* k, const float* q, int ld, int hs);
+__device__ void staged_scores(float* p, const float* k, const float* q, int ld, int hs) {
+  __shared__ float q_s[128][32];
+  __shared__ float k_s[128][32];
+  float acc[8][8] = {};
+  for (int so = 0; so < hs; so += 32) {
+    __syncthreads();
+    for (int y = threadIdx.y / 2; y < 128; y += 8) {
+      int xo = (threadIdx.y % 2) * 16;
+      q_s[y][threadIdx.x + xo] = q[y * ld + so + threadIdx.x + xo];
+      k_s[y][threadIdx.x + xo] = k[y * ld + so + threadIdx.x + xo];
+    }
+    __syncthreads();
+    for (int si = 0; si < 32; ++si)
+      for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 8; ++j)
+          acc[i][j] += q_s[i + 8 * threadIdx.x][(si + threadIdx.x) % 32] *
+                       k_s[j + 8 * threadIdx.y][(si + threadIdx.x) % 32];
+  }
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j) p[(8 * threadIdx.x + i) * 128 + 8 * threadIdx.y + j] = acc[i][j];
+}
+template <tile_body body>
+__global__ void scores(float* p, const float* k, const float* q, int ld, int hs) {
+  body(p, k, q, ld, hs);
+}
+void launch(float* p, const float* k, const float* q, int ld, int hs) {
+  scores<staged_scores><<<1, dim3(16, 16)>>>(p, k, q, ld, hs);
+}
+"""
+
+
+def test_tiles_a_template_bound_body_stages_are_staging_refused_with_where_they_are() -> None:
+    """Detected in the body the launch binds; refused, naming the body and the kernel, as
+    the tile-loop removal reads the kernel's own launch."""
+    (site,) = staging.detect(KernelSource(BODY_STAGES_TILES))
+    assert site.function == "staged_scores" and site.snippet.startswith("for (int so = 0")
+    reason = site.refusal or ""
+    assert "in staged_scores, a __device__ function" in reason and "scores calls" in reason
+    unbound = BODY_STAGES_TILES.replace("scores<staged_scores><<<", "scores<nullptr><<<")
+    assert staging.detect(KernelSource(unbound)) == []  # no kernel runs that body

@@ -90,6 +90,28 @@ class SourceAnalysis:
         return CallGraph(self.source, self.cooperative_groups, self.ptx)
 
     @cached_property
+    def block_functions(self) -> tuple[Function, ...]:
+        """The kernels, then the ``__device__`` functions a kernel reaches that declare their
+        own static ``__shared__`` arrays: code run by a whole block, whose tiles and barriers
+        are the block's even when the kernel only calls it (``body(args)`` bound to it by a
+        template argument, as a kernel written once for several tile bodies does)."""
+        source = self.source
+        reached: set[str] = set()
+        for kernel in source.kernels:
+            reached |= self.call_graph.reachable(kernel.name)
+        owners = set()
+        for declaration in source.shared_declarations:
+            function = source.enclosing_function(declaration.node)
+            if function is not None and not declaration.is_extern:
+                owners.add(function.node.start_byte)
+        helpers = [
+            f
+            for f in source.functions
+            if not f.is_kernel and f.name in reached and f.node.start_byte in owners
+        ]
+        return (*source.kernels, *helpers)
+
+    @cached_property
     def spaces(self) -> PointerSpaces:
         return PointerSpaces(self)
 

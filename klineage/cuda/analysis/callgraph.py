@@ -78,7 +78,59 @@ class CallGraph:
             if not self.graph.has_edge(caller.name, callee):
                 self.graph.add_edge(caller.name, callee, calls=[])
             self.graph.edges[caller.name, callee]["calls"].append(call.node)
+        self._bind_function_parameters()
         self.summaries = self._summarize(groups, ptx)
+
+    def _bind_function_parameters(self) -> None:
+        """Calls through a kernel's function-pointer template parameter
+        (``template <fn_ptr body> __global__ void k(...) { body(...); }``) are calls of each
+        function a launch binds to it (``k<tile_body><<<...>>>``): the kernel's work may live
+        entirely in the bound ``__device__`` function."""
+        source = self.source
+        for launch in source.launches:
+            for kernel in self.functions_named(launch.kernel):
+                if not kernel.is_kernel:
+                    continue
+                params = kernel.template_params
+                for param, argument in zip(params, launch.template_args, strict=False):
+                    for bound in self._functions_bound(launch.node, argument):
+                        if bound != kernel.name:
+                            self._add_parameter_calls(kernel, param, bound)
+
+    def _functions_bound(self, at: Node, argument: Node) -> list[str]:
+        """The functions a template argument names: itself (``&body``, ``body``), or, where it
+        is a template parameter of the launching function (a launcher templated on the body),
+        what that function's callers bind to it."""
+        source = self.source
+        name = source.text_of(argument).strip().lstrip("&").strip("() ")
+        if name in self._functions:
+            return [name]
+        launcher = source.enclosing_function(at)
+        if launcher is None or name not in launcher.template_params:
+            return []
+        index = launcher.template_params.index(name)
+        found = []
+        for call in source.calls:
+            if call.name != launcher.name or call.template_args is None:
+                continue
+            arguments = call.template_args.named_children
+            if index < len(arguments):
+                bound = source.text_of(arguments[index]).strip().lstrip("&").strip("() ")
+                if bound in self._functions and bound not in found:
+                    found.append(bound)
+        return found
+
+    def _add_parameter_calls(self, kernel: Function, param: str, bound: str) -> None:
+        source = self.source
+        for call in source.calls:
+            caller = source.enclosing_function(call.node)
+            if call.name != param or caller is None or caller.node != kernel.node:
+                continue
+            if not self.graph.has_edge(kernel.name, bound):
+                self.graph.add_edge(kernel.name, bound, calls=[])
+            calls = self.graph.edges[kernel.name, bound]["calls"]
+            if call.node not in calls:
+                calls.append(call.node)
 
     # -- queries ----------------------------------------------------------------------------
 
