@@ -11,8 +11,11 @@ of once per thread that needs it.
   (through casts of the dynamic buffer too: :mod:`klineage.mechanisms._staging_once`; the
   ``row_vectors`` form below writes vectors staged once again) or a 2-D tile staged once and
   read in another order, the shared-memory transpose (:mod:`klineage.mechanisms._staging_tile`,
-  no forward rule); any other staging (tiles fed by ``cp.async``, read through ``ldmatrix``,
-  stored by helpers, under a condition...) is reported with the reason it is not;
+  no forward rule), or 2-D tiles stored in a turn by a loader loop that spreads the rows over
+  the block, also in a ``__device__`` body the kernel calls
+  (:mod:`klineage.mechanisms._staging_loader`, no forward rule); any other staging (tiles
+  fed by ``cp.async``, read through ``ldmatrix``, stored by helpers, under a condition...)
+  is reported with the reason it is not;
 - remove (canonical form): every read ``As[ty][k]`` becomes the stored expression evaluated
   for the thread that stored that element (``tx`` replaced by ``k``); the stores, both
   barriers and the tile declarations go. The loop structure stays: a blocked loop over
@@ -97,6 +100,7 @@ from klineage.mechanisms._staging_helper_forward import (
     tile_loop,
     tile_loop_edits,
 )
+from klineage.mechanisms._staging_loader import loader_removal
 from klineage.mechanisms._staging_once import once_removal
 from klineage.mechanisms._staging_row_cache import NEEDED as ROW_NEEDED
 from klineage.mechanisms._staging_row_cache import cached_rows, row_cache_removal
@@ -745,13 +749,20 @@ class SmemStaging(Mechanism):
     def find_sites(self, source: ParsedSource) -> Iterator[Site]:
         seen: set[int] = set()
         for function, loop in staging_loops(source):
-            refusal = None
+            refusal, detail = None, {}
             try:
                 analyze_staged_loop(source, function, loop)
             except NotStaged as why:
                 refusal = str(why)
+                try:
+                    loader_removal(source, function, loop)
+                    refusal, detail = None, {"form": "loader"}
+                except NotInForm as other:
+                    refusal += f" (as tiles a loader stages, it is {other.form})"
             seen.add(loop.start_byte)
-            yield self.site(source, loop, snippet=_header(source, loop), refusal=refusal)
+            yield self.site(
+                source, loop, snippet=_header(source, loop), refusal=refusal, detail=detail
+            )
         yield from self._async_sites(source, seen)
         for form in staging_forms(source, seen):
             # a tile staged once: the once removal may take it
@@ -884,6 +895,11 @@ class SmemStaging(Mechanism):
             function = source.enclosing_function(store)
             assert function is not None
             return row_cache_removal(source, function, store)
+        if site.detail.get("form") == "loader":
+            loop = self.node_at(source, site, "for_statement")
+            function = source.enclosing_function(loop)
+            assert function is not None
+            return loader_removal(source, function, loop)
         if site.detail.get("form") in ("once", "helper"):
             loop = self.node_at(source, site)
             function = source.enclosing_function(loop)
@@ -910,7 +926,7 @@ class SmemStaging(Mechanism):
         return edits
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
-        if site.detail.get("form") in ("once", "helper", "row_cache"):
+        if site.detail.get("form") in ("once", "helper", "row_cache", "loader"):
             return Carrier()  # their forward rules (if any) take no instance choices
         staged = self._staged(kernel.parsed, site)
         ordered = sorted(staged.arrays, key=lambda a: a.reads[0].start_byte)

@@ -182,18 +182,90 @@ template <tile_body body>
 __global__ void scores(float* p, const float* k, const float* q, int ld, int hs) {
   body(p, k, q, ld, hs);
 }
-void launch(float* p, const float* k, const float* q, int ld, int hs) {
+extern "C" void launch(float* p, const float* k, const float* q, int ld, int hs) {
   scores<staged_scores><<<1, dim3(16, 16)>>>(p, k, q, ld, hs);
 }
 """
 
 
-def test_tiles_a_template_bound_body_stages_are_staging_refused_with_where_they_are() -> None:
-    """Detected in the body the launch binds; refused, naming the body and the kernel, as
-    the tile-loop removal reads the kernel's own launch."""
-    (site,) = staging.detect(KernelSource(BODY_STAGES_TILES))
-    assert site.function == "staged_scores" and site.snippet.startswith("for (int so = 0")
-    reason = site.refusal or ""
-    assert "in staged_scores, a __device__ function" in reason and "scores calls" in reason
+def test_tiles_a_template_bound_body_stages_through_a_loader_loop_are_removed() -> None:
+    """Detected in the body the launch binds; each read becomes the global element the loader
+    stored there (`q[so + ld * row + col]`), the loader, the tiles and the barriers go."""
+    kernel = KernelSource(BODY_STAGES_TILES)
+    (site,) = staging.detect(kernel)
+    assert site.function == "staged_scores" and site.supported
+    assert site.detail["form"] == "loader"
+    removed = staging.remove(kernel, site).text
+    assert "__shared__" not in removed and "__syncthreads" not in removed
+    assert "for (int y = threadIdx.y / 2" not in removed
+    assert "q[so + (ld) * (i + 8 * threadIdx.x) + ((si + threadIdx.x) % 32)]" in removed
+    assert "k[so + (ld) * (j + 8 * threadIdx.y) + ((si + threadIdx.x) % 32)]" in removed
     unbound = BODY_STAGES_TILES.replace("scores<staged_scores><<<", "scores<nullptr><<<")
     assert staging.detect(KernelSource(unbound)) == []  # no kernel runs that body
+
+
+@pytest.mark.nvcc
+def test_the_loader_removal_computes_what_the_staged_body_did_on_the_host() -> None:
+    """One 16 x 16 block on the host: the same scores, bit for bit, with and without the
+    tiles (the removal reads the elements the loader stored, in the same order)."""
+    from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
+
+    kernel = KernelSource(BODY_STAGES_TILES)
+    removed = staging.remove(kernel, staging.detect(kernel)[0]).text
+    case = Case(
+        axes={"ld": 96, "hs": 64},
+        buffers=[
+            Buffer("p", "float", "128 * 128", output=True),
+            Buffer("k", "float", "128 * ld", offset=1),
+            Buffer("q", "float", "128 * ld", offset=3),
+        ],
+        call="scores<staged_scores>(p, k, q, (int)ld, (int)hs)",
+        threads="",
+        grid="dim3(1)",
+    )
+    assert run_on_host(BODY_STAGES_TILES, [case]) == run_on_host(removed, [case])
+
+
+def test_a_loader_storing_a_computed_value_or_moving_its_pointer_is_refused() -> None:
+    scaled = BODY_STAGES_TILES.replace(
+        "q_s[y][threadIdx.x + xo] = q[y * ld + so + threadIdx.x + xo];",
+        "q_s[y][threadIdx.x + xo] = 2.0f * q[y * ld + so + threadIdx.x + xo];",
+    )
+    (site,) = staging.detect(KernelSource(scaled))
+    assert "as tiles a loader stages, it is a store into q_s of `2.0f * q[" in (site.refusal or "")
+    moved = BODY_STAGES_TILES.replace(
+        "  for (int so = 0; so < hs; so += 32) {\n    __syncthreads();",
+        "  for (int so = 0; so < hs; so += 32) {\n    __syncthreads();\n    q += 0;",
+    )
+    assert "q += 0;" in moved
+    (site,) = staging.detect(KernelSource(moved))
+    assert "runs `q += 0;`" in (site.refusal or "")
+    with pytest.raises(MechanismRefused):
+        staging.remove(KernelSource(moved), site)
+
+
+# The tile loop steps two offsets at once (`a += step_a, b += step_b`): the analysis reads b
+# from its definition, so a read rendered from it would take the first turn's tile every turn.
+TWO_OFFSETS = """\
+#define T 16
+__global__ void matmul(float* c, const float* a_mat, const float* b_mat, int wa, int wb) {
+  __shared__ float as[T][T];
+  __shared__ float bs[T][T];
+  float sum = 0.0f;
+  for (int a = wa * T * blockIdx.y, b = T * blockIdx.x; a < wa * T * (blockIdx.y + 1);
+       a += T, b += T * wb) {
+    as[threadIdx.y][threadIdx.x] = a_mat[a + wa * threadIdx.y + threadIdx.x];
+    bs[threadIdx.y][threadIdx.x] = b_mat[b + wb * threadIdx.y + threadIdx.x];
+    __syncthreads();
+    for (int k = 0; k < T; ++k) sum += as[threadIdx.y][k] * bs[k][threadIdx.x];
+    __syncthreads();
+  }
+  c[(blockIdx.y * T + threadIdx.y) * wb + blockIdx.x * T + threadIdx.x] = sum;
+}
+"""
+
+
+def test_a_second_offset_the_tile_loop_steps_is_refused_by_name() -> None:
+    (site,) = staging.detect(KernelSource(TWO_OFFSETS))
+    assert not site.supported
+    assert "a tile bs whose offset reads b, assigned again in the function" in (site.refusal or "")

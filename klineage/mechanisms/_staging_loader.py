@@ -1,0 +1,363 @@
+"""Removing tiles a block stages through a loader loop, in a kernel or in the body it calls.
+
+The form: a tile loop whose turn stages 2-D ``__shared__`` tiles between two barriers, each
+tile written by one store ``S[i0][i1] = P[g];``, directly or in a loop that spreads the rows
+over the block (``for (int y = threadIdx.y / 2; y < 128; y += 8) { int xo = ...; S[y][threadIdx.x
++ xo] = q[y * ld + so + threadIdx.x + xo]; }``), then reads of the tiles::
+
+    for (int so = 0; so < HS; so += 32) {
+      __syncthreads();
+      <loader: stores into q_s and k_s>
+      __syncthreads();
+      ... q_s[i + 8 * threadIdx.x][(si + threadIdx.x) % 32] ...
+    }
+
+The global offset of each store is a sum over its subscripts: ``g = a0·i0 + a1·i1 + rest``
+(``q``'s offset ``y * ld + so + threadIdx.x + xo`` is ``ld·i0 + 1·i1 + so``), where ``rest``
+is the same for every thread and every turn of the loader (the index analysis checks it). A
+read ``S[r0][r1]`` then reads ``P[rest + a0·r0 + a1·r1]``: the element the store put at that
+slot. That holds for every slot the loader covers, and a correct kernel reads only those;
+the gate checks the result.
+
+The removal rewrites every read, deletes the loader, the tiles and, when the function has no
+shared memory left, the tile loop's barriers. Refused, with the form found: a store whose
+value is not one global read, an offset that is not such a sum, a tile used outside the
+reads, a pointer or value of the offset written inside the tile loop.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from klineage.cuda.analysis import IndexForm, analysis
+from klineage.cuda.analysis.indices import BLOCK_ATOMS, MEMORY, FunctionIndices, is_loop_atom
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import NotInForm, assigned_names, statements, strip_parens
+from klineage.mechanisms._staging import SYNC, shared_arrays, subscript_chain
+from klineage.mechanisms._tiles_util import is_call_statement
+
+NEEDED = (
+    "a tile loop whose turn stores 2-D shared tiles `S[i0][i1] = P[g]` (directly or in a loop "
+    "spreading the rows over the block) between two barriers, g a sum of the subscripts "
+    "scaled plus a part the same for every thread, and reads of the tiles after them"
+)
+_LOOP_SUFFIX = re.compile(r"@\d+$")
+
+
+@dataclass
+class _Tile:
+    """One staged tile and how a slot maps back to global memory."""
+
+    name: str
+    declaration: Node
+    store: Node
+    """The store's expression statement."""
+    pointer: str
+    scales: tuple[IndexForm, IndexForm]
+    rest: IndexForm
+    element: str
+    reads: list[Node]
+
+
+def loader_removal(source: ParsedSource, function: Function, loop: Node) -> list[Edit]:
+    """The edits that read global memory where the tiles a loader loop staged were read."""
+    body = loop.child_by_field_name("body")
+    if loop.type != "for_statement" or body is None or body.type != "compound_statement":
+        raise NotInForm("a tile loop that is not a for loop with a braced body", NEEDED)
+    items = statements(body)
+    barriers = [s for s in items if is_call_statement(source, s, SYNC)]
+    loader, compute = _split(source, items)
+    indices = analysis(source).indices(function)
+    shared = shared_arrays(source, function)
+    tiles = [_tile(source, indices, shared, store) for store in _stores(source, loader, shared)]
+    if not tiles:
+        raise NotInForm("a tile loop whose loader stores no 2-D shared tile", NEEDED)
+    for tile in tiles:
+        _check_unchanged(source, function, loop, tile)
+        _collect_reads(source, function, tile, compute)
+    edits: list[Edit] = []
+    for tile in tiles:
+        for read in tile.reads:
+            edits.append(Edit.replace(read, _global_read(source, tile, read)))
+        edits.append(source.deletion(tile.declaration, whole_line=True))
+    edits += [source.deletion(s, whole_line=True) for s in loader]
+    if set(shared) <= {t.name for t in tiles} and not _dynamic_shared(source, function):
+        edits += [source.deletion(b, whole_line=True) for b in barriers]
+    return edits
+
+
+def _split(source: ParsedSource, items: list[Node]) -> tuple[list[Node], list[Node]]:
+    """(loader statements, compute statements) of a turn: ``[sync] loader sync compute
+    [sync]``."""
+    start = 1 if items and is_call_statement(source, items[0], SYNC) else 0
+    barrier = next(
+        (i for i in range(start, len(items)) if is_call_statement(source, items[i], SYNC)), None
+    )
+    if barrier is None or barrier == start:
+        raise NotInForm("a tile loop without a barrier between its loader and its reads", NEEDED)
+    compute = items[barrier + 1 :]
+    if compute and is_call_statement(source, compute[-1], SYNC):
+        compute = compute[:-1]
+    if any(is_call_statement(source, s, SYNC) for s in compute) or not compute:
+        raise NotInForm("a tile loop with more than one staging phase a turn", NEEDED)
+    return items[start:barrier], compute
+
+
+def _stores(source: ParsedSource, loader: list[Node], shared: dict[str, Node]) -> list[Node]:
+    """The store statements of the loader: each statement is a store or a loop whose body
+    holds only declarations and stores into the shared tiles."""
+    found: list[Node] = []
+    for statement in loader:
+        if statement.type == "for_statement":
+            inner = statements(statement.child_by_field_name("body"))
+            for s in inner:
+                if s.type == "declaration":
+                    continue
+                if not _is_shared_store(source, s, shared):
+                    raise NotInForm(
+                        f"a loader loop holding `{_one_line(source, s)}` (line "
+                        f"{source.line_of(s.start_byte)}) besides its stores",
+                        NEEDED,
+                    )
+                found.append(s)
+        elif _is_shared_store(source, statement, shared):
+            found.append(statement)
+        else:
+            raise NotInForm(
+                f"a turn that also runs `{_one_line(source, statement)}` (line "
+                f"{source.line_of(statement.start_byte)}) before its barrier",
+                NEEDED,
+            )
+    return found
+
+
+def _is_shared_store(source: ParsedSource, statement: Node, shared: dict[str, Node]) -> bool:
+    if statement.type != "expression_statement" or not statement.named_children:
+        return False
+    assignment = statement.named_children[0]
+    if assignment.type != "assignment_expression" or source.text_of(
+        assignment.child_by_field_name("operator") or assignment
+    ) not in ("=",):
+        return False
+    left = assignment.child_by_field_name("left")
+    chain = None if left is None else subscript_chain(left)
+    return chain is not None and source.text_of(chain[0]) in shared
+
+
+def _tile(
+    source: ParsedSource, indices: FunctionIndices, shared: dict[str, Node], store: Node
+) -> _Tile:
+    assignment = store.named_children[0]
+    left, right = assignment.child_by_field_name("left"), assignment.child_by_field_name("right")
+    assert left is not None and right is not None  # a shared store, checked by the caller
+    chain = subscript_chain(left)
+    assert chain is not None
+    name = source.text_of(chain[0])
+    value = strip_parens(right)
+    read = subscript_chain(value)
+    if len(chain[1]) != 2 or read is None or len(read[1]) != 1:
+        raise NotInForm(
+            f"a store into {name} of `{_one_line(source, right)}`, not one global element "
+            "`P[g]` into a 2-D tile",
+            NEEDED,
+        )
+    pointer = source.text_of(read[0])
+    if read[0].type != "identifier" or pointer in shared:
+        raise NotInForm(f"a store into {name} that reads {pointer}", NEEDED)
+    subscripts = [indices.form(i) for i in chain[1]]
+    offset = indices.form(read[1][0])
+    scales = _scales(indices, subscripts, offset)
+    if scales is None:
+        raise NotInForm(
+            f"a store into {name} whose global offset `{_one_line(source, read[1][0])}` is "
+            "not its subscripts scaled plus a part the same for every thread",
+            NEEDED,
+        )
+    rest = offset - scales[0] * subscripts[0] - scales[1] * subscripts[1]
+    if _varies(indices, rest) or any(_varies(indices, s) for s in scales):
+        raise NotInForm(
+            f"a store into {name} whose global offset `{_one_line(source, read[1][0])}` has a "
+            "part that differs between threads or turns of the loader",
+            NEEDED,
+        )
+    declaration = shared[name]
+    element = source.text_of(declaration.child_by_field_name("type") or declaration)
+    return _Tile(name, declaration, store, pointer, scales, rest, element, [])
+
+
+def _scales(
+    indices: FunctionIndices, subscripts: list[IndexForm], offset: IndexForm
+) -> tuple[IndexForm, IndexForm] | None:
+    """The factors ``a0, a1`` with ``offset - a0·i0 - a1·i1`` free of what makes the
+    subscripts differ between stores (thread and loop atoms): each subscript's pivot is such
+    an atom with a constant coefficient that the other subscript does not hold."""
+    found: list[IndexForm] = []
+    for k, subscript in enumerate(subscripts):
+        other = subscripts[1 - k]
+        scale = None
+        for atom in sorted(subscript.atoms()):
+            if not _position(indices, atom) or other.depends_on(atom):
+                continue
+            step = subscript.coefficient(atom).value
+            if step is None or step == 0:
+                continue
+            scale = offset.coefficient(atom).exact_division(step)
+            if scale is not None:
+                break
+        if scale is None:
+            return None
+        found.append(scale)
+    return found[0], found[1]
+
+
+def _position(indices: FunctionIndices, atom: str) -> bool:
+    form = IndexForm.atom(atom)
+    return bool(indices.thread_atoms(form)) or is_loop_atom(atom) or atom.startswith("[")
+
+
+def _varies(indices: FunctionIndices, form: IndexForm) -> bool:
+    """Whether a form may differ between the threads or between turns of the loader: thread
+    atoms, loop atoms other than a counted tile loop's, opaque parts, memory."""
+    for atom in form.atoms():
+        if form.is_opaque(atom) or atom == MEMORY or indices.thread_atoms(IndexForm.atom(atom)):
+            return True
+    return any(atom == MEMORY for atom in form.base_atoms())
+
+
+def _check_unchanged(source: ParsedSource, function: Function, loop: Node, tile: _Tile) -> None:
+    """The names a read's offset is written with keep one value in the whole function: the
+    offset is rendered from the index analysis, which resolves a local to its definition, so
+    a name assigned again (a second variable stepped by the tile loop, a parameter moved
+    before it) would be read with another value at the read. The tile loop's own variable
+    changes only in its header, between turns; the pointer only before the loop."""
+    assert function.body is not None
+    header = source.loop_at(loop)
+    own = header.variable if header is not None else None
+    update = loop.child_by_field_name("update")
+    written = assigned_names(
+        source,
+        [
+            n
+            for n in function.body.named_children
+            if update is None or not (n.start_byte <= update.start_byte < n.end_byte)
+        ],
+    )
+    if update is not None:  # the loop's own statement, without its update clause
+        written |= assigned_names(source, [c for c in loop.named_children if c != update])
+    stored = tile.store.named_children[0].child_by_field_name("right")
+    assert stored is not None
+    names = {n for n in _identifiers(source, stored) if n != tile.pointer}
+    names |= {
+        _LOOP_SUFFIX.sub("", a)
+        for f in (tile.rest, *tile.scales)
+        for a in f.atoms()
+        if a not in BLOCK_ATOMS and not a.startswith("[")
+    }
+    inner = _loader_names(source, tile.store)
+    changed = sorted(n for n in names - inner if n in written and n != own)
+    if own is not None and own in assigned_names(source, loop.child_by_field_name("body")):
+        changed.append(own)
+    if update is not None and assigned_names(source, update) - {own}:
+        changed += sorted((assigned_names(source, update) - {own}) & names)
+    if tile.pointer in assigned_names(source, loop):
+        changed.append(tile.pointer)
+    if changed:
+        raise NotInForm(
+            f"a tile {tile.name} whose offset reads {', '.join(sorted(set(changed)))}, "
+            "assigned again in the function",
+            NEEDED + ", with names assigned only where they are declared",
+        )
+
+
+def _loader_names(source: ParsedSource, store: Node) -> set[str]:
+    """The loader loop's variable and the locals its body declares: the store's positions."""
+    names: set[str] = set()
+    current = store.parent
+    while current is not None and current.type != "for_statement":
+        current = current.parent
+    if current is None:
+        return names
+    header = source.loop_at(current)
+    if header is not None and header.variable:
+        names.add(header.variable)
+    body = current.child_by_field_name("body")
+    for declaration in statements(body):
+        if declaration.type == "declaration":
+            for declarator in declaration.children_by_field_name("declarator"):
+                name = declarator.child_by_field_name("declarator") or declarator
+                names.add(source.text_of(name))
+    return names
+
+
+def _identifiers(source: ParsedSource, node: Node) -> set[str]:
+    return {source.text_of(n) for n in source.iter_nodes("identifier", within=node)}
+
+
+def _collect_reads(
+    source: ParsedSource, function: Function, tile: _Tile, compute: list[Node]
+) -> None:
+    assert function.body is not None
+    store_left = tile.store.named_children[0].child_by_field_name("left")
+    assert store_left is not None
+    for node in source.iter_nodes("identifier", within=function.body):
+        if source.text_of(node) != tile.name or node.parent is None:
+            continue
+        if node.parent.type == "array_declarator" or (
+            store_left.start_byte <= node.start_byte < store_left.end_byte
+        ):
+            continue
+        outer = node
+        while outer.parent is not None and outer.parent.type == "subscript_expression":
+            outer = outer.parent
+        chain = subscript_chain(outer)
+        inside = any(s.start_byte <= node.start_byte < s.end_byte for s in compute)
+        parent = outer.parent
+        written = parent is not None and (
+            (parent.type == "assignment_expression" and parent.child_by_field_name("left") == outer)
+            or parent.type in ("update_expression", "pointer_expression")
+        )
+        if chain is None or len(chain[1]) != 2 or not inside or written:
+            raise NotInForm(
+                f"a tile {tile.name} used at line {source.line_of(node.start_byte)} other than "
+                "read in full after the barrier",
+                NEEDED,
+            )
+        tile.reads.append(outer)
+    if not tile.reads:
+        raise NotInForm(f"a tile {tile.name} stored but never read", NEEDED)
+
+
+def _global_read(source: ParsedSource, tile: _Tile, read: Node) -> str:
+    chain = subscript_chain(read)
+    assert chain is not None
+    terms = [_render(tile.rest)] if tile.rest.terms else []
+    for scale, index in zip(tile.scales, chain[1], strict=True):
+        text = f"({source.text_of(index)})"
+        rendered = _render(scale)
+        terms.append(text if rendered == "1" else f"({rendered}) * {text}")
+    return f"{tile.pointer}[{' + '.join(terms) or '0'}]"
+
+
+def _render(form: IndexForm) -> str:
+    """C text of a form whose atoms are names in scope (loop atoms lose their ``@line``)."""
+    parts = []
+    for monomial, coefficient in sorted(form.terms):
+        names = [_LOOP_SUFFIX.sub("", a) for a in monomial]
+        factors = ([str(coefficient)] if coefficient != 1 or not names else []) + names
+        parts.append(" * ".join(factors))
+    return " + ".join(parts).replace("+ -", "- ") or "0"
+
+
+def _dynamic_shared(source: ParsedSource, function: Function) -> bool:
+    body = function.body
+    return body is not None and any(
+        d.is_extern and body.start_byte <= d.node.start_byte < body.end_byte
+        for d in source.shared_declarations
+    )
+
+
+def _one_line(source: ParsedSource, node: Node, limit: int = 70) -> str:
+    text = " ".join(source.text_of(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
