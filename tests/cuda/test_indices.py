@@ -118,3 +118,17 @@ def test_counted_loops_know_their_trip_count() -> None:
     assert loop.counted and loop.trip == 4
     (store,) = indices.accesses()
     assert store.offset.coefficient("blockIdx.x").value == 4
+
+
+def test_a_second_variable_a_for_header_steps_is_carried_not_already_stepped() -> None:
+    """`for (a = .., b = b0; ..; a += s, b += t)`: the update clause runs after the body, so
+    the body reads b as b0 plus the loop's advance, not as b0 + t (its first turn's value)."""
+    indices = _indices(
+        "__global__ void k(float* out, const float* m, int wa, int wb) {\n"
+        "  for (int a = 16 * blockIdx.y, b = 16 * blockIdx.x; a < wa; a += 16, b += 16 * wb)\n"
+        "    out[threadIdx.x] += m[b + wb * threadIdx.y + threadIdx.x];\n"
+        "}\n",
+        "k",
+    )
+    load = next(a for a in indices.accesses() if a.buffer.name == "m")
+    assert str(load.offset) == "[b advanced@2] + 16·blockIdx.x + threadIdx.x + threadIdx.y·wb"

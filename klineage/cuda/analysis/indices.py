@@ -673,6 +673,10 @@ class FunctionIndices:
             for d, v in declared
             if d.end_byte <= use.start_byte and not _exclusive(d, use)
         ]
+        for w in written:  # a write in the update clause of a for loop around the use runs
+            loop = _updated_by_header(w)  # after its body: carried, not before the use
+            if loop is not None and _in_body(loop, use):
+                return self._carried(name, use, loop)
         before += [
             (w, None, False)
             for w in written
@@ -705,6 +709,10 @@ class FunctionIndices:
         ]
         advances = [self._increment(name, w) for w in writes]
         start = self._value_before(name, loop)
+        initializer = loop.child_by_field_name("initializer")
+        for declarator, value in self._defs.declared.get(name, []):
+            if initializer is not None and _within(declarator, initializer):
+                start = self.form(value) if value is not None else None  # `for (a = .., b = ..`
         if start is None or any(a is None for a in advances):
             return self._opaque(use, set())
         depends: set[str] = set()
@@ -1014,6 +1022,26 @@ def _condition_value(condition: Node | None) -> Node | None:
         return condition
     values = [c for c in condition.named_children if c.type != "comment"]
     return values[-1] if values else None
+
+
+def _updated_by_header(node: Node) -> Node | None:
+    """The for loop whose update clause holds ``node`` (``a += s, b += t`` after ``;``)."""
+    child, parent = node, node.parent
+    while parent is not None and parent.type != "function_definition":
+        if parent.type == "for_statement":
+            update = parent.child_by_field_name("update")
+            return parent if update is not None and _within(child, update) else None
+        child, parent = parent, parent.parent
+    return None
+
+
+def _in_body(loop: Node, node: Node) -> bool:
+    body = loop.child_by_field_name("body")
+    return body is not None and _within(node, body)
+
+
+def _within(node: Node, outer: Node) -> bool:
+    return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
 
 
 def _enclosing_loop(node: Node) -> Node | None:
