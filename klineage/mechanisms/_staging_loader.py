@@ -19,6 +19,10 @@ read ``S[r0][r1]`` then reads ``P[rest + a0·r0 + a1·r1]``: the element the sto
 slot. That holds for every slot the loader covers, and a correct kernel reads only those;
 the gate checks the result.
 
+A second offset the tile loop's header steps (``for (int a = a0, b = b0; a <= a_end; a +=
+a_step, b += b_step)``, the sample-style tiled product, tiles declared in the turn) is in the
+analysis its start plus the loop's advance; ``rest`` names it again (``B[b + wB * k + tx]``).
+
 The removal rewrites every read, deletes the loader, the tiles and, when the function has no
 shared memory left, the tile loop's barriers. Refused, with the form found: a store whose
 value is not one global read, an offset that is not such a sum, a tile used outside the
@@ -59,6 +63,8 @@ class _Tile:
     rest: IndexForm
     element: str
     reads: list[Node]
+    by_name: frozenset[str] = frozenset()
+    """Variables the tile loop's header steps, which ``rest`` holds as themselves."""
 
 
 def loader_removal(source: ParsedSource, function: Function, loop: Node) -> list[Edit]:
@@ -71,7 +77,9 @@ def loader_removal(source: ParsedSource, function: Function, loop: Node) -> list
     loader, compute = _split(source, items)
     indices = analysis(source).indices(function)
     shared = shared_arrays(source, function)
-    tiles = [_tile(source, indices, shared, store) for store in _stores(source, loader, shared)]
+    tiles = [
+        _tile(source, indices, shared, store, loop) for store in _stores(source, loader, shared)
+    ]
     if not tiles:
         raise NotInForm("a tile loop whose loader stores no 2-D shared tile", NEEDED)
     for tile in tiles:
@@ -82,7 +90,11 @@ def loader_removal(source: ParsedSource, function: Function, loop: Node) -> list
         for read in tile.reads:
             edits.append(Edit.replace(read, _global_read(source, tile, read)))
         edits.append(source.deletion(tile.declaration, whole_line=True))
-    edits += [source.deletion(s, whole_line=True) for s in loader]
+    declared = {t.declaration.start_byte for t in tiles}
+    kept = [s for s in loader if s.start_byte not in declared]
+    if any(s.type == "declaration" and s in shared.values() for s in kept):
+        raise NotInForm("a turn that declares a shared array its loader does not store", NEEDED)
+    edits += [source.deletion(s, whole_line=True) for s in kept]
     if set(shared) <= {t.name for t in tiles} and not _dynamic_shared(source, function):
         edits += [source.deletion(b, whole_line=True) for b in barriers]
     return edits
@@ -110,6 +122,8 @@ def _stores(source: ParsedSource, loader: list[Node], shared: dict[str, Node]) -
     holds only declarations and stores into the shared tiles."""
     found: list[Node] = []
     for statement in loader:
+        if statement.type == "declaration" and statement in shared.values():
+            continue  # a tile declared in the turn (`__shared__ float S[T][T];`): it goes with it
         if statement.type == "for_statement":
             inner = statements(statement.child_by_field_name("body"))
             for s in inner:
@@ -147,7 +161,11 @@ def _is_shared_store(source: ParsedSource, statement: Node, shared: dict[str, No
 
 
 def _tile(
-    source: ParsedSource, indices: FunctionIndices, shared: dict[str, Node], store: Node
+    source: ParsedSource,
+    indices: FunctionIndices,
+    shared: dict[str, Node],
+    store: Node,
+    loop: Node,
 ) -> _Tile:
     assignment = store.named_children[0]
     left, right = assignment.child_by_field_name("left"), assignment.child_by_field_name("right")
@@ -176,6 +194,7 @@ def _tile(
             NEEDED,
         )
     rest = offset - scales[0] * subscripts[0] - scales[1] * subscripts[1]
+    rest, by_name = _carried_names(source, indices, loop, rest)
     if _varies(indices, rest) or any(_varies(indices, s) for s in scales):
         raise NotInForm(
             f"a store into {name} whose global offset `{_one_line(source, read[1][0])}` has a "
@@ -184,7 +203,7 @@ def _tile(
         )
     declaration = shared[name]
     element = source.text_of(declaration.child_by_field_name("type") or declaration)
-    return _Tile(name, declaration, store, pointer, scales, rest, element, [])
+    return _Tile(name, declaration, store, pointer, scales, rest, element, [], by_name)
 
 
 def _scales(
@@ -229,23 +248,15 @@ def _varies(indices: FunctionIndices, form: IndexForm) -> bool:
 def _check_unchanged(source: ParsedSource, function: Function, loop: Node, tile: _Tile) -> None:
     """The names a read's offset is written with keep one value in the whole function: the
     offset is rendered from the index analysis, which resolves a local to its definition, so
-    a name assigned again (a second variable stepped by the tile loop, a parameter moved
-    before it) would be read with another value at the read. The tile loop's own variable
-    changes only in its header, between turns; the pointer only before the loop."""
+    a name assigned again (a parameter moved before the loop) would be read with another value
+    at the read. Variables the tile loop's header steps change only between turns: its own
+    and those rendered by name (`_carried_names`); the pointer changes only outside the loop."""
     assert function.body is not None
-    header = source.loop_at(loop)
-    own = header.variable if header is not None else None
     update = loop.child_by_field_name("update")
-    written = assigned_names(
-        source,
-        [
-            n
-            for n in function.body.named_children
-            if update is None or not (n.start_byte <= update.start_byte < n.end_byte)
-        ],
-    )
-    if update is not None:  # the loop's own statement, without its update clause
-        written |= assigned_names(source, [c for c in loop.named_children if c != update])
+    header = source.loop_at(loop)
+    stepped = assigned_names(source, update) if update is not None else set()
+    stepped -= {header.variable} if header is not None and header.variable else set()
+    written = _written_outside(source, function.body, update)
     stored = tile.store.named_children[0].child_by_field_name("right")
     assert stored is not None
     names = {n for n in _identifiers(source, stored) if n != tile.pointer}
@@ -255,20 +266,66 @@ def _check_unchanged(source: ParsedSource, function: Function, loop: Node, tile:
         for a in f.atoms()
         if a not in BLOCK_ATOMS and not a.startswith("[")
     }
-    inner = _loader_names(source, tile.store)
-    changed = sorted(n for n in names - inner if n in written and n != own)
-    if own is not None and own in assigned_names(source, loop.child_by_field_name("body")):
-        changed.append(own)
-    if update is not None and assigned_names(source, update) - {own}:
-        changed += sorted((assigned_names(source, update) - {own}) & names)
+    names -= _loader_names(source, tile.store)
+    changed = {n for n in names if n in written}
+    changed |= {n for n in names & stepped if n not in tile.by_name}
     if tile.pointer in assigned_names(source, loop):
-        changed.append(tile.pointer)
+        changed.add(tile.pointer)
     if changed:
         raise NotInForm(
-            f"a tile {tile.name} whose offset reads {', '.join(sorted(set(changed)))}, "
+            f"a tile {tile.name} whose offset reads {', '.join(sorted(changed))}, "
             "assigned again in the function",
             NEEDED + ", with names assigned only where they are declared",
         )
+
+
+def _written_outside(source: ParsedSource, body: Node, update: Node | None) -> set[str]:
+    """Names assigned in ``body`` outside the tile loop's update clause."""
+    written: set[str] = set()
+    for node in source.iter_nodes("assignment_expression", "update_expression", within=body):
+        if update is not None and _within(node, update):
+            continue
+        written |= assigned_names(source, node)
+    return written
+
+
+def _carried_names(
+    source: ParsedSource, indices: FunctionIndices, loop: Node, rest: IndexForm
+) -> tuple[IndexForm, frozenset[str]]:
+    """``rest`` with each variable the tile loop's header steps (``b`` of ``for (int a = ..,
+    b = b0; ..; a += s, b += t)``), which the analysis writes as its start plus an opaque
+    advance, written as the variable itself; and those names."""
+    update = loop.child_by_field_name("update")
+    initializer = loop.child_by_field_name("initializer")
+    if update is None or initializer is None:
+        return rest, frozenset()
+    line = source.line_of(loop.start_byte)
+    named: set[str] = set()
+    for name in sorted(assigned_names(source, update)):
+        advance = f"[{name} advanced@{line}]"
+        if rest.coefficient(advance).value != 1:
+            continue
+        start = _initial_value(source, indices, initializer, name)
+        if start is None:
+            continue
+        rest = rest - IndexForm.atom(advance) - start + IndexForm.atom(name)
+        named.add(name)
+    return rest, frozenset(named)
+
+
+def _initial_value(
+    source: ParsedSource, indices: FunctionIndices, initializer: Node, name: str
+) -> IndexForm | None:
+    for declarator in source.iter_nodes("init_declarator", within=initializer):
+        target = declarator.child_by_field_name("declarator")
+        value = declarator.child_by_field_name("value")
+        if target is not None and value is not None and source.text_of(target) == name:
+            return indices.form(value)
+    return None
+
+
+def _within(node: Node, outer: Node) -> bool:
+    return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
 
 
 def _loader_names(source: ParsedSource, store: Node) -> set[str]:

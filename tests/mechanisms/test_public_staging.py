@@ -244,28 +244,67 @@ def test_a_loader_storing_a_computed_value_or_moving_its_pointer_is_refused() ->
         staging.remove(KernelSource(moved), site)
 
 
-# The tile loop steps two offsets at once (`a += step_a, b += step_b`): the analysis reads b
-# from its definition, so a read rendered from it would take the first turn's tile every turn.
+# The sample-style tiled product: the tile loop steps two offsets at once (`a += step_a, b +=
+# step_b`) and declares its tiles in the turn; the analysis writes b as its start plus the
+# loop's advance, which the removal renders as `b` again.
 TWO_OFFSETS = """\
-#define T 16
+#define TILE 16
 __global__ void matmul(float* c, const float* a_mat, const float* b_mat, int wa, int wb) {
-  __shared__ float as[T][T];
-  __shared__ float bs[T][T];
   float sum = 0.0f;
-  for (int a = wa * T * blockIdx.y, b = T * blockIdx.x; a < wa * T * (blockIdx.y + 1);
-       a += T, b += T * wb) {
+  for (int a = wa * TILE * blockIdx.y, b = TILE * blockIdx.x; a < wa * TILE * blockIdx.y + wa;
+       a += TILE, b += TILE * wb) {
+    __shared__ float as[TILE][TILE];
+    __shared__ float bs[TILE][TILE];
     as[threadIdx.y][threadIdx.x] = a_mat[a + wa * threadIdx.y + threadIdx.x];
     bs[threadIdx.y][threadIdx.x] = b_mat[b + wb * threadIdx.y + threadIdx.x];
     __syncthreads();
-    for (int k = 0; k < T; ++k) sum += as[threadIdx.y][k] * bs[k][threadIdx.x];
+    for (int k = 0; k < TILE; ++k) sum += as[threadIdx.y][k] * bs[k][threadIdx.x];
     __syncthreads();
   }
-  c[(blockIdx.y * T + threadIdx.y) * wb + blockIdx.x * T + threadIdx.x] = sum;
+  c[(blockIdx.y * TILE + threadIdx.y) * wb + blockIdx.x * TILE + threadIdx.x] = sum;
 }
 """
 
 
-def test_a_second_offset_the_tile_loop_steps_is_refused_by_name() -> None:
-    (site,) = staging.detect(KernelSource(TWO_OFFSETS))
+def test_tiles_of_a_loop_stepping_two_offsets_read_the_second_by_name() -> None:
+    kernel = KernelSource(TWO_OFFSETS)
+    (site,) = staging.detect(kernel)
+    assert site.supported and site.detail["form"] == "loader"
+    removed = staging.remove(kernel, site).text
+    assert (
+        "sum += a_mat[a + (wa) * (threadIdx.y) + (k)] * b_mat[b + (wb) * (k) + (threadIdx.x)]"
+        in (removed)
+    )
+    assert "__shared__" not in removed and "__syncthreads" not in removed
+
+
+@pytest.mark.nvcc
+def test_the_two_offset_removal_computes_the_same_product_on_the_host() -> None:
+    from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
+
+    kernel = KernelSource(TWO_OFFSETS)
+    removed = staging.remove(kernel, staging.detect(kernel)[0]).text
+    case = Case(
+        axes={"wa": 48, "wb": 32},
+        buffers=[
+            Buffer("c", "float", "32 * wb", output=True),
+            Buffer("a_mat", "float", "32 * wa", offset=1),
+            Buffer("b_mat", "float", "wa * wb", offset=2),
+        ],
+        call="matmul(c, a_mat, b_mat, (int)wa, (int)wb)",
+        threads="",
+        grid="dim3(2, 2)",
+    )
+    assert run_on_host(TWO_OFFSETS, [case]) == run_on_host(removed, [case])
+
+
+def test_a_second_offset_stepped_but_declared_before_the_loop_is_refused() -> None:
+    """Its start is not in the loop's header, so the read could not be written by name."""
+    text = TWO_OFFSETS.replace(
+        "  float sum = 0.0f;\n", "  float sum = 0.0f;\n  int b = TILE * blockIdx.x;\n"
+    )
+    text = text.replace(", b = TILE * blockIdx.x;", ";")
+    assert "int b = TILE * blockIdx.x;" in text and "b = TILE * blockIdx.x; a <" not in text
+    (site,) = staging.detect(KernelSource(text))
     assert not site.supported
-    assert "a tile bs whose offset reads b, assigned again in the function" in (site.refusal or "")
+    assert "a store into bs whose global offset" in (site.refusal or "")
