@@ -6,6 +6,7 @@ import pytest
 
 from klineage.kernel import KernelSource
 from klineage.mechanisms import MechanismRefused, get
+from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 
 staging = get("smem_staging")
 
@@ -204,28 +205,6 @@ def test_tiles_a_template_bound_body_stages_through_a_loader_loop_are_removed() 
     assert staging.detect(KernelSource(unbound)) == []  # no kernel runs that body
 
 
-@pytest.mark.nvcc
-def test_the_loader_removal_computes_what_the_staged_body_did_on_the_host() -> None:
-    """One 16 x 16 block on the host: the same scores, bit for bit, with and without the
-    tiles (the removal reads the elements the loader stored, in the same order)."""
-    from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
-
-    kernel = KernelSource(BODY_STAGES_TILES)
-    removed = staging.remove(kernel, staging.detect(kernel)[0]).text
-    case = Case(
-        axes={"ld": 96, "hs": 64},
-        buffers=[
-            Buffer("p", "float", "128 * 128", output=True),
-            Buffer("k", "float", "128 * ld", offset=1),
-            Buffer("q", "float", "128 * ld", offset=3),
-        ],
-        call="scores<staged_scores>(p, k, q, (int)ld, (int)hs)",
-        threads="",
-        grid="dim3(1)",
-    )
-    assert run_on_host(BODY_STAGES_TILES, [case]) == run_on_host(removed, [case])
-
-
 def test_a_loader_storing_a_computed_value_or_moving_its_pointer_is_refused() -> None:
     scaled = BODY_STAGES_TILES.replace(
         "q_s[y][threadIdx.x + xo] = q[y * ld + so + threadIdx.x + xo];",
@@ -278,26 +257,6 @@ def test_tiles_of_a_loop_stepping_two_offsets_read_the_second_by_name() -> None:
     assert "__shared__" not in removed and "__syncthreads" not in removed
 
 
-@pytest.mark.nvcc
-def test_the_two_offset_removal_computes_the_same_product_on_the_host() -> None:
-    from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
-
-    kernel = KernelSource(TWO_OFFSETS)
-    removed = staging.remove(kernel, staging.detect(kernel)[0]).text
-    case = Case(
-        axes={"wa": 48, "wb": 32},
-        buffers=[
-            Buffer("c", "float", "32 * wb", output=True),
-            Buffer("a_mat", "float", "32 * wa", offset=1),
-            Buffer("b_mat", "float", "wa * wb", offset=2),
-        ],
-        call="matmul(c, a_mat, b_mat, (int)wa, (int)wb)",
-        threads="",
-        grid="dim3(2, 2)",
-    )
-    assert run_on_host(TWO_OFFSETS, [case]) == run_on_host(removed, [case])
-
-
 def test_a_second_offset_stepped_but_declared_before_the_loop_is_refused() -> None:
     """Its start is not in the loop's header, so the read could not be written by name."""
     text = TWO_OFFSETS.replace(
@@ -308,3 +267,42 @@ def test_a_second_offset_stepped_but_declared_before_the_loop_is_refused() -> No
     (site,) = staging.detect(KernelSource(text))
     assert not site.supported
     assert "a store into bs whose global offset" in (site.refusal or "")
+
+
+def _host_cases() -> list[tuple[str, Case]]:
+    """(kernel, launch) pairs for the loader removal's host check: one 16 x 16 block of the
+    template-bound scores body, and a 2 x 2 grid of the two-offset product."""
+    scores = Case(
+        axes={"ld": 96, "hs": 64},
+        buffers=[
+            Buffer("p", "float", "128 * 128", output=True),
+            Buffer("k", "float", "128 * ld", offset=1),
+            Buffer("q", "float", "128 * ld", offset=3),
+        ],
+        call="scores<staged_scores>(p, k, q, (int)ld, (int)hs)",
+        threads="",
+        grid="dim3(1)",
+    )
+    product = Case(
+        axes={"wa": 48, "wb": 32},
+        buffers=[
+            Buffer("c", "float", "32 * wb", output=True),
+            Buffer("a_mat", "float", "32 * wa", offset=1),
+            Buffer("b_mat", "float", "wa * wb", offset=2),
+        ],
+        call="matmul(c, a_mat, b_mat, (int)wa, (int)wb)",
+        threads="",
+        grid="dim3(2, 2)",
+    )
+    return [(BODY_STAGES_TILES, scores), (TWO_OFFSETS, product)]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(("text", "case"), _host_cases(), ids=["template_body", "two_offsets"])
+def test_the_loader_removal_computes_the_same_bits_on_the_host(text: str, case: Case) -> None:
+    """With the tiles removed, the kernel prints the same output bytes on the host as with
+    them (the removal reads the elements the loader stored, in the same order)."""
+    kernel = KernelSource(text)
+    removed = staging.remove(kernel, staging.detect(kernel)[0]).text
+    staged = run_on_host(text, [case])
+    assert staged.strip() and run_on_host(removed, [case]) == staged
