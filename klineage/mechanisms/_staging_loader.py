@@ -2,31 +2,30 @@
 
 The form: a tile loop whose turn stages 2-D ``__shared__`` tiles between two barriers, each
 tile written by one store ``S[i0][i1] = P[g];``, directly or in a loop that spreads the rows
-over the block (``for (int y = threadIdx.y / 2; y < 128; y += 8) { int xo = ...; S[y][threadIdx.x
-+ xo] = q[y * ld + so + threadIdx.x + xo]; }``), then reads of the tiles::
+over the block (``for (int r = threadIdx.y / 2; r < ROWS; r += STEP) { int c = ...; S[r][c] =
+P[r * ld + k0 + c]; }``), then reads of the tiles::
 
-    for (int so = 0; so < HS; so += 32) {
+    for (int k0 = 0; k0 < K; k0 += KT) {
       __syncthreads();
-      <loader: stores into q_s and k_s>
+      <loader: stores into the tiles>
       __syncthreads();
-      ... q_s[i + 8 * threadIdx.x][(si + threadIdx.x) % 32] ...
+      ... S[row][(kk + threadIdx.x) % KT] ...
     }
 
 The global offset of each store is a sum over its subscripts: ``g = a0·i0 + a1·i1 + rest``
-(``q``'s offset ``y * ld + so + threadIdx.x + xo`` is ``ld·i0 + 1·i1 + so``), where ``rest``
-is the same for every thread and every turn of the loader (the index analysis checks it). A
-read ``S[r0][r1]`` then reads ``P[rest + a0·r0 + a1·r1]``: the element the store put at that
-slot. That holds for every slot the loader covers, and a correct kernel reads only those;
-the gate checks the result.
+(``r * ld + k0 + c`` is ``ld·i0 + 1·i1 + k0``), where ``rest`` is the same for every thread
+and every turn of the loader (the index analysis checks it). A read ``S[r0][r1]`` then reads
+``P[rest + a0·r0 + a1·r1]``: the element the store put at that slot. That holds for every slot
+the loader covers, and a correct kernel reads only those; the gate checks the result.
 
-A second offset the tile loop's header steps (``for (int a = a0, b = b0; a <= a_end; a +=
-a_step, b += b_step)``, the sample-style tiled product, tiles declared in the turn) is in the
-analysis its start plus the loop's advance; ``rest`` names it again (``B[b + wB * k + tx]``).
+A second offset the tile loop's header steps (``for (int a = a0, b = b0; a < a_end; a +=
+a_step, b += b_step)``, tiles declared in the turn) is in the analysis its start plus the
+loop's advance; ``rest`` names it again (``B[b + ld * k + tx]``).
 
 The removal rewrites every read, deletes the loader, the tiles and, when the function has no
 shared memory left, the tile loop's barriers. Refused, with the form found: a store whose
 value is not one global read, an offset that is not such a sum, a tile used outside the
-reads, a pointer or value of the offset written inside the tile loop.
+reads, a name of the offset assigned again in the function.
 """
 
 from __future__ import annotations
