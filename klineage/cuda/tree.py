@@ -215,6 +215,13 @@ def builtin_of(source: ParsedSource, node: Node) -> str | None:
     return f"{name}.{source.text_of(field)}" if name in BUILTINS else None
 
 
+def one_line(source: ParsedSource, node: Node, limit: int = 80) -> str:
+    """A node's text on one line, whitespace collapsed, cut to ``limit`` characters (for
+    refusals that quote the code)."""
+    text = " ".join(source.text_of(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def identifier_names(source: ParsedSource, node: Node) -> set[str]:
     """The names of the ``identifier`` nodes under ``node`` (field names and types excluded)."""
     return {source.text_of(n) for n in walk(node) if n.type == "identifier"}

@@ -2,7 +2,7 @@
 
 Hopper kernels take their shape as template parameters (stages, tile extents) that the host
 binds once: ``kernel<128, STAGES><<<...>>>`` after ``constexpr int STAGES = 4;``, or
-through a pointer, ``auto* k = kernel<kTileM, kTileN>; k<<<...>>>``. Changing the shape is editing
+through a pointer, ``auto* k = kernel<BM, BN>; k<<<...>>>``. Changing the shape is editing
 that one literal: the template argument itself, or the launching function's constant.
 """
 

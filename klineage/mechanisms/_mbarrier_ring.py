@@ -101,7 +101,7 @@ def _struct_uses(
     source: ParsedSource, kernel: Function, parameter: str
 ) -> Iterator[tuple[Node, str]]:
     """(struct body, its template parameter) for each struct template that ``kernel`` names
-    with ``parameter`` as one of its arguments: ``Storage<kTile, STAGES>``."""
+    with ``parameter`` as one of its arguments: ``Storage<TILE, STAGES>``."""
     assert kernel.body is not None
     templates: dict[str, Node] = {}
     for node in source.nodes("struct_specifier"):

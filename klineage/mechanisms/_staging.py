@@ -215,7 +215,17 @@ def subscript_chain(node: Node) -> tuple[Node, list[Node]] | None:
     return current, indices
 
 
-def _outer_subscript(node: Node) -> Node:
+def is_write_target(node: Node) -> bool:
+    """Whether an access is written (the left of an assignment, ``++``/``--``) or has its
+    address taken, rather than read."""
+    parent = node.parent
+    return parent is not None and (
+        (parent.type == "assignment_expression" and parent.child_by_field_name("left") == node)
+        or parent.type in ("update_expression", "pointer_expression")
+    )
+
+
+def outer_subscript(node: Node) -> Node:
     """The outermost subscript expression a name is the base of (``S`` -> ``S[a][b]``)."""
     current = node
     while current.parent is not None and current.parent.type == "subscript_expression":
@@ -495,17 +505,9 @@ def _check_uses(source: ParsedSource, locals_: Locals, staged: StagedLoop) -> No
                 and store_target.start_byte <= node.start_byte < store_target.end_byte
             ):
                 continue
-            read = _outer_subscript(node)
+            read = outer_subscript(node)
             inside = any(s.start_byte <= read.start_byte < s.end_byte for s in staged.compute)
-            parent = read.parent
-            written = parent is not None and (
-                (
-                    parent.type == "assignment_expression"
-                    and parent.child_by_field_name("left") == read
-                )
-                or parent.type in ("update_expression", "pointer_expression")
-            )
-            if not inside or written:
+            if not inside or is_write_target(read):
                 raise NotStaged(
                     f"{array.name} is used at line {source.line_of(node.start_byte)} other than "
                     "read between the barriers"

@@ -36,9 +36,22 @@ from dataclasses import dataclass
 from klineage.cuda.analysis import IndexForm, analysis
 from klineage.cuda.analysis.indices import BLOCK_ATOMS, MEMORY, FunctionIndices, is_loop_atom
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import NotInForm, assigned_names, statements, strip_parens
-from klineage.mechanisms._staging import SYNC, shared_arrays, subscript_chain
+from klineage.cuda.source import Function, Node, ParsedSource, within
+from klineage.cuda.tree import (
+    NotInForm,
+    assigned_names,
+    identifier_names,
+    one_line,
+    statements,
+    strip_parens,
+)
+from klineage.mechanisms._staging import (
+    SYNC,
+    is_write_target,
+    outer_subscript,
+    shared_arrays,
+    subscript_chain,
+)
 from klineage.mechanisms._tiles_util import is_call_statement
 
 NEEDED = (
@@ -130,7 +143,7 @@ def _stores(source: ParsedSource, loader: list[Node], shared: dict[str, Node]) -
                     continue
                 if not _is_shared_store(source, s, shared):
                     raise NotInForm(
-                        f"a loader loop holding `{_one_line(source, s)}` (line "
+                        f"a loader loop holding `{one_line(source, s, 70)}` (line "
                         f"{source.line_of(s.start_byte)}) besides its stores",
                         NEEDED,
                     )
@@ -139,7 +152,7 @@ def _stores(source: ParsedSource, loader: list[Node], shared: dict[str, Node]) -
             found.append(statement)
         else:
             raise NotInForm(
-                f"a turn that also runs `{_one_line(source, statement)}` (line "
+                f"a turn that also runs `{one_line(source, statement, 70)}` (line "
                 f"{source.line_of(statement.start_byte)}) before its barrier",
                 NEEDED,
             )
@@ -176,7 +189,7 @@ def _tile(
     read = subscript_chain(value)
     if len(chain[1]) != 2 or read is None or len(read[1]) != 1:
         raise NotInForm(
-            f"a store into {name} of `{_one_line(source, right)}`, not one global element "
+            f"a store into {name} of `{one_line(source, right, 70)}`, not one global element "
             "`P[g]` into a 2-D tile",
             NEEDED,
         )
@@ -188,15 +201,15 @@ def _tile(
     scales = _scales(indices, subscripts, offset)
     if scales is None:
         raise NotInForm(
-            f"a store into {name} whose global offset `{_one_line(source, read[1][0])}` is "
+            f"a store into {name} whose global offset `{one_line(source, read[1][0], 70)}` is "
             "not its subscripts scaled plus a part the same for every thread",
             NEEDED,
         )
     rest = offset - scales[0] * subscripts[0] - scales[1] * subscripts[1]
     rest, by_name = _carried_names(source, indices, loop, rest)
-    if _varies(indices, rest) or any(_varies(indices, s) for s in scales):
+    if _varies(indices, rest, loop) or any(_varies(indices, s, loop) for s in scales):
         raise NotInForm(
-            f"a store into {name} whose global offset `{_one_line(source, read[1][0])}` has a "
+            f"a store into {name} whose global offset `{one_line(source, read[1][0], 70)}` has a "
             "part that differs between threads or turns of the loader",
             NEEDED,
         )
@@ -235,13 +248,17 @@ def _position(indices: FunctionIndices, atom: str) -> bool:
     return bool(indices.thread_atoms(form)) or is_loop_atom(atom) or atom.startswith("[")
 
 
-def _varies(indices: FunctionIndices, form: IndexForm) -> bool:
-    """Whether a form may differ between the threads or between turns of the loader: thread
-    atoms, loop atoms other than a counted tile loop's, opaque parts, memory."""
+def _varies(indices: FunctionIndices, form: IndexForm, loop: Node) -> bool:
+    """Whether a form may differ between the threads or between turns of the loader, or
+    names what is out of scope at the reads: thread atoms, variables of loops inside the tile
+    loop (the loader's), opaque parts, memory."""
     for atom in form.atoms():
         if form.is_opaque(atom) or atom == MEMORY or indices.thread_atoms(IndexForm.atom(atom)):
             return True
-    return any(atom == MEMORY for atom in form.base_atoms())
+        variable = indices.loop(atom) if is_loop_atom(atom) else None
+        if variable is not None and variable.loop != loop and within(variable.loop, loop):
+            return True
+    return False
 
 
 def _check_unchanged(source: ParsedSource, function: Function, loop: Node, tile: _Tile) -> None:
@@ -258,7 +275,7 @@ def _check_unchanged(source: ParsedSource, function: Function, loop: Node, tile:
     written = _written_outside(source, function.body, update)
     stored = tile.store.named_children[0].child_by_field_name("right")
     assert stored is not None
-    names = {n for n in _identifiers(source, stored) if n != tile.pointer}
+    names = {n for n in identifier_names(source, stored) if n != tile.pointer}
     names |= {
         _LOOP_SUFFIX.sub("", a)
         for f in (tile.rest, *tile.scales)
@@ -282,7 +299,7 @@ def _written_outside(source: ParsedSource, body: Node, update: Node | None) -> s
     """Names assigned in ``body`` outside the tile loop's update clause."""
     written: set[str] = set()
     for node in source.iter_nodes("assignment_expression", "update_expression", within=body):
-        if update is not None and _within(node, update):
+        if update is not None and within(node, update):
             continue
         written |= assigned_names(source, node)
     return written
@@ -323,10 +340,6 @@ def _initial_value(
     return None
 
 
-def _within(node: Node, outer: Node) -> bool:
-    return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
-
-
 def _loader_names(source: ParsedSource, store: Node) -> set[str]:
     """The loader loop's variable and the locals its body declares: the store's positions."""
     names: set[str] = set()
@@ -347,10 +360,6 @@ def _loader_names(source: ParsedSource, store: Node) -> set[str]:
     return names
 
 
-def _identifiers(source: ParsedSource, node: Node) -> set[str]:
-    return {source.text_of(n) for n in source.iter_nodes("identifier", within=node)}
-
-
 def _collect_reads(
     source: ParsedSource, function: Function, tile: _Tile, compute: list[Node]
 ) -> None:
@@ -364,17 +373,10 @@ def _collect_reads(
             store_left.start_byte <= node.start_byte < store_left.end_byte
         ):
             continue
-        outer = node
-        while outer.parent is not None and outer.parent.type == "subscript_expression":
-            outer = outer.parent
+        outer = outer_subscript(node)
         chain = subscript_chain(outer)
-        inside = any(s.start_byte <= node.start_byte < s.end_byte for s in compute)
-        parent = outer.parent
-        written = parent is not None and (
-            (parent.type == "assignment_expression" and parent.child_by_field_name("left") == outer)
-            or parent.type in ("update_expression", "pointer_expression")
-        )
-        if chain is None or len(chain[1]) != 2 or not inside or written:
+        inside = any(within(node, s) for s in compute)
+        if chain is None or len(chain[1]) != 2 or not inside or is_write_target(outer):
             raise NotInForm(
                 f"a tile {tile.name} used at line {source.line_of(node.start_byte)} other than "
                 "read in full after the barrier",
@@ -412,8 +414,3 @@ def _dynamic_shared(source: ParsedSource, function: Function) -> bool:
         d.is_extern and body.start_byte <= d.node.start_byte < body.end_byte
         for d in source.shared_declarations
     )
-
-
-def _one_line(source: ParsedSource, node: Node, limit: int = 70) -> str:
-    text = " ".join(source.text_of(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,13 +1,13 @@
 """A wgmma block tile whose width is a kernel template parameter.
 
 A Hopper GEMM written for any tile shape can take its block tile's N as a template
-parameter (``template <int kTileM, int kTileN, ...>``) and hand it, directly or through a
-local constant (``constexpr int kWidth = kTileN;``), to a templated wgmma that picks the
+parameter (``template <int BM, int BN, ...>``) and hand it, directly or through a
+local constant (``constexpr int width = BN;``), to a templated wgmma that picks the
 instruction of that width::
 
     template <int N> __device__ void wgmma(float (&d)[N / 2], uint64_t a, uint64_t b) {
-      if constexpr (N == 256) wgmma_m64n256k16(d, a, b);
-      if constexpr (N == 128) wgmma_m64n128k16(d, a, b);
+      if constexpr (N == 256) mma_n256(d, a, b);
+      if constexpr (N == 128) mma_n128(d, a, b);
     }
 
 Everything that follows the tile (shared tiles, accumulators, loops, and on the host the grid
@@ -80,7 +80,7 @@ def _dispatchers(source: ParsedSource) -> dict[str, tuple[int, ...]]:
 
 def _aliases(source: ParsedSource, kernel: Function) -> dict[str, str]:
     """Local constants of ``kernel`` that name one of its template parameters:
-    ``constexpr int kWidth = kTileN;`` -> {kWidth: kTileN} (and each parameter to itself)."""
+    ``constexpr int width = BN;`` -> {width: BN} (and each parameter to itself)."""
     assert kernel.body is not None
     names = {p: p for p in kernel.template_params}
     for decl in source.declarations:

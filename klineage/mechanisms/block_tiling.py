@@ -62,7 +62,7 @@ REFUSAL = (
 
 def _origin_terms(value: Node) -> Iterator[tuple[Node, Node]]:
     """The scaled terms of an origin, also in each branch of a conditional one: a block row
-    walked in serpentine order is ``odd ? (rows - 1 - blockIdx.y) * kBM : blockIdx.y * kBM``."""
+    walked in serpentine order is ``odd ? (rows - 1 - blockIdx.y) * BM : blockIdx.y * BM``."""
     value = strip_casts(value)
     if value.type == "conditional_expression":
         for field in ("consequence", "alternative"):

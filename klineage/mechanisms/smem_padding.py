@@ -31,6 +31,7 @@ from klineage.cuda.cexpr import SIZEOF, fold_int, operand
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Declaration, Function, Node, ParsedSource
+from klineage.cuda.tree import identifier_names, one_line
 from klineage.kernel import KernelSource
 from klineage.mechanisms._staging import subscript_chain
 from klineage.mechanisms._tiles_util import DYNAMIC_SHARED_LIMIT, STATIC_SHARED_LIMIT
@@ -84,11 +85,6 @@ def _padding(source: ParsedSource, size: Node) -> tuple[Node, Node] | None:
     if (value is not None and 0 < value <= MAX_PAD) or _PAD.search(source.text_of(right)):
         return left, right
     return None
-
-
-def _one_line(source: ParsedSource, node: Node, limit: int = 80) -> str:
-    text = " ".join(source.text_of(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _uses(source: ParsedSource, name: str, scope: Node, skip: Node) -> list[Node]:
@@ -250,10 +246,6 @@ def _other_use(
     return None
 
 
-def _identifiers(source: ParsedSource, node: Node) -> set[str]:
-    return {source.text_of(n) for n in source.iter_nodes("identifier", within=node)}
-
-
 def _tensor_map_copy(source: ParsedSource, pitch: str) -> Node | None:
     """A call in a kernel handed both a ``CUtensorMap`` parameter and a local whose
     initializer uses the pitch (``store(&map, tile + w * kPadded * N, ...)``): a copy engine
@@ -268,12 +260,12 @@ def _tensor_map_copy(source: ParsedSource, pitch: str) -> Node | None:
             name = declarator.child_by_field_name("declarator")
             while name is not None and name.type != "identifier":  # `T* p`, `T& r`
                 name = name.child_by_field_name("declarator")
-            if name is not None and value is not None and pitch in _identifiers(source, value):
+            if name is not None and value is not None and pitch in identifier_names(source, value):
                 pitched.add(source.text_of(name))
         for call in source.calls:
             if not function.node.start_byte <= call.node.start_byte < function.node.end_byte:
                 continue
-            named = set().union(*(_identifiers(source, a) for a in call.args))
+            named = set().union(*(identifier_names(source, a) for a in call.args))
             if named & maps and named & pitched:
                 return call.node
     return None
@@ -341,7 +333,7 @@ class SmemPadding(Mechanism):
                 ""
                 if copy is None
                 else f", and the padded rows go to a tensor-map copy at line "
-                f"{source.line_of(copy.start_byte)} (`{_one_line(source, copy)}`), whose box "
+                f"{source.line_of(copy.start_byte)} (`{one_line(source, copy)}`), whose box "
                 "holds the padded pitch"
             )
             yield self.site(
@@ -350,7 +342,7 @@ class SmemPadding(Mechanism):
                 detail={"pitch": pitch.name, "pad": source.text_of(padded[1])},
                 refusal=(
                     f"the site is the padded pitch {pitch.name}, also used at line "
-                    f"{source.line_of(other.start_byte)} (`{_one_line(source, statement)}`), "
+                    f"{source.line_of(other.start_byte)} (`{one_line(source, statement)}`), "
                     f"which this rule does not follow to a shared-memory address{engine}; it "
                     "drops a pad only where every use of the pitch is one, so that nothing "
                     "else still assumes the padded rows"

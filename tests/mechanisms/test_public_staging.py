@@ -306,3 +306,24 @@ def test_the_loader_removal_computes_the_same_bits_on_the_host(text: str, case: 
     removed = staging.remove(kernel, staging.detect(kernel)[0]).text
     staged = run_on_host(text, [case])
     assert staged.strip() and run_on_host(removed, [case]) == staged
+
+
+def test_an_offset_left_with_the_loader_s_own_variable_is_refused() -> None:
+    """`r * r` is no multiple of a subscript: it would stay in the read, where the loader's
+    `r` is out of scope."""
+    text = """\
+__global__ void rows(float* out, const float* in, int ld, int n) {
+  __shared__ float s[4][32];
+  float acc = 0.0f;
+  for (int k0 = 0; k0 < n; k0 += 32) {
+    __syncthreads();
+    for (int r = 0; r < 4; ++r) s[r][threadIdx.x] = in[r * ld + r * r + k0 + threadIdx.x];
+    __syncthreads();
+    for (int r = 0; r < 4; ++r) acc += s[r][(threadIdx.x + 1) % 32];
+  }
+  out[threadIdx.x] = acc;
+}
+"""
+    (site,) = staging.detect(KernelSource(text))
+    assert not site.supported
+    assert "has a part that differs between threads or turns of the loader" in (site.refusal or "")

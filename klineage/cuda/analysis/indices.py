@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 from klineage.cuda.analysis.forms import IndexForm
 from klineage.cuda.cexpr import SIZEOF, fold_int
-from klineage.cuda.source import Function, Node, ParsedSource, call_name
+from klineage.cuda.source import Function, Node, ParsedSource, call_name, within
 from klineage.cuda.tree import (
     WARP_SIZE,
     binary_operands,
@@ -711,7 +711,7 @@ class FunctionIndices:
         start = self._value_before(name, loop)
         initializer = loop.child_by_field_name("initializer")
         for declarator, value in self._defs.declared.get(name, []):
-            if initializer is not None and _within(declarator, initializer):
+            if initializer is not None and within(declarator, initializer):
                 start = self.form(value) if value is not None else None  # `for (a = .., b = ..`
         if start is None or any(a is None for a in advances):
             return self._opaque(use, set())
@@ -1030,18 +1030,14 @@ def _updated_by_header(node: Node) -> Node | None:
     while parent is not None and parent.type != "function_definition":
         if parent.type == "for_statement":
             update = parent.child_by_field_name("update")
-            return parent if update is not None and _within(child, update) else None
+            return parent if update is not None and within(child, update) else None
         child, parent = parent, parent.parent
     return None
 
 
 def _in_body(loop: Node, node: Node) -> bool:
     body = loop.child_by_field_name("body")
-    return body is not None and _within(node, body)
-
-
-def _within(node: Node, outer: Node) -> bool:
-    return outer.start_byte <= node.start_byte and node.end_byte <= outer.end_byte
+    return body is not None and within(node, body)
 
 
 def _enclosing_loop(node: Node) -> Node | None:
