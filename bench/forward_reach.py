@@ -71,6 +71,8 @@ FORWARD_FORMS: dict[str, str] = {
     "readonly_ldg": "a read through a const pointer in device-only code",
     "register_fragment_streaming": "none: no forward rule",
     "restrict_pointers": "a __global__ pointer parameter without __restrict__",
+    "register_outer_product": "two counted output loops (compile-time trips) whose inner "
+    "body sums v += X * Y over a reduction and then uses v, X reading the row and Y the column",
     "row_in_registers": "two or more passes over a row p[c] with one loop header (start never "
     "negative, a constant or block-dimension step, bound the same for every thread), or a row "
     "load repeated word for word before a later pass",

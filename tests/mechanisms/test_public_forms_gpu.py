@@ -58,6 +58,8 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "dim3_grid": PROBLEMS / "scale_tiles",
     "ring_stages": PROBLEMS / "stream_affine",
     "wide_template": PROBLEMS / "gemm_nt_bf16",
+    "row_dots": PROBLEMS / "linear_nt",
+    "block_tiled": PROBLEMS / "sgemm_tiles",
 }
 
 

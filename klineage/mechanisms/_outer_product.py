@@ -1,0 +1,778 @@
+"""Reading and removing register outer products: operand values loaded once per step of a
+reduction and reused across a thread's outputs.
+
+The form read::
+
+    for (<reduction>) {                        (nested reduction loops: each the only
+      float x[M];                               statement of the one around it)
+      float y[N];                               (or arrays declared before the loops)
+      for (int u = 0; u < M; ++u) x[u] = X(u);  (fill loops: counted; declarations of
+      for (int u = 0; u < N; ++u) y[u] = Y(u);   offsets, then `c[u] = E;` only)
+      for (int i = 0; i < M; ++i) {             (output loops: counted, constant or
+        float s = S(i);                          template-parameter trips; a scalar
+        for (int j = 0; j < N; ++j)              declared per output row is a register too)
+          A[i][j] += x[i] * y[j];               (or `fmaf`, or a flat `A[i * N + j]`)
+      }
+    }
+
+``A`` is a local array with one element per output; a factor is a register value (an array
+filled in the turn, read at an output index, or a scalar declared in the turn) or an
+expression read in place. The removal interchanges the loops: the output loops go outside and
+each output sums over the reduction into a scalar started from and stored back into its
+element of ``A``, each product reading its operands where the registers were filled from.
+Every output's sum still runs over the reduction in the same order, so the results are the
+same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import Function, Node, ParsedSource, Pragma, within
+from klineage.cuda.tree import (
+    FMA_CALLS,
+    NotInForm,
+    assigned_names,
+    binary_operands,
+    call_arguments,
+    declared_names,
+    identifier_names,
+    one_line,
+    statements,
+    strip_parens,
+)
+from klineage.mechanisms._local_util import (
+    index_declaration,
+    is_side_effect_free,
+    names_in_function,
+)
+from klineage.mechanisms._staging import subscript_chain
+from klineage.mechanisms._tiles_util import column, fresh_name, rename, substitute
+
+NEEDED = (
+    "a reduction loop whose turn loads operand values into registers (arrays filled by "
+    "counted loops `c[u] = E;`, or scalars declared from one expression) and accumulates "
+    "their products into a local array, `A[i][j] += x[i] * y[j]` or `fmaf`, over counted "
+    "loops of the outputs, with nothing else in the turn"
+)
+MAX_OUTPUT_LOOPS = 4
+"""Output loops read around one accumulation (two are interchanged; more are refused)."""
+_PRIMARY = frozenset(
+    {
+        "identifier",
+        "subscript_expression",
+        "call_expression",
+        "field_expression",
+        "parenthesized_expression",
+        "number_literal",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Counted:
+    """``for (int v = 0; v < N; ++v)`` with ``N`` a compile-time constant."""
+
+    node: Node
+    variable: str
+    trip: int
+    """The trip count; 0 when the bound is a template parameter."""
+    bound: str
+    """``N`` as written."""
+    pragma: Pragma | None
+    """The ``#pragma unroll`` line before the loop, if any."""
+
+
+def counted(source: ParsedSource, node: Node) -> Counted | None:
+    """The counted loop at ``node``, or None when it is not one. The bound is a constant or
+    a template parameter of the function (its trip count then unknown here, ``trip`` 0)."""
+    if node.type != "for_statement":
+        return None
+    initializer = node.child_by_field_name("initializer")
+    condition = node.child_by_field_name("condition")
+    update = node.child_by_field_name("update")
+    declared = None if initializer is None else index_declaration(source, initializer)
+    operands = None if condition is None else binary_operands(condition, "<")
+    if declared is None or update is None or operands is None:
+        return None
+    variable, _, value = declared
+    value = _braced(value)
+    if fold_int(source, value) != 0 or source.text_of(strip_parens(operands[0])) != variable:
+        return None
+    bound = source.text_of(operands[1])
+    trip = fold_int(source, operands[1])
+    if trip is None:
+        function = source.enclosing_function(node)
+        if function is None or bound not in function.template_params:
+            return None
+        trip = 0
+    steps = {f"++{variable}", f"{variable}++", f"{variable}+=1"}
+    if trip < 0 or "".join(source.text_of(update).split()) not in steps:
+        return None
+    return Counted(node, variable, trip, bound, source.pragma_before(node, "unroll"))
+
+
+def _braced(value: Node) -> Node:
+    """``x{0U}`` declares with an initializer list of one value: that value."""
+    items = [c for c in value.named_children if c.type != "comment"]
+    return items[0] if value.type == "initializer_list" and len(items) == 1 else value
+
+
+def array_parameter(source: ParsedSource, function: Function, name: str) -> bool:
+    """Whether ``name`` is a parameter passed as an array or a pointer (``T* a``, ``T a[N]``)."""
+    return any(
+        p.name == name and (p.is_pointer or "[" in source.text_of(p.node)) for p in function.params
+    )
+
+
+@dataclass(frozen=True)
+class Update:
+    """``A[i][j] += F1 * F2;`` or ``A[i][j] = fmaf(F1, F2, A[i][j]);``."""
+
+    statement: Node
+    accumulator: str
+    target: Node
+    subscripts: tuple[str, ...]
+    """Each subscript's text: output loop variables (``A[i][j]``), or one flat index."""
+    indices: tuple[Node, ...]
+    factors: tuple[Node, Node]
+
+
+def accumulation(source: ParsedSource, statement: Node) -> tuple[Node, Node, Node] | None:
+    """(target, X, Y) of ``target += X * Y;`` or ``target = fmaf(X, Y, target);``."""
+    if statement.type != "expression_statement" or not statement.named_children:
+        return None
+    assignment = statement.named_children[0]
+    if assignment.type != "assignment_expression":
+        return None
+    left, right = assignment.child_by_field_name("left"), assignment.child_by_field_name("right")
+    operator = assignment.child_by_field_name("operator")
+    if left is None or right is None or operator is None:
+        return None
+    factors: tuple[Node, Node] | None = None
+    call = strip_parens(right)
+    if operator.type == "+=":
+        factors = binary_operands(right, "*")
+    elif operator.type == "=" and call.type == "call_expression":
+        callee = call.child_by_field_name("function")
+        arguments = call_arguments(call)
+        fused = callee is not None and source.text_of(callee) in FMA_CALLS
+        if fused and len(arguments) == 3 and _same(source, arguments[2], left):
+            factors = (arguments[0], arguments[1])
+    return None if factors is None else (left, *factors)
+
+
+def update_of(source: ParsedSource, statement: Node) -> Update | None:
+    """The accumulation into an array element at ``statement``, or None when it is not one."""
+    found = accumulation(source, statement)
+    chain = None if found is None else subscript_chain(strip_parens(found[0]))
+    if found is None or chain is None:
+        return None
+    left, *factors = found
+    subscripts = tuple(source.text_of(strip_parens(s)) for s in chain[1])
+    indices = tuple(strip_parens(s) for s in chain[1])
+    pair = (factors[0], factors[1])
+    return Update(statement, source.text_of(chain[0]), left, subscripts, indices, pair)
+
+
+def _one_output_each(source: ParsedSource, update: Update, outputs: list[Counted]) -> bool:
+    """Whether every output (a tuple of the output loops' variables) has an accumulator of its
+    own: one subscript per variable, or a flat ``i * N + j`` with N the bound of j's loop."""
+    variables = [o.variable for o in outputs]
+    if sorted(update.subscripts) == sorted(variables):
+        return True
+    if len(update.indices) != 1 or len(outputs) != 2:
+        return False
+    terms = binary_operands(update.indices[0], "+")
+    if terms is None:
+        return False
+    inner = outputs[1]
+    for scaled, alone in (terms, terms[::-1]):
+        product = binary_operands(scaled, "*")
+        if product is None or source.text_of(strip_parens(alone)) != inner.variable:
+            continue
+        names = {source.text_of(strip_parens(n)) for n in product}
+        if names == {outputs[0].variable, inner.bound.strip("() ")}:
+            return True
+    return False
+
+
+def _same(source: ParsedSource, a: Node, b: Node) -> bool:
+    return "".join(source.text_of(a).split()) == "".join(source.text_of(b).split())
+
+
+def local_array(source: ParsedSource, function: Function, name: str) -> Node | None:
+    """The declaration of a local (not shared, not static) array ``name`` in ``function``."""
+    if function.body is None:
+        return None
+    for declaration in source.declarations:
+        if name not in declaration.names or not within(declaration.node, function.body):
+            continue
+        if {"__shared__", "static", "extern"} & set(declaration.qualifiers):
+            return None
+        arrays = [d for d in declaration.declarators if "[" in source.text_of(d)]
+        return declaration.node if arrays else None
+    return None
+
+
+@dataclass
+class Cache:
+    """An operand value held in registers for one turn of the reduction."""
+
+    name: str
+    declaration: Node
+    array: bool
+    """An array filled by a loop (else a scalar declared with its value)."""
+    value: Node | None = None
+    """The expression it holds (a scalar's initializer; an array's fill value)."""
+    index: str | None = None
+    """An array's fill-loop variable, which ``value`` reads."""
+    fill: Node | None = None
+    """An array's fill loop."""
+    before: bool = False
+    """Declared before the reduction loops (deleted with them), not in the turn."""
+
+
+@dataclass
+class OuterProduct:
+    """One outer-product accumulation and the loops around it."""
+
+    function: Function
+    update: Update
+    outputs: list[Counted]
+    """The output loops, outermost first (one or two)."""
+    reductions: list[Node]
+    """The reduction loops, outermost first; the last one's turn holds the caches."""
+    caches: dict[str, Cache] = field(default_factory=dict)
+    fill_locals: list[tuple[Node, str, Node]] = field(default_factory=list)
+    """Declarations in fill loops (``int r = r0 + u;``), with the loop's variable and node."""
+    carried: list[str] = field(default_factory=list)
+    """The fill loops' declarations as the interchanged turn declares them (its indices)."""
+    locals: list[Node] = field(default_factory=list)
+    """Declarations of the turn that cache values read (offsets): they move with the turn."""
+    unsupported: str | None = None
+    """The form found, where the removal cannot interchange it."""
+
+    @property
+    def top(self) -> Node:
+        return self.reductions[0]
+
+    @property
+    def turn(self) -> Node:
+        body = self.reductions[-1].child_by_field_name("body")
+        assert body is not None
+        return body
+
+
+def _is_unroll(source: ParsedSource, node: Node) -> bool:
+    return node.type == "preproc_call" and source.text_of(node).lstrip().startswith("#pragma")
+
+
+def _items(source: ParsedSource, block: Node | None) -> list[Node]:
+    """A block's statements, pragma lines left out (they go with their loops)."""
+    return [s for s in statements(block) if not _is_unroll(source, s)]
+
+
+def shape(source: ParsedSource, function: Function, statement: Node) -> OuterProduct | None:
+    """The loops around an accumulation into a local array by the variables of the counted
+    loops around it, with a reduction loop around those; None when ``statement`` is not one.
+    Only the shape is read here; :func:`read_caches` checks the turn."""
+    update = update_of(source, statement)
+    if update is None:
+        return None
+    local = local_array(source, function, update.accumulator) is not None
+    if not local and not array_parameter(source, function, update.accumulator):
+        return None
+    read = set().union(*(identifier_names(source, i) for i in update.indices))
+    outputs: list[Counted] = []
+    current = statement.parent
+    while current is not None:
+        if current.type == "compound_statement":
+            current = current.parent
+            continue
+        loop = counted(source, current)
+        if loop is None or loop.variable not in read or len(outputs) == MAX_OUTPUT_LOOPS:
+            break
+        if loop.variable in {o.variable for o in outputs}:
+            return None
+        outputs.insert(0, loop)
+        current = current.parent
+    if current is None or current.type != "for_statement" or not outputs:
+        return None
+    unsupported = None
+    if not local:
+        unsupported = f"an accumulator {update.accumulator} the function receives as a parameter"
+    elif len(outputs) > 2:
+        unsupported = f"{len(outputs)} nested output loops (a tile of tiles)"
+    elif not _one_output_each(source, update, outputs):
+        return None
+    reductions = [current]
+    while True:
+        block = reductions[0].parent
+        outer = block.parent if block is not None else None
+        if block is None or block.type != "compound_statement" or outer is None:
+            break
+        if outer.type != "for_statement" or _items(source, block) != [reductions[0]]:
+            break
+        reductions.insert(0, outer)
+    return OuterProduct(function, update, outputs, reductions, unsupported=unsupported)
+
+
+def _is_array(source: ParsedSource, function: Function, name: str) -> bool:
+    return local_array(source, function, name) is not None or array_parameter(
+        source, function, name
+    )
+
+
+def looks_cached(source: ParsedSource, product: OuterProduct) -> bool:
+    """Whether a factor reads a value the reduction's turn loads (declares, or stores into a
+    local array): what makes the accumulation an outer product of registers."""
+    declared = declared_names(source, statements(product.turn))
+    stored = {
+        source.text_of(chain[0])
+        for node in source.iter_nodes("assignment_expression", within=product.turn)
+        if (left := node.child_by_field_name("left")) is not None
+        and (chain := subscript_chain(strip_parens(left))) is not None
+    }
+    for factor in product.update.factors:
+        node = strip_parens(factor)
+        chain = subscript_chain(node)
+        name = source.text_of(chain[0]) if chain is not None else source.text_of(node)
+        filled = chain is not None and name in stored and name != product.update.accumulator
+        if filled and _is_array(source, product.function, name):
+            return True
+        if (chain is not None or node.type == "identifier") and name in declared:
+            return True
+    return False
+
+
+def read_caches(source: ParsedSource, product: OuterProduct) -> None:
+    """Fill ``product.caches`` and check the turn holds nothing else; NotInForm otherwise."""
+    if product.unsupported is not None:
+        raise NotInForm(product.unsupported, NEEDED)
+    _check_nest(source, product)
+    outer = product.outputs[0].node
+    per_row = _items(source, outer.child_by_field_name("body"))[:-1]
+    for item in _items(source, product.turn):
+        if item == outer:
+            continue
+        if item.type == "declaration":
+            _declare(source, product, item)
+        elif item.type == "for_statement":
+            _fill(source, product, item)
+        else:
+            raise _stray(source, item)
+    for item in per_row:
+        if item.type != "declaration" or len(product.outputs) < 2:
+            raise _stray(source, item)
+        _declare(source, product, item, per_row=True)
+    for cache in product.caches.values():
+        if cache.value is None:
+            raise NotInForm(f"a register array {cache.name} that no fill loop writes", NEEDED)
+    _separate_locals(source, product)
+    _check_factors(source, product)
+    _carry_fill_locals(source, product)
+    _check_values(source, product)
+    _check_writes(source, product)
+
+
+def _stray(source: ParsedSource, item: Node) -> NotInForm:
+    return NotInForm(
+        f"a turn that also runs `{one_line(source, item, 70)}` (line "
+        f"{source.line_of(item.start_byte)})",
+        NEEDED,
+    )
+
+
+def _separate_locals(source: ParsedSource, product: OuterProduct) -> None:
+    """Scalars of the turn that no factor reads but cache values do (``const int row = ..``)
+    are offsets, not caches: they move into the turn of the interchanged loops."""
+    read_by_factors = set().union(*(identifier_names(source, f) for f in product.update.factors))
+    values = [c.value for c in product.caches.values() if c.value is not None]
+    read_by_values = set().union(*(identifier_names(source, v) for v in values))
+    for name, cache in list(product.caches.items()):
+        if cache.array or name in read_by_factors or name not in read_by_values:
+            continue
+        if cache.declaration.parent != product.turn:
+            continue
+        product.locals.append(cache.declaration)
+        del product.caches[name]
+
+
+def _carry_fill_locals(source: ParsedSource, product: OuterProduct) -> None:
+    """A fill loop's declarations go into the interchanged turn with the loop's variable
+    renamed to the output index its registers are read at; refused where one fill loop's
+    registers are read at different indices, or two declarations share a name."""
+    outputs = {o.variable for o in product.outputs}
+    read_at: dict[str, str] = {}
+    for factor in product.update.factors:
+        cache = _factor_cache(source, product, factor)
+        chain = subscript_chain(strip_parens(factor))
+        if cache is not None and cache.array and chain is not None:
+            read_at[cache.name] = source.text_of(strip_parens(chain[1][0]))
+    seen: set[str] = set()
+    for declaration, variable, loop in product.fill_locals:
+        indices = {read_at[c.name] for c in product.caches.values() if c.fill == loop}
+        name = declared_names(source, declaration)
+        if len(indices) != 1 or name & seen or not is_side_effect_free(source, declaration):
+            raise NotInForm(
+                f"a fill loop declaring `{one_line(source, declaration, 60)}` for registers read "
+                "at different output indices",
+                NEEDED,
+            )
+        if (identifier_names(source, declaration) - {variable}) & outputs:
+            raise NotInForm(
+                f"a fill declaration `{one_line(source, declaration, 60)}` that reads a name the "
+                "output loops would shadow",
+                NEEDED,
+            )
+        seen |= name
+        index = indices.pop()
+        product.carried.append(" ".join(rename(source, declaration, {variable: index}).split()))
+
+
+def _check_nest(source: ParsedSource, product: OuterProduct) -> None:
+    """The innermost output loop holds only the update; an outer one only its row's scalars
+    and the inner loop; the outermost sits in the turn."""
+    last = product.outputs[-1].node
+    if _items(source, last.child_by_field_name("body")) != [product.update.statement]:
+        raise NotInForm(
+            f"output loops whose innermost body (line {source.line_of(last.start_byte)}) "
+            "holds more than the accumulation",
+            NEEDED,
+        )
+    if len(product.outputs) == 2:
+        rows = _items(source, product.outputs[0].node.child_by_field_name("body"))
+        if not rows or rows[-1] != last:
+            raise NotInForm("output loops with statements after the inner loop", NEEDED)
+    if product.outputs[0].node.parent != product.turn:
+        raise NotInForm("output loops that are not directly in the reduction's turn", NEEDED)
+
+
+def _declare(
+    source: ParsedSource, product: OuterProduct, item: Node, per_row: bool = False
+) -> None:
+    declarators = item.children_by_field_name("declarator")
+    qualifiers = {
+        source.text_of(c)
+        for c in item.children
+        if c.type in ("type_qualifier", "storage_class_specifier")
+    }
+    if len(declarators) != 1 or qualifiers & {"static", "extern", "__shared__"}:
+        raise _stray(source, item)
+    declarator = declarators[0]
+    if declarator.type == "array_declarator" and not per_row:
+        inner = declarator.child_by_field_name("declarator")
+        if inner is None or inner.type != "identifier":
+            raise _stray(source, item)
+        name = source.text_of(inner)
+        product.caches[name] = Cache(name, item, array=True)
+        return
+    declared = index_declaration(source, item)
+    value = None if declared is None else _braced(declared[2])
+    if declared is None or value is None or value.type == "initializer_list":
+        raise _stray(source, item)
+    name = declared[0]
+    product.caches[name] = Cache(name, item, array=False, value=value)
+
+
+def _fill(source: ParsedSource, product: OuterProduct, loop: Node) -> None:
+    header = counted(source, loop)
+    if header is None:
+        raise NotInForm(
+            f"a loop at line {source.line_of(loop.start_byte)} in the turn that is not a "
+            "counted fill of register arrays",
+            NEEDED,
+        )
+    items = _items(source, loop.child_by_field_name("body"))
+    while items and items[0].type == "declaration" and index_declaration(source, items[0]):
+        product.fill_locals.append((items.pop(0), header.variable, loop))
+    for item in items:
+        assignment = item.named_children[0] if item.type == "expression_statement" else None
+        if assignment is None or assignment.type != "assignment_expression":
+            raise _stray(source, item)
+        left = assignment.child_by_field_name("left")
+        value = assignment.child_by_field_name("right")
+        operator = assignment.child_by_field_name("operator")
+        chain = subscript_chain(strip_parens(left)) if left is not None else None
+        cache = None if chain is None else _cache_named(source, product, chain[0])
+        if (
+            chain is None
+            or cache is None
+            or not cache.array
+            or operator is None
+            or operator.type != "="
+            or value is None
+            or len(chain[1]) != 1
+            or source.text_of(strip_parens(chain[1][0])) != header.variable
+            or cache.value is not None
+        ):
+            raise NotInForm(
+                f"a fill `{one_line(source, item, 70)}` (line {source.line_of(item.start_byte)}) "
+                "that is not one `c[u] = E;` per register array",
+                NEEDED,
+            )
+        cache.value, cache.index, cache.fill = value, header.variable, loop
+
+
+def _cache_named(source: ParsedSource, product: OuterProduct, name_node: Node) -> Cache | None:
+    """The register array a fill writes: declared in the turn, or before the loops (a local
+    array the turn fills, which the removal then deletes)."""
+    name = source.text_of(name_node)
+    if name not in product.caches:
+        declaration = local_array(source, product.function, name)
+        if declaration is None or within(declaration, product.top):
+            return None
+        if len(declaration.children_by_field_name("declarator")) != 1:
+            return None
+        product.caches[name] = Cache(name, declaration, array=True, before=True)
+    return product.caches[name]
+
+
+def _factor_cache(source: ParsedSource, product: OuterProduct, factor: Node) -> Cache | None:
+    node = strip_parens(factor)
+    chain = subscript_chain(node)
+    if chain is not None and len(chain[1]) == 1:
+        cache = product.caches.get(source.text_of(chain[0]))
+        if cache is not None and cache.array:
+            return cache
+    if node.type == "identifier":
+        cache = product.caches.get(source.text_of(node))
+        if cache is not None and not cache.array:
+            return cache
+    return None
+
+
+def _check_factors(source: ParsedSource, product: OuterProduct) -> None:
+    """Each factor is a cache read at an output index, or an expression that reads no cache;
+    every cache is read by a factor and nowhere else in the function."""
+    outputs = {o.variable for o in product.outputs}
+    used: set[str] = set()
+    for factor in product.update.factors:
+        cache = _factor_cache(source, product, factor)
+        if cache is None:
+            if identifier_names(source, factor) & set(product.caches):
+                raise NotInForm(
+                    f"a factor `{one_line(source, factor, 60)}` that computes with a register "
+                    "value instead of reading it",
+                    NEEDED,
+                )
+            continue
+        if cache.array:
+            chain = subscript_chain(strip_parens(factor))
+            assert chain is not None
+            if source.text_of(strip_parens(chain[1][0])) not in outputs:
+                raise NotInForm(
+                    f"a register array {cache.name} read at `{one_line(source, chain[1][0], 40)}`"
+                    ", not at an output loop's variable",
+                    NEEDED,
+                )
+        used.add(cache.name)
+    unused = set(product.caches) - used
+    if unused:
+        raise NotInForm(
+            f"a turn that also declares {', '.join(sorted(unused))}, which no factor reads",
+            NEEDED,
+        )
+    body = product.function.body
+    assert body is not None
+    declarations = [c.declaration for c in product.caches.values()]
+    for node in source.iter_nodes("identifier", within=body):
+        if any(within(node, d) for d in declarations):
+            continue
+        if source.text_of(node) in product.caches and not within(node, product.turn):
+            raise NotInForm(
+                f"a register value {source.text_of(node)} also used at line "
+                f"{source.line_of(node.start_byte)}, outside the turn",
+                NEEDED,
+            )
+
+
+def _check_values(source: ParsedSource, product: OuterProduct) -> None:
+    """Values read again per output must give what the turn read: no side effects, nothing
+    the turn computes, and no name the moved loops would shadow."""
+    outputs = [o.variable for o in product.outputs]
+    for cache in product.caches.values():
+        assert cache.value is not None
+        names = identifier_names(source, cache.value)
+        if not is_side_effect_free(source, cache.value):
+            raise NotInForm(
+                f"a register value {cache.name} loaded by `{one_line(source, cache.value, 60)}`"
+                ", which has side effects",
+                NEEDED,
+            )
+        if names & ({product.update.accumulator} | set(product.caches)):
+            raise NotInForm(
+                f"a register value {cache.name} computed from other registers of the turn",
+                NEEDED,
+            )
+        own = {cache.index} if cache.array else set()
+        if not cache.array and cache.declaration.parent != product.turn:
+            own = {outputs[0]}  # a scalar of an output row reads the row's variable
+        captured = (names - own) & set(outputs)
+        if captured:
+            raise NotInForm(
+                f"a register value {cache.name} that reads {', '.join(sorted(captured))}, a "
+                "name the output loops would shadow",
+                NEEDED,
+            )
+    for local in product.locals:
+        if not is_side_effect_free(source, local) or identifier_names(source, local) & (
+            set(outputs) | set(product.caches) | {product.update.accumulator}
+        ):
+            raise NotInForm(
+                f"an offset `{one_line(source, local, 60)}` of the turn that the output loops "
+                "would change",
+                NEEDED,
+            )
+    for loop in product.reductions:
+        header = _header_nodes(loop)
+        if any(identifier_names(source, n) & set(outputs) for n in header):
+            raise NotInForm(
+                f"a reduction loop at line {source.line_of(loop.start_byte)} whose header "
+                "reads a name of the output loops",
+                NEEDED,
+            )
+
+
+def _header_nodes(loop: Node) -> list[Node]:
+    return [
+        n
+        for n in (
+            loop.child_by_field_name("initializer"),
+            loop.child_by_field_name("condition"),
+            loop.child_by_field_name("update"),
+        )
+        if n is not None
+    ]
+
+
+def _check_writes(source: ParsedSource, product: OuterProduct) -> None:
+    """Moving the reduction inside the output loops repeats it per output: it may write only
+    the accumulator, the caches and variables its own loops declare."""
+    allowed = {product.update.accumulator, *product.caches}
+    allowed |= declared_names(source, product.top)  # loop initializers are declarations
+    written = assigned_names(source, product.top) - allowed
+    if written:
+        raise NotInForm(
+            f"a reduction that also writes {', '.join(sorted(written))}, which a turn per "
+            "output would write again",
+            NEEDED,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+# ---------------------------------------------------------------------------------------------
+
+
+def loop_header(source: ParsedSource, loop: Node) -> str:
+    """``for (int i = 0; i < 8; ++i)``: a loop's text up to its body."""
+    body = loop.child_by_field_name("body")
+    assert body is not None
+    return " ".join(source.text_of((loop.start_byte, body.start_byte)).split())
+
+
+def pragma_line(pragma: Pragma | None, default: str | None) -> str | None:
+    """``#pragma unroll [N]`` as a line, or ``default`` when the loop has none."""
+    if pragma is None:
+        return default
+    return f"#pragma {pragma.text.strip()}"
+
+
+def operand(text: str, node: Node) -> str:
+    """``text`` as a factor: parenthesized unless the expression it came from is primary."""
+    return text if node.type in _PRIMARY else f"({text})"
+
+
+def span_start(source: ParsedSource, loop: Node) -> int:
+    """Where a loop's lines start: its ``#pragma unroll`` line's, or its own."""
+    pragma = source.pragma_before(loop, "unroll")
+    return source.line_start(pragma.node.start_byte if pragma is not None else loop.start_byte)
+
+
+def nest(indent: str, headers: list[tuple[str | None, str]], inner: list[str]) -> str:
+    """Loops ``(pragma, header)`` nested outermost first around the ``inner`` lines, two
+    spaces a level, every loop braced."""
+    lines: list[str] = []
+    for depth, (pragma, header) in enumerate(headers):
+        pad = indent + "  " * depth
+        if pragma is not None:
+            lines.append(pad + pragma)
+        lines.append(f"{pad}{header} {{")
+    pad = indent + "  " * len(headers)
+    lines += [pad + line if line else line for line in inner]
+    for depth in reversed(range(len(headers))):
+        lines.append(indent + "  " * depth + "}")
+    return "\n".join(lines)
+
+
+def accumulator_type(source: ParsedSource, function: Function, name: str) -> str:
+    """The element type of a local accumulator array (``float`` of ``float acc[4][4]``)."""
+    declaration = local_array(source, function, name)
+    type_node = None if declaration is None else declaration.child_by_field_name("type")
+    return "float" if type_node is None else source.text_of(type_node)
+
+
+def accumulator_nodes(source: ParsedSource, update: Update) -> list[Node]:
+    """Where an update names its accumulator element: the target, and ``fmaf``'s addend."""
+    nodes = [update.target]
+    right = update.statement.named_children[0].child_by_field_name("right")
+    if right is not None and strip_parens(right).type == "call_expression":
+        nodes.append(call_arguments(strip_parens(right))[2])
+    return nodes
+
+
+def removal(source: ParsedSource, product: OuterProduct) -> list[Edit]:
+    """The interchanged loops: outputs outside, each summing over the reduction into a scalar
+    that starts from and goes back to its accumulator, each product reading its operands
+    where the caches were filled from. No loop is unrolled that was not: the accumulator is
+    read and written once per output, wherever the compiler keeps it."""
+    body = product.function.body
+    assert body is not None
+    total = fresh_name(names_in_function(source, product.function), "sum")
+    replacements: dict[tuple[int, int], str] = {
+        (n.start_byte, n.end_byte): total for n in accumulator_nodes(source, product.update)
+    }
+    for factor in product.update.factors:
+        cache = _factor_cache(source, product, factor)
+        if cache is None:
+            continue
+        assert cache.value is not None
+        if cache.array:
+            chain = subscript_chain(strip_parens(factor))
+            assert chain is not None and cache.index is not None
+            index = source.text_of(strip_parens(chain[1][0]))
+            text = rename(source, cache.value, {cache.index: index})
+        else:
+            text = source.text_of(cache.value)
+        replacements[(factor.start_byte, factor.end_byte)] = operand(text, cache.value)
+
+    def replace(node: Node) -> str | None:
+        return replacements.get((node.start_byte, node.end_byte))
+
+    update = substitute(source, product.update.statement, replace)
+    carried = [" ".join(source.text_of(d).split()) for d in product.locals]
+    carried += product.carried
+    reductions = [
+        (pragma_line(source.pragma_before(r, "unroll"), None), loop_header(source, r))
+        for r in product.reductions
+    ]
+    element = accumulator_type(source, product.function, product.update.accumulator)
+    target = source.text_of(product.update.target)
+    per_output = [
+        f"{element} {total} = {target};",
+        *nest("", reductions, [*carried, update]).split("\n"),
+        f"{target} = {total};",
+    ]
+    outputs = [(pragma_line(o.pragma, None), loop_header(source, o.node)) for o in product.outputs]
+    top = product.top
+    indent = " " * column(source, top.start_byte)
+    start = span_start(source, top)
+    edits = [Edit(start, top.end_byte, nest(indent, outputs, per_output))]
+    edits += [
+        source.deletion(c.declaration, whole_line=True) for c in product.caches.values() if c.before
+    ]
+    return edits

@@ -1,0 +1,183 @@
+"""Register outer products: a thread that computes several outputs loads each operand value
+once per reduction step and accumulates it into every output it feeds.
+
+A thread computing an ``M x N`` block of dot products can run them one after another (each
+output its own pass over the reduction, re-reading both operands: ``2·M·N`` loads a step) or
+interchange the loops: per step, ``M`` values of one operand and ``N`` of the other into
+registers, then the ``M·N`` products (``M + N`` loads a step). The outputs per thread are the
+same in both; what changes is how often each load is used.
+
+- detect: an accumulation ``A[i][j] += x[i] * y[j]`` (or ``fmaf``; a flat ``A[i * N + j]``; one
+  output loop with a scalar, ``A[i] += x[i] * s``) into a local array over counted output
+  loops (constant or template-parameter trips), inside a reduction loop whose turn loads at
+  least one factor's value: register arrays filled by counted loops (declared in the turn or
+  before the loops) or scalars declared in the turn (``_outer_product``). Also found, and
+  refused: an accumulator or registers the function receives as parameters, more than two
+  output loops, and a helper that only computes the products for its caller's loop
+  (``_outer_product_helpers``);
+- remove: interchange back: each output sums over the reduction into a scalar that starts
+  from and goes back to its accumulator, reading its operands where the registers were loaded
+  from (offsets the turn or a fill loop declares move with it). No loop is unrolled that was
+  not. Refused, with the form found, when the turn holds anything else, a value has side
+  effects or reads what the moved loops would shadow, or the reduction writes other state;
+- apply: the inverse on two counted output loops whose inner body sums ``v += X * Y`` over a
+  reduction and then uses ``v``, ``X`` reading the row and ``Y`` the column
+  (``_outer_product_forward``): a register tile of sums, per reduction step a register array
+  of each operand and their outer product, then each output takes its sum. Carrier
+  ``first``/``second`` name the register arrays.
+
+Each output's sum runs over the reduction in the same order in both forms, so results are
+the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
+
+from klineage.conditions import Condition, Prose
+from klineage.cuda.edit import Edit
+from klineage.cuda.source import ParsedSource
+from klineage.cuda.tree import NotInForm, one_line, strip_parens
+from klineage.kernel import KernelSource
+from klineage.mechanisms._outer_product import (
+    OuterProduct,
+    looks_cached,
+    loop_header,
+    read_caches,
+    removal,
+    shape,
+)
+from klineage.mechanisms._outer_product_forward import application, check, sums
+from klineage.mechanisms._outer_product_helpers import REFUSAL as HELPER_REFUSAL
+from klineage.mechanisms._outer_product_helpers import helper_products
+from klineage.mechanisms._staging import subscript_chain
+from klineage.mechanisms.base import Carrier, Mechanism, Site, register
+from klineage.problem import Problem
+
+
+def _products(source: ParsedSource) -> Iterator[OuterProduct]:
+    for function in source.functions:
+        if not function.runs_on_device or function.body is None:
+            continue
+        for statement in source.iter_nodes("expression_statement", within=function.body):
+            product = shape(source, function, statement)
+            if product is not None and looks_cached(source, product):
+                yield product
+
+
+@register
+class RegisterOuterProduct(Mechanism):
+    name = "register_outer_product"
+    category = "memory"
+    family = "registers vs re-reads"
+    intent = (
+        "Accumulate a thread's block of outputs as outer products of operand values loaded "
+        "once per reduction step into registers, instead of a dot product per output that "
+        "re-reads both operands."
+    )
+    carrier_keys: ClassVar[dict[str, str]] = {
+        "first": "name of the register array for the first factor's values",
+        "second": "name of the register array for the second factor's values",
+    }
+
+    def find_sites(self, source: ParsedSource) -> Iterator[Site]:
+        for product in _products(source):
+            refusal = None
+            try:
+                read_caches(source, product)
+            except NotInForm as err:
+                refusal = str(err)
+            top = product.top
+            yield self.site(
+                source,
+                top,
+                snippet=f"{loop_header(source, top)} {{ ... "
+                f"{one_line(source, product.update.statement, 60)} }}",
+                detail={
+                    "accumulator": product.update.accumulator,
+                    "outputs": " x ".join(str(o.trip or o.bound) for o in product.outputs),
+                },
+                refusal=refusal,
+            )
+
+        for helper in helper_products(source):
+            yield self.site(
+                source,
+                helper.outer,
+                snippet=f"{loop_header(source, helper.outer)} {{ ... "
+                f"{one_line(source, helper.update.statement, 60)} }}",
+                detail={
+                    "accumulator": helper.update.accumulator,
+                    "outputs": " x ".join(str(o.trip or o.bound) for o in helper.outputs),
+                },
+                refusal=HELPER_REFUSAL,
+            )
+
+    def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
+        for function in source.functions:
+            if not function.runs_on_device or function.body is None:
+                continue
+            for loop in source.iter_nodes("for_statement", within=function.body):
+                form = sums(source, function, loop)
+                if form is None:
+                    continue
+                try:
+                    check(source, form)
+                except NotInForm:
+                    continue
+                yield self.site(
+                    source,
+                    loop,
+                    snippet=f"{loop_header(source, loop)} {{ ... "
+                    f"{one_line(source, form.update, 60)} }}",
+                    detail={"sum": form.total},
+                )
+
+    def _product_at(self, source: ParsedSource, site: Site) -> OuterProduct:
+        top = self.node_at(source, site, "for_statement")
+        for product in _products(source):
+            if product.top == top:
+                read_caches(source, product)
+                return product
+        raise self.refuse(f"no outer-product accumulation at {site}", site)
+
+    def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
+        return removal(source, self._product_at(source, site))
+
+    def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
+        source = kernel.parsed
+        product = self._product_at(source, site)
+        names = []
+        for factor in product.update.factors:
+            node = strip_parens(factor)
+            chain = subscript_chain(node)
+            name = source.text_of(chain[0]) if chain is not None else source.text_of(node)
+            names.append(name if name in product.caches else None)
+        values = dict(zip(("first", "second"), names, strict=True))
+        return Carrier(**{k: v for k, v in values.items() if v is not None})
+
+    def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
+        loop = self.node_at(source, site, "for_statement")
+        function = source.enclosing_function(loop)
+        form = None if function is None else sums(source, function, loop)
+        if form is None:
+            raise self.refuse(f"no per-output sums at {site}", site, "apply")
+        names = (carrier.get_str("first"), carrier.get_str("second"))
+        start, end, text = application(source, form, names)
+        return [Edit(start, end, text)]
+
+    def conditions(
+        self, kernel: KernelSource, site: Site, problem: Problem | None = None
+    ) -> list[Condition]:
+        return [
+            Prose(
+                text="the output loops have compile-time trip counts and are unrolled, so the "
+                "accumulators and the loaded values stay in registers (M·N + M + N of them)"
+            ),
+            Prose(
+                text="each output's sum runs over the reduction in the same order, so the "
+                "results are bitwise the same; a value loaded once serves every output of its "
+                "row or column"
+            ),
+        ]

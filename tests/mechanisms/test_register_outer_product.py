@@ -1,0 +1,307 @@
+"""The register_outer_product mechanism: the round trip on its fixtures, the public idiom (a
+scalar per output row, two reduction loops), the same output bits on the host, and each
+refusal with the form it found."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.kernel import KernelSource
+from klineage.mechanisms import Carrier, MechanismRefused, get
+from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
+from tests.mechanisms.roundtrip import FIXTURES, PUBLIC_FORMS, RoundTripSuite
+
+mechanism = get("register_outer_product")
+BEFORE = (FIXTURES / "register_outer_product" / "before.cu").read_text()
+AFTER = (FIXTURES / "register_outer_product" / "after.cu").read_text()
+ROW_DOTS = (PUBLIC_FORMS / "register_outer_product" / "row_dots.before.cu").read_text()
+BLOCK_TILED = (PUBLIC_FORMS / "register_outer_product" / "block_tiled.before.cu").read_text()
+
+
+class TestRegisterOuterProduct(RoundTripSuite):
+    mechanism = "register_outer_product"
+
+
+def test_the_removal_sums_each_output_reading_its_operands_where_they_were_loaded() -> None:
+    (site,) = mechanism.detect(KernelSource(BEFORE))
+    assert site.detail == {"accumulator": "acc", "outputs": "4 x 4"}
+    removed = mechanism.remove(KernelSource(BEFORE), site).text
+    assert "sum += a[(row0 + i) * k + s] * b[s * n + col0 + j];" in removed
+    assert "float sum = acc[i][j];" in removed and "acc[i][j] = sum;" in removed
+    assert "acc_lhs" not in removed and "acc_rhs" not in removed
+    assert removed.index("for (int i = 0; i < kRows; ++i)") < removed.index("for (int s = 0")
+
+
+def test_the_public_idiom_moves_a_row_scalar_and_both_reduction_loops() -> None:
+    (site,) = mechanism.detect(KernelSource(ROW_DOTS))
+    assert site.supported and site.detail["outputs"] == "8 x 8"
+    removed = mechanism.remove(KernelSource(ROW_DOTS), site).text
+    assert (
+        "sum += xr[(int64_t)K * min(ii, last_row) + si] * "
+        "wr[(int64_t)K * min(ji, last_col) + si];" in removed
+    )
+    outputs = removed.index("for (int ji = 0; ji < 8; ++ji) {")
+    assert outputs < removed.index("for (int so = 0;") < removed.index("for (int si = so;")
+    assert "float lhs" not in removed and "float rhs[8]" not in removed
+    # no loop is unrolled that was not: the walk would take a pragma of ours for the expert's
+    assert removed.count("#pragma unroll") == ROW_DOTS.count("#pragma unroll")
+
+
+def test_registers_declared_before_the_loops_go_with_them() -> None:
+    """A flat accumulator `r[m * TN + n]`, template trip counts and register arrays declared
+    at the top, filled in the turn: the removal deletes the arrays with their fills."""
+    (site,) = mechanism.detect(KernelSource(BLOCK_TILED))
+    assert site.supported and site.detail == {"accumulator": "threadResults", "outputs": "TM x TN"}
+    removed = mechanism.remove(KernelSource(BLOCK_TILED), site).text
+    assert "regM" not in removed and "regN" not in removed
+    assert (
+        "sum += As[(threadRow * TM + resIdxM) * BK + dotIdx] "
+        "* Bs[dotIdx * BN + threadCol * TN + resIdxN];" in removed
+    )
+    assert "threadResults[resIdxM * TN + resIdxN] = sum;" in removed
+
+
+@pytest.mark.parametrize(
+    ("flat", "found"),
+    [
+        ("resIdxN + resIdxM * TN", True),
+        ("resIdxM * TM + resIdxN", False),  # not one slot per output unless TM == TN
+        ("resIdxM + resIdxN", False),
+    ],
+)
+def test_a_flat_accumulator_needs_one_slot_per_output(flat: str, found: bool) -> None:
+    text = BLOCK_TILED.replace(
+        "threadResults[resIdxM * TN + resIdxN] +=", f"threadResults[{flat}] +="
+    )
+    assert bool(mechanism.detect(KernelSource(text))) == found
+
+
+def test_apply_names_the_registers_as_the_carrier_says() -> None:
+    kernel = KernelSource(AFTER)
+    (candidate,) = mechanism.candidates(kernel)
+    applied = mechanism.apply(kernel, candidate, Carrier(first="a_reg", second="b_reg")).text
+    assert "float a_reg[kRows];" in applied and "float b_reg[4];" in applied
+    assert "acc[i][j] += a_reg[i] * b_reg[j];" in applied
+    # a name already taken in the function gets a fresh one
+    clash = mechanism.apply(kernel, candidate, Carrier(first="row0")).text
+    assert "float row0_2[kRows];" in clash
+
+
+def test_apply_caches_each_factor_by_the_output_index_it_reads() -> None:
+    swapped = AFTER.replace(
+        "sum += a[(row0 + i) * k + s] * b[s * n + col0 + j];",
+        "sum += b[s * n + col0 + j] * a[(row0 + i) * k + s];",
+    )
+    kernel = KernelSource(swapped)
+    applied = mechanism.apply(kernel, mechanism.candidates(kernel)[0]).text
+    assert "float acc_lhs[4];" in applied and "float acc_rhs[kRows];" in applied
+    assert "acc[i][j] += acc_lhs[j] * acc_rhs[i];" in applied
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (("b[s * n + col0 + j]", "b[s * n + j]"), None),  # still a candidate: b reads j only
+        (("b[s * n + col0 + j]", "b[s * n + col0 + j + i]"), "reads i and j"),
+        (("b[s * n + col0 + j]", "b[s * n + col0]"), "reads neither"),
+        (("for (int s = 0; s < k; ++s) {", "for (int s = i; s < k; ++s) {"), "header"),
+        (("float sum = acc[i][j];", "float sum = (float)i;"), "a start that reads i"),
+        (("acc[i][j] = sum;", "acc[i][j] = sum;\n      b[j] = sum;"), "stores into b"),
+    ],
+)
+def test_forward_candidates_need_one_output_index_per_factor(
+    change: tuple[str, str], why: str | None
+) -> None:
+    text = AFTER.replace(*change).replace("const float* __restrict__ b", "float* __restrict__ b")
+    assert text != AFTER
+    candidates = mechanism.candidates(KernelSource(text))
+    assert bool(candidates) == (why is None), why
+
+
+def test_a_reduction_that_writes_other_state_is_no_candidate() -> None:
+    text = AFTER.replace(
+        "for (int s = 0; s < k; ++s) {\n        sum",
+        "for (int s = 0; s < k; ++s) {\n        ++row_count;\n        sum",
+    ).replace("float acc[kRows][4] = {};", "float acc[kRows][4] = {};\n  int row_count = 0;")
+    assert "++row_count" in text
+    assert not mechanism.candidates(KernelSource(text))
+
+
+PER_OUTPUT_SUMS = """\
+#include <cstdint>
+#include <cuda_runtime.h>
+
+// y = alpha * x w^T, w stored [N, K]: each thread an 8 x 8 block, one dot product per output
+__global__ void scaled_dots(const float* x, const float* w, float* y, int M, int N, int K,
+                            float alpha) {
+  const int i0 = 8 * (blockIdx.y * blockDim.y + threadIdx.y);
+  const int j0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
+  if (i0 >= M || j0 >= N) return;
+  for (int io = 0; io < 8; ++io) {
+    const int i = min(i0 + io, M - 1);
+    for (int jo = 0; jo < 8; ++jo) {
+      const int j = min(j0 + jo, N - 1);
+      float val = 0.0f;
+      for (int s = 0; s < K; ++s) {
+        val += x[(int64_t)i * K + s] * w[(int64_t)j * K + s];
+      }
+      if (i0 + io < M && j0 + jo < N) y[(int64_t)i * N + j] = val * alpha;
+    }
+  }
+}
+"""
+
+
+def test_per_output_sums_become_a_register_tile_and_an_epilogue() -> None:
+    """The naive form (a sum per output, used right away) takes the rewrite through a tile
+    of sums: the fills declare the row and the column again, the epilogue gets each sum."""
+    kernel = KernelSource(PER_OUTPUT_SUMS)
+    (candidate,) = mechanism.candidates(kernel)
+    assert candidate.detail == {"sum": "val"}
+    applied = mechanism.apply(kernel, candidate).text
+    for line in (
+        "float acc[8][8];",
+        "acc[io][jo] = 0.0f;",
+        "const int i = min(i0 + io, M - 1);\n      acc_lhs[io] = x[(int64_t)i * K + s];",
+        "acc[io][jo] += acc_lhs[io] * acc_rhs[jo];",
+        "float val = acc[io][jo];",
+        "if (i0 + io < M && j0 + jo < N) y[(int64_t)i * N + j] = val * alpha;",
+    ):
+        assert line in applied, line
+    # the rewrite is itself an outer product the removal takes back
+    (site,) = mechanism.detect(KernelSource(applied))
+    assert site.supported
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            ("float acc_rhs[4];", "float acc_rhs[4];\n    float spare = 0.0f;"),
+            "also declares spare, which no factor reads",
+        ),
+        (
+            ("acc_lhs[i] = a[(row0 + i) * k + s];", "acc_lhs[i] = a[(row0 + i) * k + s++];"),
+            "has side effects",
+        ),
+        (
+            ("acc_rhs[j] = b[s * n + col0 + j];", "acc_rhs[j] = b[s * n + col0 + j] * acc_lhs[0];"),
+            "computed from other registers of the turn",
+        ),
+        (
+            ("acc_lhs[i] = a[(row0 + i) * k + s];", "acc_lhs[i] = a[(row0 + i) * k + s + j0];"),
+            None,  # j0 is declared before the loops below: no name they shadow
+        ),
+        (
+            ("acc_rhs[j] = b[s * n + col0 + j];", "acc_rhs[j] = b[s * n + col0 + i];"),
+            "reads i, a name the output loops would shadow",
+        ),
+        (
+            ("acc[i][j] += acc_lhs[i] * acc_rhs[j];", "acc[i][j] += acc_lhs[i] * acc_rhs[0];"),
+            "read at `0`, not at an output loop's variable",
+        ),
+        (
+            ("  for (int s = 0; s < k; ++s) {\n", "  for (int s = 0; s < k; ++s, ++row0) {\n"),
+            "also writes row0",
+        ),
+    ],
+)
+def test_unsafe_turns_are_refused_with_the_form_found(
+    change: tuple[str, str], reason: str | None
+) -> None:
+    text = BEFORE.replace(*change)
+    if "j0" in text:
+        text = text.replace("float acc[kRows][4] = {};", "float acc[kRows][4] = {};\n  int j0 = 0;")
+    if "++row0" in text:
+        text = text.replace("const int row0", "int row0")
+    assert text != BEFORE
+    kernel = KernelSource(text)
+    (site,) = mechanism.detect(kernel)
+    if reason is None:
+        assert site.supported
+        return
+    assert not site.supported and reason in (site.refusal or ""), site.refusal
+    with pytest.raises(MechanismRefused, match="the site is"):
+        mechanism.remove(kernel, site)
+
+
+def test_vector_filled_registers_are_detected_and_refused() -> None:
+    """Registers filled element by element from float4 reads (as a shared-memory micro-tile
+    does) are found, and the refusal quotes the statement it cannot move."""
+    text = BEFORE.replace(
+        """    #pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      acc_lhs[i] = a[(row0 + i) * k + s];
+    }
+""",
+        """    const float4 lhs4 = *reinterpret_cast<const float4*>(&a[s * m + row0]);
+    acc_lhs[0] = lhs4.x; acc_lhs[1] = lhs4.y; acc_lhs[2] = lhs4.z; acc_lhs[3] = lhs4.w;
+""",
+    )
+    (site,) = mechanism.detect(KernelSource(text))
+    assert not site.supported
+    assert "a turn that also runs `acc_lhs[0] = lhs4.x;`" in (site.refusal or "")
+
+
+def test_dot_products_without_registers_are_not_detected() -> None:
+    assert not mechanism.detect(KernelSource(AFTER))
+
+
+def _host_case(case: str) -> tuple[str, Case]:
+    """(kernel, launch): the fixture's 8 x 8 product on one 2 x 2 block, the row dots' 21 x 19
+    product with edges on one 3 x 3 block, the block-tiled product on two 256-thread blocks,
+    and the per-output sums' 21 x 19 product."""
+    second = Buffer("rhs", "float", "n * kd", offset=2)
+    block, grid = "dim3(3, 3)", "dim3(1)"
+    if case == "fixture":
+        second = Buffer("rhs", "float", "kd * n", offset=2)
+        axes, call, block, text = {"m": 8, "n": 8, "kd": 13}, "block_product", "dim3(2, 2)", BEFORE
+        call += "(lhs, rhs, out, (int)m, (int)n, (int)kd)"
+    elif case == "block_tiled":
+        second = Buffer("rhs", "float", "kd * n", offset=2)
+        axes, block, grid, text = (
+            {"m": 64, "n": 128, "kd": 24},
+            "dim3(256)",
+            "dim3(2, 1)",
+            BLOCK_TILED,
+        )
+        call = "sgemm_blocktiled<64, 64, 8, 4, 4>((int)m, (int)n, (int)kd, lhs, rhs, out)"
+    elif case == "row_dots":
+        axes, text = {"m": 21, "n": 19, "kd": 13}, ROW_DOTS
+        call = "row_dots(lhs, rhs, out, (int)m, (int)n, (int)kd)"
+    else:
+        axes, text = {"m": 21, "n": 19, "kd": 13}, PER_OUTPUT_SUMS
+        call = "scaled_dots(lhs, rhs, out, (int)m, (int)n, (int)kd, 0.75f)"
+    launch = Case(
+        axes=axes,
+        buffers=[
+            Buffer("out", "float", "m * n", output=True),
+            Buffer("lhs", "float", "m * kd", offset=1),
+            second,
+        ],
+        call=call,
+        threads="",
+        grid=grid,
+        block_dims=block,
+    )
+    return text, launch
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("case", ["fixture", "row_dots", "block_tiled"])
+def test_the_removal_computes_the_same_bits_on_the_host(case: str) -> None:
+    """Interchanged, every output sums the same products in the same order."""
+    text, launch = _host_case(case)
+    kernel = KernelSource(text)
+    removed = mechanism.remove(kernel, mechanism.detect(kernel)[0]).text
+    kept = run_on_host(text, [launch])
+    assert kept.strip() and run_on_host(removed, [launch]) == kept
+
+
+@pytest.mark.nvcc
+def test_the_forward_on_per_output_sums_computes_the_same_bits_on_the_host() -> None:
+    text, launch = _host_case("per_output_sums")
+    kernel = KernelSource(text)
+    applied = mechanism.apply(kernel, mechanism.candidates(kernel)[0]).text
+    naive = run_on_host(text, [launch])
+    assert naive.strip() and run_on_host(applied, [launch]) == naive
