@@ -10,7 +10,8 @@ The form read::
       for (int u = 0; u < N; ++u) y[u] = Y(u);   offsets, then `c[u] = E;` only)
       for (int i = 0; i < M; ++i) {             (output loops: counted, constant or
         float s = S(i);                          template-parameter trips; a scalar
-        for (int j = 0; j < N; ++j)              declared per output row is a register too)
+        for (int j = 0; j < N; ++j)              declared per output row is a register too,
+                                                 offsets declared per output move with it)
           A[i][j] += x[i] * y[j];               (or `fmaf`, or a flat `A[i * N + j]`)
       }
     }
@@ -233,6 +234,8 @@ class Cache:
     """An array's fill loop."""
     before: bool = False
     """Declared before the reduction loops (deleted with them), not in the turn."""
+    scope: frozenset[str] = frozenset()
+    """The output loops' variables in scope where it is declared (a scalar of an output)."""
 
 
 @dataclass
@@ -250,8 +253,9 @@ class OuterProduct:
     """Declarations in fill loops (``int r = r0 + u;``), with the loop's variable and node."""
     carried: list[str] = field(default_factory=list)
     """The fill loops' declarations as the interchanged turn declares them (its indices)."""
-    locals: list[Node] = field(default_factory=list)
-    """Declarations of the turn that cache values read (offsets): they move with the turn."""
+    locals: list[tuple[Node, frozenset[str]]] = field(default_factory=list)
+    """Declarations of the turn or of an output that cache values read (offsets), with the
+    output variables in scope there: they move into the interchanged turn."""
     unsupported: str | None = None
     """The form found, where the removal cannot interchange it."""
 
@@ -329,7 +333,13 @@ def _is_array(source: ParsedSource, function: Function, name: str) -> bool:
 def looks_cached(source: ParsedSource, product: OuterProduct) -> bool:
     """Whether a factor reads a value the reduction's turn loads (declares, or stores into a
     local array): what makes the accumulation an outer product of registers."""
-    declared = declared_names(source, statements(product.turn))
+    innermost = product.outputs[-1].node  # a value declared per output is not reused
+    declared = {
+        name
+        for node in source.iter_nodes("declaration", within=product.turn)
+        if not within(node, innermost)
+        for name in declared_names(source, node)
+    }
     stored = {
         source.text_of(chain[0])
         for node in source.iter_nodes("assignment_expression", within=product.turn)
@@ -354,7 +364,6 @@ def read_caches(source: ParsedSource, product: OuterProduct) -> None:
         raise NotInForm(product.unsupported, NEEDED)
     _check_nest(source, product)
     outer = product.outputs[0].node
-    per_row = _items(source, outer.child_by_field_name("body"))[:-1]
     for item in _items(source, product.turn):
         if item == outer:
             continue
@@ -364,10 +373,12 @@ def read_caches(source: ParsedSource, product: OuterProduct) -> None:
             _fill(source, product, item)
         else:
             raise _stray(source, item)
-    for item in per_row:
-        if item.type != "declaration" or len(product.outputs) < 2:
-            raise _stray(source, item)
-        _declare(source, product, item, per_row=True)
+    for depth, loop in enumerate(product.outputs):
+        scope = frozenset(o.variable for o in product.outputs[: depth + 1])
+        for item in _items(source, loop.node.child_by_field_name("body"))[:-1]:
+            if item.type != "declaration":
+                raise _stray(source, item)
+            _declare(source, product, item, scope=scope)
     for cache in product.caches.values():
         if cache.value is None:
             raise NotInForm(f"a register array {cache.name} that no fill loop writes", NEEDED)
@@ -387,17 +398,15 @@ def _stray(source: ParsedSource, item: Node) -> NotInForm:
 
 
 def _separate_locals(source: ParsedSource, product: OuterProduct) -> None:
-    """Scalars of the turn that no factor reads but cache values do (``const int row = ..``)
-    are offsets, not caches: they move into the turn of the interchanged loops."""
+    """Scalars of the turn or of an output that no factor reads but cache values do (``const
+    int row = ..``) are offsets, not caches: they move into the interchanged turn."""
     read_by_factors = set().union(*(identifier_names(source, f) for f in product.update.factors))
     values = [c.value for c in product.caches.values() if c.value is not None]
     read_by_values = set().union(*(identifier_names(source, v) for v in values))
     for name, cache in list(product.caches.items()):
         if cache.array or name in read_by_factors or name not in read_by_values:
             continue
-        if cache.declaration.parent != product.turn:
-            continue
-        product.locals.append(cache.declaration)
+        product.locals.append((cache.declaration, cache.scope))
         del product.caches[name]
 
 
@@ -437,7 +446,7 @@ def _check_nest(source: ParsedSource, product: OuterProduct) -> None:
     """The innermost output loop holds only the update; an outer one only its row's scalars
     and the inner loop; the outermost sits in the turn."""
     last = product.outputs[-1].node
-    if _items(source, last.child_by_field_name("body")) != [product.update.statement]:
+    if _items(source, last.child_by_field_name("body"))[-1:] != [product.update.statement]:
         raise NotInForm(
             f"output loops whose innermost body (line {source.line_of(last.start_byte)}) "
             "holds more than the accumulation",
@@ -452,7 +461,7 @@ def _check_nest(source: ParsedSource, product: OuterProduct) -> None:
 
 
 def _declare(
-    source: ParsedSource, product: OuterProduct, item: Node, per_row: bool = False
+    source: ParsedSource, product: OuterProduct, item: Node, scope: frozenset[str] = frozenset()
 ) -> None:
     declarators = item.children_by_field_name("declarator")
     qualifiers = {
@@ -463,7 +472,7 @@ def _declare(
     if len(declarators) != 1 or qualifiers & {"static", "extern", "__shared__"}:
         raise _stray(source, item)
     declarator = declarators[0]
-    if declarator.type == "array_declarator" and not per_row:
+    if declarator.type == "array_declarator" and not scope:
         inner = declarator.child_by_field_name("declarator")
         if inner is None or inner.type != "identifier":
             raise _stray(source, item)
@@ -475,7 +484,7 @@ def _declare(
     if declared is None or value is None or value.type == "initializer_list":
         raise _stray(source, item)
     name = declared[0]
-    product.caches[name] = Cache(name, item, array=False, value=value)
+    product.caches[name] = Cache(name, item, array=False, value=value, scope=scope)
 
 
 def _fill(source: ParsedSource, product: OuterProduct, loop: Node) -> None:
@@ -608,9 +617,7 @@ def _check_values(source: ParsedSource, product: OuterProduct) -> None:
                 f"a register value {cache.name} computed from other registers of the turn",
                 NEEDED,
             )
-        own = {cache.index} if cache.array else set()
-        if not cache.array and cache.declaration.parent != product.turn:
-            own = {outputs[0]}  # a scalar of an output row reads the row's variable
+        own = {cache.index} if cache.array else set(cache.scope)
         captured = (names - own) & set(outputs)
         if captured:
             raise NotInForm(
@@ -618,9 +625,9 @@ def _check_values(source: ParsedSource, product: OuterProduct) -> None:
                 "name the output loops would shadow",
                 NEEDED,
             )
-    for local in product.locals:
+    for local, scope in product.locals:
         if not is_side_effect_free(source, local) or identifier_names(source, local) & (
-            set(outputs) | set(product.caches) | {product.update.accumulator}
+            (set(outputs) - scope) | set(product.caches) | {product.update.accumulator}
         ):
             raise NotInForm(
                 f"an offset `{one_line(source, local, 60)}` of the turn that the output loops "
@@ -754,8 +761,11 @@ def removal(source: ParsedSource, product: OuterProduct) -> list[Edit]:
         return replacements.get((node.start_byte, node.end_byte))
 
     update = substitute(source, product.update.statement, replace)
-    carried = [" ".join(source.text_of(d).split()) for d in product.locals]
+    turn_level = [d for d, scope in product.locals if not scope]
+    per_output = [d for d, scope in product.locals if scope]
+    carried = [" ".join(source.text_of(d).split()) for d in turn_level]
     carried += product.carried
+    carried += [" ".join(source.text_of(d).split()) for d in per_output]
     reductions = [
         (pragma_line(source.pragma_before(r, "unroll"), None), loop_header(source, r))
         for r in product.reductions

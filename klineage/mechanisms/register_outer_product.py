@@ -17,9 +17,10 @@ same in both; what changes is how often each load is used.
   (``_outer_product_helpers``);
 - remove: interchange back: each output sums over the reduction into a scalar that starts
   from and goes back to its accumulator, reading its operands where the registers were loaded
-  from (offsets the turn or a fill loop declares move with it). No loop is unrolled that was
-  not. Refused, with the form found, when the turn holds anything else, a value has side
-  effects or reads what the moved loops would shadow, or the reduction writes other state;
+  from (offsets the turn, a fill loop or an output declares move with it). No loop is
+  unrolled that was not. Refused, with the form found, when the turn holds anything else, a
+  value has side effects or reads what the moved loops would shadow, or the reduction writes
+  other state;
 - apply: the inverse on two counted output loops whose inner body sums ``v += X * Y`` over a
   reduction and then uses ``v``, ``X`` reading the row and ``Y`` the column
   (``_outer_product_forward``): a register tile of sums, per reduction step a register array

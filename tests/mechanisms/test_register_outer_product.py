@@ -76,6 +76,64 @@ def test_a_flat_accumulator_needs_one_slot_per_output(flat: str, found: bool) ->
     assert bool(mechanism.detect(KernelSource(text))) == found
 
 
+COLUMN_STRIP = """\
+#include <cstddef>
+#include <cuda_runtime.h>
+
+// C = A B on one 8 x 32 tile (A 8 x k, B k x 32): each of 32 threads a column strip of 8,
+// the B value of each k kept in a register, the A offsets computed per output
+template <typename T, size_t ROWS>
+__global__ void column_strip(const T* A, const T* B, T* C, size_t k) {
+  T results[ROWS] = {static_cast<T>(0)};
+  for (size_t k_i{0U}; k_i < k; ++k_i) {
+    size_t const b_row{k_i};
+    T const b_val{B[b_row * 32U + threadIdx.x]};
+    for (size_t r{0U}; r < ROWS; ++r) {
+      size_t const a_row{r};
+      T const a_val{A[a_row * k + k_i]};
+      results[r] += a_val * b_val;
+    }
+  }
+  for (size_t r{0U}; r < ROWS; ++r) C[r * 32U + threadIdx.x] = results[r];
+}
+"""
+
+
+def test_offsets_and_values_declared_per_output_move_into_the_sum() -> None:
+    """Brace-initialized loops, a register of the turn (`b_val`), offsets of the turn and of
+    each output (`b_row`, `a_row`), and a value read per output (`a_val`, not reused)."""
+    kernel = KernelSource(COLUMN_STRIP)
+    (site,) = mechanism.detect(kernel)
+    assert site.supported and site.detail == {"accumulator": "results", "outputs": "ROWS"}
+    removed = mechanism.remove(kernel, site).text
+    assert (
+        "size_t const b_row{k_i};\n      size_t const a_row{r};\n"
+        "      sum += A[a_row * k + k_i] * B[b_row * 32U + threadIdx.x];" in removed
+    )
+    assert "b_val" not in removed and "a_val" not in removed
+    launch = Case(
+        axes={"kd": 11},
+        buffers=[
+            Buffer("out", "float", "8 * 32", output=True),
+            Buffer("lhs", "float", "8 * kd", offset=1),
+            Buffer("rhs", "float", "kd * 32", offset=2),
+        ],
+        call="column_strip<float, 8>(lhs, rhs, out, (size_t)kd)",
+        threads="32",
+        block=32,
+    )
+    kept = run_on_host(COLUMN_STRIP, [launch])
+    assert kept.strip() and run_on_host(removed, [launch]) == kept
+
+
+def test_values_read_per_output_alone_are_no_register_reuse() -> None:
+    """Without the turn's register, every factor is read per output: nothing is reused."""
+    text = COLUMN_STRIP.replace("T const b_val{B[b_row * 32U + threadIdx.x]};\n", "").replace(
+        "a_val * b_val", "a_val * B[b_row * 32U + threadIdx.x]"
+    )
+    assert not mechanism.detect(KernelSource(text))
+
+
 def test_apply_names_the_registers_as_the_carrier_says() -> None:
     kernel = KernelSource(AFTER)
     (candidate,) = mechanism.candidates(kernel)
