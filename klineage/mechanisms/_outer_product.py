@@ -5,24 +5,26 @@ The form read::
 
     for (<reduction>) {                        (nested reduction loops: each the only
       float x[M];                               statement of the one around it)
-      float y[N];                               (or arrays declared before the loops)
+      float y[N];                               (or arrays declared before the loops, or
+                                                 received from a caller that only passes them)
       for (int u = 0; u < M; ++u) x[u] = X(u);  (fill loops: counted; declarations of
       for (int u = 0; u < N; ++u) y[u] = Y(u);   offsets, then `c[u] = E;` only)
       for (int i = 0; i < M; ++i) {             (output loops: counted, constant or
         float s = S(i);                          template-parameter trips; a scalar
         for (int j = 0; j < N; ++j)              declared per output row is a register too,
                                                  offsets declared per output move with it)
-          A[i][j] += x[i] * y[j];               (or `fmaf`, or a flat `A[i * N + j]`)
+          A[i][j] += x[i] * y[j];               (or `fmaf`, or a flat mixed-radix index
+                                                 `A[i * N + j]`; up to four output loops)
       }
     }
 
-``A`` is a local array with one element per output; a factor is a register value (an array
-filled in the turn, read at an output index, or a scalar declared in the turn) or an
-expression read in place. The removal interchanges the loops: the output loops go outside and
-each output sums over the reduction into a scalar started from and stored back into its
-element of ``A``, each product reading its operands where the registers were filled from.
-Every output's sum still runs over the reduction in the same order, so the results are the
-same bits.
+``A`` is an array (local, or the caller's) with one element per output; a factor is a
+register value (an array filled in the turn, read at the slot its fill stores, or a scalar
+declared in the turn) or an expression read in place. The removal interchanges the loops:
+the output loops go outside and each output sums over the reduction into a scalar started
+from and stored back into its element of ``A``, each product reading its operands where the
+registers were filled from. Every output's sum still runs over the reduction in the same
+order, so the results are the same bits.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from klineage.cuda.tree import (
     assigned_names,
     binary_operands,
     call_arguments,
+    callee_name,
     declared_names,
     identifier_names,
     one_line,
@@ -49,6 +52,7 @@ from klineage.mechanisms._local_util import (
     is_side_effect_free,
     names_in_function,
 )
+from klineage.mechanisms._outer_product_index import mixed_radix, unify
 from klineage.mechanisms._staging import subscript_chain
 from klineage.mechanisms._tiles_util import column, fresh_name, rename, substitute
 
@@ -59,7 +63,7 @@ NEEDED = (
     "loops of the outputs, with nothing else in the turn"
 )
 MAX_OUTPUT_LOOPS = 4
-"""Output loops read around one accumulation (two are interchanged; more are refused)."""
+"""Output loops read around one accumulation (a warp tile's sub-tiles of thread tiles)."""
 _PRIMARY = frozenset(
     {
         "identifier",
@@ -82,6 +86,8 @@ class Counted:
     """The trip count; 0 when the bound is a template parameter."""
     bound: str
     """``N`` as written."""
+    limit: Node
+    """``N``'s node."""
     pragma: Pragma | None
     """The ``#pragma unroll`` line before the loop, if any."""
 
@@ -112,7 +118,8 @@ def counted(source: ParsedSource, node: Node) -> Counted | None:
     steps = {f"++{variable}", f"{variable}++", f"{variable}+=1"}
     if trip < 0 or "".join(source.text_of(update).split()) not in steps:
         return None
-    return Counted(node, variable, trip, bound, source.pragma_before(node, "unroll"))
+    pragma = source.pragma_before(node, "unroll")
+    return Counted(node, variable, trip, bound, operands[1], pragma)
 
 
 def _braced(value: Node) -> Node:
@@ -180,24 +187,13 @@ def update_of(source: ParsedSource, statement: Node) -> Update | None:
 
 def _one_output_each(source: ParsedSource, update: Update, outputs: list[Counted]) -> bool:
     """Whether every output (a tuple of the output loops' variables) has an accumulator of its
-    own: one subscript per variable, or a flat ``i * N + j`` with N the bound of j's loop."""
+    own: one subscript per variable, or one flat mixed-radix index (``i * N + j``)."""
     variables = [o.variable for o in outputs]
     if sorted(update.subscripts) == sorted(variables):
         return True
-    if len(update.indices) != 1 or len(outputs) != 2:
+    if len(update.indices) != 1:
         return False
-    terms = binary_operands(update.indices[0], "+")
-    if terms is None:
-        return False
-    inner = outputs[1]
-    for scaled, alone in (terms, terms[::-1]):
-        product = binary_operands(scaled, "*")
-        if product is None or source.text_of(strip_parens(alone)) != inner.variable:
-            continue
-        names = {source.text_of(strip_parens(n)) for n in product}
-        if names == {outputs[0].variable, inner.bound.strip("() ")}:
-            return True
-    return False
+    return mixed_radix(source, update.indices[0], variables, [o.limit for o in outputs])
 
 
 def _same(source: ParsedSource, a: Node, b: Node) -> bool:
@@ -228,10 +224,14 @@ class Cache:
     """An array filled by a loop (else a scalar declared with its value)."""
     value: Node | None = None
     """The expression it holds (a scalar's initializer; an array's fill value)."""
-    index: str | None = None
-    """An array's fill-loop variable, which ``value`` reads."""
+    indices: tuple[str, ...] = ()
+    """An array's fill-loop variables (outermost first), which ``value`` reads."""
+    slot: Node | None = None
+    """An array's subscript in the fill (``u``, ``w * TM + u``)."""
     fill: Node | None = None
-    """An array's fill loop."""
+    """An array's (outermost) fill loop."""
+    parameter: bool = False
+    """An array the function receives (its caller's registers), left in place."""
     before: bool = False
     """Declared before the reduction loops (deleted with them), not in the turn."""
     scope: frozenset[str] = frozenset()
@@ -256,8 +256,6 @@ class OuterProduct:
     locals: list[tuple[Node, frozenset[str]]] = field(default_factory=list)
     """Declarations of the turn or of an output that cache values read (offsets), with the
     output variables in scope there: they move into the interchanged turn."""
-    unsupported: str | None = None
-    """The form found, where the removal cannot interchange it."""
 
     @property
     def top(self) -> Node:
@@ -305,12 +303,7 @@ def shape(source: ParsedSource, function: Function, statement: Node) -> OuterPro
         current = current.parent
     if current is None or current.type != "for_statement" or not outputs:
         return None
-    unsupported = None
-    if not local:
-        unsupported = f"an accumulator {update.accumulator} the function receives as a parameter"
-    elif len(outputs) > 2:
-        unsupported = f"{len(outputs)} nested output loops (a tile of tiles)"
-    elif not _one_output_each(source, update, outputs):
+    if not _one_output_each(source, update, outputs):
         return None
     reductions = [current]
     while True:
@@ -321,7 +314,7 @@ def shape(source: ParsedSource, function: Function, statement: Node) -> OuterPro
         if outer.type != "for_statement" or _items(source, block) != [reductions[0]]:
             break
         reductions.insert(0, outer)
-    return OuterProduct(function, update, outputs, reductions, unsupported=unsupported)
+    return OuterProduct(function, update, outputs, reductions)
 
 
 def _is_array(source: ParsedSource, function: Function, name: str) -> bool:
@@ -360,8 +353,6 @@ def looks_cached(source: ParsedSource, product: OuterProduct) -> bool:
 
 def read_caches(source: ParsedSource, product: OuterProduct) -> None:
     """Fill ``product.caches`` and check the turn holds nothing else; NotInForm otherwise."""
-    if product.unsupported is not None:
-        raise NotInForm(product.unsupported, NEEDED)
     _check_nest(source, product)
     outer = product.outputs[0].node
     for item in _items(source, product.turn):
@@ -420,7 +411,8 @@ def _carry_fill_locals(source: ParsedSource, product: OuterProduct) -> None:
         cache = _factor_cache(source, product, factor)
         chain = subscript_chain(strip_parens(factor))
         if cache is not None and cache.array and chain is not None:
-            read_at[cache.name] = source.text_of(strip_parens(chain[1][0]))
+            mapping = slot_mapping(source, cache, chain[1][0]) or {}
+            read_at[cache.name] = mapping.get(cache.indices[0], "")
     seen: set[str] = set()
     for declaration, variable, loop in product.fill_locals:
         indices = {read_at[c.name] for c in product.caches.values() if c.fill == loop}
@@ -452,9 +444,9 @@ def _check_nest(source: ParsedSource, product: OuterProduct) -> None:
             "holds more than the accumulation",
             NEEDED,
         )
-    if len(product.outputs) == 2:
-        rows = _items(source, product.outputs[0].node.child_by_field_name("body"))
-        if not rows or rows[-1] != last:
+    for outer, inner in zip(product.outputs, product.outputs[1:], strict=False):
+        rows = _items(source, outer.node.child_by_field_name("body"))
+        if not rows or rows[-1] != inner.node:
             raise NotInForm("output loops with statements after the inner loop", NEEDED)
     if product.outputs[0].node.parent != product.turn:
         raise NotInForm("output loops that are not directly in the reduction's turn", NEEDED)
@@ -488,16 +480,28 @@ def _declare(
 
 
 def _fill(source: ParsedSource, product: OuterProduct, loop: Node) -> None:
-    header = counted(source, loop)
-    if header is None:
-        raise NotInForm(
-            f"a loop at line {source.line_of(loop.start_byte)} in the turn that is not a "
-            "counted fill of register arrays",
-            NEEDED,
-        )
-    items = _items(source, loop.child_by_field_name("body"))
+    """A fill: counted loops (nested, each the only statement of the one around it), the
+    innermost declaring offsets (one loop only) then storing ``c[slot] = E;``."""
+    headers: list[Counted] = []
+    current: Node | None = loop
+    items: list[Node] = []
+    while current is not None:
+        header = counted(source, current)
+        if header is None:
+            raise NotInForm(
+                f"a loop at line {source.line_of(current.start_byte)} in the turn that is not "
+                "a counted fill of register arrays",
+                NEEDED,
+            )
+        headers.append(header)
+        items = _items(source, current.child_by_field_name("body"))
+        only = items[0] if len(items) == 1 else None
+        current = only if only is not None and only.type == "for_statement" else None
+    variables = tuple(h.variable for h in headers)
     while items and items[0].type == "declaration" and index_declaration(source, items[0]):
-        product.fill_locals.append((items.pop(0), header.variable, loop))
+        if len(headers) > 1:
+            raise _stray(source, items[0])
+        product.fill_locals.append((items.pop(0), headers[0].variable, loop))
     for item in items:
         assignment = item.named_children[0] if item.type == "expression_statement" else None
         if assignment is None or assignment.type != "assignment_expression":
@@ -507,37 +511,79 @@ def _fill(source: ParsedSource, product: OuterProduct, loop: Node) -> None:
         operator = assignment.child_by_field_name("operator")
         chain = subscript_chain(strip_parens(left)) if left is not None else None
         cache = None if chain is None else _cache_named(source, product, chain[0])
+        slot = None if chain is None or len(chain[1]) != 1 else strip_parens(chain[1][0])
         if (
-            chain is None
+            slot is None
             or cache is None
             or not cache.array
             or operator is None
             or operator.type != "="
             or value is None
-            or len(chain[1]) != 1
-            or source.text_of(strip_parens(chain[1][0])) != header.variable
+            or not set(variables) <= identifier_names(source, slot)
             or cache.value is not None
         ):
             raise NotInForm(
                 f"a fill `{one_line(source, item, 70)}` (line {source.line_of(item.start_byte)}) "
-                "that is not one `c[u] = E;` per register array",
+                "that is not one `c[slot] = E;` per register array, its slot reading every "
+                "fill loop's variable",
                 NEEDED,
             )
-        cache.value, cache.index, cache.fill = value, header.variable, loop
+        cache.value, cache.indices, cache.slot, cache.fill = value, variables, slot, loop
 
 
 def _cache_named(source: ParsedSource, product: OuterProduct, name_node: Node) -> Cache | None:
     """The register array a fill writes: declared in the turn, or before the loops (a local
     array the turn fills, which the removal then deletes)."""
     name = source.text_of(name_node)
-    if name not in product.caches:
-        declaration = local_array(source, product.function, name)
-        if declaration is None or within(declaration, product.top):
+    if name in product.caches:
+        return product.caches[name]
+    declaration = local_array(source, product.function, name)
+    if declaration is not None:
+        if within(declaration, product.top):
             return None
         if len(declaration.children_by_field_name("declarator")) != 1:
             return None
         product.caches[name] = Cache(name, declaration, array=True, before=True)
+        return product.caches[name]
+    parameter = next((p for p in product.function.params if p.name == name), None)
+    if parameter is None or not array_parameter(source, product.function, name):
+        return None
+    if not registers_of_callers(source, product.function, name):
+        raise NotInForm(
+            f"a register array {name} the function receives, which a caller also uses "
+            "elsewhere or passes from other than its own local array",
+            NEEDED,
+        )
+    product.caches[name] = Cache(name, parameter.node, array=True, parameter=True)
     return product.caches[name]
+
+
+def registers_of_callers(source: ParsedSource, function: Function, name: str) -> bool:
+    """Whether every call of ``function`` passes, for parameter ``name``, a local array of the
+    caller that the caller uses only as an argument of calls to ``function``: what the
+    function stores there is seen by no one else."""
+    position = next(k for k, p in enumerate(function.params) if p.name == name)
+    calls = [c for c in source.calls if callee_name(c.name) == function.name]
+    if not calls:
+        return False
+    for call in calls:
+        caller = source.enclosing_function(call.node)
+        if caller is None or caller.body is None or len(call.args) <= position:
+            return False
+        passed = strip_parens(call.args[position])
+        if passed.type != "identifier":
+            return False
+        array = source.text_of(passed)
+        declaration = local_array(source, caller, array)
+        if declaration is None:
+            return False
+        allowed = [a for c in calls if within(c.node, caller.body) for a in c.args]
+        for node in source.iter_nodes("identifier", within=caller.body):
+            if source.text_of(node) != array or within(node, declaration):
+                continue
+            if not any(node == strip_parens(a) for a in allowed):
+                return False
+    return True
 
 
 def _factor_cache(source: ParsedSource, product: OuterProduct, factor: Node) -> Cache | None:
@@ -552,6 +598,14 @@ def _factor_cache(source: ParsedSource, product: OuterProduct, factor: Node) -> 
         if cache is not None and not cache.array:
             return cache
     return None
+
+
+def slot_mapping(source: ParsedSource, cache: Cache, read: Node) -> dict[str, str] | None:
+    """The output index each fill variable stands for at a read of the register array:
+    ``regM[w * TM + m]`` against the fill's ``regM[w * TM + i]`` gives ``{w: w, i: m}``."""
+    assert cache.slot is not None
+    found = unify(source.text_of(cache.slot), set(cache.indices), source.text_of(read))
+    return found if found is not None and set(found) == set(cache.indices) else None
 
 
 def _check_factors(source: ParsedSource, product: OuterProduct) -> None:
@@ -572,10 +626,11 @@ def _check_factors(source: ParsedSource, product: OuterProduct) -> None:
         if cache.array:
             chain = subscript_chain(strip_parens(factor))
             assert chain is not None
-            if source.text_of(strip_parens(chain[1][0])) not in outputs:
+            mapping = slot_mapping(source, cache, chain[1][0])
+            if mapping is None or not set(mapping.values()) <= outputs:
                 raise NotInForm(
                     f"a register array {cache.name} read at `{one_line(source, chain[1][0], 40)}`"
-                    ", not at an output loop's variable",
+                    ", not at the slot its fill stores with output loops' variables",
                     NEEDED,
                 )
         used.add(cache.name)
@@ -617,7 +672,7 @@ def _check_values(source: ParsedSource, product: OuterProduct) -> None:
                 f"a register value {cache.name} computed from other registers of the turn",
                 NEEDED,
             )
-        own = {cache.index} if cache.array else set(cache.scope)
+        own = set(cache.indices) if cache.array else set(cache.scope)
         captured = (names - own) & set(outputs)
         if captured:
             raise NotInForm(
@@ -720,7 +775,10 @@ def accumulator_type(source: ParsedSource, function: Function, name: str) -> str
     """The element type of a local accumulator array (``float`` of ``float acc[4][4]``)."""
     declaration = local_array(source, function, name)
     type_node = None if declaration is None else declaration.child_by_field_name("type")
-    return "float" if type_node is None else source.text_of(type_node)
+    if type_node is not None:
+        return source.text_of(type_node)
+    parameter = next((p for p in function.params if p.name == name), None)
+    return parameter.base_type if parameter is not None else "float"
 
 
 def accumulator_nodes(source: ParsedSource, update: Update) -> list[Node]:
@@ -750,9 +808,8 @@ def removal(source: ParsedSource, product: OuterProduct) -> list[Edit]:
         assert cache.value is not None
         if cache.array:
             chain = subscript_chain(strip_parens(factor))
-            assert chain is not None and cache.index is not None
-            index = source.text_of(strip_parens(chain[1][0]))
-            text = rename(source, cache.value, {cache.index: index})
+            assert chain is not None
+            text = rename(source, cache.value, slot_mapping(source, cache, chain[1][0]) or {})
         else:
             text = source.text_of(cache.value)
         replacements[(factor.start_byte, factor.end_byte)] = operand(text, cache.value)
@@ -760,7 +817,7 @@ def removal(source: ParsedSource, product: OuterProduct) -> list[Edit]:
     def replace(node: Node) -> str | None:
         return replacements.get((node.start_byte, node.end_byte))
 
-    update = substitute(source, product.update.statement, replace)
+    update = " ".join(substitute(source, product.update.statement, replace).split())
     turn_level = [d for d, scope in product.locals if not scope]
     per_output = [d for d, scope in product.locals if scope]
     carried = [" ".join(source.text_of(d).split()) for d in turn_level]

@@ -7,13 +7,13 @@ interchange the loops: per step, ``M`` values of one operand and ``N`` of the ot
 registers, then the ``M·N`` products (``M + N`` loads a step). The outputs per thread are the
 same in both; what changes is how often each load is used.
 
-- detect: an accumulation ``A[i][j] += x[i] * y[j]`` (or ``fmaf``; a flat ``A[i * N + j]``; one
-  output loop with a scalar, ``A[i] += x[i] * s``) into a local array over counted output
-  loops (constant or template-parameter trips), inside a reduction loop whose turn loads at
-  least one factor's value: register arrays filled by counted loops (declared in the turn or
-  before the loops) or scalars declared in the turn (``_outer_product``). Also found, and
-  refused: an accumulator or registers the function receives as parameters, more than two
-  output loops, and a helper that only computes the products for its caller's loop
+- detect: an accumulation ``A[i][j] += x[i] * y[j]`` (or ``fmaf``; a flat mixed-radix index
+  such as ``A[(w * TM + m) * (WN * TN) + v * TN + n]``; one output loop with a scalar,
+  ``A[i] += x[i] * s``) over up to four counted output loops (constant or template-parameter
+  trips), inside a reduction loop whose turn loads at least one factor's value: register
+  arrays filled by counted loops (declared in the turn, before the loops, or received from
+  a caller that only passes them) or scalars declared in the turn (``_outer_product``). Also
+  found, and refused: a helper that only computes the products for its caller's loop
   (``_outer_product_helpers``);
 - remove: interchange back: each output sums over the reduction into a scalar that starts
   from and goes back to its accumulator, reading its operands where the registers were loaded

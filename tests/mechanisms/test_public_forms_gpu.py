@@ -60,6 +60,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "wide_template": PROBLEMS / "gemm_nt_bf16",
     "row_dots": PROBLEMS / "linear_nt",
     "block_tiled": PROBLEMS / "sgemm_tiles",
+    "warp_subtiles": PROBLEMS / "sgemm_tiles",
 }
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from klineage.cuda.source import Node, ParsedSource
+from klineage.cuda.tree import call_arguments
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, get
+from klineage.mechanisms._outer_product_index import mixed_radix, polynomial, unify
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import FIXTURES, PUBLIC_FORMS, RoundTripSuite
 
@@ -16,6 +19,7 @@ BEFORE = (FIXTURES / "register_outer_product" / "before.cu").read_text()
 AFTER = (FIXTURES / "register_outer_product" / "after.cu").read_text()
 ROW_DOTS = (PUBLIC_FORMS / "register_outer_product" / "row_dots.before.cu").read_text()
 BLOCK_TILED = (PUBLIC_FORMS / "register_outer_product" / "block_tiled.before.cu").read_text()
+WARP_SUBTILES = (PUBLIC_FORMS / "register_outer_product" / "warp_subtiles.before.cu").read_text()
 
 
 class TestRegisterOuterProduct(RoundTripSuite):
@@ -132,6 +136,76 @@ def test_values_read_per_output_alone_are_no_register_reuse() -> None:
         "a_val * b_val", "a_val * B[b_row * 32U + threadIdx.x]"
     )
     assert not mechanism.detect(KernelSource(text))
+
+
+def test_a_helper_with_the_callers_registers_and_sub_tiles_is_interchanged() -> None:
+    """Register arrays and accumulator received as parameters, fills over two loops each
+    (`regM[wm * TM + i]`), four output loops and a flat mixed-radix accumulator index."""
+    (site,) = mechanism.detect(KernelSource(WARP_SUBTILES))
+    assert site.supported and site.detail["outputs"] == "WMITER x WNITER x TM x TN"
+    removed = mechanism.remove(KernelSource(WARP_SUBTILES), site).text
+    helper = removed[: removed.index("__global__")]
+    assert "regM[" not in helper.split("{", 1)[1] and "regN[" not in helper.split("{", 1)[1]
+    assert (
+        "sum += As[k * BM + warpRow * WM + wm * WSUBM + rowInWarp * TM + m] * "
+        "Bs[k * BN + warpCol * WN + wn * WSUBN + colInWarp * TN + n];" in removed
+    )
+    # the caller's arrays stay: it still passes them
+    assert "float regM[WMITER * TM] = {0.0f};" in removed
+
+
+def test_registers_a_caller_also_reads_are_refused() -> None:
+    text = WARP_SUBTILES.replace(
+        "    A += BK;\n", "    if (regM[0] > 1e30f) C[0] = 0.0f;\n    A += BK;\n"
+    )
+    assert text != WARP_SUBTILES
+    (site,) = mechanism.detect(KernelSource(text))
+    assert not site.supported
+    assert "a register array regM the function receives, which a caller also uses" in (
+        site.refusal or ""
+    )
+
+
+def test_an_accumulator_index_that_may_share_slots_is_not_read() -> None:
+    text = WARP_SUBTILES.replace(
+        "acc[(wm * TM + m) * (WNITER * TN) + wn * TN + n] +=",
+        "acc[(wm * TM + m) * TN + wn * TN + n] +=",
+    )
+    assert text != WARP_SUBTILES
+    assert not mechanism.detect(KernelSource(text))
+
+
+def _expressions(*texts: str) -> tuple[ParsedSource, list[Node]]:
+    """The expressions parsed as the arguments of one call, in one source."""
+    source = KernelSource(f"__device__ void f() {{ g({', '.join(texts)}); }}\n").parsed
+    (call,) = source.iter_nodes("call_expression")
+    return source, call_arguments(call)
+
+
+@pytest.mark.parametrize(
+    ("index", "variables", "bounds", "ok"),
+    [
+        ("i * N + j", ["i", "j"], ["M", "N"], True),
+        ("j + N * i", ["i", "j"], ["M", "N"], True),
+        ("(w * T + m) * (W * U) + v * U + n", ["w", "v", "m", "n"], ["X", "W", "T", "U"], True),
+        ("(w * T + m) * U + v * U + n", ["w", "v", "m", "n"], ["X", "W", "T", "U"], False),
+        ("i * M + j", ["i", "j"], ["M", "N"], False),
+        ("i + j", ["i", "j"], ["M", "N"], False),
+        ("i * i + j", ["i", "j"], ["M", "N"], False),
+        ("4 * i + j + 7", ["i", "j"], ["2", "4"], True),
+    ],
+)
+def test_mixed_radix_indices(index: str, variables: list[str], bounds: list[str], ok: bool) -> None:
+    source, (node, *limits) = _expressions(index, *bounds)
+    assert mixed_radix(source, node, variables, limits) == ok
+
+
+def test_polynomials_and_unification() -> None:
+    source, (node,) = _expressions("(a + 2) * (b - a)")
+    assert polynomial(source, node) == {("a", "b"): 1, ("a", "a"): -1, ("b",): 2, ("a",): -2}
+    assert unify("w * TM + i", {"w", "i"}, "w * TM + resIdxM") == {"w": "w", "i": "resIdxM"}
+    assert unify("w * TM + i", {"w", "i"}, "w * TN + m") is None
+    assert unify("u", {"u"}, "i + 1") is None
 
 
 def test_apply_names_the_registers_as_the_carrier_says() -> None:
@@ -256,7 +330,7 @@ def test_per_output_sums_become_a_register_tile_and_an_epilogue() -> None:
         ),
         (
             ("acc[i][j] += acc_lhs[i] * acc_rhs[j];", "acc[i][j] += acc_lhs[i] * acc_rhs[0];"),
-            "read at `0`, not at an output loop's variable",
+            "read at `0`, not at the slot its fill stores",
         ),
         (
             ("  for (int s = 0; s < k; ++s) {\n", "  for (int s = 0; s < k; ++s, ++row0) {\n"),
@@ -324,6 +398,18 @@ def _host_case(case: str) -> tuple[str, Case]:
             BLOCK_TILED,
         )
         call = "sgemm_blocktiled<64, 64, 8, 4, 4>((int)m, (int)n, (int)kd, lhs, rhs, out)"
+    elif case == "warp_subtiles":
+        second = Buffer("rhs", "float", "kd * n", offset=2)
+        axes, block, grid, text = (
+            {"m": 64, "n": 128, "kd": 32},
+            "dim3(128)",
+            "dim3(2, 1)",
+            WARP_SUBTILES,
+        )
+        call = (
+            "sgemm_warp_tiles<64, 64, 16, 32, 32, 2, 2, 4, 2, 128>"
+            "((int)m, (int)n, (int)kd, lhs, rhs, out)"
+        )
     elif case == "row_dots":
         axes, text = {"m": 21, "n": 19, "kd": 13}, ROW_DOTS
         call = "row_dots(lhs, rhs, out, (int)m, (int)n, (int)kd)"
@@ -346,7 +432,7 @@ def _host_case(case: str) -> tuple[str, Case]:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("case", ["fixture", "row_dots", "block_tiled"])
+@pytest.mark.parametrize("case", ["fixture", "row_dots", "block_tiled", "warp_subtiles"])
 def test_the_removal_computes_the_same_bits_on_the_host(case: str) -> None:
     """Interchanged, every output sums the same products in the same order."""
     text, launch = _host_case(case)
