@@ -226,6 +226,8 @@ class Cache:
     """The expression it holds (a scalar's initializer; an array's fill value)."""
     indices: tuple[str, ...] = ()
     """An array's fill-loop variables (outermost first), which ``value`` reads."""
+    extents: tuple[Counted, ...] = ()
+    """The fill loops, outermost first."""
     slot: Node | None = None
     """An array's subscript in the fill (``u``, ``w * TM + u``)."""
     fill: Node | None = None
@@ -529,6 +531,7 @@ def _fill(source: ParsedSource, product: OuterProduct, loop: Node) -> None:
                 NEEDED,
             )
         cache.value, cache.indices, cache.slot, cache.fill = value, variables, slot, loop
+        cache.extents = tuple(headers)
 
 
 def _cache_named(source: ParsedSource, product: OuterProduct, name_node: Node) -> Cache | None:
@@ -608,6 +611,18 @@ def slot_mapping(source: ParsedSource, cache: Cache, read: Node) -> dict[str, st
     return found if found is not None and set(found) == set(cache.indices) else None
 
 
+def _short_fill(cache: Cache, mapping: dict[str, str], outputs: list[Counted]) -> str | None:
+    """A fill loop whose range is not the range of the output loop its variable stands for
+    (``i < 2`` filled, ``m < 4`` read), as ``i < 2``; None when every range matches."""
+    bounds = {o.variable: o for o in outputs}
+    for fill in cache.extents:
+        output = bounds[mapping[fill.variable]]
+        same = "".join(fill.bound.split()) == "".join(output.bound.split())
+        if not same and not (fill.trip and fill.trip == output.trip):
+            return f"{fill.variable} < {fill.bound}"
+    return None
+
+
 def _check_factors(source: ParsedSource, product: OuterProduct) -> None:
     """Each factor is a cache read at an output index, or an expression that reads no cache;
     every cache is read by a factor and nowhere else in the function."""
@@ -631,6 +646,13 @@ def _check_factors(source: ParsedSource, product: OuterProduct) -> None:
                 raise NotInForm(
                     f"a register array {cache.name} read at `{one_line(source, chain[1][0], 40)}`"
                     ", not at the slot its fill stores with output loops' variables",
+                    NEEDED,
+                )
+            short = _short_fill(cache, mapping, product.outputs)
+            if short is not None:
+                raise NotInForm(
+                    f"a register array {cache.name} filled for {short}, fewer than the outputs "
+                    "that read it (the rest would read what an earlier turn left)",
                     NEEDED,
                 )
         used.add(cache.name)

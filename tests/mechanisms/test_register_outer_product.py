@@ -166,6 +166,15 @@ def test_registers_a_caller_also_reads_are_refused() -> None:
     )
 
 
+def test_registers_filled_for_fewer_outputs_than_read_them_are_refused() -> None:
+    """A fill over `i < 2` read at `m < TM` would leave the other slots to an earlier turn."""
+    text = WARP_SUBTILES.replace("for (int i = 0; i < TM; ++i)", "for (int i = 0; i < 2; ++i)")
+    assert text != WARP_SUBTILES
+    (site,) = mechanism.detect(KernelSource(text))
+    assert not site.supported
+    assert "a register array regM filled for i < 2, fewer than the outputs" in (site.refusal or "")
+
+
 def test_an_accumulator_index_that_may_share_slots_is_not_read() -> None:
     text = WARP_SUBTILES.replace(
         "acc[(wm * TM + m) * (WNITER * TN) + wn * TN + n] +=",
