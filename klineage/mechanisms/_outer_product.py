@@ -1,5 +1,5 @@
-"""Reading and removing register outer products: operand values loaded once per step of a
-reduction and reused across a thread's outputs.
+"""Reading register outer products: operand values loaded once per step of a reduction and
+reused across a thread's outputs (the rewrite is ``_outer_product_removal``).
 
 The form read::
 
@@ -31,30 +31,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from klineage.cuda.cexpr import fold_int
-from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Node, ParsedSource, Pragma, within
+from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import (
-    FMA_CALLS,
     NotInForm,
     assigned_names,
-    binary_operands,
-    call_arguments,
     callee_name,
     declared_names,
     identifier_names,
     one_line,
-    statements,
     strip_parens,
 )
 from klineage.mechanisms._local_util import (
     index_declaration,
     is_side_effect_free,
-    names_in_function,
+)
+from klineage.mechanisms._outer_product_forms import (
+    Counted,
+    Update,
+    array_parameter,
+    braced,
+    counted,
+    items_of,
+    local_array,
+    update_of,
 )
 from klineage.mechanisms._outer_product_index import mixed_radix, unify
 from klineage.mechanisms._staging import subscript_chain
-from klineage.mechanisms._tiles_util import column, fresh_name, rename, substitute
+from klineage.mechanisms._tiles_util import rename
 
 NEEDED = (
     "a reduction loop whose turn loads operand values into registers (arrays filled by "
@@ -64,125 +67,6 @@ NEEDED = (
 )
 MAX_OUTPUT_LOOPS = 4
 """Output loops read around one accumulation (a warp tile's sub-tiles of thread tiles)."""
-_PRIMARY = frozenset(
-    {
-        "identifier",
-        "subscript_expression",
-        "call_expression",
-        "field_expression",
-        "parenthesized_expression",
-        "number_literal",
-    }
-)
-
-
-@dataclass(frozen=True)
-class Counted:
-    """``for (int v = 0; v < N; ++v)`` with ``N`` a compile-time constant."""
-
-    node: Node
-    variable: str
-    trip: int
-    """The trip count; 0 when the bound is a template parameter."""
-    bound: str
-    """``N`` as written."""
-    limit: Node
-    """``N``'s node."""
-    pragma: Pragma | None
-    """The ``#pragma unroll`` line before the loop, if any."""
-
-
-def counted(source: ParsedSource, node: Node) -> Counted | None:
-    """The counted loop at ``node``, or None when it is not one. The bound is a constant or
-    a template parameter of the function (its trip count then unknown here, ``trip`` 0)."""
-    if node.type != "for_statement":
-        return None
-    initializer = node.child_by_field_name("initializer")
-    condition = node.child_by_field_name("condition")
-    update = node.child_by_field_name("update")
-    declared = None if initializer is None else index_declaration(source, initializer)
-    operands = None if condition is None else binary_operands(condition, "<")
-    if declared is None or update is None or operands is None:
-        return None
-    variable, _, value = declared
-    value = _braced(value)
-    if fold_int(source, value) != 0 or source.text_of(strip_parens(operands[0])) != variable:
-        return None
-    bound = source.text_of(operands[1])
-    trip = fold_int(source, operands[1])
-    if trip is None:
-        function = source.enclosing_function(node)
-        if function is None or bound not in function.template_params:
-            return None
-        trip = 0
-    steps = {f"++{variable}", f"{variable}++", f"{variable}+=1"}
-    if trip < 0 or "".join(source.text_of(update).split()) not in steps:
-        return None
-    pragma = source.pragma_before(node, "unroll")
-    return Counted(node, variable, trip, bound, operands[1], pragma)
-
-
-def _braced(value: Node) -> Node:
-    """``x{0U}`` declares with an initializer list of one value: that value."""
-    items = [c for c in value.named_children if c.type != "comment"]
-    return items[0] if value.type == "initializer_list" and len(items) == 1 else value
-
-
-def array_parameter(source: ParsedSource, function: Function, name: str) -> bool:
-    """Whether ``name`` is a parameter passed as an array or a pointer (``T* a``, ``T a[N]``)."""
-    return any(
-        p.name == name and (p.is_pointer or "[" in source.text_of(p.node)) for p in function.params
-    )
-
-
-@dataclass(frozen=True)
-class Update:
-    """``A[i][j] += F1 * F2;`` or ``A[i][j] = fmaf(F1, F2, A[i][j]);``."""
-
-    statement: Node
-    accumulator: str
-    target: Node
-    subscripts: tuple[str, ...]
-    """Each subscript's text: output loop variables (``A[i][j]``), or one flat index."""
-    indices: tuple[Node, ...]
-    factors: tuple[Node, Node]
-
-
-def accumulation(source: ParsedSource, statement: Node) -> tuple[Node, Node, Node] | None:
-    """(target, X, Y) of ``target += X * Y;`` or ``target = fmaf(X, Y, target);``."""
-    if statement.type != "expression_statement" or not statement.named_children:
-        return None
-    assignment = statement.named_children[0]
-    if assignment.type != "assignment_expression":
-        return None
-    left, right = assignment.child_by_field_name("left"), assignment.child_by_field_name("right")
-    operator = assignment.child_by_field_name("operator")
-    if left is None or right is None or operator is None:
-        return None
-    factors: tuple[Node, Node] | None = None
-    call = strip_parens(right)
-    if operator.type == "+=":
-        factors = binary_operands(right, "*")
-    elif operator.type == "=" and call.type == "call_expression":
-        callee = call.child_by_field_name("function")
-        arguments = call_arguments(call)
-        fused = callee is not None and source.text_of(callee) in FMA_CALLS
-        if fused and len(arguments) == 3 and _same(source, arguments[2], left):
-            factors = (arguments[0], arguments[1])
-    return None if factors is None else (left, *factors)
-
-
-def update_of(source: ParsedSource, statement: Node) -> Update | None:
-    """The accumulation into an array element at ``statement``, or None when it is not one."""
-    found = accumulation(source, statement)
-    chain = None if found is None else subscript_chain(strip_parens(found[0]))
-    if found is None or chain is None:
-        return None
-    left, *factors = found
-    subscripts = tuple(source.text_of(strip_parens(s)) for s in chain[1])
-    indices = tuple(strip_parens(s) for s in chain[1])
-    pair = (factors[0], factors[1])
-    return Update(statement, source.text_of(chain[0]), left, subscripts, indices, pair)
 
 
 def _one_output_each(source: ParsedSource, update: Update, outputs: list[Counted]) -> bool:
@@ -194,24 +78,6 @@ def _one_output_each(source: ParsedSource, update: Update, outputs: list[Counted
     if len(update.indices) != 1:
         return False
     return mixed_radix(source, update.indices[0], variables, [o.limit for o in outputs])
-
-
-def _same(source: ParsedSource, a: Node, b: Node) -> bool:
-    return "".join(source.text_of(a).split()) == "".join(source.text_of(b).split())
-
-
-def local_array(source: ParsedSource, function: Function, name: str) -> Node | None:
-    """The declaration of a local (not shared, not static) array ``name`` in ``function``."""
-    if function.body is None:
-        return None
-    for declaration in source.declarations:
-        if name not in declaration.names or not within(declaration.node, function.body):
-            continue
-        if {"__shared__", "static", "extern"} & set(declaration.qualifiers):
-            return None
-        arrays = [d for d in declaration.declarators if "[" in source.text_of(d)]
-        return declaration.node if arrays else None
-    return None
 
 
 @dataclass
@@ -270,15 +136,6 @@ class OuterProduct:
         return body
 
 
-def _is_unroll(source: ParsedSource, node: Node) -> bool:
-    return node.type == "preproc_call" and source.text_of(node).lstrip().startswith("#pragma")
-
-
-def _items(source: ParsedSource, block: Node | None) -> list[Node]:
-    """A block's statements, pragma lines left out (they go with their loops)."""
-    return [s for s in statements(block) if not _is_unroll(source, s)]
-
-
 def shape(source: ParsedSource, function: Function, statement: Node) -> OuterProduct | None:
     """The loops around an accumulation into a local array by the variables of the counted
     loops around it, with a reduction loop around those; None when ``statement`` is not one.
@@ -313,7 +170,7 @@ def shape(source: ParsedSource, function: Function, statement: Node) -> OuterPro
         outer = block.parent if block is not None else None
         if block is None or block.type != "compound_statement" or outer is None:
             break
-        if outer.type != "for_statement" or _items(source, block) != [reductions[0]]:
+        if outer.type != "for_statement" or items_of(source, block) != [reductions[0]]:
             break
         reductions.insert(0, outer)
     return OuterProduct(function, update, outputs, reductions)
@@ -357,7 +214,7 @@ def read_caches(source: ParsedSource, product: OuterProduct) -> None:
     """Fill ``product.caches`` and check the turn holds nothing else; NotInForm otherwise."""
     _check_nest(source, product)
     outer = product.outputs[0].node
-    for item in _items(source, product.turn):
+    for item in items_of(source, product.turn):
         if item == outer:
             continue
         if item.type == "declaration":
@@ -368,7 +225,7 @@ def read_caches(source: ParsedSource, product: OuterProduct) -> None:
             raise _stray(source, item)
     for depth, loop in enumerate(product.outputs):
         scope = frozenset(o.variable for o in product.outputs[: depth + 1])
-        for item in _items(source, loop.node.child_by_field_name("body"))[:-1]:
+        for item in items_of(source, loop.node.child_by_field_name("body"))[:-1]:
             if item.type != "declaration":
                 raise _stray(source, item)
             _declare(source, product, item, scope=scope)
@@ -410,7 +267,7 @@ def _carry_fill_locals(source: ParsedSource, product: OuterProduct) -> None:
     outputs = {o.variable for o in product.outputs}
     read_at: dict[str, str] = {}
     for factor in product.update.factors:
-        cache = _factor_cache(source, product, factor)
+        cache = factor_cache(source, product, factor)
         chain = subscript_chain(strip_parens(factor))
         if cache is not None and cache.array and chain is not None:
             mapping = slot_mapping(source, cache, chain[1][0]) or {}
@@ -440,14 +297,14 @@ def _check_nest(source: ParsedSource, product: OuterProduct) -> None:
     """The innermost output loop holds only the update; an outer one only its row's scalars
     and the inner loop; the outermost sits in the turn."""
     last = product.outputs[-1].node
-    if _items(source, last.child_by_field_name("body"))[-1:] != [product.update.statement]:
+    if items_of(source, last.child_by_field_name("body"))[-1:] != [product.update.statement]:
         raise NotInForm(
             f"output loops whose innermost body (line {source.line_of(last.start_byte)}) "
             "holds more than the accumulation",
             NEEDED,
         )
     for outer, inner in zip(product.outputs, product.outputs[1:], strict=False):
-        rows = _items(source, outer.node.child_by_field_name("body"))
+        rows = items_of(source, outer.node.child_by_field_name("body"))
         if not rows or rows[-1] != inner.node:
             raise NotInForm("output loops with statements after the inner loop", NEEDED)
     if product.outputs[0].node.parent != product.turn:
@@ -474,7 +331,7 @@ def _declare(
         product.caches[name] = Cache(name, item, array=True)
         return
     declared = index_declaration(source, item)
-    value = None if declared is None else _braced(declared[2])
+    value = None if declared is None else braced(declared[2])
     if declared is None or value is None or value.type == "initializer_list":
         raise _stray(source, item)
     name = declared[0]
@@ -496,7 +353,7 @@ def _fill(source: ParsedSource, product: OuterProduct, loop: Node) -> None:
                 NEEDED,
             )
         headers.append(header)
-        items = _items(source, current.child_by_field_name("body"))
+        items = items_of(source, current.child_by_field_name("body"))
         only = items[0] if len(items) == 1 else None
         current = only if only is not None and only.type == "for_statement" else None
     variables = tuple(h.variable for h in headers)
@@ -589,7 +446,7 @@ def registers_of_callers(source: ParsedSource, function: Function, name: str) ->
     return True
 
 
-def _factor_cache(source: ParsedSource, product: OuterProduct, factor: Node) -> Cache | None:
+def factor_cache(source: ParsedSource, product: OuterProduct, factor: Node) -> Cache | None:
     node = strip_parens(factor)
     chain = subscript_chain(node)
     if chain is not None and len(chain[1]) == 1:
@@ -629,7 +486,7 @@ def _check_factors(source: ParsedSource, product: OuterProduct) -> None:
     outputs = {o.variable for o in product.outputs}
     used: set[str] = set()
     for factor in product.update.factors:
-        cache = _factor_cache(source, product, factor)
+        cache = factor_cache(source, product, factor)
         if cache is None:
             if identifier_names(source, factor) & set(product.caches):
                 raise NotInForm(
@@ -745,123 +602,3 @@ def _check_writes(source: ParsedSource, product: OuterProduct) -> None:
             "output would write again",
             NEEDED,
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# Rendering
-# ---------------------------------------------------------------------------------------------
-
-
-def loop_header(source: ParsedSource, loop: Node) -> str:
-    """``for (int i = 0; i < 8; ++i)``: a loop's text up to its body."""
-    body = loop.child_by_field_name("body")
-    assert body is not None
-    return " ".join(source.text_of((loop.start_byte, body.start_byte)).split())
-
-
-def pragma_line(pragma: Pragma | None, default: str | None) -> str | None:
-    """``#pragma unroll [N]`` as a line, or ``default`` when the loop has none."""
-    if pragma is None:
-        return default
-    return f"#pragma {pragma.text.strip()}"
-
-
-def operand(text: str, node: Node) -> str:
-    """``text`` as a factor: parenthesized unless the expression it came from is primary."""
-    return text if node.type in _PRIMARY else f"({text})"
-
-
-def span_start(source: ParsedSource, loop: Node) -> int:
-    """Where a loop's lines start: its ``#pragma unroll`` line's, or its own."""
-    pragma = source.pragma_before(loop, "unroll")
-    return source.line_start(pragma.node.start_byte if pragma is not None else loop.start_byte)
-
-
-def nest(indent: str, headers: list[tuple[str | None, str]], inner: list[str]) -> str:
-    """Loops ``(pragma, header)`` nested outermost first around the ``inner`` lines, two
-    spaces a level, every loop braced."""
-    lines: list[str] = []
-    for depth, (pragma, header) in enumerate(headers):
-        pad = indent + "  " * depth
-        if pragma is not None:
-            lines.append(pad + pragma)
-        lines.append(f"{pad}{header} {{")
-    pad = indent + "  " * len(headers)
-    lines += [pad + line if line else line for line in inner]
-    for depth in reversed(range(len(headers))):
-        lines.append(indent + "  " * depth + "}")
-    return "\n".join(lines)
-
-
-def accumulator_type(source: ParsedSource, function: Function, name: str) -> str:
-    """The element type of a local accumulator array (``float`` of ``float acc[4][4]``)."""
-    declaration = local_array(source, function, name)
-    type_node = None if declaration is None else declaration.child_by_field_name("type")
-    if type_node is not None:
-        return source.text_of(type_node)
-    parameter = next((p for p in function.params if p.name == name), None)
-    return parameter.base_type if parameter is not None else "float"
-
-
-def accumulator_nodes(source: ParsedSource, update: Update) -> list[Node]:
-    """Where an update names its accumulator element: the target, and ``fmaf``'s addend."""
-    nodes = [update.target]
-    right = update.statement.named_children[0].child_by_field_name("right")
-    if right is not None and strip_parens(right).type == "call_expression":
-        nodes.append(call_arguments(strip_parens(right))[2])
-    return nodes
-
-
-def removal(source: ParsedSource, product: OuterProduct) -> list[Edit]:
-    """The interchanged loops: outputs outside, each summing over the reduction into a scalar
-    that starts from and goes back to its accumulator, each product reading its operands
-    where the caches were filled from. No loop is unrolled that was not: the accumulator is
-    read and written once per output, wherever the compiler keeps it."""
-    body = product.function.body
-    assert body is not None
-    total = fresh_name(names_in_function(source, product.function), "sum")
-    replacements: dict[tuple[int, int], str] = {
-        (n.start_byte, n.end_byte): total for n in accumulator_nodes(source, product.update)
-    }
-    for factor in product.update.factors:
-        cache = _factor_cache(source, product, factor)
-        if cache is None:
-            continue
-        assert cache.value is not None
-        if cache.array:
-            chain = subscript_chain(strip_parens(factor))
-            assert chain is not None
-            text = rename(source, cache.value, slot_mapping(source, cache, chain[1][0]) or {})
-        else:
-            text = source.text_of(cache.value)
-        replacements[(factor.start_byte, factor.end_byte)] = operand(text, cache.value)
-
-    def replace(node: Node) -> str | None:
-        return replacements.get((node.start_byte, node.end_byte))
-
-    update = " ".join(substitute(source, product.update.statement, replace).split())
-    turn_level = [d for d, scope in product.locals if not scope]
-    per_output = [d for d, scope in product.locals if scope]
-    carried = [" ".join(source.text_of(d).split()) for d in turn_level]
-    carried += product.carried
-    carried += [" ".join(source.text_of(d).split()) for d in per_output]
-    reductions = [
-        (pragma_line(source.pragma_before(r, "unroll"), None), loop_header(source, r))
-        for r in product.reductions
-    ]
-    element = accumulator_type(source, product.function, product.update.accumulator)
-    target = source.text_of(product.update.target)
-    per_output = [
-        f"{element} {total} = {target};",
-        *nest("", reductions, [*carried, update]).split("\n"),
-        f"{target} = {total};",
-    ]
-    outputs = [(pragma_line(o.pragma, None), loop_header(source, o.node)) for o in product.outputs]
-    top = product.top
-    indent = " " * column(source, top.start_byte)
-    start = span_start(source, top)
-    edits = [Edit(start, top.end_byte, nest(indent, outputs, per_output))]
-    edits += [
-        source.deletion(c.declaration, whole_line=True) for c in product.caches.values() if c.before
-    ]
-    return edits

@@ -43,7 +43,7 @@ from klineage.mechanisms._local_util import (
     is_side_effect_free,
     names_in_function,
 )
-from klineage.mechanisms._outer_product import (
+from klineage.mechanisms._outer_product_forms import (
     Counted,
     accumulation,
     counted,

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import identifier_names, statements, strip_parens
-from klineage.mechanisms._outer_product import (
-    MAX_OUTPUT_LOOPS,
+from klineage.mechanisms._outer_product import MAX_OUTPUT_LOOPS
+from klineage.mechanisms._outer_product_forms import (
     Counted,
     Update,
     array_parameter,

@@ -41,17 +41,12 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.source import ParsedSource
 from klineage.cuda.tree import NotInForm, one_line, strip_parens
 from klineage.kernel import KernelSource
-from klineage.mechanisms._outer_product import (
-    OuterProduct,
-    looks_cached,
-    loop_header,
-    read_caches,
-    removal,
-    shape,
-)
+from klineage.mechanisms._outer_product import OuterProduct, looks_cached, read_caches, shape
+from klineage.mechanisms._outer_product_forms import loop_header
 from klineage.mechanisms._outer_product_forward import application, check, sums
 from klineage.mechanisms._outer_product_helpers import REFUSAL as HELPER_REFUSAL
 from klineage.mechanisms._outer_product_helpers import helper_products
+from klineage.mechanisms._outer_product_removal import removal
 from klineage.mechanisms._staging import subscript_chain
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
