@@ -51,6 +51,7 @@ from klineage.mechanisms._outer_product_forms import (
     array_parameter,
     braced,
     counted,
+    flattened,
     items_of,
     local_array,
     update_of,
@@ -290,7 +291,7 @@ def _carry_fill_locals(source: ParsedSource, product: OuterProduct) -> None:
             )
         seen |= name
         index = indices.pop()
-        product.carried.append(" ".join(rename(source, declaration, {variable: index}).split()))
+        product.carried.append(flattened(rename(source, declaration, {variable: index})))
 
 
 def _check_nest(source: ParsedSource, product: OuterProduct) -> None:

@@ -156,11 +156,16 @@ def items_of(source: ParsedSource, block: Node | None) -> list[Node]:
     return [s for s in statements(block) if not is_pragma(source, s)]
 
 
+def flattened(text: str) -> str:
+    """A statement on one line: every run of whitespace as one space."""
+    return " ".join(text.split())
+
+
 def loop_header(source: ParsedSource, loop: Node) -> str:
     """``for (int i = 0; i < 8; ++i)``: a loop's text up to its body."""
     body = loop.child_by_field_name("body")
     assert body is not None
-    return " ".join(source.text_of((loop.start_byte, body.start_byte)).split())
+    return flattened(source.text_of((loop.start_byte, body.start_byte)))
 
 
 def pragma_line(pragma: Pragma | None, default: str | None) -> str | None:

@@ -35,7 +35,6 @@ from klineage.cuda.tree import (
     assigned_names,
     declared_names,
     identifier_names,
-    statements,
     strip_parens,
 )
 from klineage.mechanisms._local_util import (
@@ -47,6 +46,8 @@ from klineage.mechanisms._outer_product_forms import (
     Counted,
     accumulation,
     counted,
+    flattened,
+    items_of,
     local_array,
     loop_header,
     nest,
@@ -90,13 +91,13 @@ def sums(source: ParsedSource, function: Function, outer: Node) -> Sums | None:
     first = counted(source, outer)
     if first is None:
         return None
-    items = _items(source, outer.child_by_field_name("body"))
+    items = items_of(source, outer.child_by_field_name("body"))
     if not items or any(i.type != "declaration" for i in items[:-1]):
         return None
     second = counted(source, items[-1])
     if second is None:
         return None
-    inner = _items(source, items[-1].child_by_field_name("body"))
+    inner = items_of(source, items[-1].child_by_field_name("body"))
     position = next((k for k, i in enumerate(inner) if i.type == "for_statement"), None)
     if position is None or position == 0 or inner[position - 1].type != "declaration":
         return None
@@ -108,12 +109,12 @@ def sums(source: ParsedSource, function: Function, outer: Node) -> Sums | None:
     total, _, start = declared
     reductions = [inner[position]]
     while (
-        (body := _items(source, reductions[-1].child_by_field_name("body")))
+        (body := items_of(source, reductions[-1].child_by_field_name("body")))
         and len(body) == 1
         and body[0].type == "for_statement"
     ):
         reductions.append(body[0])
-    body = _items(source, reductions[-1].child_by_field_name("body"))
+    body = items_of(source, reductions[-1].child_by_field_name("body"))
     if len(body) != 1:
         return None
     factors = _scalar_update(source, body[0], total)
@@ -132,10 +133,6 @@ def sums(source: ParsedSource, function: Function, outer: Node) -> Sums | None:
         factors,
         tuple(inner[position + 1 :]),
     )
-
-
-def _items(source: ParsedSource, block: Node | None) -> list[Node]:
-    return [s for s in statements(block) if not source.text_of(s).lstrip().startswith("#pragma")]
 
 
 def _scalar_update(source: ParsedSource, statement: Node, total: str) -> tuple[Node, Node] | None:
@@ -256,7 +253,7 @@ def application(
     ]
     for cache, owner, factor in zip(caches, owners, form.factors, strict=True):
         loop = form.outputs[owner]
-        body = [_one_line(source, d) for d in sides[owner]]
+        body = [flattened(source.text_of(d)) for d in sides[owner]]
         body.append(f"{cache}[{loop.variable}] = {source.text_of(factor)};")
         turn += nest("", [("#pragma unroll", loop_header(source, loop.node))], body).split("\n")
     element_of = "" if direct else f"[{form.outputs[0].variable}][{form.outputs[1].variable}]"
@@ -284,14 +281,10 @@ def application(
     if direct is None:  # the tile starts from the sums' start and hands each output its sum
         declare = f"{indent}{element} {tile}[{form.outputs[0].bound}][{form.outputs[1].bound}];"
         start = nest(indent, headers, [f"{tile}{element_of} = {source.text_of(form.start)};"])
-        per_column = [_one_line(source, d) for d in form.column]
+        per_column = [flattened(source.text_of(d)) for d in form.column]
         per_column.append(f"{element} {form.total} = {tile}{element_of};")
-        per_column += [_one_line(source, s) for s in form.after]
-        per_row = [_one_line(source, d) for d in form.row]
+        per_column += [flattened(source.text_of(s)) for s in form.after]
+        per_row = [flattened(source.text_of(d)) for d in form.row]
         per_row += nest("", [headers[1]], per_column).split("\n")
         text = "\n".join([declare, start, text, nest(indent, [headers[0]], per_row)])
     return span_start(source, outer), outer.end_byte, text
-
-
-def _one_line(source: ParsedSource, node: Node) -> str:
-    return " ".join(source.text_of(node).split())

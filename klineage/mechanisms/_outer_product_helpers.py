@@ -1,8 +1,8 @@
 """Outer products a ``__device__`` helper computes on register arrays its caller passes.
 
-Tutorial GEMMs split a thread tile's turn into helpers: one loads a column of the A tile and a
-row of the B tile into register arrays, another accumulates their outer product, and the
-caller's loop over the shared tile calls both::
+A turn of a thread tile's reduction may be spread over helpers: one fills register arrays
+from the shared tiles, another accumulates their outer product, and the caller's loop over
+the shared tile calls both::
 
     for (int k = 0; k < TILE_K; ++k) {
       load_fragment(As[k], a_regs, ...);
@@ -28,13 +28,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from klineage.cuda.source import Function, Node, ParsedSource, within
-from klineage.cuda.tree import identifier_names, statements, strip_parens
+from klineage.cuda.tree import identifier_names, strip_parens
 from klineage.mechanisms._outer_product import MAX_OUTPUT_LOOPS
 from klineage.mechanisms._outer_product_forms import (
     Counted,
     Update,
     array_parameter,
     counted,
+    items_of,
     local_array,
     update_of,
 )
@@ -107,9 +108,7 @@ def _sole(source: ParsedSource, loop: Node) -> Node | None:
 def _sole_of(source: ParsedSource, block: Node | None) -> Node | None:
     """The one statement of a block, pragma lines and ``static_assert`` aside; None if more."""
     items = [
-        s
-        for s in statements(block)
-        if not source.text_of(s).lstrip().startswith(("#pragma", "static_assert"))
+        s for s in items_of(source, block) if not source.text_of(s).startswith("static_assert")
     ]
     return items[0] if len(items) == 1 else None
 

@@ -17,6 +17,7 @@ from klineage.mechanisms._local_util import (
 from klineage.mechanisms._outer_product import OuterProduct, factor_cache, slot_mapping
 from klineage.mechanisms._outer_product_forms import (
     Update,
+    flattened,
     local_array,
     loop_header,
     nest,
@@ -89,12 +90,12 @@ def removal(source: ParsedSource, product: OuterProduct) -> list[Edit]:
     def replace(node: Node) -> str | None:
         return replacements.get((node.start_byte, node.end_byte))
 
-    update = " ".join(substitute(source, product.update.statement, replace).split())
+    update = flattened(substitute(source, product.update.statement, replace))
     turn_level = [d for d, scope in product.locals if not scope]
     per_output = [d for d, scope in product.locals if scope]
-    carried = [" ".join(source.text_of(d).split()) for d in turn_level]
+    carried = [flattened(source.text_of(d)) for d in turn_level]
     carried += product.carried
-    carried += [" ".join(source.text_of(d).split()) for d in per_output]
+    carried += [flattened(source.text_of(d)) for d in per_output]
     reductions = [
         (pragma_line(source.pragma_before(r, "unroll"), None), loop_header(source, r))
         for r in product.reductions

@@ -39,15 +39,20 @@ from typing import ClassVar
 from klineage.conditions import Condition, Prose
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import ParsedSource
-from klineage.cuda.tree import NotInForm, one_line, strip_parens
+from klineage.cuda.tree import NotInForm, one_line
 from klineage.kernel import KernelSource
-from klineage.mechanisms._outer_product import OuterProduct, looks_cached, read_caches, shape
+from klineage.mechanisms._outer_product import (
+    OuterProduct,
+    factor_cache,
+    looks_cached,
+    read_caches,
+    shape,
+)
 from klineage.mechanisms._outer_product_forms import loop_header
 from klineage.mechanisms._outer_product_forward import application, check, sums
 from klineage.mechanisms._outer_product_helpers import REFUSAL as HELPER_REFUSAL
 from klineage.mechanisms._outer_product_helpers import helper_products
 from klineage.mechanisms._outer_product_removal import removal
-from klineage.mechanisms._staging import subscript_chain
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 
@@ -144,12 +149,8 @@ class RegisterOuterProduct(Mechanism):
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
         source = kernel.parsed
         product = self._product_at(source, site)
-        names = []
-        for factor in product.update.factors:
-            node = strip_parens(factor)
-            chain = subscript_chain(node)
-            name = source.text_of(chain[0]) if chain is not None else source.text_of(node)
-            names.append(name if name in product.caches else None)
+        caches = [factor_cache(source, product, f) for f in product.update.factors]
+        names = [c.name if c is not None else None for c in caches]
         values = dict(zip(("first", "second"), names, strict=True))
         return Carrier(**{k: v for k, v in values.items() if v is not None})
 
