@@ -8,6 +8,7 @@ syntax error is a bug in the mechanism, caught here before the gate compiles it.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
     from klineage.cuda.source import ErrorSpan, ParsedSource
 
-__all__ = ["Edit", "EditError", "apply_edits", "changed_region"]
+__all__ = ["Edit", "EditError", "apply_edits", "changed_region", "edits_between"]
 
 
 class EditError(ValueError):
@@ -168,3 +169,19 @@ def changed_region(old: str, new: str) -> tuple[int, int]:
     while suffix < limit - prefix and a[-1 - suffix] == b[-1 - suffix]:
         suffix += 1
     return prefix, len(b) - suffix
+
+
+def edits_between(old: str, new: str) -> list[Edit]:
+    """Edits that turn ``old`` into ``new``, one per run of changed lines (so a rewrite made
+    on another text, such as an inlined form, lands as the few places it changed)."""
+    old_lines = old.splitlines(keepends=True)
+    new_lines = new.splitlines(keepends=True)
+    offsets = [0]
+    for line in old_lines:
+        offsets.append(offsets[-1] + len(line.encode()))
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    edits = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            edits.append(Edit(offsets[i1], offsets[i2], "".join(new_lines[j1:j2])))
+    return edits

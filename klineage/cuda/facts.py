@@ -21,6 +21,7 @@ from klineage.kernel import KernelSource
 __all__ = [
     "INTEGER_TYPES",
     "block_size_of",
+    "compile_time_bindings",
     "eval_context",
     "launch_block_size",
     "launch_names",
@@ -311,19 +312,33 @@ TEMPLATE_DEPTH = 8
 """How many enclosing templates :func:`template_values` follows (recursive templates stop)."""
 
 
+def _type_parameters(source: ParsedSource, function: Function) -> set[str]:
+    """The names of a template's type parameters (``typename T``, ``class U = float``)."""
+    if function.template is None:
+        return set()
+    found = set()
+    for child in function.template.named_children:
+        if "type_parameter" in child.type:
+            names = [c for c in child.named_children if c.type == "type_identifier"]
+            found |= {source.text_of(c) for c in names}
+    return found
+
+
 def template_values(
-    source: ParsedSource, function: str, depth: int = 0
+    source: ParsedSource, function: str, depth: int = 0, *, skip_types: bool = False
 ) -> list[dict[str, int]] | None:
     """Every binding of `function`'s template parameters the file instantiates, followed out
     through enclosing templates: a helper `f<D>` called in a kernel `k<D>`, launched from a
     host `launch<D>`, which `run` calls as `launch<64>` and `launch<128>`, gives D = 64 and 128.
     `[{}]` for a function that is not a template; None when an instantiation cannot be
-    folded to integers (a type argument, a runtime value) or there is none."""
+    folded to integers (a type argument, a runtime value) or there is none. With
+    ``skip_types``, type parameters (``typename T``) are left out of the bindings instead."""
     found = source.function(function)
     if found is None or not found.template_params:
         return [{}]
     if depth >= TEMPLATE_DEPTH:
         return None
+    types = _type_parameters(source, found) if skip_types else set()
     uses: list[tuple[Node, tuple[Node, ...]]] = [
         (launch.node, launch.template_args) for launch in source.launches_of(function)
     ]
@@ -338,7 +353,11 @@ def template_values(
         if len(arguments) != len(found.template_params):
             return None  # defaulted or deduced arguments: not followed
         enclosing = source.enclosing_function(node)
-        outer = template_values(source, enclosing.name, depth + 1) if enclosing else [{}]
+        outer = (
+            template_values(source, enclosing.name, depth + 1, skip_types=skip_types)
+            if enclosing
+            else [{}]
+        )
         if outer is None:
             return None
         # the launching function's constexpr locals count: `constexpr int STAGES = 3;`
@@ -350,11 +369,42 @@ def template_values(
                 **{k: v for k, v in folded_locals.items() if v is not None},
                 **names,
             }
-            values = [fold_int(source, argument, known) for argument in arguments]
-            folded = [v for v in values if v is not None]
-            if len(folded) != len(values):
+            pairs = [
+                (name, fold_int(source, argument, known))
+                for name, argument in zip(found.template_params, arguments, strict=True)
+                if name not in types
+            ]
+            binding = {name: value for name, value in pairs if value is not None}
+            if len(binding) != len(pairs):
                 return None
-            binding = dict(zip(found.template_params, folded, strict=True))
             if binding not in bindings:
                 bindings.append(binding)
     return bindings
+
+
+def compile_time_bindings(source: ParsedSource, function: Function) -> list[dict[str, int]] | None:
+    """Per instantiation of ``function``, the values of its integer template parameters and
+    of the ``constexpr`` integer locals of its body (``constexpr unsigned TILES{W / T};``);
+    None when an instantiation cannot be folded (:func:`template_values`)."""
+    bindings = template_values(source, function.name, skip_types=True)
+    body = function.body
+    if bindings is None or body is None:
+        return bindings
+    constants = [
+        d
+        for d in source.declarations
+        if "constexpr" in d.qualifiers
+        and d.type in INTEGER_TYPES
+        and body.start_byte <= d.node.start_byte < body.end_byte
+    ]
+    result = []
+    for binding in bindings:
+        values: dict[str, int] = dict(binding)
+        for declaration in constants:
+            for name, declarator in zip(declaration.names, declaration.declarators, strict=True):
+                names: dict[str, int | str] = {**source.integer_constants, **values}
+                folded = evaluate_size(_initial_size(source, declaration.type, declarator, names))
+                if folded is not None:
+                    values[name] = folded
+        result.append(values)
+    return result

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from klineage.cuda.cexpr import fold_int
+from klineage.cuda.facts import compile_time_bindings
 from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import (
     NotInForm,
@@ -95,8 +97,8 @@ class Cache:
     """An array's fill-loop variables (outermost first), which ``value`` reads."""
     extents: tuple[Counted, ...] = ()
     """The fill loops, outermost first."""
-    slot: Node | None = None
-    """An array's subscript in the fill (``u``, ``w * TM + u``)."""
+    slot: tuple[Node, ...] = ()
+    """An array's subscripts in the fill (``u``, ``w * TM + u``; ``[r][u]`` gives two)."""
     fill: Node | None = None
     """An array's (outermost) fill loop."""
     parameter: bool = False
@@ -118,8 +120,9 @@ class OuterProduct:
     reductions: list[Node]
     """The reduction loops, outermost first; the last one's turn holds the caches."""
     caches: dict[str, Cache] = field(default_factory=dict)
-    fill_locals: list[tuple[Node, str, Node]] = field(default_factory=list)
-    """Declarations in fill loops (``int r = r0 + u;``), with the loop's variable and node."""
+    fill_locals: list[tuple[Node, tuple[str, ...], Node]] = field(default_factory=list)
+    """Declarations in fill loops (``int r = r0 + u;``), with the variables of the fill loops
+    around them and the outermost fill loop."""
     carried: list[str] = field(default_factory=list)
     """The fill loops' declarations as the interchanged turn declares them (its indices)."""
     locals: list[tuple[Node, frozenset[str]]] = field(default_factory=list)
@@ -262,36 +265,39 @@ def _separate_locals(source: ParsedSource, product: OuterProduct) -> None:
 
 
 def _carry_fill_locals(source: ParsedSource, product: OuterProduct) -> None:
-    """A fill loop's declarations go into the interchanged turn with the loop's variable
-    renamed to the output index its registers are read at; refused where one fill loop's
+    """A fill loop's declarations go into the interchanged turn with the fill loops' variables
+    renamed to the output indices their registers are read at; refused where one fill loop's
     registers are read at different indices, or two declarations share a name."""
     outputs = {o.variable for o in product.outputs}
-    read_at: dict[str, str] = {}
+    read_at: dict[str, dict[str, str]] = {}
     for factor in product.update.factors:
         cache = factor_cache(source, product, factor)
         chain = subscript_chain(strip_parens(factor))
         if cache is not None and cache.array and chain is not None:
-            mapping = slot_mapping(source, cache, chain[1][0]) or {}
-            read_at[cache.name] = mapping.get(cache.indices[0], "")
+            read_at[cache.name] = slot_mapping(source, cache, chain[1]) or {}
     seen: set[str] = set()
-    for declaration, variable, loop in product.fill_locals:
-        indices = {read_at[c.name] for c in product.caches.values() if c.fill == loop}
+    for declaration, variables, loop in product.fill_locals:
+        readings = {
+            tuple(read_at[c.name].get(v, "") for v in variables)
+            for c in product.caches.values()
+            if c.fill == loop
+        }
         name = declared_names(source, declaration)
-        if len(indices) != 1 or name & seen or not is_side_effect_free(source, declaration):
+        if len(readings) != 1 or name & seen or not is_side_effect_free(source, declaration):
             raise NotInForm(
                 f"a fill loop declaring `{one_line(source, declaration, 60)}` for registers read "
                 "at different output indices",
                 NEEDED,
             )
-        if (identifier_names(source, declaration) - {variable}) & outputs:
+        if (identifier_names(source, declaration) - set(variables)) & outputs:
             raise NotInForm(
                 f"a fill declaration `{one_line(source, declaration, 60)}` that reads a name the "
                 "output loops would shadow",
                 NEEDED,
             )
         seen |= name
-        index = indices.pop()
-        product.carried.append(flattened(rename(source, declaration, {variable: index})))
+        indices = dict(zip(variables, readings.pop(), strict=True))
+        product.carried.append(flattened(rename(source, declaration, indices)))
 
 
 def _check_nest(source: ParsedSource, product: OuterProduct) -> None:
@@ -340,8 +346,8 @@ def _declare(
 
 
 def _fill(source: ParsedSource, product: OuterProduct, loop: Node) -> None:
-    """A fill: counted loops (nested, each the only statement of the one around it), the
-    innermost declaring offsets (one loop only) then storing ``c[slot] = E;``."""
+    """A fill: counted loops (nested, each holding the next after declarations of offsets),
+    the innermost storing ``c[slot] = E;`` (one slot per subscript) into register arrays."""
     headers: list[Counted] = []
     current: Node | None = loop
     items: list[Node] = []
@@ -355,13 +361,12 @@ def _fill(source: ParsedSource, product: OuterProduct, loop: Node) -> None:
             )
         headers.append(header)
         items = items_of(source, current.child_by_field_name("body"))
+        scope = tuple(h.variable for h in headers)
+        while items and items[0].type == "declaration" and index_declaration(source, items[0]):
+            product.fill_locals.append((items.pop(0), scope, loop))
         only = items[0] if len(items) == 1 else None
         current = only if only is not None and only.type == "for_statement" else None
     variables = tuple(h.variable for h in headers)
-    while items and items[0].type == "declaration" and index_declaration(source, items[0]):
-        if len(headers) > 1:
-            raise _stray(source, items[0])
-        product.fill_locals.append((items.pop(0), headers[0].variable, loop))
     for item in items:
         assignment = item.named_children[0] if item.type == "expression_statement" else None
         if assignment is None or assignment.type != "assignment_expression":
@@ -371,15 +376,16 @@ def _fill(source: ParsedSource, product: OuterProduct, loop: Node) -> None:
         operator = assignment.child_by_field_name("operator")
         chain = subscript_chain(strip_parens(left)) if left is not None else None
         cache = None if chain is None else _cache_named(source, product, chain[0])
-        slot = None if chain is None or len(chain[1]) != 1 else strip_parens(chain[1][0])
+        slot = () if chain is None else tuple(strip_parens(i) for i in chain[1])
+        read = set().union(*(identifier_names(source, i) for i in slot))
         if (
-            slot is None
+            not slot
             or cache is None
             or not cache.array
             or operator is None
             or operator.type != "="
             or value is None
-            or not set(variables) <= identifier_names(source, slot)
+            or not set(variables) <= read
             or cache.value is not None
         ):
             raise NotInForm(
@@ -450,7 +456,7 @@ def registers_of_callers(source: ParsedSource, function: Function, name: str) ->
 def factor_cache(source: ParsedSource, product: OuterProduct, factor: Node) -> Cache | None:
     node = strip_parens(factor)
     chain = subscript_chain(node)
-    if chain is not None and len(chain[1]) == 1:
+    if chain is not None:
         cache = product.caches.get(source.text_of(chain[0]))
         if cache is not None and cache.array:
             return cache
@@ -461,24 +467,59 @@ def factor_cache(source: ParsedSource, product: OuterProduct, factor: Node) -> C
     return None
 
 
-def slot_mapping(source: ParsedSource, cache: Cache, read: Node) -> dict[str, str] | None:
-    """The output index each fill variable stands for at a read of the register array:
-    ``regM[w * TM + m]`` against the fill's ``regM[w * TM + i]`` gives ``{w: w, i: m}``."""
-    assert cache.slot is not None
-    found = unify(source.text_of(cache.slot), set(cache.indices), source.text_of(read))
+def slot_mapping(
+    source: ParsedSource, cache: Cache, read: tuple[Node, ...]
+) -> dict[str, str] | None:
+    """The output index each fill variable stands for at a read of the register array (its
+    subscripts): ``regM[w * TM + m]`` against the fill's ``regM[w * TM + i]`` gives
+    ``{w: w, i: m}``; ``a[r][y]`` against ``a[u][v]`` gives ``{u: r, v: y}``."""
+    if len(read) != len(cache.slot):
+        return None
+    found = unify(_subscripts(source, cache.slot), set(cache.indices), _subscripts(source, read))
     return found if found is not None and set(found) == set(cache.indices) else None
 
 
-def _short_fill(cache: Cache, mapping: dict[str, str], outputs: list[Counted]) -> str | None:
-    """A fill loop whose range is not the range of the output loop its variable stands for
-    (``i < 2`` filled, ``m < 4`` read), as ``i < 2``; None when every range matches."""
-    bounds = {o.variable: o for o in outputs}
+def _subscripts(source: ParsedSource, indices: tuple[Node, ...]) -> str:
+    return " ] [ ".join(source.text_of(i) for i in indices)
+
+
+def _short_fill(
+    source: ParsedSource,
+    product: OuterProduct,
+    cache: Cache,
+    mapping: dict[str, str],
+) -> str | None:
+    """How a fill loop's range falls short of the output loop its variable stands for
+    (``i < 2, fewer than`` when ``m < 4`` is read), or None when every range covers. Bounds
+    written differently are compared in every instantiation the file makes."""
+    bounds = {o.variable: o for o in product.outputs}
     for fill in cache.extents:
         output = bounds[mapping[fill.variable]]
         same = "".join(fill.bound.split()) == "".join(output.bound.split())
-        if not same and not (fill.trip and fill.trip == output.trip):
-            return f"{fill.variable} < {fill.bound}"
+        if same or (fill.trip and fill.trip == output.trip):
+            continue
+        covers = _covers(source, product.function, fill.limit, output.limit)
+        if covers is not True:
+            return f"{fill.variable} < {fill.bound}, " + (
+                "fewer than" if covers is False else "which may be fewer than"
+            )
     return None
+
+
+def _covers(source: ParsedSource, function: Function, filled: Node, read: Node) -> bool | None:
+    """Whether ``filled`` is at least ``read`` in every instantiation of the function; None
+    when some instantiation's values are not known."""
+    bindings = compile_time_bindings(source, function)
+    if not bindings:
+        return None
+    for binding in bindings:
+        names: dict[str, int | str] = {**source.integer_constants, **binding}
+        low, high = fold_int(source, read, names), fold_int(source, filled, names)
+        if low is None or high is None:
+            return None
+        if high < low:
+            return False
+    return True
 
 
 def _check_factors(source: ParsedSource, product: OuterProduct) -> None:
@@ -499,18 +540,18 @@ def _check_factors(source: ParsedSource, product: OuterProduct) -> None:
         if cache.array:
             chain = subscript_chain(strip_parens(factor))
             assert chain is not None
-            mapping = slot_mapping(source, cache, chain[1][0])
+            mapping = slot_mapping(source, cache, chain[1])
             if mapping is None or not set(mapping.values()) <= outputs:
                 raise NotInForm(
                     f"a register array {cache.name} read at `{one_line(source, chain[1][0], 40)}`"
                     ", not at the slot its fill stores with output loops' variables",
                     NEEDED,
                 )
-            short = _short_fill(cache, mapping, product.outputs)
+            short = _short_fill(source, product, cache, mapping)
             if short is not None:
                 raise NotInForm(
-                    f"a register array {cache.name} filled for {short}, fewer than the outputs "
-                    "that read it (the rest would read what an earlier turn left)",
+                    f"a register array {cache.name} filled for {short} the outputs that read "
+                    "it (the rest would read what an earlier turn left)",
                     NEEDED,
                 )
         used.add(cache.name)

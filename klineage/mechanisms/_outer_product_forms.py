@@ -11,6 +11,7 @@ from klineage.cuda.tree import (
     FMA_CALLS,
     binary_operands,
     call_arguments,
+    identifier_names,
     statements,
     strip_parens,
 )
@@ -38,7 +39,8 @@ class Counted:
 
 def counted(source: ParsedSource, node: Node) -> Counted | None:
     """The counted loop at ``node``, or None when it is not one. The bound is a constant or
-    a template parameter of the function (its trip count then unknown here, ``trip`` 0)."""
+    an expression of names fixed at compile time (template parameters, ``constexpr``
+    locals; its trip count then unknown here, ``trip`` 0)."""
     if node.type != "for_statement":
         return None
     initializer = node.child_by_field_name("initializer")
@@ -56,7 +58,12 @@ def counted(source: ParsedSource, node: Node) -> Counted | None:
     trip = fold_int(source, operands[1])
     if trip is None:
         function = source.enclosing_function(node)
-        if function is None or bound not in function.template_params:
+        names = identifier_names(source, operands[1])
+        if (
+            function is None
+            or not names
+            or not all(compile_time_name(source, function, name) for name in names)
+        ):
             return None
         trip = 0
     steps = {f"++{variable}", f"{variable}++", f"{variable}+=1"}
@@ -64,6 +71,18 @@ def counted(source: ParsedSource, node: Node) -> Counted | None:
         return None
     pragma = source.pragma_before(node, "unroll")
     return Counted(node, variable, trip, bound, operands[1], pragma)
+
+
+def compile_time_name(source: ParsedSource, function: Function, name: str) -> bool:
+    """Whether ``name`` is a template parameter of the function or a ``constexpr`` local of
+    its body (``constexpr unsigned int TILES{W / (T * N)};``): fixed at compile time."""
+    if name in function.template_params:
+        return True
+    body = function.body
+    return body is not None and any(
+        name in d.names and "constexpr" in d.qualifiers and within(d.node, body)
+        for d in source.declarations
+    )
 
 
 def braced(value: Node) -> Node:

@@ -18,8 +18,8 @@ the shared tile calls both::
 The form read: an accumulation into an array parameter over counted loops (the whole body of
 the helper), each factor an element of an array parameter indexed by the loops' variables,
 and every call of the helper inside a loop of its caller, passing local arrays for the
-factors. It is detected and refused: interchanging it needs the loads, the products and the
-reduction loop in one function.
+factors. ``_outer_product_inline`` reads it with the loop's helper calls written out, where
+the loads, the products and the reduction loop are in one function.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from klineage.mechanisms._outer_product_forms import (
 )
 from klineage.mechanisms._staging import subscript_chain
 
-REFUSAL = (
-    "the site is an outer product of register arrays a helper receives, loaded and iterated "
-    "by its caller's loop; this rule needs the register loads, the products and the reduction "
-    "loop in one function"
+FORM = (
+    "an outer product of register arrays a helper receives, filled and iterated by its "
+    "caller's loop"
 )
+"""How a refusal names the form (the rest says why its inlined form is refused)."""
 
 
 @dataclass(frozen=True)

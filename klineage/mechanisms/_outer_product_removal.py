@@ -82,7 +82,7 @@ def removal(source: ParsedSource, product: OuterProduct) -> list[Edit]:
         if cache.array:
             chain = subscript_chain(strip_parens(factor))
             assert chain is not None
-            text = rename(source, cache.value, slot_mapping(source, cache, chain[1][0]) or {})
+            text = rename(source, cache.value, slot_mapping(source, cache, chain[1]) or {})
         else:
             text = source.text_of(cache.value)
         replacements[(factor.start_byte, factor.end_byte)] = operand(text, cache.value)

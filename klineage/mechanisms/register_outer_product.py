@@ -9,18 +9,19 @@ same in both; what changes is how often each load is used.
 
 - detect: an accumulation ``A[i][j] += x[i] * y[j]`` (or ``fmaf``; a flat mixed-radix index
   such as ``A[(w * TM + m) * (WN * TN) + v * TN + n]``; one output loop with a scalar,
-  ``A[i] += x[i] * s``) over up to four counted output loops (constant or template-parameter
-  trips), inside a reduction loop whose turn loads at least one factor's value: register
-  arrays filled by counted loops (declared in the turn, before the loops, or received from
-  a caller that only passes them) or scalars declared in the turn (``_outer_product``). Also
-  found, and refused: a helper that only computes the products for its caller's loop
-  (``_outer_product_helpers``);
+  ``A[i] += x[i] * s``) over up to four counted output loops (constant trips, or trips of
+  template parameters and ``constexpr`` locals), inside a reduction loop whose turn loads at
+  least one factor's value: register arrays filled by counted loops (declared in the turn,
+  before the loops, or received from a caller that only passes them) or scalars declared in
+  the turn (``_outer_product``). Also a helper that only computes the products for its
+  caller's loop, whose other calls fill the registers (``_outer_product_helpers``): read
+  with those calls written out in the loop (``_outer_product_inline``);
 - remove: interchange back: each output sums over the reduction into a scalar that starts
   from and goes back to its accumulator, reading its operands where the registers were loaded
   from (offsets the turn, a fill loop or an output declares move with it). No loop is
   unrolled that was not. Refused, with the form found, when the turn holds anything else, a
   value has side effects or reads what the moved loops would shadow, or the reduction writes
-  other state;
+  other state. In the helper form, the helpers no call reaches any more are deleted;
 - apply: the inverse on two counted output loops whose inner body sums ``v += X * Y`` over a
   reduction and then uses ``v``, ``X`` reading the row and ``Y`` the column
   (``_outer_product_forward``): a register tile of sums, per reduction step a register array
@@ -37,7 +38,7 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 from klineage.conditions import Condition, Prose
-from klineage.cuda.edit import Edit
+from klineage.cuda.edit import Edit, edits_between
 from klineage.cuda.source import ParsedSource
 from klineage.cuda.tree import NotInForm, one_line
 from klineage.kernel import KernelSource
@@ -50,8 +51,9 @@ from klineage.mechanisms._outer_product import (
 )
 from klineage.mechanisms._outer_product_forms import loop_header
 from klineage.mechanisms._outer_product_forward import application, check, sums
-from klineage.mechanisms._outer_product_helpers import REFUSAL as HELPER_REFUSAL
+from klineage.mechanisms._outer_product_helpers import FORM as HELPER_FORM
 from klineage.mechanisms._outer_product_helpers import helper_products
+from klineage.mechanisms._outer_product_inline import inlined_product, removed_through_inlining
 from klineage.mechanisms._outer_product_removal import removal
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
@@ -103,6 +105,11 @@ class RegisterOuterProduct(Mechanism):
             )
 
         for helper in helper_products(source):
+            refusal = None
+            try:
+                inlined_product(source, helper)
+            except NotInForm as err:
+                refusal = f"{HELPER_FORM}, and inlined, {err}"
             yield self.site(
                 source,
                 helper.outer,
@@ -111,8 +118,9 @@ class RegisterOuterProduct(Mechanism):
                 detail={
                     "accumulator": helper.update.accumulator,
                     "outputs": " x ".join(str(o.trip or o.bound) for o in helper.outputs),
+                    "inlined": "yes",
                 },
-                refusal=HELPER_REFUSAL,
+                refusal=refusal,
             )
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:
@@ -135,20 +143,30 @@ class RegisterOuterProduct(Mechanism):
                     detail={"sum": form.total},
                 )
 
-    def _product_at(self, source: ParsedSource, site: Site) -> OuterProduct:
+    def _product_at(self, source: ParsedSource, site: Site) -> tuple[ParsedSource, OuterProduct]:
+        """The product at a site, in the source it is read in: the file, or for an outer
+        product a helper computes, the file with its caller's loop inlined."""
         top = self.node_at(source, site, "for_statement")
         for product in _products(source):
             if product.top == top:
                 read_caches(source, product)
-                return product
+                return source, product
+        for helper in helper_products(source):
+            if helper.outer == top:
+                inlining = inlined_product(source, helper)
+                return inlining.source, inlining.product
         raise self.refuse(f"no outer-product accumulation at {site}", site)
 
     def removal(self, source: ParsedSource, site: Site) -> list[Edit]:
-        return removal(source, self._product_at(source, site))
+        top = self.node_at(source, site, "for_statement")
+        helper = next((h for h in helper_products(source) if h.outer == top), None)
+        if helper is None:
+            return removal(source, self._product_at(source, site)[1])
+        original = source.text_of((0, len(source.data)))
+        return edits_between(original, removed_through_inlining(source, helper))
 
     def carrier_of(self, kernel: KernelSource, site: Site) -> Carrier:
-        source = kernel.parsed
-        product = self._product_at(source, site)
+        source, product = self._product_at(kernel.parsed, site)
         caches = [factor_cache(source, product, f) for f in product.update.factors]
         names = [c.name if c is not None else None for c in caches]
         values = dict(zip(("first", "second"), names, strict=True))

@@ -203,3 +203,35 @@ def test_a_local_declared_after_the_given_byte_is_no_count() -> None:
         "ROWS"
     )
     assert block_size_parameter(source, kernel, before=text.index("  constexpr int ROWS")) is None
+
+
+TYPED_TEMPLATE = """
+template <typename T, int kTile, int kWidth>
+__global__ void k(T* y) {
+  constexpr int kRepeats{kTile / kWidth};
+  constexpr unsigned int kHalf = kRepeats / 2;
+  int runtime = threadIdx.x;
+  y[runtime] = T(kHalf);
+}
+extern "C" int run(float* y) {
+  constexpr int kTile{64};
+  k<float, kTile, 8><<<1, 32>>>(y);
+  return 0;
+}
+"""
+
+
+def test_compile_time_bindings_skip_type_parameters_and_fold_constexpr_locals() -> None:
+    from klineage.cuda.facts import compile_time_bindings, template_values
+
+    source = KernelSource(TYPED_TEMPLATE).parsed
+    assert template_values(source, "k") is None  # a type argument is not an integer
+    assert template_values(source, "k", skip_types=True) == [{"kTile": 64, "kWidth": 8}]
+    kernel = source.function("k")
+    assert kernel is not None
+    assert compile_time_bindings(source, kernel) == [
+        {"kTile": 64, "kWidth": 8, "kRepeats": 8, "kHalf": 4}
+    ]
+    unlaunched = KernelSource(TYPED_TEMPLATE.replace("k<float, kTile, 8><<<1, 32>>>(y);", ""))
+    function = unlaunched.parsed.function("k")
+    assert function is not None and compile_time_bindings(unlaunched.parsed, function) is None

@@ -61,6 +61,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "row_dots": PROBLEMS / "linear_nt",
     "block_tiled": PROBLEMS / "sgemm_tiles",
     "warp_subtiles": PROBLEMS / "sgemm_tiles",
+    "helper_fills": PROBLEMS / "sgemm_bounded",
 }
 
 

@@ -20,6 +20,7 @@ AFTER = (FIXTURES / "register_outer_product" / "after.cu").read_text()
 ROW_DOTS = (PUBLIC_FORMS / "register_outer_product" / "row_dots.before.cu").read_text()
 BLOCK_TILED = (PUBLIC_FORMS / "register_outer_product" / "block_tiled.before.cu").read_text()
 WARP_SUBTILES = (PUBLIC_FORMS / "register_outer_product" / "warp_subtiles.before.cu").read_text()
+HELPER_FILLS = (PUBLIC_FORMS / "register_outer_product" / "helper_fills.before.cu").read_text()
 
 
 class TestRegisterOuterProduct(RoundTripSuite):
@@ -152,6 +153,56 @@ def test_a_helper_with_the_callers_registers_and_sub_tiles_is_interchanged() -> 
     )
     # the caller's arrays stay: it still passes them
     assert "float regM[WMITER * TM] = {0.0f};" in removed
+
+
+def test_products_and_fills_in_helpers_are_interchanged_in_the_callers_loop() -> None:
+    """One helper fills 2-D register arrays from a shared row (called once per operand),
+    another accumulates the products: read with both written out in the kernel's loop, the
+    removal leaves per-output sums there, deletes the helpers no call reaches, and keeps
+    their checks."""
+    kernel = KernelSource(HELPER_FILLS)
+    (site,) = mechanism.detect(kernel)
+    assert site.supported and site.function == "accumulate_products"
+    assert mechanism.carrier_of(kernel, site) == Carrier(first="a_regs", second="b_regs")
+    removed = mechanism.remove(kernel, site).text
+    assert "fill_registers" not in removed and "accumulate_products" not in removed
+    assert "a_regs" not in removed and "b_regs" not in removed
+    assert "static_assert(TILE_M % THREAD_M == 0U);" in removed
+    assert "sum += (a_tile[kk])[base + y_2] * (b_tile[kk])[base_2 + x_2];" in removed
+    assert "size_t const base{(ty * THREAD_M) + ry_2 * (THREADS_Y * THREAD_M)};" in removed
+    assert removed.index("for (size_t ry_2{0U};") < removed.index("for (size_t kk{0U};")
+
+
+def test_helper_fills_that_may_not_cover_the_products_are_refused() -> None:
+    """A fill's repeat count written as an expression is compared in every instantiation:
+    one short of what the products read is refused, and so is one whose values the file
+    does not fix (a kernel template it never launches)."""
+    short = HELPER_FILLS.replace(
+        "TILE_M / (THREAD_M * THREADS_Y), THREADS_Y",
+        "TILE_M / (THREAD_M * THREADS_Y) - 1, THREADS_Y",
+    )
+    (site,) = mechanism.detect(KernelSource(short))
+    assert (
+        "a register array a_regs filled for r < (TILE_M / (THREAD_M * THREADS_Y) - 1), fewer than"
+        in (site.refusal or "")
+    )
+    launch = HELPER_FILLS[HELPER_FILLS.index("    gemm_helper_fills<float") :]
+    launch = launch[: launch.index(";") + 1]
+    unknown = HELPER_FILLS.replace(launch, "")  # a template the file never instantiates
+    assert unknown != HELPER_FILLS
+    (site,) = mechanism.detect(KernelSource(unknown))
+    assert "which may be fewer than" in (site.refusal or "")
+
+
+def test_helpers_that_cannot_be_written_out_are_refused_with_both_forms() -> None:
+    text = HELPER_FILLS.replace("(a_tile[kk], a_regs,", "(&a_tile[kk][0], a_regs,")
+    (site,) = mechanism.detect(KernelSource(text))
+    assert not site.supported
+    refusal = site.refusal or ""
+    assert refusal.startswith("an outer product of register arrays a helper receives")
+    assert "passed `&a_tile[kk][0]`, not a name or an element of one" in refusal
+    with pytest.raises(MechanismRefused):
+        mechanism.remove(KernelSource(text), site)
 
 
 def test_registers_a_caller_also_reads_are_refused() -> None:
@@ -388,37 +439,48 @@ def test_dot_products_without_registers_are_not_detected() -> None:
     assert not mechanism.detect(KernelSource(AFTER))
 
 
+_TILED_CASES: dict[str, tuple[str, dict[str, int], str, str, str]] = {
+    # kernel, axes, block, grid, call: products whose B operand is k x n
+    "block_tiled": (
+        BLOCK_TILED,
+        {"m": 64, "n": 128, "kd": 24},
+        "dim3(256)",
+        "dim3(2, 1)",
+        "sgemm_blocktiled<64, 64, 8, 4, 4>((int)m, (int)n, (int)kd, lhs, rhs, out)",
+    ),
+    "warp_subtiles": (
+        WARP_SUBTILES,
+        {"m": 64, "n": 128, "kd": 32},
+        "dim3(128)",
+        "dim3(2, 1)",
+        "sgemm_warp_tiles<64, 64, 16, 32, 32, 2, 2, 4, 2, 128>"
+        "((int)m, (int)n, (int)kd, lhs, rhs, out)",
+    ),
+    "helper_fills": (
+        HELPER_FILLS,
+        {"m": 40, "n": 36, "kd": 20},
+        "dim3(16)",
+        "dim3(2, 2)",
+        "gemm_helper_fills<float, 32, 32, 8, 4, 4>"
+        "((size_t)m, (size_t)n, (size_t)kd, lhs, rhs, out)",
+    ),
+}
+
+
 def _host_case(case: str) -> tuple[str, Case]:
     """(kernel, launch): the fixture's 8 x 8 product on one 2 x 2 block, the row dots' 21 x 19
     product with edges on one 3 x 3 block, the block-tiled product on two 256-thread blocks,
-    and the per-output sums' 21 x 19 product."""
+    the helper fills' 40 x 36 product with edges on 2 x 2 blocks, and the per-output sums'
+    21 x 19 product."""
     second = Buffer("rhs", "float", "n * kd", offset=2)
     block, grid = "dim3(3, 3)", "dim3(1)"
     if case == "fixture":
         second = Buffer("rhs", "float", "kd * n", offset=2)
         axes, call, block, text = {"m": 8, "n": 8, "kd": 13}, "block_product", "dim3(2, 2)", BEFORE
         call += "(lhs, rhs, out, (int)m, (int)n, (int)kd)"
-    elif case == "block_tiled":
+    elif case in _TILED_CASES:
         second = Buffer("rhs", "float", "kd * n", offset=2)
-        axes, block, grid, text = (
-            {"m": 64, "n": 128, "kd": 24},
-            "dim3(256)",
-            "dim3(2, 1)",
-            BLOCK_TILED,
-        )
-        call = "sgemm_blocktiled<64, 64, 8, 4, 4>((int)m, (int)n, (int)kd, lhs, rhs, out)"
-    elif case == "warp_subtiles":
-        second = Buffer("rhs", "float", "kd * n", offset=2)
-        axes, block, grid, text = (
-            {"m": 64, "n": 128, "kd": 32},
-            "dim3(128)",
-            "dim3(2, 1)",
-            WARP_SUBTILES,
-        )
-        call = (
-            "sgemm_warp_tiles<64, 64, 16, 32, 32, 2, 2, 4, 2, 128>"
-            "((int)m, (int)n, (int)kd, lhs, rhs, out)"
-        )
+        text, axes, block, grid, call = _TILED_CASES[case]
     elif case == "row_dots":
         axes, text = {"m": 21, "n": 19, "kd": 13}, ROW_DOTS
         call = "row_dots(lhs, rhs, out, (int)m, (int)n, (int)kd)"
@@ -441,7 +503,9 @@ def _host_case(case: str) -> tuple[str, Case]:
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("case", ["fixture", "row_dots", "block_tiled", "warp_subtiles"])
+@pytest.mark.parametrize(
+    "case", ["fixture", "row_dots", "block_tiled", "warp_subtiles", "helper_fills"]
+)
 def test_the_removal_computes_the_same_bits_on_the_host(case: str) -> None:
     """Interchanged, every output sums the same products in the same order."""
     text, launch = _host_case(case)
