@@ -339,6 +339,8 @@ def template_values(
     if depth >= TEMPLATE_DEPTH:
         return None
     types = _type_parameters(source, found) if skip_types else set()
+    if set(found.template_params) <= types:
+        return [{}]  # only types: nothing to bind, however it is instantiated
     uses: list[tuple[Node, tuple[Node, ...]]] = [
         (launch.node, launch.template_args) for launch in source.launches_of(function)
     ]

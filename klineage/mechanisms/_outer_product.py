@@ -332,6 +332,8 @@ def _declare(
     declarator = declarators[0]
     if declarator.type == "array_declarator" and not scope:
         inner = declarator.child_by_field_name("declarator")
+        while inner is not None and inner.type == "array_declarator":  # `T r[M][N]`
+            inner = inner.child_by_field_name("declarator")
         if inner is None or inner.type != "identifier":
             raise _stray(source, item)
         name = source.text_of(inner)

@@ -107,13 +107,7 @@ def sums(source: ParsedSource, function: Function, outer: Node) -> Sums | None:
     if declared is None:
         return None
     total, _, start = declared
-    reductions = [inner[position]]
-    while (
-        (body := items_of(source, reductions[-1].child_by_field_name("body")))
-        and len(body) == 1
-        and body[0].type == "for_statement"
-    ):
-        reductions.append(body[0])
+    reductions = reduction_nest(source, inner[position])
     body = items_of(source, reductions[-1].child_by_field_name("body"))
     if len(body) != 1:
         return None
@@ -133,6 +127,38 @@ def sums(source: ParsedSource, function: Function, outer: Node) -> Sums | None:
         factors,
         tuple(inner[position + 1 :]),
     )
+
+
+def reduction_nest(source: ParsedSource, first: Node) -> list[Node]:
+    """A loop and the loops nested in it, each the only statement of the one around it."""
+    loops = [first]
+    while (
+        (body := items_of(source, loops[-1].child_by_field_name("body")))
+        and len(body) == 1
+        and body[0].type == "for_statement"
+    ):
+        loops.append(body[0])
+    return loops
+
+
+def check_reductions(
+    source: ParsedSource, reductions: tuple[Node, ...], outside: set[str], total: str
+) -> None:
+    """The reduction loops' headers read nothing of the outputs (``outside``), and they write
+    only the sum and what they declare: one turn for all outputs computes the same."""
+    for loop in reductions:
+        for part in ("initializer", "condition", "update"):
+            node = loop.child_by_field_name(part)
+            if node is not None and identifier_names(source, node) & outside:
+                raise NotInForm("a reduction whose loop header reads the output", NEEDED)
+    written = assigned_names(source, reductions[0]) - {total}
+    written -= declared_names(source, reductions[0])
+    if written:
+        raise NotInForm(
+            f"a reduction that also writes {', '.join(sorted(written))}, which one turn for all "
+            "outputs would write once",
+            NEEDED,
+        )
 
 
 def _scalar_update(source: ParsedSource, statement: Node, total: str) -> tuple[Node, Node] | None:
@@ -178,20 +204,7 @@ def check(source: ParsedSource, form: Sums) -> tuple[int, int]:
         source, form
     ):
         raise NotInForm(f"a sum that starts from `{source.text_of(form.start)}`", NEEDED)
-    outside = sides[0] | sides[1] | {form.total}
-    for loop in form.reductions:
-        for part in ("initializer", "condition", "update"):
-            node = loop.child_by_field_name(part)
-            if node is not None and identifier_names(source, node) & outside:
-                raise NotInForm("a reduction whose loop header reads the output", NEEDED)
-    written = assigned_names(source, form.reductions[0]) - {form.total}
-    written -= declared_names(source, form.reductions[0])
-    if written:
-        raise NotInForm(
-            f"a reduction that also writes {', '.join(sorted(written))}, which one turn for all "
-            "outputs would write once",
-            NEEDED,
-        )
+    check_reductions(source, form.reductions, sides[0] | sides[1] | {form.total}, form.total)
     read = identifier_names(source, form.factors[0]) | identifier_names(source, form.factors[1])
     stored = assigned_names(source, form.after) | _stored_through(source, form.after)
     if stored & read:

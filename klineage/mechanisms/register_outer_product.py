@@ -25,8 +25,11 @@ same in both; what changes is how often each load is used.
 - apply: the inverse on two counted output loops whose inner body sums ``v += X * Y`` over a
   reduction and then uses ``v``, ``X`` reading the row and ``Y`` the column
   (``_outer_product_forward``): a register tile of sums, per reduction step a register array
-  of each operand and their outer product, then each output takes its sum. Carrier
-  ``first``/``second`` name the register arrays.
+  of each operand and their outer product, then each output takes its sum. Also on what
+  the removal leaves of a larger tile (up to four output loops, each sum started from and
+  stored back into its accumulator element, ``_outer_product_forward_tile``): per turn,
+  each factor over its own output loops into a register array, then the products into the
+  accumulator. Carrier ``first``/``second`` name the register arrays.
 
 Each output's sum runs over the reduction in the same order in both forms, so results are
 the same bits.
@@ -50,7 +53,8 @@ from klineage.mechanisms._outer_product import (
     shape,
 )
 from klineage.mechanisms._outer_product_forms import loop_header
-from klineage.mechanisms._outer_product_forward import application, check, sums
+from klineage.mechanisms._outer_product_forward import Sums, application, check, sums
+from klineage.mechanisms._outer_product_forward_tile import sides, tile_application, tile_sums
 from klineage.mechanisms._outer_product_helpers import FORM as HELPER_FORM
 from klineage.mechanisms._outer_product_helpers import helper_products
 from klineage.mechanisms._outer_product_inline import inlined_product, removed_through_inlining
@@ -128,11 +132,11 @@ class RegisterOuterProduct(Mechanism):
             if not function.runs_on_device or function.body is None:
                 continue
             for loop in source.iter_nodes("for_statement", within=function.body):
-                form = sums(source, function, loop)
+                form = sums(source, function, loop) or tile_sums(source, function, loop)
                 if form is None:
                     continue
                 try:
-                    check(source, form)
+                    check(source, form) if isinstance(form, Sums) else sides(source, form)
                 except NotInForm:
                     continue
                 yield self.site(
@@ -175,11 +179,17 @@ class RegisterOuterProduct(Mechanism):
     def application(self, source: ParsedSource, site: Site, carrier: Carrier) -> list[Edit]:
         loop = self.node_at(source, site, "for_statement")
         function = source.enclosing_function(loop)
-        form = None if function is None else sums(source, function, loop)
-        if form is None:
+        if function is None:
             raise self.refuse(f"no per-output sums at {site}", site, "apply")
         names = (carrier.get_str("first"), carrier.get_str("second"))
-        start, end, text = application(source, form, names)
+        form = sums(source, function, loop)
+        if form is not None:
+            start, end, text = application(source, form, names)
+            return [Edit(start, end, text)]
+        tile = tile_sums(source, function, loop)
+        if tile is None:
+            raise self.refuse(f"no per-output sums at {site}", site, "apply")
+        start, end, text = tile_application(source, tile, names)
         return [Edit(start, end, text)]
 
     def conditions(

@@ -161,6 +161,17 @@ def matching_candidate(
     return min(candidates, key=lambda c: min(abs(c.start_byte - start), abs(c.end_byte - end)))
 
 
+def _changed_functions(before: KernelSource, after: KernelSource) -> set[str]:
+    """The functions of ``after`` whose text a step changed (a caller a removal rewrote when
+    it wrote a helper's body out in its loop is where that removal happened)."""
+    old = {f.name: before.parsed.text_of(f.node) for f in before.parsed.functions}
+    return {
+        f.name
+        for f in after.parsed.functions
+        if f.name in old and old[f.name] != after.parsed.text_of(f.node)
+    }
+
+
 def restore(removal: Removal) -> KernelSource:
     """Undo the removal, driven by what the lineage edge removed: the state the walk started
     from, as it was. The round trip's undo for a form no forward rule writes; it says nothing
@@ -187,6 +198,7 @@ def reapply(removal: Removal) -> KernelSource:
             # are not this site's), and the gate judges what the forward rule made
             break
         foreign = {f.name for f in removal.original.parsed.functions} - {site.function}
+        foreign -= _changed_functions(target, removal.states[i + 1])
         candidate = matching_candidate(mechanism, target, removal.states[i + 1], foreign)
         if candidate is None:
             raise MechanismRefused(

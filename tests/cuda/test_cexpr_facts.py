@@ -232,6 +232,9 @@ def test_compile_time_bindings_skip_type_parameters_and_fold_constexpr_locals() 
     assert compile_time_bindings(source, kernel) == [
         {"kTile": 64, "kWidth": 8, "kRepeats": 8, "kHalf": 4}
     ]
+    only_types = KernelSource("template <typename T> void fill(T* y) { y[0] = T(1); }").parsed
+    assert template_values(only_types, "fill") is None  # never instantiated here
+    assert template_values(only_types, "fill", skip_types=True) == [{}]  # nothing to bind
     unlaunched = KernelSource(TYPED_TEMPLATE.replace("k<float, kTile, 8><<<1, 32>>>(y);", ""))
     function = unlaunched.parsed.function("k")
     assert function is not None and compile_time_bindings(unlaunched.parsed, function) is None

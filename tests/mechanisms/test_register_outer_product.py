@@ -9,7 +9,7 @@ import pytest
 from klineage.cuda.source import Node, ParsedSource
 from klineage.cuda.tree import call_arguments
 from klineage.kernel import KernelSource
-from klineage.mechanisms import Carrier, MechanismRefused, get
+from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from klineage.mechanisms._outer_product_index import mixed_radix, polynomial, unify
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import FIXTURES, PUBLIC_FORMS, RoundTripSuite
@@ -203,6 +203,42 @@ def test_helpers_that_cannot_be_written_out_are_refused_with_both_forms() -> Non
     assert "passed `&a_tile[kk][0]`, not a name or an element of one" in refusal
     with pytest.raises(MechanismRefused):
         mechanism.remove(KernelSource(text), site)
+
+
+@pytest.mark.parametrize("case", ["warp_subtiles", "helper_fills"])
+def test_a_removed_tile_of_sums_takes_the_forward_back_to_register_products(case: str) -> None:
+    """What the removal leaves (four output loops, each sum started from and stored back into
+    its accumulator, offsets in the turn) is a forward candidate: per turn, each factor over
+    its own output loops into a register array, then the products into the accumulator."""
+    removed = mechanism.remove(KernelSource(_TILED_CASES[case][0]), _first(case))
+    (candidate,) = mechanism.candidates(removed)
+    applied = mechanism.apply(removed, candidate, Carrier(first="xs", second="ys"))
+    (site,) = mechanism.detect(applied)
+    assert site.supported
+    assert mechanism.carrier_of(applied, site) == Carrier(first="xs", second="ys")
+    back = mechanism.remove(applied, site).text
+    assert " ".join(back.split()) == " ".join(removed.text.split())
+
+
+def _first(case: str) -> Site:
+    return mechanism.detect(KernelSource(_TILED_CASES[case][0]))[0]
+
+
+def test_the_tile_forward_declares_each_sides_offsets_in_its_fill() -> None:
+    removed = mechanism.remove(KernelSource(HELPER_FILLS), _first("helper_fills"))
+    applied = mechanism.apply(removed, mechanism.candidates(removed)[0]).text
+    fill = applied[applied.index("T acc_lhs[REPEATS_Y][THREAD_M];") :]
+    fill = fill[: fill.index("T acc_rhs")]
+    assert "size_t const base{(ty * THREAD_M) + ry_2 * (THREADS_Y * THREAD_M)};" in fill
+    assert "acc_lhs[ry_2][y_2] = (a_tile[kk])[base + y_2];" in fill
+    assert "acc[ry_2][rx_2][y_2][x_2] += acc_lhs[ry_2][y_2] * acc_rhs[rx_2][x_2];" in applied
+
+
+def test_a_tile_whose_factor_reads_every_output_loop_is_no_candidate() -> None:
+    removed = mechanism.remove(KernelSource(HELPER_FILLS), _first("helper_fills")).text
+    text = removed.replace("(a_tile[kk])[base + y_2]", "(a_tile[kk])[base + y_2 + x_2]")
+    assert text != removed
+    assert not mechanism.candidates(KernelSource(text))
 
 
 def test_registers_a_caller_also_reads_are_refused() -> None:
@@ -513,6 +549,15 @@ def test_the_removal_computes_the_same_bits_on_the_host(case: str) -> None:
     removed = mechanism.remove(kernel, mechanism.detect(kernel)[0]).text
     kept = run_on_host(text, [launch])
     assert kept.strip() and run_on_host(removed, [launch]) == kept
+
+
+@pytest.mark.nvcc
+def test_the_tile_forward_computes_the_same_bits_on_the_host() -> None:
+    text, launch = _host_case("warp_subtiles")
+    removed = mechanism.remove(KernelSource(text), _first("warp_subtiles"))
+    applied = mechanism.apply(removed, mechanism.candidates(removed)[0]).text
+    kept = run_on_host(text, [launch])
+    assert kept.strip() and run_on_host(applied, [launch]) == kept
 
 
 @pytest.mark.nvcc

@@ -1,0 +1,247 @@
+"""Forward on a tile of per-output sums kept in an accumulator array: up to four output loops,
+each output summing over the reduction into a scalar started from and stored back into its
+element, as the removal writes it::
+
+    for (int w = 0; w < WM; ++w)                 (output loops: counted, nothing between
+      for (int v = 0; v < WN; ++v)                them; constant or compile-time trips)
+        for (int m = 0; m < TM; ++m)
+          for (int n = 0; n < TN; ++n) {
+            float s = acc[(w * TM + m) * (WN * TN) + v * TN + n];
+            for (<reduction>) {                  (nested loops holding nothing else)
+              int row = r0 + w * 16 + m;         (offsets: each reads one side's outputs)
+              s += X(row) * Y(v, n);             (or `fmaf`)
+            }
+            acc[(w * TM + m) * (WN * TN) + v * TN + n] = s;
+          }
+
+``X`` reads some of the output loops (with the offsets that read them), ``Y`` the others. The
+rewrite runs the reduction once: per turn, ``X`` for every combination of its loops into one
+register array and ``Y`` for its loops into another (unrolled fills declaring their offsets
+again), then the output loops accumulate the outer product into ``acc`` directly. Each output
+sums the same products in the same order, so results are the same bits. The two-loop form
+with a sum used elsewhere is ``_outer_product_forward``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import (
+    NotInForm,
+    declared_names,
+    identifier_names,
+    strip_parens,
+)
+from klineage.mechanisms._local_util import (
+    index_declaration,
+    is_side_effect_free,
+    names_in_function,
+)
+from klineage.mechanisms._outer_product import MAX_OUTPUT_LOOPS
+from klineage.mechanisms._outer_product_forms import (
+    Counted,
+    accumulation,
+    array_parameter,
+    counted,
+    flattened,
+    items_of,
+    local_array,
+    loop_header,
+    nest,
+    pragma_line,
+    span_start,
+)
+from klineage.mechanisms._outer_product_forward import check_reductions, reduction_nest
+from klineage.mechanisms._staging import subscript_chain
+from klineage.mechanisms._tiles_util import column, fresh_name, substitute
+
+NEEDED = (
+    "counted output loops (two to four, nothing between them) whose innermost body starts a "
+    "scalar sum from its element of an accumulator array, accumulates `s += X * Y` over "
+    "reduction loops (offsets, then the update), and stores it back; X reading some output "
+    "loops and Y the others"
+)
+
+
+@dataclass(frozen=True)
+class TileSums:
+    """Per-output sums of a tile, started from and stored back into their accumulator."""
+
+    function: Function
+    outputs: tuple[Counted, ...]
+    """Outermost first."""
+    declaration: Node
+    """``T s = acc[...];``."""
+    target: Node
+    """The accumulator element, ``acc[...]`` (the sum's start)."""
+    accumulator: str
+    total: str
+    reductions: tuple[Node, ...]
+    """Outermost first."""
+    offsets: tuple[Node, ...]
+    """Declarations of the innermost reduction body, before the update."""
+    update: Node
+    factors: tuple[Node, Node]
+
+
+def tile_sums(source: ParsedSource, function: Function, outer: Node) -> TileSums | None:
+    """The candidate at an outer counted loop, or None when it is not in that form (or the
+    loop is the only statement of a counted loop around it: the form starts there)."""
+    parent = outer.parent
+    around = parent.parent if parent is not None and parent.type == "compound_statement" else parent
+    if (
+        around is not None
+        and counted(source, around) is not None
+        and items_of(source, around.child_by_field_name("body")) == [outer]
+    ):
+        return None
+    outputs: list[Counted] = []
+    current: Node | None = outer
+    items: list[Node] = []
+    while current is not None and len(outputs) < MAX_OUTPUT_LOOPS:
+        loop = counted(source, current)
+        if loop is None:
+            break
+        outputs.append(loop)
+        items = items_of(source, current.child_by_field_name("body"))
+        current = items[0] if len(items) == 1 and items[0].type == "for_statement" else None
+    if len(outputs) < 2 or len(items) != 3:
+        return None
+    declared = index_declaration(source, items[0])
+    if declared is None or items[1].type != "for_statement":
+        return None
+    total, _, start = declared
+    target = strip_parens(start)
+    chain = subscript_chain(target)
+    if chain is None or not _accumulator(source, function, source.text_of(chain[0])):
+        return None
+    store = "".join(source.text_of(items[2]).split())
+    if store != "".join(f"{source.text_of(target)}={total};".split()):
+        return None
+    reductions = reduction_nest(source, items[1])
+    body = items_of(source, reductions[-1].child_by_field_name("body"))
+    if not body or any(i.type != "declaration" for i in body[:-1]):
+        return None
+    found = accumulation(source, body[-1])
+    if found is None or source.text_of(strip_parens(found[0])) != total:
+        return None
+    return TileSums(
+        function,
+        tuple(outputs),
+        items[0],
+        target,
+        source.text_of(chain[0]),
+        total,
+        tuple(reductions),
+        tuple(body[:-1]),
+        body[-1],
+        (found[1], found[2]),
+    )
+
+
+def _accumulator(source: ParsedSource, function: Function, name: str) -> bool:
+    return local_array(source, function, name) is not None or array_parameter(
+        source, function, name
+    )
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One factor's output loops and the offsets it reads."""
+
+    loops: tuple[Counted, ...]
+    offsets: tuple[Node, ...]
+
+
+def sides(source: ParsedSource, form: TileSums) -> tuple[_Side, _Side, tuple[Node, ...]]:
+    """Each factor's side and the offsets neither side reads; NotInForm when the reduction
+    would not compute the same with the outputs inside it."""
+    variables = [o.variable for o in form.outputs]
+    reads: dict[str, set[str]] = {}  # an offset's name -> the output variables it reads
+    for offset in form.offsets:
+        names = identifier_names(source, offset)
+        found = {v for v in variables if v in names}
+        for name, read in reads.items():
+            if name in names:
+                found |= read
+        if not is_side_effect_free(source, offset):
+            raise NotInForm(f"an offset `{flattened(source.text_of(offset))}`", NEEDED)
+        for name in declared_names(source, offset):
+            reads[name] = found
+    owned: list[set[str]] = []
+    for factor in form.factors:
+        names = identifier_names(source, factor)
+        if form.total in names or not is_side_effect_free(source, factor):
+            raise NotInForm(f"a factor `{source.text_of(factor)}` with side effects", NEEDED)
+        found = {v for v in variables if v in names}
+        for name, read in reads.items():
+            if name in names:
+                found |= read
+        owned.append(found)
+    if not owned[0] or not owned[1] or owned[0] & owned[1] or owned[0] | owned[1] != set(variables):
+        raise NotInForm(
+            "factors that do not split the output loops between them (each output loop read "
+            "by exactly one factor)",
+            NEEDED,
+        )
+    check_reductions(source, form.reductions, set(variables) | {form.total}, form.total)
+    result = []
+    for own in owned:
+        offsets = tuple(o for o in form.offsets if reads[_one_name(source, o)] <= own)
+        offsets = tuple(o for o in offsets if reads[_one_name(source, o)])
+        result.append(_Side(tuple(o for o in form.outputs if o.variable in own), offsets))
+    shared = tuple(o for o in form.offsets if not reads[_one_name(source, o)])
+    both = [o for o in form.offsets if o not in shared and all(o not in s.offsets for s in result)]
+    if both:
+        raise NotInForm(
+            f"an offset `{flattened(source.text_of(both[0]))}` read by both factors", NEEDED
+        )
+    return result[0], result[1], shared
+
+
+def _one_name(source: ParsedSource, declaration: Node) -> str:
+    declared = index_declaration(source, declaration)
+    if declared is None:
+        raise NotInForm(f"an offset `{flattened(source.text_of(declaration))}`", NEEDED)
+    return declared[0]
+
+
+def tile_application(
+    source: ParsedSource, form: TileSums, names: tuple[str | None, str | None]
+) -> tuple[int, int, str]:
+    """(start, end, text) of the rewrite."""
+    first, second, shared = sides(source, form)
+    taken = names_in_function(source, form.function)
+    type_node = form.declaration.child_by_field_name("type")
+    element = source.text_of(type_node) if type_node is not None else "float"
+    turn = [flattened(source.text_of(o)) for o in shared]
+    reads: dict[tuple[int, int], str] = {}
+    for k, (side, factor) in enumerate(zip((first, second), form.factors, strict=True)):
+        base = names[k] or f"{form.accumulator}_{'lhs' if k == 0 else 'rhs'}"
+        cache = fresh_name(taken, base)
+        taken.add(cache)
+        slot = "".join(f"[{o.variable}]" for o in side.loops)
+        turn.append(f"{element} {cache}{''.join(f'[{o.bound}]' for o in side.loops)};")
+        body = [flattened(source.text_of(o)) for o in side.offsets]
+        body.append(f"{cache}{slot} = {flattened(source.text_of(factor))};")
+        headers = [("#pragma unroll", loop_header(source, o.node)) for o in side.loops]
+        turn += nest("", headers, body).split("\n")
+        reads[(factor.start_byte, factor.end_byte)] = f"{cache}{slot}"
+    target = flattened(source.text_of(form.target))
+
+    def replace(node: Node) -> str | None:
+        if node.type == "identifier" and source.text_of(node) == form.total:
+            return target
+        return reads.get((node.start_byte, node.end_byte))
+
+    update = flattened(substitute(source, form.update, replace))
+    outputs = [(pragma_line(o.pragma, None), loop_header(source, o.node)) for o in form.outputs]
+    turn += nest("", outputs, [update]).split("\n")
+    reductions = [
+        (pragma_line(source.pragma_before(r, "unroll"), None), loop_header(source, r))
+        for r in form.reductions
+    ]
+    outer = form.outputs[0].node
+    indent = " " * column(source, outer.start_byte)
+    return span_start(source, outer), outer.end_byte, nest(indent, reductions, turn)
