@@ -11,6 +11,7 @@ from klineage.cuda.tree import call_arguments
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from klineage.mechanisms._outer_product_index import mixed_radix, polynomial, unify
+from klineage.mining.removal import reapply, remove_mechanism
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 from tests.mechanisms.roundtrip import FIXTURES, PUBLIC_FORMS, RoundTripSuite
 
@@ -222,6 +223,17 @@ def test_a_removed_tile_of_sums_takes_the_forward_back_to_register_products(case
 
 def _first(case: str) -> Site:
     return mechanism.detect(KernelSource(_TILED_CASES[case][0]))[0]
+
+
+def test_the_round_trip_reapplies_in_the_caller_the_inlined_removal_rewrote() -> None:
+    """The helper form's removal lands in the kernel (the helpers are gone): the walk's
+    re-application looks for its candidate there, not only in the removed site's helper."""
+    removal = remove_mechanism(KernelSource(HELPER_FILLS), mechanism)
+    assert removal.sites[0].function == "accumulate_products"
+    reapplied = reapply(removal)
+    (site,) = mechanism.detect(reapplied)
+    assert site.supported and site.function == "gemm_helper_fills"
+    assert mechanism.carrier_of(reapplied, site) == Carrier(first="a_regs", second="b_regs")
 
 
 def test_the_tile_forward_declares_each_sides_offsets_in_its_fill() -> None:
