@@ -70,3 +70,24 @@ def test_a_chunk_on_another_card_stops_before_the_state(
     assert "not a H200 GPU" in done.stdout
     assert not list(tmp_path.glob(f"{state}.*"))  # no state written
     assert not (tmp_path / "build").exists()  # nothing unpacked
+
+
+def test_the_adaptive_call_runs_nothing_without_a_gpu(tmp_path) -> None:
+    # the stand-in nvidia-smi (the GPU boundary's test double) finds no card
+    (tmp_path / "bench").mkdir()
+    shutil.copy(REPO / "bench" / "adaptive_call.sh", tmp_path / "bench" / "adaptive_call.sh")
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nexit 9\n")
+    fake.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(tmp_path / "bench" / "adaptive_call.sh")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "OUT": str(tmp_path / "out")},
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "no GPU: nothing run" in done.stdout
+    assert not (tmp_path / "replay_out").exists()
