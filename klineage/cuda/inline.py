@@ -87,7 +87,7 @@ def callee_of(source: ParsedSource, statement: Node) -> Function | None:
     call = _call_of(statement)
     if call is None:
         return None
-    function = call.child_by_field_name("function")
+    function = _callee_node(call)
     if function is None:
         return None
     if function.type == "template_function":
@@ -97,6 +97,14 @@ def callee_of(source: ParsedSource, statement: Node) -> Function | None:
     if len(found) != 1 or not found[0].runs_on_device or found[0].is_kernel:
         return None
     return found[0]
+
+
+def _callee_node(call: Node) -> Node | None:
+    """What a call names, namespaces taken off: ``f``, or ``f<...>`` of ``ns::f<...>(..)``."""
+    function = call.child_by_field_name("function")
+    while function is not None and function.type == "qualified_identifier":
+        function = function.child_by_field_name("name")
+    return function
 
 
 def _call_of(statement: Node) -> Node | None:
@@ -156,6 +164,8 @@ def inline_call(source: ParsedSource, statement: Node, taken: set[str]) -> Inlin
     kept: list[str] = []
     asserts: list[str] = []
     for item in statements(body):
+        if item.type == "return_statement":
+            continue  # the trailing `return;` (_check_helper)
         text = _dedented(source, item, _substituted(source, item, mapping))
         (asserts if source.text_of(item).startswith("static_assert") else kept).append(text)
     return Inlined(statements=copies + kept, asserts=asserts, helper=helper)
@@ -180,12 +190,23 @@ def _check_helper(source: ParsedSource, helper: Function) -> None:
     if returned is None or source.text_of(returned) != "void":
         raise NotInForm(f"a helper {helper.name} that returns a value", NEEDED)
     assert helper.body is not None
-    if any(n.type == "return_statement" for n in walk(helper.body)):
+    items = statements(helper.body)
+    last = items[-1] if items else None
+    returns = [n for n in walk(helper.body) if n.type == "return_statement"]
+    if any(r != last or r.named_children for r in returns):
         raise NotInForm(f"a helper {helper.name} with a `return` in its body", NEEDED)
+    scope = _namespace_names(source, helper)
+    used = _free_names(source, helper.body) | _called_names(source, helper.body)
+    if used & scope:
+        raise NotInForm(
+            f"a helper {helper.name} that names {', '.join(sorted(used & scope))} of its "
+            "namespace, which the caller's place would not find",
+            NEEDED,
+        )
 
 
 def _template_mapping(source: ParsedSource, helper: Function, call: Node) -> dict[str, str]:
-    function = call.child_by_field_name("function")
+    function = _callee_node(call)
     written = (
         function.child_by_field_name("arguments")
         if function is not None and function.type == "template_function"
@@ -310,6 +331,33 @@ def _free_names(source: ParsedSource, body: Node) -> set[str]:
             continue  # a call's callee (or a template function's name)
         found.add(source.text_of(node))
     return found
+
+
+def _namespace_names(source: ParsedSource, helper: Function) -> set[str]:
+    """The names declared in the namespace around a helper (none outside a namespace)."""
+    around = helper.outer.parent
+    while around is not None and around.type != "namespace_definition":
+        around = around.parent
+    if around is None:
+        return set()
+    names = {
+        f.name for f in source.functions if around.start_byte <= f.node.start_byte < around.end_byte
+    }
+    return names | {
+        name
+        for d in source.declarations
+        if around.start_byte <= d.node.start_byte < around.end_byte
+        and source.enclosing_function(d.node) is None
+        for name in d.names
+    }
+
+
+def _called_names(source: ParsedSource, body: Node) -> set[str]:
+    return {
+        callee_name(source.text_of(f))
+        for n in walk(body)
+        if n.type == "call_expression" and (f := n.child_by_field_name("function")) is not None
+    }
 
 
 def _substituted(source: ParsedSource, node: Node, mapping: dict[str, str]) -> str:

@@ -110,3 +110,34 @@ def test_edits_between_two_texts_land_as_the_lines_that_changed() -> None:
     assert len(edits) == 2
     assert apply_edits(old, edits).text == new
     assert edits_between(old.text, old.text) == []
+
+
+NAMESPACED = """
+namespace tiles {
+constexpr int kWidth = 4;
+template <int N> __device__ void zero(float* a) {
+  for (int i = 0; i < N; ++i) a[i] = 0.0f;
+  return;
+}
+template <int N> __device__ void widen(float* a) {
+  for (int i = 0; i < N; ++i) a[i] *= kWidth;
+}
+}  // namespace tiles
+
+__global__ void k(float* out) {
+  float regs[8];
+  tiles::zero<8>(regs);
+  tiles::widen<8>(regs);
+  out[threadIdx.x] = regs[0];
+}
+"""
+
+
+def test_a_qualified_call_and_a_trailing_return_are_written_out() -> None:
+    statements, _, _ = _inline(NAMESPACED, "tiles::zero<8>")
+    assert statements == ["for (int i = 0; i < 8; ++i) regs[i] = 0.0f;"]
+
+
+def test_a_helper_naming_its_namespace_is_refused() -> None:
+    with pytest.raises(NotInForm, match="names kWidth of its namespace"):
+        _inline(NAMESPACED, "tiles::widen<8>")
