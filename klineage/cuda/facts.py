@@ -15,7 +15,7 @@ import re
 
 from klineage.conditions import DEFAULT_ARCH, EvalContext, evaluate_size
 from klineage.cuda.cexpr import SIZEOF, fold_int, to_size_expr
-from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.source import Declaration, Function, Launch, Node, ParsedSource
 from klineage.kernel import KernelSource
 
 __all__ = [
@@ -225,15 +225,34 @@ def _compile_time_values(
     body = kernel.body
     if body is None:
         return values
-    for decl in source.declarations:
-        top_level = decl.node.parent == body
-        if not top_level or "constexpr" not in decl.qualifiers or decl.type not in INTEGER_TYPES:
-            continue
-        if before is not None and decl.node.start_byte >= before:
-            continue
-        for name, declarator in zip(decl.names, decl.declarators, strict=True):
+    constants = [
+        d
+        for d in _constexpr_integers(source, body)
+        if d.node.parent == body and (before is None or d.node.start_byte < before)
+    ]
+    return _folded(source, constants, values)
+
+
+def _constexpr_integers(source: ParsedSource, body: Node) -> list[Declaration]:
+    """The ``constexpr`` integer declarations in a function body, in order."""
+    return [
+        d
+        for d in source.declarations
+        if "constexpr" in d.qualifiers
+        and d.type in INTEGER_TYPES
+        and body.start_byte <= d.node.start_byte < body.end_byte
+    ]
+
+
+def _folded(
+    source: ParsedSource, declarations: list[Declaration], values: dict[str, int]
+) -> dict[str, int]:
+    """``values`` with each declared constant that folds under them (and the file's
+    constants) added, in order."""
+    for declaration in declarations:
+        for name, declarator in zip(declaration.names, declaration.declarators, strict=True):
             names: dict[str, int | str] = {**source.integer_constants, **values}
-            folded = evaluate_size(_initial_size(source, decl.type, declarator, names))
+            folded = evaluate_size(_initial_size(source, declaration.type, declarator, names))
             if folded is not None:
                 values[name] = folded
     return values
@@ -392,21 +411,5 @@ def compile_time_bindings(source: ParsedSource, function: Function) -> list[dict
     body = function.body
     if bindings is None or body is None:
         return bindings
-    constants = [
-        d
-        for d in source.declarations
-        if "constexpr" in d.qualifiers
-        and d.type in INTEGER_TYPES
-        and body.start_byte <= d.node.start_byte < body.end_byte
-    ]
-    result = []
-    for binding in bindings:
-        values: dict[str, int] = dict(binding)
-        for declaration in constants:
-            for name, declarator in zip(declaration.names, declaration.declarators, strict=True):
-                names: dict[str, int | str] = {**source.integer_constants, **values}
-                folded = evaluate_size(_initial_size(source, declaration.type, declarator, names))
-                if folded is not None:
-                    values[name] = folded
-        result.append(values)
-    return result
+    constants = _constexpr_integers(source, body)
+    return [_folded(source, constants, dict(binding)) for binding in bindings]

@@ -4,27 +4,28 @@ A pattern spread over helpers (one fills registers, another computes with them, 
 loop calls both) is one pattern once the helpers' bodies stand where they are called. This
 module writes that text; a rule reads the inlined form, rewrites it, and keeps the result.
 
-The helper must be a ``void`` function defined in the file, with a body that has no
-``return``, called as a statement with every template argument written out and one argument
-per parameter. In its body, template parameters become the call's template arguments and
-parameters the call's arguments:
+The helper must be a ``void`` function defined in the file, with no ``return`` but a last
+``return;``, called as a statement (namespace-qualified or not) with every template argument
+written out and one argument per parameter. In its body, template parameters become the
+call's template arguments and parameters the call's arguments:
 
 - an argument that only computes on names and constants (``k_i``, ``warp * 64 + 8``,
   ``threadIdx.x``) stands in for its parameter, parenthesized where it is not one token;
-- an array or reference parameter needs a name (the caller's array, its variable);
+- an array or reference parameter needs a name or an element of one (``tile[k]``);
 - any other argument, or a parameter the helper writes, becomes a local copy declared with
   the parameter's type.
 
 Locals of the helper whose names the caller also uses are renamed, so nothing the caller
 passes is shadowed. Refused (:class:`~klineage.cuda.tree.NotInForm`) where a name the helper
-reads from the file is also a local of the caller.
+reads from the file is also a local of the caller, or names something of the helper's own
+namespace.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import (
     NotInForm,
     assigned_names,
@@ -87,11 +88,9 @@ def callee_of(source: ParsedSource, statement: Node) -> Function | None:
     call = _call_of(statement)
     if call is None:
         return None
-    function = _callee_node(call)
+    function = call.child_by_field_name("function")
     if function is None:
         return None
-    if function.type == "template_function":
-        function = function.child_by_field_name("name") or function
     name = callee_name(source.text_of(function))
     found = [f for f in source.functions if f.name == name]
     if len(found) != 1 or not found[0].runs_on_device or found[0].is_kernel:
@@ -118,7 +117,7 @@ def caller_names(source: ParsedSource, caller: Function) -> set[str]:
     """The names a function declares: its parameters, locals and loop variables."""
     assert caller.body is not None
     names = {p.name for p in caller.params if p.name}
-    return names | declared_names(source, caller.body) | _loop_declared(source, caller.body)
+    return names | declared_names(source, caller.body)
 
 
 def inline_call(source: ParsedSource, statement: Node, taken: set[str]) -> Inlined:
@@ -142,7 +141,7 @@ def inline_call(source: ParsedSource, statement: Node, taken: set[str]) -> Inlin
             NEEDED,
         )
     body = helper.body
-    locals_ = declared_names(source, body) | _loop_declared(source, body)
+    locals_ = declared_names(source, body)
     own = locals_ | {p.name for p in helper.params if p.name} | set(helper.template_params)
     free = _free_names(source, body) - own
     shadowed = free & taken
@@ -307,17 +306,6 @@ def _address_taken(source: ParsedSource, body: Node) -> set[str]:
     return found
 
 
-def _loop_declared(source: ParsedSource, body: Node) -> set[str]:
-    """Names declared in ``for`` initializers written as declarations."""
-    found = set()
-    for node in walk(body):
-        if node.type == "for_statement":
-            initializer = node.child_by_field_name("initializer")
-            if initializer is not None and initializer.type == "declaration":
-                found |= declared_names(source, initializer)
-    return found
-
-
 def _free_names(source: ParsedSource, body: Node) -> set[str]:
     """Names the body reads as plain identifiers (not fields, not qualified, not called)."""
     found = set()
@@ -353,11 +341,7 @@ def _namespace_names(source: ParsedSource, helper: Function) -> set[str]:
 
 
 def _called_names(source: ParsedSource, body: Node) -> set[str]:
-    return {
-        callee_name(source.text_of(f))
-        for n in walk(body)
-        if n.type == "call_expression" and (f := n.child_by_field_name("function")) is not None
-    }
+    return {callee_name(c.name) for c in source.calls if within(c.node, body)}
 
 
 def _substituted(source: ParsedSource, node: Node, mapping: dict[str, str]) -> str:

@@ -180,7 +180,8 @@ def shape(source: ParsedSource, function: Function, statement: Node) -> OuterPro
     return OuterProduct(function, update, outputs, reductions)
 
 
-def _is_array(source: ParsedSource, function: Function, name: str) -> bool:
+def is_array(source: ParsedSource, function: Function, name: str) -> bool:
+    """Whether ``name`` is a local array of the function or an array (pointer) parameter."""
     return local_array(source, function, name) is not None or array_parameter(
         source, function, name
     )
@@ -207,7 +208,7 @@ def looks_cached(source: ParsedSource, product: OuterProduct) -> bool:
         chain = subscript_chain(node)
         name = source.text_of(chain[0]) if chain is not None else source.text_of(node)
         filled = chain is not None and name in stored and name != product.update.accumulator
-        if filled and _is_array(source, product.function, name):
+        if filled and is_array(source, product.function, name):
             return True
         if (chain is not None or node.type == "identifier") and name in declared:
             return True

@@ -38,15 +38,13 @@ from klineage.mechanisms._local_util import (
     is_side_effect_free,
     names_in_function,
 )
-from klineage.mechanisms._outer_product import MAX_OUTPUT_LOOPS
+from klineage.mechanisms._outer_product import MAX_OUTPUT_LOOPS, is_array
 from klineage.mechanisms._outer_product_forms import (
     Counted,
     accumulation,
-    array_parameter,
     counted,
     flattened,
     items_of,
-    local_array,
     loop_header,
     nest,
     pragma_line,
@@ -114,7 +112,7 @@ def tile_sums(source: ParsedSource, function: Function, outer: Node) -> TileSums
     total, _, start = declared
     target = strip_parens(start)
     chain = subscript_chain(target)
-    if chain is None or not _accumulator(source, function, source.text_of(chain[0])):
+    if chain is None or not is_array(source, function, source.text_of(chain[0])):
         return None
     store = "".join(source.text_of(items[2]).split())
     if store != "".join(f"{source.text_of(target)}={total};".split()):
@@ -140,12 +138,6 @@ def tile_sums(source: ParsedSource, function: Function, outer: Node) -> TileSums
     )
 
 
-def _accumulator(source: ParsedSource, function: Function, name: str) -> bool:
-    return local_array(source, function, name) is not None or array_parameter(
-        source, function, name
-    )
-
-
 @dataclass(frozen=True)
 class _Side:
     """One factor's output loops and the offsets it reads."""
@@ -158,27 +150,27 @@ def sides(source: ParsedSource, form: TileSums) -> tuple[_Side, _Side, tuple[Nod
     """Each factor's side and the offsets neither side reads; NotInForm when the reduction
     would not compute the same with the outputs inside it."""
     variables = [o.variable for o in form.outputs]
-    reads: dict[str, set[str]] = {}  # an offset's name -> the output variables it reads
-    for offset in form.offsets:
-        names = identifier_names(source, offset)
+    reads: dict[str, set[str]] = {}  # a name an offset declares -> the output variables it reads
+    read_by: dict[Node, set[str]] = {}  # the same, per offset
+
+    def outputs_read(node: Node) -> set[str]:
+        names = identifier_names(source, node)
         found = {v for v in variables if v in names}
-        for name, read in reads.items():
-            if name in names:
-                found |= read
+        return found.union(*(read for name, read in reads.items() if name in names))
+
+    for offset in form.offsets:
         if not is_side_effect_free(source, offset):
             raise NotInForm(f"an offset `{flattened(source.text_of(offset))}`", NEEDED)
+        read_by[offset] = outputs_read(offset)
         for name in declared_names(source, offset):
-            reads[name] = found
+            reads[name] = read_by[offset]
     owned: list[set[str]] = []
     for factor in form.factors:
-        names = identifier_names(source, factor)
-        if form.total in names or not is_side_effect_free(source, factor):
+        if form.total in identifier_names(source, factor) or not is_side_effect_free(
+            source, factor
+        ):
             raise NotInForm(f"a factor `{source.text_of(factor)}` with side effects", NEEDED)
-        found = {v for v in variables if v in names}
-        for name, read in reads.items():
-            if name in names:
-                found |= read
-        owned.append(found)
+        owned.append(outputs_read(factor))
     if not owned[0] or not owned[1] or owned[0] & owned[1] or owned[0] | owned[1] != set(variables):
         raise NotInForm(
             "factors that do not split the output loops between them (each output loop read "
@@ -186,25 +178,22 @@ def sides(source: ParsedSource, form: TileSums) -> tuple[_Side, _Side, tuple[Nod
             NEEDED,
         )
     check_reductions(source, form.reductions, set(variables) | {form.total}, form.total)
-    result = []
-    for own in owned:
-        offsets = tuple(o for o in form.offsets if reads[_one_name(source, o)] <= own)
-        offsets = tuple(o for o in offsets if reads[_one_name(source, o)])
-        result.append(_Side(tuple(o for o in form.outputs if o.variable in own), offsets))
-    shared = tuple(o for o in form.offsets if not reads[_one_name(source, o)])
-    both = [o for o in form.offsets if o not in shared and all(o not in s.offsets for s in result)]
-    if both:
-        raise NotInForm(
-            f"an offset `{flattened(source.text_of(both[0]))}` read by both factors", NEEDED
+    for offset in form.offsets:
+        if index_declaration(source, offset) is None:
+            raise NotInForm(f"an offset `{flattened(source.text_of(offset))}`", NEEDED)
+        if read_by[offset] and not any(read_by[offset] <= own for own in owned):
+            raise NotInForm(
+                f"an offset `{flattened(source.text_of(offset))}` read by both factors", NEEDED
+            )
+    first, second = (
+        _Side(
+            tuple(o for o in form.outputs if o.variable in own),
+            tuple(o for o in form.offsets if read_by[o] and read_by[o] <= own),
         )
-    return result[0], result[1], shared
-
-
-def _one_name(source: ParsedSource, declaration: Node) -> str:
-    declared = index_declaration(source, declaration)
-    if declared is None:
-        raise NotInForm(f"an offset `{flattened(source.text_of(declaration))}`", NEEDED)
-    return declared[0]
+        for own in owned
+    )
+    shared = tuple(o for o in form.offsets if not read_by[o])
+    return first, second, shared
 
 
 def tile_application(

@@ -147,10 +147,10 @@ def removed_through_inlining(source: ParsedSource, helper: HelperProduct) -> str
     helpers it no longer calls deleted."""
     inlining = inlined_product(source, helper)
     result = apply_edits(inlining.source, removal(inlining.source, inlining.product)).parsed
-    return without_uncalled(result, inlining.helpers)
+    return _without_uncalled(result, inlining.helpers)
 
 
-def without_uncalled(source: ParsedSource, names: frozenset[str]) -> str:
+def _without_uncalled(source: ParsedSource, names: frozenset[str]) -> str:
     """The text with the definitions of ``names`` that nothing names any more deleted."""
     edits = []
     for name in sorted(names):
