@@ -10,7 +10,8 @@ written out and one argument per parameter. In its body, template parameters bec
 call's template arguments and parameters the call's arguments:
 
 - an argument that only computes on names and constants (``k_i``, ``warp * 64 + 8``,
-  ``threadIdx.x``) stands in for its parameter, parenthesized where it is not one token;
+  ``threadIdx.x``) stands in for its parameter, parenthesized unless it is a name, a constant,
+  a member or an element (``tile[k]``);
 - an array or reference parameter needs a name or an element of one (``tile[k]``);
 - any other argument, or a parameter the helper writes, becomes a local copy declared with
   the parameter's type.
@@ -66,7 +67,11 @@ _PURE_KINDS = frozenset(
 )
 """What an argument may be made of to stand in for its parameter: names, constants and
 arithmetic (no memory reads, calls or writes, which could see the helper's own writes)."""
-_ONE_TOKEN = frozenset({"identifier", "number_literal", "field_expression", "true", "false"})
+# primary and postfix expressions: written in place of a parameter they bind as tightly as it
+# did (`tile[k]` for `row` in `row[i]` gives `tile[k][i]`), so they need no parentheses
+_UNPARENTHESIZED = frozenset(
+    {"identifier", "number_literal", "field_expression", "subscript_expression", "true", "false"}
+)
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,11 @@ def _arguments(source: ParsedSource, call: Node) -> list[Node]:
 def _as_operand(source: ParsedSource, node: Node) -> str:
     text = " ".join(source.text_of(node).split())
     inner = strip_parens(node)
-    if inner.type in _ONE_TOKEN or inner.type.endswith("type") or node.type == "type_descriptor":
+    if (
+        inner.type in _UNPARENTHESIZED
+        or inner.type.endswith("type")
+        or node.type == "type_descriptor"
+    ):
         return text
     return f"({text})"
 

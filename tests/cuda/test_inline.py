@@ -70,7 +70,7 @@ def test_template_arguments_and_arguments_stand_in_and_clashing_locals_are_renam
     (loop,) = statements
     assert "for (int i_2 = 0; i_2 < 32 / 4; ++i_2)" in loop  # the caller's `i` is not shadowed
     assert "int const at = (first + i) + i_2 * 4;" in loop
-    assert "regs[i_2] = (tile[i])[at] * kScale;" in loop
+    assert "regs[i_2] = tile[i][at] * kScale;" in loop
     assert {"i_2", "at"} <= taken
 
 

@@ -214,3 +214,38 @@ def test_the_block_functions_are_the_kernels_and_bodies_with_their_own_shared_ti
     assert names == ["run_body", "staged_body"]  # plain_body declares no shared memory
     bodies_only = BODY_AS_TEMPLATE_ARGUMENT.split("template <body_fn body>\n__global__")[0]
     assert analysis(KernelSource(bodies_only).parsed).block_functions == ()  # no kernel
+
+
+SPLIT_STORES = """
+struct alignas(16) pack_t { float v[4]; __device__ int4 bits() const; };
+__device__ void put(float* target, pack_t value) {
+  {
+    const int4 packed = value.bits();
+    int* elems = reinterpret_cast<int*>(reinterpret_cast<int4*>(target));
+    elems[0] = packed.x; elems[1] = packed.y; elems[2] = packed.z; elems[3] = packed.w;
+  }
+}
+__device__ void put_streaming(float* target, pack_t value) {
+  {
+    const int4 packed = value.bits();
+    int* elems = reinterpret_cast<int*>(reinterpret_cast<int4*>(target));
+    __stcs(&elems[0], packed.x); __stcs(&elems[1], packed.y);
+    __stcs(elems + 2, packed.z); __stcs(elems + 3, packed.w);
+  }
+}
+__device__ int4 peek(const float* source) {
+  const int* elems = reinterpret_cast<const int*>(reinterpret_cast<const int4*>(source));
+  return make_int4(__ldcs(&elems[0]), __ldcs(&elems[1]), __ldcs(&elems[2]), __ldcs(&elems[3]));
+}
+"""
+
+
+def test_a_store_helper_split_into_element_stores_is_still_a_store() -> None:
+    # what vectorized_access's removal leaves of a 128-bit store helper: the cast pointer kept
+    # in a local written through plainly or through a store intrinsic (the cache hint kept)
+    helpers = analysis(KernelSource(SPLIT_STORES).parsed).vectors.helpers
+    assert {name: (h.kind, h.bytes) for name, h in helpers.items()} == {
+        "put": ("store", 16),
+        "put_streaming": ("store", 16),
+        "peek": ("load", 16),
+    }

@@ -23,6 +23,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "row_turns": PROBLEMS / "column_totals",
     "rows_2d": PROBLEMS / "center_rows",
     "rows_2d_walk_back": PROBLEMS / "center_rows",
+    "rows_2d_split_stores": PROBLEMS / "center_rows",
     "rows_cg": PROBLEMS / "center_rows",
     "scratch_pairs": PROBLEMS / "center_rows",
     "serial_unrolled": PROBLEMS / "row_softmax",

@@ -169,7 +169,7 @@ def test_products_and_fills_in_helpers_are_interchanged_in_the_callers_loop() ->
     assert "fill_registers" not in removed and "accumulate_products" not in removed
     assert "a_regs" not in removed and "b_regs" not in removed
     assert "static_assert(TILE_M % THREAD_M == 0U);" in removed
-    assert "sum += (a_tile[kk])[base + y_2] * (b_tile[kk])[base_2 + x_2];" in removed
+    assert "sum += a_tile[kk][base + y_2] * b_tile[kk][base_2 + x_2];" in removed
     assert "size_t const base{(ty * THREAD_M) + ry_2 * (THREADS_Y * THREAD_M)};" in removed
     assert removed.index("for (size_t ry_2{0U};") < removed.index("for (size_t kk{0U};")
 
@@ -242,13 +242,13 @@ def test_the_tile_forward_declares_each_sides_offsets_in_its_fill() -> None:
     fill = applied[applied.index("T acc_lhs[REPEATS_Y][THREAD_M];") :]
     fill = fill[: fill.index("T acc_rhs")]
     assert "size_t const base{(ty * THREAD_M) + ry_2 * (THREADS_Y * THREAD_M)};" in fill
-    assert "acc_lhs[ry_2][y_2] = (a_tile[kk])[base + y_2];" in fill
+    assert "acc_lhs[ry_2][y_2] = a_tile[kk][base + y_2];" in fill
     assert "acc[ry_2][rx_2][y_2][x_2] += acc_lhs[ry_2][y_2] * acc_rhs[rx_2][x_2];" in applied
 
 
 def test_a_tile_whose_factor_reads_every_output_loop_is_no_candidate() -> None:
     removed = mechanism.remove(KernelSource(HELPER_FILLS), _first("helper_fills")).text
-    text = removed.replace("(a_tile[kk])[base + y_2]", "(a_tile[kk])[base + y_2 + x_2]")
+    text = removed.replace("a_tile[kk][base + y_2]", "a_tile[kk][base + y_2 + x_2]")
     assert text != removed
     assert not mechanism.candidates(KernelSource(text))
 
@@ -579,3 +579,65 @@ def test_the_forward_on_per_output_sums_computes_the_same_bits_on_the_host() -> 
     applied = mechanism.apply(kernel, mechanism.candidates(kernel)[0]).text
     naive = run_on_host(text, [launch])
     assert naive.strip() and run_on_host(applied, [launch]) == naive
+
+
+_ROW_FILL_HELPERS = """\
+template <typename T, size_t COUNT>
+__device__ void fill_row(T const row[], T vals[COUNT], size_t first) {
+  for (size_t u{0U}; u < COUNT; ++u) {
+    vals[u] = row[first + u];
+  }
+}
+
+template <typename T, size_t TY, size_t TX>
+__device__ void accumulate(T const a[TY], T const b[TX], T acc[TY][TX]) {
+  for (size_t y{0U}; y < TY; ++y) {
+    for (size_t x{0U}; x < TX; ++x) {
+      acc[y][x] += a[y] * b[x];
+    }
+  }
+}
+
+"""
+_INLINE_FILLS = """\
+#pragma unroll
+      for (size_t y{0U}; y < THREAD_TILE_SIZE_Y; ++y) {
+        A_vals[y] = A_tile_T[k_i][thread_row_idx * THREAD_TILE_SIZE_Y + y];
+      }
+#pragma unroll
+      for (size_t x{0U}; x < THREAD_TILE_SIZE_X; ++x) {
+        B_vals[x] = B_tile[k_i][thread_col_idx * THREAD_TILE_SIZE_X + x];
+      }
+#pragma unroll
+      for (size_t y{0U}; y < THREAD_TILE_SIZE_Y; ++y) {
+#pragma unroll
+        for (size_t x{0U}; x < THREAD_TILE_SIZE_X; ++x) {
+          C_results[y][x] += A_vals[y] * B_vals[x];
+        }
+      }
+"""
+_HELPER_CALLS = """\
+      fill_row<T, THREAD_TILE_SIZE_Y>(A_tile_T[k_i], A_vals, thread_row_idx * THREAD_TILE_SIZE_Y);
+      fill_row<T, THREAD_TILE_SIZE_X>(B_tile[k_i], B_vals, thread_col_idx * THREAD_TILE_SIZE_X);
+      accumulate<T, THREAD_TILE_SIZE_Y, THREAD_TILE_SIZE_X>(A_vals, B_vals, C_results);
+"""
+
+
+def test_rows_passed_to_fill_helpers_leave_tiles_the_staging_rule_reads() -> None:
+    # leimao's V06 order: its fill helpers get a row of a staged tile (`tile[k]`); written out,
+    # the products read `tile[k][i]` (not `(tile[k])[i]`), so the staging can go next
+    staged = (PUBLIC_FORMS / "smem_staging" / "helper_tiles_2d.before.cu").read_text()
+    assert _INLINE_FILLS in staged
+    text = staged.replace(_INLINE_FILLS, _HELPER_CALLS).replace(
+        "template <typename T, size_t BLOCK_TILE_SIZE_X, size_t BLOCK_TILE_SIZE_Y,\n"
+        "          size_t BLOCK_TILE_SIZE_K, size_t THREAD_TILE_SIZE_X",
+        _ROW_FILL_HELPERS + "template <typename T, size_t BLOCK_TILE_SIZE_X, size_t "
+        "BLOCK_TILE_SIZE_Y,\n          size_t BLOCK_TILE_SIZE_K, size_t THREAD_TILE_SIZE_X",
+    )
+    kernel = KernelSource(text, name="row_fill_helpers.cu")
+    removed = remove_mechanism(kernel, get("register_outer_product")).simplified
+    assert "sum += A_tile_T[k_i][(thread_row_idx * THREAD_TILE_SIZE_Y) + y_2]" in removed.text
+    staging = get("smem_staging")
+    (site,) = staging.detect(removed)
+    assert site.supported, site.refusal
+    assert "A_tile_T" not in staging.remove(removed, site).text

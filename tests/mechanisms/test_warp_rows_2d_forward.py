@@ -22,8 +22,9 @@ TOTALS = KernelSource.from_file(FIXTURES / "warp_per_row" / "rows_2d_totals.afte
 PACKED = KernelSource.from_file(FIXTURES / "warp_per_row" / "rows_2d_packed.after.cu")
 WALK_BACK = KernelSource.from_file(PUBLIC_FORMS / "warp_per_row" / "rows_2d_walk_back.after.cu")
 ROWS_2D = KernelSource.from_file(PUBLIC_FORMS / "warp_per_row" / "rows_2d.after.cu")
-REMOVED = [TOTALS, PACKED, WALK_BACK, ROWS_2D]
-IDS = ["totals", "packed", "public-walk-back", "public-rows-2d"]
+SPLIT = KernelSource.from_file(PUBLIC_FORMS / "warp_per_row" / "rows_2d_split_stores.after.cu")
+REMOVED = [TOTALS, PACKED, WALK_BACK, ROWS_2D, SPLIT]
+IDS = ["totals", "packed", "public-walk-back", "public-rows-2d", "public-split-stores"]
 
 
 def _applied(kernel: KernelSource) -> KernelSource:
@@ -86,6 +87,15 @@ def test_removing_what_the_rule_wrote_gives_the_kernel_back(kernel: KernelSource
 @pytest.mark.nvcc
 def test_the_applied_kernels_compile(mechanism_builder: Builder) -> None:
     compile_ok(mechanism_builder, [_applied(kernel) for kernel in REMOVED])
+
+
+def test_a_store_helper_split_into_hinted_words_is_a_packed_store() -> None:
+    # vectorized_access's removal leaves the 128-bit store helper as four __stcs of words
+    # through a local; it still writes its pack at out + c, so the lanes may share the row
+    text = _applied(SPLIT).text
+    assert "for (int c = threadIdx.x * quad4::size; c < cols; c += 32 * quad4::size) {" in text
+    assert "put4_streaming(out + c, o);" in text
+    assert "sum = warp_reduce_sum(sum);" in text
 
 
 def test_the_block_rule_refuses_the_2d_index() -> None:

@@ -354,8 +354,8 @@ def _stored_by_call(source: ParsedSource, cast: Node) -> bool:
 
 
 def _stored_through_local(source: ParsedSource, cast: Node, body: Node) -> bool:
-    """``int* e = reinterpret_cast<int*>(reinterpret_cast<int4*>(p)); e[0] = v.x;``: the
-    cast pointer kept in a local that is then written through."""
+    """``int* e = reinterpret_cast<int*>(reinterpret_cast<int4*>(p)); e[0] = v.x;`` (or
+    ``__stcs(&e[0], v.x);``): the cast pointer kept in a local that is then written through."""
     current = cast
     while current.parent is not None and (
         current.parent.type in ("parenthesized_expression", "cast_expression", "argument_list")
@@ -379,4 +379,28 @@ def _stored_through_local(source: ParsedSource, cast: Node, body: Node) -> bool:
         base = left.child_by_field_name("argument")
         if base is not None and source.text_of(base) == source.text_of(name):
             return True
-    return False
+    written = source.text_of(name)
+    return any(_stores_into(source, c, written) for c in descendants(body, "call_expression"))
+
+
+def _stores_into(source: ParsedSource, call: Node, name: str) -> bool:
+    """``__stcs(&e[k], v)``, ``__stcs(e + k, v)`` or ``__stcs(e, v)``: a store intrinsic
+    writing through ``e``."""
+    function = call.child_by_field_name("function")
+    arguments = call_arguments(call)
+    if function is None or not source.text_of(function).startswith("__st") or not arguments:
+        return False
+    address = strip_casts(arguments[0])
+    if address.type == "pointer_expression" and source.text_of(address).startswith("&"):
+        element = address.child_by_field_name("argument")
+        base = element.child_by_field_name("argument") if element is not None else None
+        return (
+            element is not None
+            and element.type == "subscript_expression"
+            and base is not None
+            and source.text_of(base) == name
+        )
+    if address.type == "binary_expression" and source.text_of(address.children[1]) == "+":
+        sides = (address.child_by_field_name("left"), address.child_by_field_name("right"))
+        return any(s is not None and source.text_of(s) == name for s in sides)
+    return address.type == "identifier" and source.text_of(address) == name
