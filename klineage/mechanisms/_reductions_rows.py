@@ -2155,7 +2155,8 @@ class _GroupWalker:
             self.edits.append(Edit.replace(declared[1], "0"))
             self.edits.append(Edit.replace(loop.update, update))
             self.handled += [declared[1], loop.update]
-            self.removed.append((declared[1].start_byte, declared[1].end_byte))
+            # the group's rank and size these read are gone with them
+            self.removed += [(n.start_byte, n.end_byte) for n in (declared[1], loop.update)]
             self.strided.append(loop.node)
 
     def split_strided_loops(self, lane_name: str | None) -> None:
@@ -2195,7 +2196,7 @@ class _GroupWalker:
                 Edit.replace(loop.update, f"{name} += {step}"),
             ]
             self.handled += [declared[1], loop.update]
-            self.removed.append((declared[1].start_byte, declared[1].end_byte))
+            self.removed += [(n.start_byte, n.end_byte) for n in (declared[1], loop.update)]
             self.strided.append(loop.node)
             self._walk_back(loop.node, name, unit, step)
 
@@ -2364,6 +2365,7 @@ class _GroupWalker:
             if self.is_first(value, lane_name):
                 self.edits.append(Edit(node.start_byte, consequence.start_byte, ""))
                 self.handled.append(value)
+                self.removed.append((value.start_byte, value.end_byte))
                 continue
             # `if (first && other) S` -> `if (other) S`
             both = strip_parens(value)
@@ -2374,6 +2376,7 @@ class _GroupWalker:
                 continue
             self.edits.append(Edit(first.start_byte, other.start_byte, ""))
             self.handled.append(first)
+            self.removed.append((first.start_byte, first.end_byte))
 
     def is_first(self, node: Node, lane_name: str | None) -> bool:
         node = strip_parens(node)
@@ -2944,6 +2947,7 @@ def _warp_layout(walker: _GroupWalker) -> _RowIndex:
         )
     walker.edits.append(Edit.replace(value, replacement))
     walker.handled.append(value)
+    walker.removed.append((value.start_byte, value.end_byte))
     walker.reductions(walker.warp_reducers)
     walker.tile_reductions()
     lane_name, lane_statement = _lane_variable(source, kernel)
@@ -2952,6 +2956,7 @@ def _warp_layout(walker: _GroupWalker) -> _RowIndex:
     walker.guards(lane_name)
     if lane_statement is not None and lane_name is not None:
         _drop_lane(source, walker, lane_statement, lane_name)
+    walker.unused_rank_declarations()
     return _RowIndex(statement, declared[0], value, replacement, bound)
 
 
