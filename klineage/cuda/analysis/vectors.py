@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import call_arguments, descendants, strip_casts
+from klineage.cuda.tree import binary_operands, call_arguments, descendants, strip_casts
 
 __all__ = [
     "BUILTIN_VECTORS",
@@ -400,7 +400,7 @@ def _stores_into(source: ParsedSource, call: Node, name: str) -> bool:
             and base is not None
             and source.text_of(base) == name
         )
-    if address.type == "binary_expression" and source.text_of(address.children[1]) == "+":
-        sides = (address.child_by_field_name("left"), address.child_by_field_name("right"))
-        return any(s is not None and source.text_of(s) == name for s in sides)
+    sides = binary_operands(address, "+")
+    if sides is not None:
+        return any(source.text_of(side) == name for side in sides)
     return address.type == "identifier" and source.text_of(address) == name
