@@ -35,8 +35,9 @@ from klineage.cuda.analysis import analysis
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.cuda.tree import call_arguments, declaration_names, statements, strip_parens, walk
-from klineage.mechanisms._reductions_rows import NotCanonical, warp_reduce_functions
 from klineage.mechanisms._reductions_util import call_name, line_deletion
+from klineage.mechanisms._rows_forms import NotCanonical
+from klineage.mechanisms._rows_helpers import warp_reduce_functions
 
 __all__ = ["block_size_parameters", "cg_block_rows"]
 

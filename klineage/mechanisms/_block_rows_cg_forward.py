@@ -20,7 +20,7 @@ slots, and the zeroing must land before any warp publishes); each loop from
 else ``blockDim.x``); after the reducing loop ``S[warp.meta_group_rank()] = cg::reduce(warp, v,
 cg::plus<float>{}); block.sync(); v = cg::reduce(warp, S[warp.thread_rank()], ...)``; each
 launch's grid x back to ``x`` blocks of the same size. Loops and reads are checked as the
-canonical thread-per-row form's are (:func:`klineage.mechanisms._reductions_rows.
+canonical thread-per-row form's are (:func:`klineage.mechanisms._rows_thread.
 thread_row_walk`). Refused, with the form: more or other reductions than one float sum, stores
 outside row loops (every thread of the block would do them), loops unrolled, packed or walked
 back, a launch whose grid x is not ``ceil(x / block)``.
@@ -35,8 +35,9 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.cuda.tree import call_arguments, statements, strip_parens, walk
 from klineage.mechanisms._block_rows_cg import block_size_parameters
-from klineage.mechanisms._reductions_rows import NotCanonical, RowLoop, thread_row_walk
 from klineage.mechanisms._reductions_util import builtin_uses, fresh_name
+from klineage.mechanisms._rows_forms import NotCanonical, RowLoop
+from klineage.mechanisms._rows_thread import thread_row_walk
 
 __all__ = ["CG_ROWS", "counted_down_rows", "write_cg_block_rows"]
 

@@ -10,7 +10,7 @@ its own: in the kernel and in the helpers that hold its row code, ``threadIdx.x`
 (dropped from a sum), ``blockDim.x`` becomes 1, a block reduction ``block_reduce<op>(v, ...)``
 becomes ``v`` and a ``threadIdx.x == 0`` guard its body; the row index becomes the thread's,
 with a bound check, and each launch covers the rows with blocks of the same size (both
-written by the canonical rule, :func:`klineage.mechanisms._reductions_rows.group_rows`).
+written by the canonical rule, :func:`klineage.mechanisms._rows_removal.group_rows`).
 
 Refused, with what ties the code to the block, where the row code shares memory or
 synchronizes outside the block reducers (``__shared__``, barriers, shuffles, cooperative

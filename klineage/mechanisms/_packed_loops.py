@@ -64,7 +64,7 @@ from klineage.mechanisms._local_util import (
     splice,
     unshift,
 )
-from klineage.mechanisms.vectorized_access import scalar_loop
+from klineage.mechanisms._vector_loops import scalar_loop
 
 __all__ = ["PairedLoop", "paired_loop_text", "paired_loops"]
 

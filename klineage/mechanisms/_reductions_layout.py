@@ -1,8 +1,8 @@
 """The mechanism base shared by ``block_per_row`` and ``warp_per_row``: a group of threads
 (a block or a warp) per row against one thread per row. See
-:mod:`klineage.mechanisms._reductions_rows` for the analyses and the rewrites, and
-:mod:`klineage.mechanisms._row_layout_forms` for the other spellings, found by the index
-analysis and refused with their form."""
+:mod:`klineage.mechanisms._rows_forms` for the analyses and the rewrites (and the modules it
+names), and :mod:`klineage.mechanisms._row_layout_forms` for the other spellings, found by the
+index analysis and refused with their form."""
 
 from __future__ import annotations
 
@@ -16,18 +16,12 @@ from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._block_rows_cg import cg_block_rows
 from klineage.mechanisms._block_rows_cg_forward import CG_ROWS
-from klineage.mechanisms._reductions_rows import (
-    Group,
-    MergeReduction,
-    NotCanonical,
-    group_rows,
-    merge_reductions,
-    spread_rows,
-    thread_rows,
-    thread_rows_shape,
-)
 from klineage.mechanisms._reductions_util import fold, inside
 from klineage.mechanisms._row_layout_forms import row_layout_forms
+from klineage.mechanisms._rows_forms import Group, NotCanonical
+from klineage.mechanisms._rows_removal import group_rows
+from klineage.mechanisms._rows_spread import MergeReduction, merge_reductions, spread_rows
+from klineage.mechanisms._rows_thread import thread_rows, thread_rows_shape
 from klineage.mechanisms.base import Carrier, Mechanism, Site
 from klineage.problem import Problem
 

@@ -11,7 +11,7 @@ reloaded value in the published variable or a new one. With one thread per row t
 reduction is the thread's own partial: the first reduction becomes its value, the publishes,
 the barrier and the reloads go, and the second reduction becomes the published variable.
 This module finds such runs in a list of statements (:func:`scratch_runs`); the rewrite is
-the group walker's (:mod:`klineage.mechanisms._reductions_rows`).
+the group walker's (:mod:`klineage.mechanisms._rows_group_walker`).
 """
 
 from __future__ import annotations

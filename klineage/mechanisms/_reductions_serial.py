@@ -19,7 +19,7 @@ return; }``, which publishes neutral values for them.
 With one thread per row the block reduction is the thread's own partial: the warp reduction,
 the publish, the barriers and the serial block go, and the broadcast reads the partial. This
 module finds the runs (:func:`serial_runs`) and the early exits (:func:`early_exit`); the
-rewrite is the group walker's (:mod:`klineage.mechanisms._reductions_rows`).
+rewrite is the group walker's (:mod:`klineage.mechanisms._rows_group_walker`).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ from klineage.mechanisms._local_util import (
     strip_casts,
     unshift,
 )
-from klineage.mechanisms.vectorized_access import scalar_loop
+from klineage.mechanisms._vector_loops import scalar_loop
 
 __all__ = ["DEFAULT_ELEMENTS", "RowPasses", "row_passes", "row_passes_text"]
 

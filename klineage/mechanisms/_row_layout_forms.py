@@ -9,7 +9,7 @@ that shuffles; for a block, also a barrier). The index analysis reads that howev
 spelled: ``blockIdx.x * blockDim.y + threadIdx.y`` in a 32 x y block, ``blockIdx.x *
 warpsPerBlock + warpId``, ``warp.meta_group_rank()``, rows per block in a loop.
 
-The rewrite (:mod:`klineage.mechanisms._reductions_rows`) takes its canonical forms; these
+The rewrite (:mod:`klineage.mechanisms._rows_forms`) takes its canonical forms; these
 kernels are reported and refused with the form they are in.
 """
 

@@ -50,11 +50,8 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.source import ParsedSource
 from klineage.cuda.tree import fresh_name
 from klineage.mechanisms._local_util import names_in_function
-from klineage.mechanisms._reductions_rows import (
-    NotCanonical,
-    _check_launch_bounds,
-    _launch_edits_to_groups,
-)
+from klineage.mechanisms._rows_forms import NotCanonical
+from klineage.mechanisms._rows_spread import check_launch_bounds, launch_edits_to_groups
 from klineage.mechanisms._scan_rows import RowScan, chunk_start, hillis_steele
 
 ITEMS_PER_THREAD = 1
@@ -109,7 +106,7 @@ def block_scan_edits(
         f"{at}}}",
     ])  # fmt: skip
     guard_indent = source.indent_of(scan.guard.start_byte)
-    _check_launch_bounds(source, scan.rows.kernel, block_size)
+    check_launch_bounds(source, scan.rows.kernel, block_size)
     declarations = "\n".join([
         "",
         f"{guard_indent}const int {lane} = threadIdx.x & 31;",
@@ -120,7 +117,7 @@ def block_scan_edits(
         Edit.replace(scan.rows.index, "(int64_t)blockIdx.x"),
         Edit.insert(scan.guard.end_byte, declarations),
         Edit.replace(scan.loop, loop),
-        *_launch_edits_to_groups(source, scan.rows, "block", block_size),
+        *launch_edits_to_groups(source, scan.rows, "block", block_size),
     ]
 
 

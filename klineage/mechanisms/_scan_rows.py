@@ -46,16 +46,11 @@ from klineage.mechanisms._local_util import (
     names_in_function,
     strip_parens,
 )
-from klineage.mechanisms._reductions_rows import (
-    NotCanonical,
-    ThreadRows,
-    _check_launch_bounds,
-    _expression_of,
-    _launch_edits_to_groups,
-    _unit_step,
-    thread_row_start,
-)
 from klineage.mechanisms._reductions_util import named_statements
+from klineage.mechanisms._rows_forms import NotCanonical, expression_of
+from klineage.mechanisms._rows_spread import check_launch_bounds, launch_edits_to_groups
+from klineage.mechanisms._rows_thread import ThreadRows, thread_row_start
+from klineage.mechanisms._rows_thread_walker import unit_step
 
 ZERO = {"0", "0.0", "0.0f", "0.f", "0.0F", "0.F"}
 
@@ -86,7 +81,7 @@ def _uses(source: ParsedSource, node: Node, name: str) -> bool:
 
 def _added(statement: Node) -> tuple[Node, Node] | None:
     """``(left, right)`` of the statement ``left += right;``; None for any other."""
-    node = _expression_of(statement)
+    node = expression_of(statement)
     if node is None or node.type != "assignment_expression":
         return None
     operator = node.child_by_field_name("operator")
@@ -120,7 +115,7 @@ def row_scan(source: ParsedSource, kernel: Function) -> RowScan:
     sides = binary(strip_parens(condition), "<") if condition is not None else None
     if sides is None or source.text_of(strip_parens(sides[0])) != variable:
         raise NotCanonical(f"the row's loop does not run while {variable} < a bound")
-    if not _unit_step(source, loop.child_by_field_name("update"), variable):
+    if not unit_step(source, loop.child_by_field_name("update"), variable):
         raise NotCanonical(f"the row's loop does not step {variable} by 1")
     body = loop.child_by_field_name("body")
     inner = named_statements(body) if body is not None and body.type == "compound_statement" else []
@@ -193,10 +188,10 @@ def scan_edits(source: ParsedSource, scan: RowScan, block_size: int, mask: str) 
     ])  # fmt: skip
     index = source.text_of(scan.rows.index)
     guard_indent = source.indent_of(scan.guard.start_byte)
-    _check_launch_bounds(source, scan.rows.kernel, block_size)
+    check_launch_bounds(source, scan.rows.kernel, block_size)
     return [
         Edit.replace(scan.rows.index, f"({index}) >> 5"),
         Edit.insert(scan.guard.end_byte, f"\n{guard_indent}const int {lane} = threadIdx.x & 31;"),
         Edit.replace(scan.loop, loop),
-        *_launch_edits_to_groups(source, scan.rows, "warp", block_size),
+        *launch_edits_to_groups(source, scan.rows, "warp", block_size),
     ]

@@ -43,7 +43,7 @@ from klineage.mechanisms._local_util import (
     strip_parens,
     walk,
 )
-from klineage.mechanisms._reductions_rows import NotCanonical, _primary_text, _row_count
+from klineage.mechanisms._rows_forms import NotCanonical, primary_text, row_count
 from klineage.mechanisms._staging import subscript_chain
 from klineage.mechanisms._tiles_util import orphaned_declarations
 
@@ -284,5 +284,5 @@ def transpose_edits(source: ParsedSource, kernel: TransposeKernel) -> list[Edit]
 def _at_launch(source: ParsedSource, function: Function, launch: Launch, node: Node) -> str:
     """A factor written at the launch (parameters replaced by the launch's arguments), ready to
     be multiplied."""
-    text = _row_count(source, function, launch, node)
-    return text if _primary_text(text) else f"({text})"
+    text = row_count(source, function, launch, node)
+    return text if primary_text(text) else f"({text})"

@@ -34,7 +34,7 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   constants before the row index, and row loops unrolled by hand (``i += U`` with ``i + u``
   inside, reads clamped ``min(n - 1, i + u)``, writes guarded ``if (i + u < n)``) become
   ``i += blockDim.x * U`` with ``i + u * blockDim.x``. See
-  :mod:`klineage.mechanisms._reductions_rows` for the exact canonical forms. On a naive row
+  :mod:`klineage.mechanisms._rows_forms` for the exact canonical forms. On a naive row
   scan (a thread writing its row's running sum, ``form=scan``), a block that scans the row
   ``blockDim.x * K`` elements a turn: each thread ``K`` consecutive elements serially
   (carrier ``items_per_thread``, default 1; replay races 8 beside it), warp shuffles over the
@@ -65,12 +65,9 @@ from klineage.mechanisms._block_rows_cg_forward import (
 )
 from klineage.mechanisms._reductions_exchange import DEFAULT_MASK
 from klineage.mechanisms._reductions_layout import DEFAULT_BLOCK, RowLayoutMechanism
-from klineage.mechanisms._reductions_rows import (
-    Group,
-    NotCanonical,
-    is_block_per_row,
-    thread_rows_shape,
-)
+from klineage.mechanisms._rows_forms import Group, NotCanonical
+from klineage.mechanisms._rows_index import is_block_per_row
+from klineage.mechanisms._rows_thread import thread_rows_shape
 from klineage.mechanisms._scan_blocks import ITEMS_PER_THREAD, RUN_ITEMS, block_scan_edits
 from klineage.mechanisms._scan_rows import row_scan
 from klineage.mechanisms.base import Carrier, Site, register

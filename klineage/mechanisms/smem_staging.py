@@ -82,7 +82,7 @@ from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.cuda.tree import FMA_CALLS, NotInForm
 from klineage.kernel import KernelSource
 from klineage.mechanisms._forms import FoundForm, form_site, removable_form_site
-from klineage.mechanisms._reductions_rows import NotCanonical
+from klineage.mechanisms._rows_forms import NotCanonical
 from klineage.mechanisms._staging import (
     NotStaged,
     StagedLoop,

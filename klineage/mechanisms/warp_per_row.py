@@ -34,7 +34,8 @@ from typing import ClassVar
 
 from klineage.cuda.source import Function, ParsedSource
 from klineage.mechanisms._reductions_layout import RowLayoutMechanism
-from klineage.mechanisms._reductions_rows import Group, is_warp_per_row
+from klineage.mechanisms._rows_forms import Group
+from klineage.mechanisms._rows_index import is_warp_per_row
 from klineage.mechanisms.base import register
 
 

@@ -25,7 +25,7 @@ from typing import ClassVar
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import ParsedSource
 from klineage.mechanisms._reductions_exchange import DEFAULT_MASK, ExchangeMechanism
-from klineage.mechanisms._reductions_rows import NotCanonical
+from klineage.mechanisms._rows_forms import NotCanonical
 from klineage.mechanisms._scan_rows import row_scan, scan_edits
 from klineage.mechanisms.base import Carrier, Site, register
 

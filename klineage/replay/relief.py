@@ -38,7 +38,8 @@ from klineage.gate.counters import CALL_FIGURES, CounterChange
 from klineage.gate.profile import Profile
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Mechanism
-from klineage.mechanisms._reductions_rows import NotCanonical, _row_count, thread_rows_shape
+from klineage.mechanisms._rows_forms import NotCanonical, row_count
+from klineage.mechanisms._rows_thread import thread_rows_shape
 from klineage.problem import Problem
 from klineage.skills import Measured, Skill
 
@@ -144,7 +145,7 @@ def launched_rows(kernel: KernelSource, problem: Problem) -> tuple[str, list[int
         if shape is None or not launches:
             continue
         try:
-            text = _row_count(source, function, launches[0], shape[3])
+            text = row_count(source, function, launches[0], shape[3])
         except NotCanonical:
             return None
         counts = [_value(text, dict(w.axes)) for w in problem.workloads]

@@ -8,7 +8,7 @@ import pytest
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
 from klineage.mechanisms._block_rows_cg import cg_block_rows
-from klineage.mechanisms._reductions_rows import NotCanonical
+from klineage.mechanisms._rows_forms import NotCanonical
 from tests.mechanisms.roundtrip import PUBLIC_FORMS
 
 BEFORE = (PUBLIC_FORMS / "block_per_row" / "rows_cg_causal.before.cu").read_text(encoding="utf-8")
