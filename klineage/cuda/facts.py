@@ -12,6 +12,7 @@ launching function are taken as axis names, as the kernel ABI passes every var a
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from klineage.conditions import DEFAULT_ARCH, EvalContext, evaluate_size
 from klineage.cuda.cexpr import SIZEOF, fold_int, to_size_expr
@@ -63,10 +64,13 @@ def _assigned_names(source: ParsedSource, function: Function) -> set[str]:
     return written
 
 
-def launch_names(source: ParsedSource, function: Function | None) -> dict[str, int | str]:
+def launch_names(
+    source: ParsedSource, function: Function | None, bound: Mapping[str, int] | None = None
+) -> dict[str, int | str]:
     """Names usable in size expressions inside ``function``: file constants, its integer
-    parameters (as axis names), and its never-reassigned integer locals (folded)."""
-    names: dict[str, int | str] = dict(source.integer_constants)
+    parameters (as axis names), and its never-reassigned integer locals (folded), with its
+    template parameters as ``bound`` gives them (one instantiation)."""
+    names: dict[str, int | str] = {**source.integer_constants, **(bound or {})}
     if function is None:
         return names
     for param in function.params:
@@ -381,11 +385,11 @@ def template_values(
         )
         if outer is None:
             return None
-        # the launching function's constexpr locals count: `constexpr int STAGES = 3;`
-        folded_locals = {
-            name: evaluate_size(value) for name, value in launch_names(source, enclosing).items()
-        }
+        # the launching function's constexpr locals count: `constexpr int STAGES = 3;`, and
+        # `constexpr int WARPS = THREADS / 32;` under each binding of its own parameters
         for names in outer:
+            local_sizes = launch_names(source, enclosing, names)
+            folded_locals = {name: evaluate_size(size, names) for name, size in local_sizes.items()}
             known = {
                 **{k: v for k, v in folded_locals.items() if v is not None},
                 **names,

@@ -52,11 +52,12 @@ The rewrite is exact, hence safe, only for a canonical step, checked here before
 rewritten: a full mask (a constant, or a helper's parameter every caller passes one:
 :mod:`klineage.mechanisms._shuffle_masks`), no width or a constant power-of-two one, an offset
 known to stay in 0..31 (the loop variable of a loop whose trip can be simulated, ``warpSize``
-read as 32, or a constant), values that are plain variables or fields (``v``, ``a.m``) whose
-type is known, and every shuffle in the leading statements of the step, each of which assigns
-at most at its top level. A shuffle by an offset that does not follow the enclosing loop's
-variable (``for (k ...) { v += __shfl_down_sync(m, v, 1, 4); v += ...(m, v, 2, 4); }``) is a
-step of its own, its statement. Anything else is reported with a refusal.
+read as 32, template parameters as each instantiation in the file binds them, or a constant),
+values that are plain variables or fields (``v``, ``a.m``) whose type is known, and every
+shuffle in the leading statements of the step, each of which assigns at most at its top level.
+A shuffle by an offset that does not follow the enclosing loop's variable (``for (k ...) { v +=
+__shfl_down_sync(m, v, 1, 4); v += ...(m, v, 2, 4); }``) is a step of its own, its statement.
+Anything else is reported with a refusal.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from typing import ClassVar
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
-from klineage.cuda.facts import block_size_of
+from klineage.cuda.facts import block_size_of, template_values
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import WARP_SIZE
 from klineage.kernel import KernelSource
@@ -481,7 +482,27 @@ def _loop_variable(source: ParsedSource, loop: Node) -> str | None:
 
 
 def _loop_offsets(source: ParsedSource, loop: Node) -> list[int] | None:
-    """The values the loop variable takes, by simulating the loop; None when unknown."""
+    """The values the loop variable takes, by simulating the loop; None when unknown. In a
+    template helper (``for (int m = kWarpSize >> 1; m >= 1; m >>= 1)`` with ``template <int
+    kWarpSize>``), every value it takes under each binding of the parameters that the file
+    instantiates (``f<32>`` and ``f<NUM_WARPS>``, followed out through enclosing templates)."""
+    function = source.enclosing_function(loop)
+    bindings: list[dict[str, int]] | None = [{}]
+    if function is not None and function.template_params:
+        bindings = template_values(source, function.name, skip_types=True)
+    offsets: list[int] = []
+    for binding in bindings or [{}]:
+        values = _simulated_offsets(source, loop, binding)
+        if values is None:
+            return None
+        offsets += [v for v in values if v not in offsets]
+    return offsets
+
+
+def _simulated_offsets(
+    source: ParsedSource, loop: Node, binding: dict[str, int]
+) -> list[int] | None:
+    """The loop variable's values with the template parameters in ``binding``."""
     found = source.loop_at(loop)
     if found is None or found.kind != "for" or found.variable is None:
         return None
@@ -491,12 +512,13 @@ def _loop_offsets(source: ParsedSource, loop: Node) -> list[int] | None:
     if init is not None and init.type == "declaration":
         declarators = init.children_by_field_name("declarator")
         if len(declarators) == 1 and declarators[0].type == "init_declarator":
-            start = _fold_with_warp_size(source, declarators[0].child_by_field_name("value"))
+            value = declarators[0].child_by_field_name("value")
+            start = _fold_with_warp_size(source, value, binding)
     condition = found.condition
     update = found.update
     if start is None or condition is None or update is None:
         return None
-    test = _condition(source, condition, variable)
+    test = _condition(source, condition, variable, binding)
     step = _update(source, update, variable)
     if test is None or step is None:
         return None
@@ -510,7 +532,9 @@ def _loop_offsets(source: ParsedSource, loop: Node) -> list[int] | None:
     return None
 
 
-def _condition(source: ParsedSource, node: Node, variable: str) -> Callable[[int], bool] | None:
+def _condition(
+    source: ParsedSource, node: Node, variable: str, binding: dict[str, int]
+) -> Callable[[int], bool] | None:
     """``variable < bound`` (and the other comparisons) as a test of the variable's value."""
     node = strip_parens(node)
     if node.type != "binary_expression":
@@ -519,7 +543,7 @@ def _condition(source: ParsedSource, node: Node, variable: str) -> Callable[[int
     op = node.child_by_field_name("operator")
     if left is None or right is None or op is None or source.text_of(left) != variable:
         return None
-    bound = _fold_with_warp_size(source, right)
+    bound = _fold_with_warp_size(source, right, binding)
     if bound is None:
         return None
     tests = {
@@ -532,12 +556,14 @@ def _condition(source: ParsedSource, node: Node, variable: str) -> Callable[[int
     return tests.get(op.type)
 
 
-def _fold_with_warp_size(source: ParsedSource, node: Node | None) -> int | None:
+def _fold_with_warp_size(
+    source: ParsedSource, node: Node | None, binding: dict[str, int] | None = None
+) -> int | None:
     """A constant with ``warpSize`` read as 32 (``for (offset = warpSize / 2; ...)``): the
-    only value it has on NVIDIA GPUs."""
+    only value it has on NVIDIA GPUs; template parameters as ``binding`` gives them."""
     if node is None:
         return None
-    constants = {**source.integer_constants, "warpSize": WARP_SIZE}
+    constants = {**source.integer_constants, "warpSize": WARP_SIZE, **(binding or {})}
     return fold_int(source, node, constants)
 
 

@@ -19,8 +19,9 @@ at the thread's rank in the group and strides by the group size; after a loop, e
 accumulators is reduced over the group (:data:`HELPERS`, every thread gets the result), and
 stores outside loops are done by the group's first thread only. The launch gives each group
 one row. Splitting a sum needs every thread to start from zero, so a sum's accumulator must
-be initialized to a zero literal and not written before its loop; ``max``/``min`` are
-idempotent and start anywhere.
+be initialized to a zero literal and not written before its loop, or set to one again right
+before it (``sum = 0.0f;`` in a block the loop is in, a sum reused for a second walk of the
+row); ``max``/``min`` are idempotent and start anywhere.
 
 **Group per row** (:class:`GroupRows`) is the reverse: a kernel whose row index comes from
 ``blockIdx.x`` (block) or from the warp number (warp), whose group-strided loops, group

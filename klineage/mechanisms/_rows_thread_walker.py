@@ -525,25 +525,52 @@ class ThreadWalker:
                 self.check_starts_at_zero(name, loop.node)
 
     def check_starts_at_zero(self, name: str, loop: Node) -> None:
-        """A sum split over threads is right only when every thread starts from zero."""
+        """A sum split over threads is right only when every thread starts from zero: the
+        sum's last write before its loop is its declaration, or a plain ``sum = 0.0f;`` (a
+        sum reused for a second walk of the row) in a block the loop is in."""
         assert self.kernel.body is not None
-        declaration = None
+        last = self.last_write(name, loop)
+        if last is None or last[0].type == "declaration":
+            if last is None or not is_zero_literal(self.source, last[1]):
+                raise NotCanonical(
+                    f"the sum {name} does not start from a zero literal, so each thread of a "
+                    "group would add its start value"
+                )
+            return
+        write, value = last
+        statement, block = write.parent, write.parent.parent if write.parent else None
+        reset = (
+            value is not None
+            and is_zero_literal(self.source, value)
+            and statement is not None
+            and statement.type == "expression_statement"
+            and block is not None
+            and block.type == "compound_statement"
+            and within(loop, block)
+        )
+        if not reset:
+            raise NotCanonical(f"{name} is written before its loop (line {self.line(write)})")
+
+    def last_write(self, name: str, loop: Node) -> tuple[Node, Node | None] | None:
+        """The last declaration of ``name`` with a value, or assignment or update of it, before
+        ``loop`` in the kernel's text, with the value it is set to (``None`` for a compound
+        assignment or an update)."""
+        assert self.kernel.body is not None
+        writes: list[tuple[Node, Node | None]] = []
         for node in inside(self.source, self.kernel.body, "declaration"):
             declared = single_init(self.source, node)
             if declared is not None and declared[0] == name and node.end_byte <= loop.start_byte:
-                declaration = (node, declared[1])
-        if declaration is None or not is_zero_literal(self.source, declaration[1]):
-            raise NotCanonical(
-                f"the sum {name} does not start from a zero literal, so each thread of a group "
-                "would add its start value"
-            )
-        start = declaration[0].end_byte
-        for node in self.source.iter_nodes("assignment_expression", "update_expression"):
-            if not (start <= node.start_byte < loop.start_byte):
-                continue
+                writes.append((node, declared[1]))
+        for node in inside(
+            self.source, self.kernel.body, "assignment_expression", "update_expression"
+        ):
             target = node.child_by_field_name("left") or node.child_by_field_name("argument")
-            if target is not None and self.source.text_of(target) == name:
-                raise NotCanonical(f"{name} is written before its loop (line {self.line(node)})")
+            if node.start_byte >= loop.start_byte or target is None:
+                continue
+            if self.source.text_of(target) == name:
+                plain = node.type == "assignment_expression" and operator_of(node) == "="
+                writes.append((node, node.child_by_field_name("right") if plain else None))
+        return max(writes, key=lambda write: write[0].start_byte, default=None)
 
     def check_memory(self) -> None:
         """Threads of a group see each other's stores only at the same index in the same

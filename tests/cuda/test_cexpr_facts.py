@@ -142,6 +142,20 @@ def test_template_values_follow_instantiations_out_through_enclosing_templates()
     assert template_values(unused, "f") is None
 
 
+def test_template_values_fold_an_enclosing_templates_constexpr_locals_per_binding() -> None:
+    from klineage.cuda.facts import template_values
+
+    source = KernelSource(
+        "#define WARP 32\n"
+        "template <int kWidth> __device__ float fold(float v) { return v * kWidth; }\n"
+        "template <int kThreads> __global__ void k(float* y) {\n"
+        "  constexpr int kWarps = (kThreads + WARP - 1) / WARP;\n"
+        "  y[0] = fold<WARP>(y[0]) + fold<kWarps>(y[1]);\n}\n"
+        'extern "C" int run(float* y) { k<256><<<1, 256>>>(y); k<64><<<1, 64>>>(y); return 0; }\n'
+    ).parsed
+    assert template_values(source, "fold") == [{"kWidth": 32}, {"kWidth": 8}, {"kWidth": 2}]
+
+
 _COUNTED = """
 template <int BM, int BK, int THREADS>
 __global__ void __launch_bounds__(THREADS) tiled(const float *a, float *b) {

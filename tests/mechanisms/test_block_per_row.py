@@ -107,6 +107,18 @@ def test_a_sum_is_spread_over_the_block_and_reduced() -> None:
             "  atomicAdd(y, acc);",
             "is not an assignment",
         ),
+        (
+            "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) acc += x[c];\n"
+            "  y[r] = acc;\n  if (cols > 4) acc = 0.0f;\n"
+            "  for (int64_t c = 0; c < cols; ++c) acc += x[c] * x[c];\n  y[r] += acc;",
+            "acc is written before its loop",  # a reset on one path only
+        ),
+        (
+            "  float acc = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) acc += x[c];\n"
+            "  y[r] = acc;\n  acc = 1.0f;\n"
+            "  for (int64_t c = 0; c < cols; ++c) acc += x[c] * x[c];\n  y[r] += acc;",
+            "acc is written before its loop",
+        ),
     ],
 )
 def test_non_canonical_thread_rows_are_refused(body: str, reason: str) -> None:
@@ -115,6 +127,51 @@ def test_non_canonical_thread_rows_are_refused(body: str, reason: str) -> None:
     assert candidate.refusal is not None and reason in candidate.refusal
     with pytest.raises(MechanismRefused, match=reason.split()[0]):
         mechanism.apply(source, candidate)
+
+
+REUSED_SUM = (
+    "  const float* row = x + r * cols;\n  float sum = 0.0f;\n"
+    "  for (int64_t c = 0; c < cols; ++c) sum += row[c];\n  const float m = sum / cols;\n"
+    "  sum = 0.0f;\n  for (int64_t c = 0; c < cols; ++c) {\n    const float d = row[c] - m;\n"
+    "    sum += d * d;\n  }\n  y[r] = rsqrtf(sum / cols + 1e-5f);"
+)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("group", ["block_per_row", "warp_per_row"])
+def test_a_sum_reset_to_zero_for_a_second_walk_is_reduced_after_each_loop(group: str) -> None:
+    """llm.c's layernorm idiom: one ``sum`` for the mean's walk and, set to ``0.0f`` again, for
+    the variance's. Each loop is spread and reduced on its own, and the host-emulated group
+    kernel gives the thread-per-row values for rows shorter than a warp and longer than the
+    block."""
+    from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
+
+    naive = _thread_rows(REUSED_SUM)
+    (site,) = get(group).candidates(naive)
+    assert site.refusal is None
+    spread = get(group).apply(naive, site, Carrier(block_size=128))
+    helper = "block_reduce_sum" if group == "block_per_row" else "warp_reduce_sum"
+    assert spread.text.count(f"sum = {helper}(sum);") == 2
+    assert spread.text.index(f"sum = {helper}(sum);") < spread.text.index("const float m")
+
+    def cases(grid: str) -> list[Case]:
+        shapes = ((1, 5), (3, 31), (5, 300))
+        return [
+            Case(
+                {"rows": rows, "cols": cols},
+                [Buffer("x", "float", "rows * cols"), Buffer("y", "float", "rows", True)],
+                "k(x, y, rows, cols)",
+                "rows",
+                **({"grid": grid, "block_dims": "dim3(128)"} if grid else {}),
+            )
+            for rows, cols in shapes
+        ]
+
+    grid = (
+        "dim3((unsigned)rows)" if group == "block_per_row" else "dim3((unsigned)((rows + 3) / 4))"
+    )
+    want = floats(run_on_host(naive.text, cases("")))
+    assert_close(floats(run_on_host(spread.text, cases(grid))), want)
 
 
 def test_a_helper_using_the_thread_layout_is_refused() -> None:
