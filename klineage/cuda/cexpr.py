@@ -36,6 +36,7 @@ __all__ = [
     "replacement_target",
     "required_precedence",
     "to_size_expr",
+    "without_outer_parentheses",
     "wrap_at",
 ]
 
@@ -273,6 +274,19 @@ SIZEOF: dict[str, int] = {
 }
 _PY_BINARY = {"/": "//", "&&": " and ", "||": " or "}
 _MAX_DEPTH = 40
+
+
+def without_outer_parentheses(text: str) -> str:
+    """``((x))`` -> ``x``: outer parentheses dropped only where they enclose the whole text
+    (``(a) + (b)`` stays)."""
+    while text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for position, char in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0 and position < len(text) - 1:
+                return text
+        text = text[1:-1].strip()
+    return text
 
 
 def _int_literal(text: str) -> int | None:

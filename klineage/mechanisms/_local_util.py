@@ -180,9 +180,12 @@ def _call_name(source: ParsedSource, call: Node) -> str:
 
 def is_pure_call(source: ParsedSource, call: Node) -> bool:
     """A call known to read nothing it does not get and to write nothing: math functions,
-    conversion and arithmetic intrinsics, ``make_float4``-style constructors, C++ casts."""
+    conversion and arithmetic intrinsics, ``make_float4``-style constructors, C++ casts, the
+    file's arithmetic macros (``OFFSET(row, col, ld)``)."""
     name = _call_name(source, call)
     if name in _PURE_CALLS or name.startswith("make_"):
+        return True
+    if name in analysis(source).arithmetic_macros:
         return True
     return name.startswith("__") and not name.startswith(_IMPURE_PREFIXES)
 

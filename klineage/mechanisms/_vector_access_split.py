@@ -1,14 +1,17 @@
 """Single vector accesses (``float4`` subscripts and dereferences, ``__ldg`` and the
-cache-hinted intrinsics through vector pointers), their split into one scalar access per
-element, and the split form recognized and merged back."""
+cache-hinted intrinsics through vector pointers, and the file's access macros such as
+``FLOAT4(a[i])``), their split into one scalar access per element, and the split form
+recognized and merged back."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
+from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import PRIMARY, precedence
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import call_arguments
 from klineage.mechanisms._local_util import (
     VECTOR_TYPES,
     VectorType,
@@ -22,9 +25,10 @@ from klineage.mechanisms._local_util import (
 )
 from klineage.mechanisms._vector_plans import classify_access
 
-AccessForm = Literal["subscript", "deref", "ldg", "hinted"]
-"""How a vector access is spelled: ``p[i]``, ``*A``, ``__ldg(A)``, or another load or store
-intrinsic with a cache hint (``__ldcs(A)``, ``__stcs(A, v)``, ...)."""
+AccessForm = Literal["subscript", "deref", "ldg", "hinted", "macro"]
+"""How a vector access is spelled: ``p[i]``, ``*A``, ``__ldg(A)``, another load or store
+intrinsic with a cache hint (``__ldcs(A)``, ``__stcs(A, v)``, ...), or an access macro of the
+file (``FLOAT4(a[i])``, :class:`klineage.cuda.analysis.vectors.AccessMacro`)."""
 
 LOAD_INTRINSICS = frozenset({"__ldg", "__ldca", "__ldcg", "__ldcs", "__ldlu", "__ldcv"})
 """Loads through one pointer (read-only or cache-hinted); each has an overload for every scalar
@@ -97,7 +101,7 @@ def _access_at(source: ParsedSource, function: Function, node: Node) -> _Access 
     """The whole-vector access at ``node`` (a ``p[i]``, ``*A``, ``__ldg(A)`` or another load or
     store intrinsic), if it is one."""
     if node.type == "call_expression":
-        return _intrinsic_access(source, function, node)
+        return _macro_access(source, node) or _intrinsic_access(source, function, node)
     form: AccessForm
     address_node: Node | None
     if node.type == "subscript_expression":
@@ -130,6 +134,33 @@ def _access_at(source: ParsedSource, function: Function, node: Node) -> _Access 
     return _Access(
         statement, "store", form, address, address_node, subscript, vector, value, effects
     )
+
+
+def _macro_access(source: ParsedSource, call: Node) -> _Access | None:
+    """``FLOAT4(a[i])`` read, or ``FLOAT4(a[i]) = v;``, through an access macro of the file: the
+    vector at ``&(a[i])``."""
+    callee = call.child_by_field_name("function")
+    macros = analysis(source).vectors.access_macros
+    macro = macros.get(source.text_of(callee)) if callee is not None else None
+    args = call_arguments(call)
+    vector = VECTOR_TYPES.get(macro.vector) if macro is not None else None
+    usage = classify_access(call)
+    if vector is None or len(args) != 1 or usage in ("other", "both"):
+        return None
+    element = strip_parens(args[0])
+    address = f"&({source.text_of(element)})"
+    subscript = element if element.type == "subscript_expression" else None
+    effects = None if is_side_effect_free(source, element) else "the address has side effects"
+    if usage == "load":
+        refusal = effects or _reference_binding(source, call)
+        return _Access(call, "load", "macro", address, None, subscript, vector, None, refusal)
+    assignment = call.parent
+    assert assignment is not None
+    statement, value = assignment.parent, assignment.child_by_field_name("right")
+    if statement is None or statement.type != "expression_statement" or value is None:
+        used = "the store's value is used in a larger expression"
+        return _Access(call, "store", "macro", address, None, subscript, vector, value, used)
+    return _Access(statement, "store", "macro", address, None, subscript, vector, value, effects)
 
 
 def _intrinsic_access(source: ParsedSource, function: Function, call: Node) -> _Access | None:
@@ -227,6 +258,17 @@ class _Split:
     value: Node | None
     intrinsic: str = ""
     """The intrinsic every element access goes through (``__ldg``, ``__stcs``), if any."""
+    macro: str = ""
+    """The access macro the merged access is written with (``macro`` form)."""
+
+
+def _macro_for(source: ParsedSource, vector: VectorType | None) -> str:
+    """The file's first access macro of ``vector`` (what a split of such a macro's access
+    merges back into), or ""."""
+    if vector is None:
+        return ""
+    macros = analysis(source).vectors.access_macros.values()
+    return next((m.name for m in macros if VECTOR_TYPES.get(m.vector) == vector), "")
 
 
 def _cast_target(source: ParsedSource, node: Node) -> tuple[str, Node] | None:
@@ -288,6 +330,14 @@ def _split_load(source: ParsedSource, function: Function, call: Node) -> _Split 
     assert first is not None
     address = first[1]
     vector = _vector_pointer(source, function, address)
+    macro = ""
+    if vector is None and not first[3]:
+        # the split of an access macro's read: an element address, the vector of the make
+        vector = next((v for v in VECTOR_TYPES.values() if v.make == source.text_of(callee)), None)
+        macro = (
+            _macro_for(source, vector) if vector is not None and vector.element == first[0] else ""
+        )
+        vector = vector if macro else None
     if vector is None or vector.make != source.text_of(callee) or vector.count != len(args):
         return None
     for k, ref in enumerate(refs):
@@ -300,6 +350,8 @@ def _split_load(source: ParsedSource, function: Function, call: Node) -> _Split 
             first[3],
         ):
             return None
+    if macro:
+        return _Split(call, "load", "macro", address, vector, None, "", macro)
     address_text = source.text_of(address)
     form = _split_form(first[3], address_text)
     return _Split(call, "load", form, address, vector, None, first[3])
@@ -351,6 +403,12 @@ def _split_store(source: ParsedSource, function: Function, block: Node) -> _Spli
         return None
     elems = source.text_of(elems_node)
     vector = _vector_pointer(source, function, cast[1])
+    macro = ""
+    if vector is None:
+        # the split of an access macro's write: the vector is the packed value's type
+        vector = VECTOR_TYPES.get(normalize_type(packed[1]))
+        macro = _macro_for(source, vector)
+        vector = vector if macro else None
     if vector is None or len(body) != vector.count + 2 or cast[0] != vector.element:
         return None
     if normalize_type(packed[1]) != vector.name:
@@ -362,6 +420,10 @@ def _split_store(source: ParsedSource, function: Function, block: Node) -> _Spli
         wanted = _element_store_text(hint, elems, k, f"{packed[0]}.{name}")
         if " ".join(source.text_of(statement).split()) != wanted:
             return None
+    if macro and not hint:
+        return _Split(block, "store", "macro", cast[1], vector, packed[2], "", macro)
+    if macro:
+        return None  # a hinted store through a macro's address: not what remove writes
     address = source.text_of(cast[1])
     return _Split(block, "store", _split_form(hint, address), cast[1], vector, packed[2], hint)
 
@@ -395,6 +457,14 @@ def merged_text(source: ParsedSource, split: _Split) -> str:
         return f"{split.intrinsic}({text}, {source.text_of(split.value)});"
     if split.intrinsic:
         access = f"{split.intrinsic}({text})"
+    elif split.form == "macro":
+        element = (
+            address.child_by_field_name("argument")
+            if address.type == "pointer_expression"
+            else None
+        )
+        inner = source.text_of(strip_parens(element)) if element is not None else f"*({text})"
+        access = f"{split.macro}({inner})"
     elif split.form == "subscript":
         target = address.child_by_field_name("argument")
         access = source.text_of(target) if target is not None else f"*({text})"

@@ -41,7 +41,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from klineage.conditions import AxisAtMost, Condition, Prose, SharedMemoryAtMost
-from klineage.cuda.cexpr import PRIMARY, SIZEOF, fold_int, precedence, to_size_expr
+from klineage.cuda.cexpr import (
+    PRIMARY,
+    SIZEOF,
+    fold_int,
+    precedence,
+    to_size_expr,
+    without_outer_parentheses,
+)
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import launch_names, static_shared_bytes
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
@@ -795,25 +802,13 @@ def _capacity_condition(
         used = str(constant * size + other)
         return SharedMemoryAtMost(bytes=SHARED_CAPACITY, usage=used, why=why)
     expr = _launch_expr(source, function, bins)
-    expr = _bare(expr) if expr is not None else None
+    expr = without_outer_parentheses(expr) if expr is not None else None
     if expr is not None and expr.isidentifier():
         return AxisAtMost(axis=expr, n=most, why=why)
     if expr is not None:
         usage = f"({expr}) * {size} + {other}"
         return SharedMemoryAtMost(bytes=SHARED_CAPACITY, usage=usage, why=why)
     return Prose(text=f"{bins} must be at most {most}", why=why)
-
-
-def _bare(expr: str) -> str:
-    """``((bins))`` -> ``bins``: outer parentheses that enclose the whole expression dropped."""
-    while expr.startswith("(") and expr.endswith(")"):
-        depth = 0
-        for position, char in enumerate(expr):
-            depth += {"(": 1, ")": -1}.get(char, 0)
-            if depth == 0 and position < len(expr) - 1:
-                return expr
-        expr = expr[1:-1].strip()
-    return expr
 
 
 def _launch_expr(source: ParsedSource, function: Function, bins: str) -> str | None:

@@ -527,5 +527,6 @@ class VectorizedAccess(Mechanism):
             offset = statements(indices)[0] if indices is not None else None
             if base is not None and offset is not None:
                 return merge_conditions(alignment_of_sum(source, function, base, offset, size))
-        assert node is not None
+        if node is None:
+            return []  # a macro's access to a local's address: aligned as the local is declared
         return merge_conditions(alignment_conditions(source, function, node, size))

@@ -140,6 +140,40 @@ def test_packed_structs_typedefs_and_helpers_are_vectors() -> None:
     assert str(accesses[0].offset) == "8·blockDim.x·blockIdx.x + 8·threadIdx.x"
 
 
+ACCESS_MACROS = """
+#define FLOAT4(value) (reinterpret_cast<float4 *>(&(value))[0])
+#define FETCH_FLOAT2(pointer) (reinterpret_cast<float2*>(&(pointer))[0])
+#define HALF2(v) (*reinterpret_cast<half2*>(&(v)))
+#define C_STYLE(v) (((int4*)(&(v)))[0])
+#define BOTH(v) (*reinterpret_cast<float4*>(&(v))[0])
+#define TWO(v, w) (reinterpret_cast<float4*>(&(v))[0])
+#define NO_ADDRESS(p) (reinterpret_cast<float4*>(p)[0])
+#define SCALAR(v) (reinterpret_cast<float*>(&(v))[0])
+"""
+
+
+def test_access_macros_read_an_elements_address_as_a_vector() -> None:
+    macros = analysis(KernelSource(ACCESS_MACROS).parsed).vectors.access_macros
+    assert {m.name: m.vector for m in macros.values()} == {
+        "FLOAT4": "float4",
+        "FETCH_FLOAT2": "float2",
+        "HALF2": "half2",
+        "C_STYLE": "int4",
+    }
+
+
+def test_arithmetic_macros_are_those_without_writes_or_calls() -> None:
+    source = KernelSource(
+        "#define OFFSET(row, col, ld) ((row) * (ld) + (col))\n"
+        "#define PICK(a, b) ((a) >= (b) ? (a) : (b))\n"
+        "#define BUMP(a) ((a)++)\n"
+        "#define RESET(a) ((a) = 0)\n"
+        "#define SQUARE(a) (sq(a))\n"
+        "#define WIDE(v) (reinterpret_cast<float4 *>(&(v))[0])\n"
+    ).parsed
+    assert analysis(source).arithmetic_macros == {"OFFSET", "PICK"}
+
+
 def test_ptx_is_found_through_macros_and_wrappers_with_qualifiers_in_any_order() -> None:
     source = KernelSource(PTX).parsed
     ptx = analysis(source).ptx

@@ -59,6 +59,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "named_stride": PROBLEMS / "scale_tiles",
     "dim3_grid": PROBLEMS / "scale_tiles",
     "ring_stages": PROBLEMS / "stream_affine",
+    "address_macros": PROBLEMS / "stream_affine",
     "wide_template": PROBLEMS / "gemm_nt_bf16",
     "row_dots": PROBLEMS / "linear_nt",
     "block_tiled": PROBLEMS / "sgemm_tiles",

@@ -20,8 +20,10 @@ written back into a warp per row (tests/mechanisms/test_warp_rows_2d_forward.py)
 smem_swizzle's ``rotation`` pairs, whose unrotated shared rows get a rotation of their chunks
 written back at every access (tests/mechanisms/test_swizzle_rotation_forward.py), and
 cp_async_pipeline's ``ring_stages``, whose one-stage mbarrier ring gets its stages back
-(tests/mechanisms/test_cp_async_pipeline.py), and block_tiling's ``wide_template``, whose
-template wgmma tile is widened back (tests/mechanisms/test_block_tiling.py).
+(tests/mechanisms/test_cp_async_pipeline.py), block_tiling's ``wide_template``, whose
+template wgmma tile is widened back (tests/mechanisms/test_block_tiling.py), and
+vectorized_access's ``address_macros``, whose split accesses merge back into the file's access
+macro (tests/mechanisms/test_vectorized_access.py).
 """
 
 from __future__ import annotations

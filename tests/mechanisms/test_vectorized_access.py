@@ -15,7 +15,13 @@ from klineage.mechanisms.recall import detection_recall
 from klineage.mining.removal import apply_everywhere
 from tests.conftest import REPO
 from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
-from tests.mechanisms.roundtrip import FIXTURES, RoundTripSuite, compile_ok, removal_chain
+from tests.mechanisms.roundtrip import (
+    FIXTURES,
+    RoundTripSuite,
+    compile_ok,
+    forward_chain,
+    removal_chain,
+)
 
 NAME = "vectorized_access"
 mechanism = get(NAME)
@@ -233,6 +239,52 @@ def test_a_store_through_a_cast_splits_and_merges_back() -> None:
     )
     (candidate,) = mechanism.candidates(split)
     assert mechanism.apply(split, candidate).text == kernel.text
+
+
+ADDRESS_MACROS = FIXTURES.parent / "public_forms" / "vectorized_access" / "address_macros"
+
+
+def test_access_macros_split_and_merge_back_into_the_macro() -> None:
+    kernel = KernelSource.from_file(ADDRESS_MACROS.with_suffix(".before.cu"))
+    sites = mechanism.detect(kernel)
+    assert [(s.detail["form"], s.detail["access"]) for s in sites] == [
+        ("store", "macro"),
+        ("load", "macro"),
+        ("store", "macro"),
+        ("load", "macro"),
+    ]
+    chain = removal_chain(mechanism, kernel)
+    assert "float* elems2 = reinterpret_cast<float*>(&(y[idx]));" in chain.states[-1].text
+    forward_chain(mechanism, chain)  # every state comes back exactly, FLOAT4(...) included
+
+
+def test_a_split_merges_into_the_first_macro_of_its_vector_type() -> None:
+    body = "  float4 v = WIDE(y[4 * n]);\n  BITS(y[4 * n + 4]) = v;"
+    macros = (
+        "#define WIDE(value) (reinterpret_cast<float4 *>(&(value))[0])\n"
+        "#define BITS(value) (reinterpret_cast<float4 *>(&(value))[0])\n"
+    )
+    kernel = KernelSource(macros + _device(body).text)
+    back = apply_everywhere(removal_chain(mechanism, kernel).states[-1], mechanism, Carrier())
+    assert "float4 v = WIDE(y[4 * n]);" in back.text
+    assert "WIDE(y[4 * n + 4]) = v;" in back.text  # the same access, spelled with WIDE
+
+
+def test_an_element_indexed_through_an_arithmetic_macro_has_no_side_effects() -> None:
+    macros = (
+        "#define FETCH_FLOAT4(pointer) (reinterpret_cast<float4*>(&(pointer))[0])\n"
+        "#define OFFSET(row, col, ld) ((row) * (ld) + (col))\n"
+    )
+    body = "  float4 v = FETCH_FLOAT4(y[OFFSET(n, 4 * threadIdx.x, 64)]);\n  take(v);"
+    (site,) = mechanism.detect(KernelSource(macros + _device(body).text))
+    assert site.supported and site.detail["access"] == "macro"
+
+
+def test_a_macro_access_whose_element_has_side_effects_is_refused() -> None:
+    macro = "#define WIDE(value) (reinterpret_cast<float4 *>(&(value))[0])\n"
+    kernel = KernelSource(macro + _device("  int64_t i = 0;\n  float4 v = WIDE(y[i++]);").text)
+    (site,) = mechanism.detect(kernel)
+    assert site.refusal == "the address has side effects"
 
 
 # A packed-struct idiom: loads and stores of 16 bytes through cache-hinted intrinsics inside the

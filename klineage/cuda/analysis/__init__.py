@@ -23,6 +23,7 @@ across lanes, which buffer is shared) instead of matching how one kernel spells 
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Iterator
 from functools import cached_property
@@ -53,6 +54,11 @@ __all__ = [
 ]
 
 _CACHE: weakref.WeakKeyDictionary[ParsedSource, SourceAnalysis] = weakref.WeakKeyDictionary()
+
+_ARITHMETIC = re.compile(r"^[\w\s().+\-*/%<>=!&|^~?:]+$")
+"""Names, literals, parentheses and operators only (no braces, strings or statements)."""
+_WRITES = re.compile(r"(?<![=!<>])=(?!=)|\+\+|--")
+_CALL = re.compile(r"\b\w+\s*\(")
 
 
 def analysis(source: ParsedSource) -> SourceAnalysis:
@@ -114,6 +120,22 @@ class SourceAnalysis:
     @cached_property
     def spaces(self) -> PointerSpaces:
         return PointerSpaces(self)
+
+    @cached_property
+    def arithmetic_macros(self) -> frozenset[str]:
+        """Function-like macros whose body is arithmetic on their parameters and constants
+        (``#define OFFSET(row, col, ld) ((row) * (ld) + (col))``): no assignment, increment or
+        call, so using one is as pure as the expression it expands to."""
+        found = set()
+        for node in self.source.nodes("preproc_function_def"):
+            name = node.child_by_field_name("name")
+            value = node.child_by_field_name("value")
+            if name is None or value is None:
+                continue
+            body = " ".join(self.source.text_of(value).replace("\\\n", " ").split())
+            if _ARITHMETIC.match(body) and not _WRITES.search(body) and not _CALL.search(body):
+                found.add(self.source.text_of(name))
+        return frozenset(found)
 
     @cached_property
     def constants(self) -> dict[str, int]:

@@ -3,9 +3,11 @@
 A kernel moves 16 bytes per thread with ``float4``, ``uint4``, ``int4``, or with a struct of its
 own: an aligned array of 4 floats or 8 bfloat16 (``template <class T> struct alignas(16)
 Packed128 { T payload[sizeof(int4) / sizeof(T)]; }``), named through a typedef (``x128``)
-and moved by small helpers that cast to ``int4*`` (``load128(p)``, ``store128cs(p, v)``).
+and moved by small helpers that cast to ``int4*`` (``load128(p)``, ``store128cs(p, v)``), or
+by function-like macros that reinterpret an element's address (``#define FLOAT4(v)
+(reinterpret_cast<float4 *>(&(v))[0])``, used as ``FLOAT4(a[i])`` on either side of ``=``).
 This module resolves those names: how many elements and bytes a type is, which functions are
-vector load and store helpers, and what ``x128::size`` is.
+vector load and store helpers, which macros are vector accesses, and what ``x128::size`` is.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from klineage.cuda.cexpr import without_outer_parentheses
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import binary_operands, call_arguments, descendants, strip_casts
 
 __all__ = [
     "BUILTIN_VECTORS",
     "ELEMENT_BYTES",
+    "AccessMacro",
     "PackedType",
     "VectorHelper",
     "VectorModel",
@@ -103,6 +107,27 @@ class VectorHelper:
 
 
 @dataclass(frozen=True)
+class AccessMacro:
+    """A function-like macro of one parameter that reads or writes the packed vector at its
+    argument's address: ``(reinterpret_cast<V*>(&(v))[0])`` or ``(*reinterpret_cast<V*>(&(v)))``."""
+
+    name: str
+    vector: str
+    """The packed type ``V`` (``float4``, ``half2``), through aliases."""
+
+
+_ACCESS_MACRO = re.compile(
+    r"^(?P<deref>\*\s*)?(?P<open>\(\s*)?"
+    r"(?:reinterpret_cast\s*<\s*(?:const\s+)?(?P<type>[\w:]+)\s*\*\s*>"
+    r"|\(\s*(?:const\s+)?(?P<ctype>[\w:]+)\s*\*\s*\))"
+    r"\s*\(\s*&\s*(?P<arg>\w+|\(\s*\w+\s*\))\s*\)(?(open)\s*\))"
+    r"\s*(?P<index>\[\s*0\s*\])?$"
+)
+"""The body of an access macro, its outer parentheses removed: a cast of the argument's
+address to ``V*``, then ``[0]`` or a leading ``*``."""
+
+
+@dataclass(frozen=True)
 class _Template:
     """A struct template whose payload is an array of its type parameter."""
 
@@ -123,6 +148,7 @@ class VectorModel:
         self._read_aliases()
         self._read_structs()
         self.helpers: dict[str, VectorHelper] = self._read_helpers()
+        self.access_macros: dict[str, AccessMacro] = self._read_access_macros()
 
     # -- types ------------------------------------------------------------------------------
 
@@ -217,6 +243,29 @@ class VectorModel:
                     name, self.resolve(element), count, count * element_size, True
                 )
                 return
+
+    def _read_access_macros(self) -> dict[str, AccessMacro]:
+        """Function-like macros of one parameter whose body reads the vector at the argument's
+        address; the first definition of a name wins."""
+        found: dict[str, AccessMacro] = {}
+        source = self.source
+        for node in source.nodes("preproc_function_def"):
+            name = node.child_by_field_name("name")
+            value = node.child_by_field_name("value")
+            parameters = node.child_by_field_name("parameters")
+            params = [source.text_of(p) for p in parameters.named_children] if parameters else []
+            if name is None or value is None or len(params) != 1:
+                continue
+            body = without_outer_parentheses(" ".join(source.text_of(value).split()))
+            match = _ACCESS_MACRO.match(body)
+            if match is None or bool(match.group("deref")) == bool(match.group("index")):
+                continue
+            if match.group("arg").strip("() ") != params[0]:
+                continue
+            vector = self.resolve(match.group("type") or match.group("ctype"))
+            if self.packed(vector) is not None:
+                found.setdefault(source.text_of(name), AccessMacro(source.text_of(name), vector))
+        return found
 
     def _read_helpers(self) -> dict[str, VectorHelper]:
         """Device functions that dereference a pointer parameter cast to a wide type."""
