@@ -298,14 +298,17 @@ without braces (``if (kSize >= 32) v += __shfl_down_sync(...);``), which gets th
 
 def _leading_statements(source: ParsedSource, loop: Node, calls: list[Node]) -> tuple[Node, ...]:
     """The statements of the loop body that hold shuffles, one after another from its start
-    (``__syncwarp()`` calls before them skipped: the exchange keeps them where they are)."""
+    (``__syncwarp()`` calls and declarations without a value before them skipped, such as the
+    ``T other;`` whose fields the shuffles fill: the exchange keeps them where they are)."""
     body = loop.child_by_field_name("body")
     if body is None:
         return ()
     if body.type != "compound_statement":
         return (body,)
     statements = named_statements(body)
-    while statements and _is_syncwarp(source, statements[0]):
+    while statements and (
+        _is_syncwarp(source, statements[0]) or _declares_without_value(statements[0])
+    ):
         statements = statements[1:]
     leading: list[Node] = []
     for statement in statements:
@@ -313,6 +316,13 @@ def _leading_statements(source: ParsedSource, loop: Node, calls: list[Node]) -> 
             break
         leading.append(statement)
     return tuple(leading)
+
+
+def _declares_without_value(statement: Node) -> bool:
+    """``T a;`` or ``T a, b;``: names declared, nothing evaluated."""
+    return statement.type == "declaration" and all(
+        d.type == "identifier" for d in statement.children_by_field_name("declarator")
+    )
 
 
 def _check_assignments(source: ParsedSource, statement: Node) -> None:

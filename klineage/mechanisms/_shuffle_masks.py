@@ -9,9 +9,10 @@ A warp-sum helper may take its mask as a parameter::
 
 The exchange through shared memory that replaces a shuffle step (every lane publishes its
 value, ``__syncwarp()``, every lane reads its partner's slot) is exact only when the whole warp
-takes part, as with a full mask. A mask parameter is full when every call of the helper in the
-file passes a full-warp constant (a literal or a file constant folding to ``0xffffffff``). What
-a caller computes instead is refused, naming the caller and what it passes: a
+takes part, as with a full mask: a full-warp constant (a literal or a file constant folding to
+``0xffffffff``), a local declared with one and never written again (``unsigned int mask =
+0xffffffff;``), or a mask parameter that every call of the helper in the file passes such a
+constant. What a caller computes instead is refused, naming the caller and what it passes: a
 ``__ballot_sync(m, p)`` holds only the lanes where ``p`` is true, so lanes outside it publish
 nothing and their partners would read stale slots; a shift such as ``0xffffffff >> s`` is full
 only for some ``s``.
@@ -22,7 +23,13 @@ from __future__ import annotations
 from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import FULL_WARP_MASK, call_arguments, strip_parens, walk
+from klineage.cuda.tree import (
+    FULL_WARP_MASK,
+    assigned_names,
+    call_arguments,
+    strip_parens,
+    walk,
+)
 
 __all__ = ["mask_refusal"]
 
@@ -43,6 +50,16 @@ def _initializer(source: ParsedSource, caller: Function, name: str) -> Node | No
         if target is not None and source.text_of(target) == name:
             return declarator.child_by_field_name("value")
     return None
+
+
+def _full_local(source: ParsedSource, function: Function, name: str) -> bool:
+    """``unsigned mask = 0xffffffff;``: a local of ``function`` declared with a full-warp
+    constant and never written again."""
+    if function.body is None or function.param(name) is not None:
+        return False
+    value = _initializer(source, function, name)
+    written = assigned_names(source, function.body)
+    return value is not None and _full(source, value) and name not in written
 
 
 def _passed(source: ParsedSource, caller: Function, argument: Node) -> str:
@@ -76,6 +93,8 @@ def mask_refusal(source: ParsedSource, function: Function, mask: Node) -> str | 
         return None
     node = strip_parens(mask)
     name = source.text_of(node)
+    if node.type == "identifier" and _full_local(source, function, name):
+        return None
     if node.type != "identifier" or function.param(name) is None:
         return plain
     index = [p.name for p in function.params].index(name)

@@ -18,6 +18,7 @@ from tests.mechanisms.reductions_experts import (
 from tests.mechanisms.roundtrip import (
     PUBLIC_FORMS,
     RoundTripSuite,
+    compile_ok,
     fixture_pairs,
     forward_chain,
     removal_chain,
@@ -209,6 +210,52 @@ def _comes_back_exactly(kernel: KernelSource, subject: str = "warp_shuffle_reduc
     assert removal.sites and "__shfl" not in removal.simplified.text
     assert reapply(removal).text == kernel.text
     return removal.simplified.text
+
+
+MERGE_PAIRS = """#include <cuda_runtime.h>
+struct __align__(8) MaxSum {
+  float m;
+  float d;
+};
+template <const int kLanes = 32>
+__device__ __forceinline__ MaxSum merge_lanes(MaxSum value) {
+  unsigned int mask = 0xffffffff;
+#pragma unroll
+  for (int stride = kLanes >> 1; stride >= 1; stride >>= 1) {
+    MaxSum other;
+    other.m = __shfl_xor_sync(mask, value.m, stride);
+    other.d = __shfl_xor_sync(mask, value.d, stride);
+    const bool mine = value.m > other.m;
+    const MaxSum big = mine ? value : other;
+    const MaxSum small = mine ? other : value;
+    value.d = big.d + small.d * __expf(small.m - big.m);
+    value.m = big.m;
+  }
+  return value;
+}
+__global__ void k(const float* x, float* y) {
+  MaxSum v{x[threadIdx.x], 1.0f};
+  v = merge_lanes<32>(v);
+  if (threadIdx.x == 0) y[0] = v.m + logf(v.d);
+}
+"""
+
+
+@pytest.mark.nvcc
+def test_a_declared_partner_and_a_local_full_mask_are_kept_where_they_are(
+    mechanism_builder: Builder,
+) -> None:
+    # a public idiom: the partner's fields shuffled into a struct declared at the top of the
+    # step, through a mask held in a local
+    kernel = KernelSource(MERGE_PAIRS)
+    removed = _comes_back_exactly(kernel)
+    step = removed[removed.index("MaxSum other;") :]
+    assert step.index("xchg1[xchg_warp][xchg_lane] = value.d;") < step.index("__syncwarp();")
+    assert "other.d = xchg1[xchg_warp][xchg_lane ^ stride];" in step
+    compile_ok(mechanism_builder, [KernelSource(removed)])
+    written = KernelSource(MERGE_PAIRS.replace("#pragma unroll\n", "  mask >>= 0;\n"))
+    (site,) = mechanism.detect(written)
+    assert site.refusal == "the mask mask is not a full-warp constant"
 
 
 PAIR_LOOP = """  float w = 2.0f * v, a, b;
