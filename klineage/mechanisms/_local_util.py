@@ -181,11 +181,12 @@ def _call_name(source: ParsedSource, call: Node) -> str:
 def is_pure_call(source: ParsedSource, call: Node) -> bool:
     """A call known to read nothing it does not get and to write nothing: math functions,
     conversion and arithmetic intrinsics, ``make_float4``-style constructors, C++ casts, the
-    file's arithmetic macros (``OFFSET(row, col, ld)``)."""
+    file's arithmetic macros (``OFFSET(row, col, ld)``) and access macros (``HALF2(a[i])``, a
+    read)."""
     name = _call_name(source, call)
     if name in _PURE_CALLS or name.startswith("make_"):
         return True
-    if name in analysis(source).arithmetic_macros:
+    if name in analysis(source).arithmetic_macros or name in analysis(source).vectors.access_macros:
         return True
     return name.startswith("__") and not name.startswith(_IMPURE_PREFIXES)
 
@@ -602,7 +603,8 @@ def _call_type(source: ParsedSource, function: Function, node: Node) -> str | No
         return element_of(pointer) if pointer else None
     if name.startswith("make_") and name[5:] in VECTOR_TYPES:
         return name[5:]
-    return None
+    macro = analysis(source).vectors.access_macros.get(name)
+    return normalize_type(macro.vector) if macro is not None else None  # FLOAT4(a[i]): float4
 
 
 # ---------------------------------------------------------------------------------------------

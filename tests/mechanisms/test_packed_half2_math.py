@@ -301,3 +301,38 @@ def test_the_tail_of_a_paired_loop_is_not_paired_again() -> None:
     paired = pair_every_loop(_row_loop("acc += __half2float(x[c]);"))
     assert "for (int64_t c = c_pair; c < n; ++c)" in paired.text
     assert [s for s in mechanism.candidates(paired) if s.detail["kind"] == "loop"] == []
+
+
+HALF2_MACROS = """#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#define HALF2(value) (reinterpret_cast<half2 *>(&(value))[0])
+#define LDST128BITS(value) (reinterpret_cast<float4 *>(&(value))[0])
+__global__ void add_f16x8(half *a, half *b, half *c, int N) {
+  int idx = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
+  half pack_a[8], pack_b[8], pack_c[8];
+  LDST128BITS(pack_a[0]) = LDST128BITS(a[idx]);
+  LDST128BITS(pack_b[0]) = LDST128BITS(b[idx]);
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) {
+    HALF2(pack_c[i]) = __hadd2(HALF2(pack_a[i]), HALF2(pack_b[i]));
+  }
+  if ((idx + 7) < N) {
+    LDST128BITS(c[idx]) = LDST128BITS(pack_c[0]);
+  }
+}
+"""
+
+
+@pytest.mark.nvcc
+def test_operands_read_through_access_macros_are_half2_values(mechanism_builder: Builder) -> None:
+    # a public idiom: packs of eight halves moved with a 128-bit macro and added two at a time
+    # through a half2 macro; the macro's reads are typed (half2) and free of side effects
+    kernel = KernelSource(HALF2_MACROS)
+    chain = removal_chain(mechanism, kernel)
+    assert len(chain.sites) == 1
+    assert "__hadd(HALF2(pack_a[i]).y, HALF2(pack_b[i]).y)" in chain.states[-1].text
+    (candidate,) = mechanism.candidates(chain.states[-1])
+    assert mechanism.apply(chain.states[-1], candidate).text == kernel.text
+    vectors = get("vectorized_access")
+    assert len([s for s in vectors.detect(kernel) if s.supported]) == 9
+    compile_ok(mechanism_builder, [*chain.states, removal_chain(vectors, kernel).states[-1]])
