@@ -162,6 +162,24 @@ def test_access_macros_read_an_elements_address_as_a_vector() -> None:
     }
 
 
+def test_an_access_macros_call_is_one_packed_access_of_its_element() -> None:
+    source = KernelSource(
+        "#define FLOAT4(value) (reinterpret_cast<float4 *>(&(value))[0])\n"
+        "__global__ void copy4(float* a, float* c, int n) {\n"
+        "  int idx = 4 * (blockIdx.x * blockDim.x + threadIdx.x);\n"
+        "  float4 v = FLOAT4(a[idx]);\n"
+        "  FLOAT4(c[idx]) = v;\n}\n"
+    ).parsed
+    function = source.function("copy4")
+    assert function is not None
+    accesses = analysis(source).indices(function).accesses()
+    assert [(a.buffer.name, a.direction, a.bytes) for a in accesses] == [
+        ("a", "load", 16),
+        ("c", "store", 16),
+    ]
+    assert str(accesses[1].offset) == "4·blockDim.x·blockIdx.x + 4·threadIdx.x"
+
+
 def test_arithmetic_macros_are_those_without_writes_or_calls() -> None:
     source = KernelSource(
         "#define OFFSET(row, col, ld) ((row) * (ld) + (col))\n"

@@ -802,6 +802,8 @@ class FunctionIndices:
                     and (node.parent.child_by_field_name("argument") == node)
                 ):
                     continue  # an inner part of a[i][j]
+                if self._access_macro_of(node) is not None:
+                    continue  # FLOAT4(a[i]): the macro's call is the access
                 direction = "address" if _address_taken(node) else _direction(node)
                 found = self._access(node, self._address(node), direction)
             elif node.type == "pointer_expression":
@@ -837,10 +839,34 @@ class FunctionIndices:
             node = node.child_by_field_name("left")
         return None
 
+    def _access_macro_of(self, element: Node) -> Node | None:
+        """The call of an access macro whose argument ``element`` is (``FLOAT4(a[i])``)."""
+        current = element
+        while current.parent is not None and current.parent.type == "parenthesized_expression":
+            current = current.parent
+        arguments = current.parent
+        call = arguments.parent if arguments is not None else None
+        if arguments is None or arguments.type != "argument_list" or call is None:
+            return None
+        name = callee_name(call_name(self.source, call) or "")
+        macros = self.analysis.vectors.access_macros
+        return call if name in macros and len(call_arguments(call)) == 1 else None
+
     def _call_accesses(self, call: Node) -> Iterator[Access]:
         source = self.source
         short = callee_name(call_name(source, call) or "")
         args = call_arguments(call)
+        macro = self.analysis.vectors.access_macros.get(short)
+        if macro is not None and len(args) == 1:
+            # the packed vector at the element's address, read or written as the call is
+            element = strip_parens(args[0])
+            packed = self.analysis.vectors.packed(macro.vector)
+            address = self._address(element) if element.type == "subscript_expression" else None
+            width = packed.bytes if packed is not None else None
+            found = self._access(call, address, _direction(call), width)
+            if found is not None:
+                yield found
+            return
         if _LOAD_INTRINSICS.match(short) and args:
             found = self._access(call, self.form(args[0]), "load", self._cast_width(args[0]))
             if found is not None:
