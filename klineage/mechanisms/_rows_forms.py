@@ -67,8 +67,8 @@ from klineage.mechanisms._reductions_util import (
 Group = Literal["block", "warp"]
 
 Op = Literal["sum", "max", "min", "merge"]
-"""``merge``: ``acc = f(acc, e)`` with a user type (online softmax's max-and-sum), spread only
-with a carried block reduction (:func:`merge_reductions`), i.e. in a round trip."""
+"""``merge``: ``acc = f(acc, e)`` with a user type (a running max with its rescaled sum), spread
+only with a carried block reduction (:func:`merge_reductions`), i.e. in a round trip."""
 
 SYNC_CALLS = frozenset(
     {"__syncthreads", "__syncthreads_or", "__syncthreads_and", "__syncthreads_count"}

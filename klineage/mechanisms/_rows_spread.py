@@ -1,6 +1,6 @@
 """Thread per row -> group per row (the forward rewrite): loops strided by the group, each
 accumulator reduced over the group after its loop, stores by the first thread, one row per
-group at launch; carried block reductions of a user type (online softmax) merged back."""
+group at launch; carried block reductions of a user type (a running max and sum) merged back."""
 
 from __future__ import annotations
 

@@ -528,7 +528,6 @@ class ThreadWalker:
         """A sum split over threads is right only when every thread starts from zero: the
         sum's last write before its loop is its declaration, or a plain ``sum = 0.0f;`` (a
         sum reused for a second walk of the row) in a block the loop is in."""
-        assert self.kernel.body is not None
         last = self.last_write(name, loop)
         if last is None or last[0].type == "declaration":
             if last is None or not is_zero_literal(self.source, last[1]):
@@ -538,17 +537,16 @@ class ThreadWalker:
                 )
             return
         write, value = last
-        statement, block = write.parent, write.parent.parent if write.parent else None
-        reset = (
-            value is not None
-            and is_zero_literal(self.source, value)
+        statement = write.parent
+        block = statement.parent if statement is not None else None
+        if not (
+            is_zero_literal(self.source, value)
             and statement is not None
             and statement.type == "expression_statement"
             and block is not None
             and block.type == "compound_statement"
             and within(loop, block)
-        )
-        if not reset:
+        ):
             raise NotCanonical(f"{name} is written before its loop (line {self.line(write)})")
 
     def last_write(self, name: str, loop: Node) -> tuple[Node, Node | None] | None:

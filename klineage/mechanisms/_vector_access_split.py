@@ -5,7 +5,7 @@ recognized and merged back."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from klineage.cuda.analysis import analysis
@@ -121,19 +121,23 @@ def _access_at(source: ParsedSource, function: Function, node: Node) -> _Access 
         return None
     effects = None if is_side_effect_free(source, node) else "the address has side effects"
     subscript = node if form == "subscript" else None
-    if usage == "load":
-        refusal = effects or _reference_binding(source, node)
-        return _Access(node, "load", form, address, address_node, subscript, vector, None, refusal)
+    found = _Access(node, usage, form, address, address_node, subscript, vector, None, effects)
+    return _load_or_store(source, found)
+
+
+def _load_or_store(source: ParsedSource, found: _Access) -> _Access:
+    """``found`` (at the accessing node, its refusal the address's) as a load, or as the store
+    ``node = value;`` whose statement is the access, with why it is refused if it is."""
+    node = found.node
+    if found.kind == "load":
+        return replace(found, refusal=found.refusal or _reference_binding(source, node))
     assignment = node.parent
     assert assignment is not None
-    statement = assignment.parent
-    value = assignment.child_by_field_name("right")
+    statement, value = assignment.parent, assignment.child_by_field_name("right")
     if statement is None or statement.type != "expression_statement" or value is None:
         used = "the store's value is used in a larger expression"
-        return _Access(node, "store", form, address, address_node, subscript, vector, value, used)
-    return _Access(
-        statement, "store", form, address, address_node, subscript, vector, value, effects
-    )
+        return replace(found, value=value, refusal=used)
+    return replace(found, node=statement, value=value)
 
 
 def _macro_access(source: ParsedSource, call: Node) -> _Access | None:
@@ -151,16 +155,8 @@ def _macro_access(source: ParsedSource, call: Node) -> _Access | None:
     address = f"&({source.text_of(element)})"
     subscript = element if element.type == "subscript_expression" else None
     effects = None if is_side_effect_free(source, element) else "the address has side effects"
-    if usage == "load":
-        refusal = effects or _reference_binding(source, call)
-        return _Access(call, "load", "macro", address, None, subscript, vector, None, refusal)
-    assignment = call.parent
-    assert assignment is not None
-    statement, value = assignment.parent, assignment.child_by_field_name("right")
-    if statement is None or statement.type != "expression_statement" or value is None:
-        used = "the store's value is used in a larger expression"
-        return _Access(call, "store", "macro", address, None, subscript, vector, value, used)
-    return _Access(statement, "store", "macro", address, None, subscript, vector, value, effects)
+    found = _Access(call, usage, "macro", address, None, subscript, vector, None, effects)
+    return _load_or_store(source, found)
 
 
 def _intrinsic_access(source: ParsedSource, function: Function, call: Node) -> _Access | None:
