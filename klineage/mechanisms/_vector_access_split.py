@@ -328,12 +328,11 @@ def _split_load(source: ParsedSource, function: Function, call: Node) -> _Split 
     vector = _vector_pointer(source, function, address)
     macro = ""
     if vector is None and not first[3]:
-        # the split of an access macro's read: an element address, the vector of the make
-        vector = next((v for v in VECTOR_TYPES.values() if v.make == source.text_of(callee)), None)
-        macro = (
-            _macro_for(source, vector) if vector is not None and vector.element == first[0] else ""
-        )
-        vector = vector if macro else None
+        # the split of an access macro's read: an element address, and a vector of the make
+        # (``__halves2half2`` makes both ``__half2`` and ``half2``) the file has a macro for
+        makes = [v for v in VECTOR_TYPES.values() if v.make == source.text_of(callee)]
+        found = ((v, _macro_for(source, v)) for v in makes if v.element == first[0])
+        vector, macro = next(((v, m) for v, m in found if m), (None, ""))
     if vector is None or vector.make != source.text_of(callee) or vector.count != len(args):
         return None
     for k, ref in enumerate(refs):
