@@ -28,6 +28,7 @@ from klineage.cuda.cexpr import MULTIPLICATIVE, PRIMARY, operand, replacement_ta
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.kernel import KernelSource
+from klineage.mechanisms._local_util import struct_fields
 from klineage.mechanisms.base import Carrier, Mechanism, Site, register
 from klineage.problem import Problem
 
@@ -123,7 +124,9 @@ class _Types:
                 return None
             if base.type == "identifier":
                 declared = _strip_type(self.types.get(source.text_of(base), ""))
-                return "float" if declared.rstrip("[]") in _FLOAT_VECTORS else None
+                if declared.rstrip("[]") in _FLOAT_VECTORS:
+                    return "float"
+                return self._field_kind(declared, node)
             if base.type == "subscript_expression":
                 inner = base.child_by_field_name("argument")
                 if inner is not None and inner.type == "identifier":
@@ -141,6 +144,16 @@ class _Types:
                 return None
             return "float" if "float" in kinds else "int"
         return None
+
+    def _field_kind(self, declared: str, node: Node) -> str | None:
+        """The kind of ``s.f`` for a local ``s`` of a struct of the file (``MD m; m.d``)."""
+        field = node.child_by_field_name("field")
+        name = declared.removeprefix("struct ").strip()
+        fields = struct_fields(self.source).get(name, {})
+        type_text = fields.get(self.source.text_of(field), "") if field is not None else ""
+        if type_text == "float":
+            return "float"
+        return "int" if type_text in _INT_TYPES else None
 
     def float_division(self, node: Node) -> bool:
         """A ``/`` computed in float: one float operand, the other float or integer."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 
 from klineage.cuda.edit import changed_region
 from klineage.kernel import KernelSource
@@ -140,17 +141,15 @@ def matching_candidate(
     """The candidate of `after` where the removal that led from `before` happened: the smallest
     candidate containing the changed bytes, else the nearest one; None without candidates.
     A pure deletion belongs to the code after it: a deleted line (a pragma at column 0 before
-    an indented loop) leaves its point in the whitespace before that code, not inside it.
+    an indented loop, or before a comment over the loop) leaves its point in the whitespace or
+    comments before that code, not inside it.
 
     The nearest one never comes from a `foreign` function: the walk's other functions (not
     the removed site's, nor a helper its removals wrote), whose candidates belong to another
     kernel, where applying re-applies nothing."""
     start, end = changed_region(before.text, after.text)
     if start == end:
-        data = after.text.encode()
-        while end < len(data) and data[end : end + 1].isspace():
-            end += 1
-        start = end
+        start = end = _code_after(after.text.encode(), end)
     candidates = [c for c in mechanism.candidates(after) if c.supported]
     containing = [c for c in candidates if c.start_byte <= start and end <= c.end_byte]
     if containing:
@@ -159,6 +158,22 @@ def matching_candidate(
     if not candidates:
         return None
     return min(candidates, key=lambda c: min(abs(c.start_byte - start), abs(c.end_byte - end)))
+
+
+def _code_after(data: bytes, at: int) -> int:
+    """The offset of the first code at or after `at`: whitespace and comments skipped."""
+    while at < len(data):
+        if data[at : at + 1].isspace():
+            at += 1
+        elif data.startswith(b"//", at):
+            line_end = data.find(b"\n", at)
+            at = len(data) if line_end < 0 else line_end + 1
+        elif data.startswith(b"/*", at):
+            comment_end = data.find(b"*/", at + 2)
+            at = len(data) if comment_end < 0 else comment_end + 2
+        else:
+            break
+    return at
 
 
 def _changed_functions(before: KernelSource, after: KernelSource) -> set[str]:
@@ -209,10 +224,54 @@ def reapply(removal: Removal) -> KernelSource:
                     reason="no candidate site where the removal happened",
                 )
             )
-        # candidates are found on the state the removal produced; after earlier re-applications
-        # the current text equals that state, so the site is valid here
+        candidate = candidate_in(mechanism, candidate, removal.states[i + 1], current)
         current = mechanism.apply(current, candidate, removal.carriers[i])
     return current
+
+
+def candidate_in(
+    mechanism: Mechanism, candidate: Site, found_in: KernelSource, current: KernelSource
+) -> Site:
+    """`candidate`, found in `found_in`, as a candidate of `current`.
+
+    After exact re-applications the two texts are equal and the site is valid as it is. A
+    forward rule may spell what it puts back differently from what the removal took out (a
+    split vector access merges into the file's first macro of its type, where the expert
+    used another of the same body): then the candidate is the one of `current` of the same
+    function and kind on the same lines, mapped through the lines the texts share. Raises
+    MechanismRefused when no single candidate is there."""
+    if current.text == found_in.text:
+        return candidate
+    lines = _line_map(found_in.text, current.text)
+    first, last = lines.get(candidate.start_line), lines.get(candidate.end_line)
+    same = [
+        c
+        for c in mechanism.candidates(current)
+        if c.supported
+        and (c.function, c.node_kind, c.start_line, c.end_line)
+        == (candidate.function, candidate.node_kind, first, last)
+    ]
+    if len(same) != 1:
+        raise MechanismRefused(
+            Refusal(
+                mechanism=mechanism.name,
+                action="apply",
+                site=str(candidate),
+                reason="an earlier application rewrote the lines of this candidate",
+            )
+        )
+    return same[0]
+
+
+def _line_map(old: str, new: str) -> dict[int, int]:
+    """1-based line numbers of `old` to those of `new`, for lines in blocks the texts share
+    or in replaced blocks of equal length (a line respelled in place)."""
+    matcher = SequenceMatcher(None, old.splitlines(), new.splitlines(), autojunk=False)
+    mapped = {}
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+            mapped.update({i + 1: j1 + (i - i1) + 1 for i in range(i1, i2)})
+    return mapped
 
 
 def apply_everywhere(kernel: KernelSource, mechanism: Mechanism, carrier: Carrier) -> KernelSource:

@@ -70,6 +70,28 @@ def test_divisions_that_are_not_float_are_not_candidates(division: str) -> None:
     assert mechanism.candidates(_device(division)) == []
 
 
+def _struct_division(division: str) -> KernelSource:
+    # a running (max, sum) pair kept in a struct of the file, as online softmax kernels do
+    return KernelSource(
+        "struct __align__(8) Pair { float m; float d; int n; double w; };\n"
+        "__global__ void k(const Pair* p, float* y) {\n"
+        f"  Pair r = p[0];\n  y[0] = {division};\n}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("division", "candidate"),
+    [("1.0f / r.d", True), ("r.m / r.n", True), ("1.0f / r.w", False), ("r.n / 2", False)],
+)
+def test_divisions_by_fields_of_a_struct_of_the_file(division: str, candidate: bool) -> None:
+    sites = [s for s in mechanism.candidates(_struct_division(division)) if s.supported]
+    assert bool(sites) is candidate
+    if candidate:
+        applied = mechanism.apply(_struct_division(division), sites[0])
+        left, right = division.split(" / ")
+        assert f"y[0] = __fdividef({left}, {right});" in applied.text
+
+
 def test_host_code_is_never_a_candidate() -> None:
     source = KernelSource("#include <math.h>\nfloat h(float a) { return expf(a) / 2.0f; }\n")
     assert mechanism.candidates(source) == []

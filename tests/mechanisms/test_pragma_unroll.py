@@ -58,6 +58,34 @@ def test_a_loop_sharing_its_line_gets_the_pragma_on_a_line_of_its_own() -> None:
     assert len(mechanism.detect(applied)) == 1
 
 
+def test_a_pragma_above_a_comment_goes_back_to_the_loop_under_the_comment() -> None:
+    from klineage.mining.removal import reapply, remove_mechanism
+
+    # the pragma, then a comment line, then the inner loop: the deletion point is before the
+    # comment, outside the inner loop, and still belongs to it
+    kernel = KernelSource(
+        "__global__ void k(float* y, int n) {\n"
+        "#pragma unroll\n"
+        "  for (int it = 0; it < 4; ++it) {\n"
+        "    y[it] += 1.0f;\n"
+        "#pragma unroll\n"
+        "    // second pass\n"
+        "    /* over eight */\n"
+        "    for (int j = 0; j < 8; ++j) y[j] *= 2.0f;\n"
+        "  }\n"
+        "}\n"
+    )
+    removal = remove_mechanism(kernel, get("pragma_unroll"))
+    assert len(removal.sites) == 2
+    restored = reapply(removal).text
+    # it goes back right above its loop, under the comments
+    expected = kernel.text.replace(
+        "#pragma unroll\n    // second pass\n    /* over eight */\n",
+        ("// second pass\n/* over eight */\n#pragma unroll\n"),
+    )
+    assert " ".join(restored.split()) == " ".join(expected.split())  # indentation aside
+
+
 def test_column_zero_pragmas_inside_an_outer_loop_go_back_before_their_own_loops() -> None:
     from klineage.mining.removal import reapply, remove_mechanism
 

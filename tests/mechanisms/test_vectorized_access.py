@@ -12,7 +12,7 @@ from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from klineage.mechanisms.recall import detection_recall
-from klineage.mining.removal import apply_everywhere
+from klineage.mining.removal import apply_everywhere, candidate_in, reapply, remove_mechanism
 from tests.conftest import REPO
 from tests.mechanisms.host_emulation import Buffer, Case, assert_close, floats, run_on_host
 from tests.mechanisms.roundtrip import (
@@ -268,6 +268,29 @@ def test_a_split_merges_into_the_first_macro_of_its_vector_type() -> None:
     back = apply_everywhere(removal_chain(mechanism, kernel).states[-1], mechanism, Carrier())
     assert "float4 v = WIDE(y[4 * n]);" in back.text
     assert "WIDE(y[4 * n + 4]) = v;" in back.text  # the same access, spelled with WIDE
+
+
+@pytest.mark.nvcc
+def test_a_walk_respelled_in_the_first_macro_still_applies_again(
+    mechanism_builder: Builder,
+) -> None:
+    # two macros of one body, the second used for a copy whose value is also a macro read:
+    # merging the value spells it with the first macro, so the state the store's split is
+    # found in differs from the one it is applied to; the walk forward still takes it there
+    macros = (
+        "#define WIDE(value) (reinterpret_cast<float4 *>(&(value))[0])\n"
+        "#define LDST128(value) (reinterpret_cast<float4 *>(&(value))[0])\n"
+    )
+    body = (
+        "  float4 v = WIDE(y[4 * n]);\n  LDST128(y[4 * n + 8]) = LDST128(y[4 * n + 4]);\n  take(v);"
+    )
+    kernel = KernelSource(macros + _device(body).text)
+    removal = remove_mechanism(kernel, mechanism)
+    assert len(removal.sites) == 3
+    back = reapply(removal)
+    assert "WIDE(y[4 * n + 8]) = WIDE(y[4 * n + 4]);" in back.text
+    assert back.text == kernel.text.replace("LDST128(y[", "WIDE(y[")
+    compile_ok(mechanism_builder, [removal.simplified, back])
 
 
 def test_an_element_indexed_through_an_arithmetic_macro_has_no_side_effects() -> None:
@@ -946,3 +969,17 @@ def test_peeled_loops_compute_the_block_rows_outputs_on_the_host() -> None:
     peeled = apply_everywhere(kernel, mechanism, Carrier(check="peeled"))
     cases = _log_softmax_cases(((5, 301, 0), (6, 3, 0), (3, 256, 0), (3, 256, 1), (4, 301, 2)))
     assert_close(floats(run_on_host(peeled.text, cases)), floats(run_on_host(kernel.text, cases)))
+
+
+def test_a_candidate_whose_lines_an_earlier_application_rewrote_is_refused() -> None:
+    body = "  LDST128(y[4 * n + 8]) = v;"
+    macro = "#define LDST128(value) (reinterpret_cast<float4 *>(&(value))[0])\n"
+    kernel = KernelSource(macro + _device(f"  float4 v = p4[n];\n{body}").text)
+    removal = remove_mechanism(kernel, mechanism)
+    split = removal.simplified
+    (candidate,) = [c for c in mechanism.candidates(split) if c.node_kind == "compound_statement"]
+    assert candidate_in(mechanism, candidate, split, split) == candidate
+    # the split's lines are gone from the text it would be applied to
+    elsewhere = KernelSource(macro + _device("  float4 v = p4[n];\n  take(v);").text)
+    with pytest.raises(MechanismRefused, match="rewrote the lines of this candidate"):
+        candidate_in(mechanism, candidate, split, elsewhere)
