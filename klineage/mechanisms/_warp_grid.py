@@ -642,7 +642,9 @@ def rebuilt_grid(source: ParsedSource, function: Function) -> RebuiltGrid | None
     for name, declaration, value in top_declarations(source, function):
         value = _value(value)
         operands = binary_operands(strip_casts(value), "/", "%") if value is not None else None
-        if operands is not None and _linear_thread(locals_, operands[0]):
+        # any thread expression the removal divided into warps (``ty * TX + tx`` with TX the
+        # block's width written as a constant): the grid is only a relabeling of it
+        if operands is not None and _thread_index(locals_, operands[0]):
             grids[name] = _Index(name, declaration, value, operands[0])
     found: dict[str, tuple[_Index, tuple[str, str]]] = {}
     for name, declaration, value in top_declarations(source, function):

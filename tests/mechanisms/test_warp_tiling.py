@@ -245,3 +245,37 @@ def test_every_state_computes_the_same_bits_on_the_host() -> None:
     for lane_cols in (4, 8):
         applied = mechanism.apply(kernel, _grid_site(kernel), Carrier(lane_cols=lane_cols))
         assert run_on_host(applied.text, [case]) == want
+
+
+@pytest.mark.nvcc
+def test_a_thread_index_over_a_constant_row_width_is_restored_too() -> None:
+    """``ty * 32 + tx`` (the block's width written as a number, as tutorials write
+    ``ty * THREAD_X_PER_BLOCK + tx``): the removal relabels it, and the forward rule finds the
+    relabeled grid again; every state prints the same bytes on the host."""
+    from tests.mechanisms.host_emulation import run_on_host
+
+    text = (PUBLIC / "linear_warps.before.cu").read_text()
+    spelled = "size_t const linear{threadIdx.y * blockDim.x + threadIdx.x};"
+    assert spelled in text
+    before = KernelSource(
+        text.replace(
+            spelled,
+            "size_t const tx{threadIdx.x};\n  size_t const ty{threadIdx.y};\n"
+            "  size_t const linear{ty * 32U + tx};",
+        )
+    )
+    states = _states(before)
+    assert "size_t const linear{ty * 32U + tx};" in states[1].text
+    # the same indices again, the warp size written as a plain 32
+    assert states[2].text == before.text.replace("linear / 32U}", "linear / 32}").replace(
+        "linear % 32U}", "linear % 32}"
+    )
+    case = _gemm_case(
+        70,
+        100,
+        19,
+        "gemm_warp_grid<float, 64, 64, 8, 32, 32, 8>((size_t)M, (size_t)N, (size_t)K, A, B, C)",
+        "dim3((unsigned)((N + 63) / 64), (unsigned)((M + 63) / 64))",
+        "dim3(32, 4)",
+    )
+    assert len({run_on_host(state.text, [case]) for state in states}) == 1
