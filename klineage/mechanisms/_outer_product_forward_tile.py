@@ -18,8 +18,11 @@ element, as the removal writes it::
 rewrite runs the reduction once: per turn, ``X`` for every combination of its loops into one
 register array and ``Y`` for its loops into another (unrolled fills declaring their offsets
 again), then the output loops accumulate the outer product into ``acc`` directly. Each output
-sums the same products in the same order, so results are the same bits. The two-loop form
-with a sum used elsewhere is ``_outer_product_forward``.
+sums the same products in the same order, so results are the same bits. Where one factor
+reads no output loop (one output loop, the 1-D tiling of a column strip), it becomes one
+register of the turn and the other is read per output: in place, or, where it has offsets,
+as a value declared after them. The two-loop form with a sum used elsewhere is
+``_outer_product_forward``.
 """
 
 from __future__ import annotations
@@ -55,10 +58,10 @@ from klineage.mechanisms._staging import subscript_chain
 from klineage.mechanisms._tiles_util import column, fresh_name, substitute
 
 NEEDED = (
-    "counted output loops (two to four, nothing between them) whose innermost body starts a "
+    "counted output loops (one to four, nothing between them) whose innermost body starts a "
     "scalar sum from its element of an accumulator array, accumulates `s += X * Y` over "
     "reduction loops (offsets, then the update), and stores it back; X reading some output "
-    "loops and Y the others"
+    "loops and Y the others (or none)"
 )
 
 
@@ -104,7 +107,7 @@ def tile_sums(source: ParsedSource, function: Function, outer: Node) -> TileSums
         outputs.append(loop)
         items = items_of(source, current.child_by_field_name("body"))
         current = items[0] if len(items) == 1 and items[0].type == "for_statement" else None
-    if len(outputs) < 2 or len(items) != 3:
+    if not outputs or len(items) != 3:
         return None
     declared = index_declaration(source, items[0])
     if declared is None or items[1].type != "for_statement":
@@ -171,7 +174,7 @@ def sides(source: ParsedSource, form: TileSums) -> tuple[_Side, _Side, tuple[Nod
         ):
             raise NotInForm(f"a factor `{source.text_of(factor)}` with side effects", NEEDED)
         owned.append(outputs_read(factor))
-    if not owned[0] or not owned[1] or owned[0] & owned[1] or owned[0] | owned[1] != set(variables):
+    if owned[0] & owned[1] or owned[0] | owned[1] != set(variables):
         raise NotInForm(
             "factors that do not split the output loops between them (each output loop read "
             "by exactly one factor)",
@@ -206,16 +209,28 @@ def tile_application(
     element = source.text_of(type_node) if type_node is not None else "float"
     turn = [flattened(source.text_of(o)) for o in shared]
     reads: dict[tuple[int, int], str] = {}
+    scalar = not first.loops or not second.loops
+    in_place: list[str] = []  # a factor read per output, inside the output loops
     for k, (side, factor) in enumerate(zip((first, second), form.factors, strict=True)):
+        offsets = [flattened(source.text_of(o)) for o in side.offsets]
+        if scalar and side.loops and not offsets:
+            continue  # read where it is
         base = names[k] or f"{form.accumulator}_{'lhs' if k == 0 else 'rhs'}"
         cache = fresh_name(taken, base)
         taken.add(cache)
+        value = flattened(source.text_of(factor))
+        if scalar and side.loops:  # its offsets, then its value, per output
+            in_place += [*offsets, f"const {element} {cache} = {value};"]
+            reads[(factor.start_byte, factor.end_byte)] = cache
+            continue
+        if not side.loops:
+            turn += [*offsets, f"const {element} {cache} = {value};"]
+            reads[(factor.start_byte, factor.end_byte)] = cache
+            continue
         slot = "".join(f"[{o.variable}]" for o in side.loops)
         turn.append(f"{element} {cache}{''.join(f'[{o.bound}]' for o in side.loops)};")
-        body = [flattened(source.text_of(o)) for o in side.offsets]
-        body.append(f"{cache}{slot} = {flattened(source.text_of(factor))};")
         headers = [("#pragma unroll", loop_header(source, o.node)) for o in side.loops]
-        turn += nest("", headers, body).split("\n")
+        turn += nest("", headers, [*offsets, f"{cache}{slot} = {value};"]).split("\n")
         reads[(factor.start_byte, factor.end_byte)] = f"{cache}{slot}"
     target = flattened(source.text_of(form.target))
 
@@ -226,7 +241,7 @@ def tile_application(
 
     update = flattened(substitute(source, form.update, replace))
     outputs = [(pragma_line(o.pragma, None), loop_header(source, o.node)) for o in form.outputs]
-    turn += nest("", outputs, [update]).split("\n")
+    turn += nest("", outputs, [*in_place, update]).split("\n")
     reductions = [
         (pragma_line(source.pragma_before(r, "unroll"), None), loop_header(source, r))
         for r in form.reductions

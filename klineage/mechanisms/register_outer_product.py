@@ -26,10 +26,11 @@ same in both; what changes is how often each load is used.
   reduction and then uses ``v``, ``X`` reading the row and ``Y`` the column
   (``_outer_product_forward``): a register tile of sums, per reduction step a register array
   of each operand and their outer product, then each output takes its sum. Also on what
-  the removal leaves of a larger tile (up to four output loops, each sum started from and
+  the removal leaves of a tile (one to four output loops, each sum started from and
   stored back into its accumulator element, ``_outer_product_forward_tile``): per turn,
-  each factor over its own output loops into a register array, then the products into the
-  accumulator. Carrier ``first``/``second`` name the register arrays.
+  each factor over its own output loops into a register array (one register for a factor
+  that reads none), then the products into the accumulator. Carrier ``first``/``second``
+  name the register arrays.
 
 Each output's sum runs over the reduction in the same order in both forms, so results are
 the same bits.

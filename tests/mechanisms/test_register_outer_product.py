@@ -105,6 +105,21 @@ __global__ void column_strip(const T* A, const T* B, T* C, size_t k) {
 """
 
 
+def _column_strip_launch() -> Case:
+    """One 32-thread block of the column strip, over 11 steps of k."""
+    return Case(
+        axes={"kd": 11},
+        buffers=[
+            Buffer("out", "float", "8 * 32", output=True),
+            Buffer("lhs", "float", "8 * kd", offset=1),
+            Buffer("rhs", "float", "kd * 32", offset=2),
+        ],
+        call="column_strip<float, 8>(lhs, rhs, out, (size_t)kd)",
+        threads="32",
+        block=32,
+    )
+
+
 def test_offsets_and_values_declared_per_output_move_into_the_sum() -> None:
     """Brace-initialized loops, a register of the turn (`b_val`), offsets of the turn and of
     each output (`b_row`, `a_row`), and a value read per output (`a_val`, not reused)."""
@@ -117,19 +132,27 @@ def test_offsets_and_values_declared_per_output_move_into_the_sum() -> None:
         "      sum += A[a_row * k + k_i] * B[b_row * 32U + threadIdx.x];" in removed
     )
     assert "b_val" not in removed and "a_val" not in removed
-    launch = Case(
-        axes={"kd": 11},
-        buffers=[
-            Buffer("out", "float", "8 * 32", output=True),
-            Buffer("lhs", "float", "8 * kd", offset=1),
-            Buffer("rhs", "float", "kd * 32", offset=2),
-        ],
-        call="column_strip<float, 8>(lhs, rhs, out, (size_t)kd)",
-        threads="32",
-        block=32,
-    )
+    launch = _column_strip_launch()
     kept = run_on_host(COLUMN_STRIP, [launch])
     assert kept.strip() and run_on_host(removed, [launch]) == kept
+
+
+@pytest.mark.nvcc
+def test_a_single_output_loop_takes_the_forward_back_to_a_scalar_register() -> None:
+    """One output loop (1-D thread tiling): the factor that reads no output loop becomes one
+    register per turn, the other is read per output (its offsets, then its value, as the
+    author wrote them); the applied kernel is detected again and prints the same bytes."""
+    kernel = KernelSource(COLUMN_STRIP)
+    (site,) = mechanism.detect(kernel)
+    removed = mechanism.remove(kernel, site)
+    (candidate,) = mechanism.candidates(removed)
+    applied = mechanism.apply(removed, candidate, mechanism.carrier_of(kernel, site))
+    assert "const T b_val = B[b_row * 32U + threadIdx.x];" in applied.text
+    assert "size_t const a_row{r};\n      const T a_val = A[a_row * k + k_i];" in (applied.text)
+    assert [s.supported for s in mechanism.detect(applied)] == [True]
+    launch = _column_strip_launch()
+    kept = run_on_host(COLUMN_STRIP, [launch])
+    assert kept.strip() and run_on_host(applied.text, [launch]) == kept
 
 
 def test_values_read_per_output_alone_are_no_register_reuse() -> None:
