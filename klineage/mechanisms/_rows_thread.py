@@ -57,10 +57,13 @@ class ThreadRows:
 
 def _leading_constants(source: ParsedSource, statements: list[Node]) -> int:
     """How many statements at the start of a body only name compile-time integers (``const
-    int U = 8;``, ``constexpr int kWarps = 4;``) or types (``using V = Packed128<float>;``),
-    or assert the block's width (``assert(blockDim.x == 32)``, which the row layout checks):
+    int U = 8;``, ``constexpr int kWarps = 4;``), the same for every thread (``int BT = B *
+    T;`` of parameters, never written again) or types (``using V = Packed128<float>;``), or
+    assert the block's width (``assert(blockDim.x == 32)``, which the row layout checks):
     what may precede the row index."""
     constants: dict[str, int | str] = dict(source.integer_constants)
+    function = source.enclosing_function(statements[0]) if statements else None
+    uniform = {p.name for p in function.params if p.name} if function is not None else set()
     count = 0
     for statement in statements:
         if statement.type in ("comment", "alias_declaration", "type_definition"):
@@ -76,11 +79,33 @@ def _leading_constants(source: ParsedSource, statements: list[Node]) -> int:
             if c.type in ("type_qualifier", "storage_class_specifier")
         }
         value = fold_int(source, declared[1], constants) if declared is not None else None
-        if declared is None or value is None or not qualifiers & {"const", "constexpr"}:
+        if declared is not None and value is not None and qualifiers & {"const", "constexpr"}:
+            constants[declared[0]] = value
+        elif declared is None or not _of_parameters(source, function, declared, uniform):
             break
-        constants[declared[0]] = value
+        uniform.add(declared[0])
         count += 1
     return count
+
+
+def _of_parameters(
+    source: ParsedSource, function: Function | None, declared: tuple[str, Node], uniform: set[str]
+) -> bool:
+    """``int BT = B * T;``: arithmetic on names every thread holds alike, a local never
+    written again."""
+    name, value = declared
+    if function is None or function.body is None or inside(source, value, "call_expression"):
+        return False
+    names = {source.text_of(n) for n in inside(source, value, "identifier")}
+    if not names or not names <= uniform | set(source.integer_constants):
+        return False
+    if inside(source, value, "field_expression"):
+        return False  # threadIdx.x, blockIdx.x, a struct's field
+    for node in inside(source, function.body, "assignment_expression", "update_expression"):
+        target = node.child_by_field_name("left") or node.child_by_field_name("argument")
+        if target is not None and source.text_of(target) == name:
+            return False
+    return True
 
 
 def _is_width_assert(source: ParsedSource, statement: Node) -> bool:

@@ -576,7 +576,7 @@ class ThreadWalker:
         stored = {(base, index) for base, index, _ in self.store_targets}
         bases = {base for base, _ in stored}
         for base, index, node, in_loop in self.loads:
-            if base not in bases:
+            if base not in bases or (not in_loop and self.updated_in_place(base, index, node)):
                 continue
             if not in_loop or (base, index) not in stored:
                 raise NotCanonical(
@@ -584,6 +584,17 @@ class ThreadWalker:
                     "in the kernel, by another thread of the group"
                 )
             self.check_clamped_read(base, index, node)
+
+    def updated_in_place(self, base: str, index: str, node: Node) -> bool:
+        """``out[i] = out[i] + sum;`` after the loops: the read is in the one statement that
+        stores that element, which one thread of a group runs once the group's reduction is
+        done, so no other thread of the group writes what it reads."""
+        for statement in self.stores:
+            if not within(node, statement):
+                continue
+            targets = [t for b, i, t in self.store_targets if (b, i) == (base, index)]
+            return len(targets) == 1 and within(targets[0], statement) and targets[0] != node
+        return False
 
     def check_clamped_read(self, base: str, index: str, node: Node) -> None:
         """``p[min(n - 1, i + u)]`` read back in an unrolled loop: past the row's end every

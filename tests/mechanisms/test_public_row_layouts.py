@@ -442,3 +442,99 @@ def test_a_row_named_by_blockidx_inside_a_thread_zero_guard_becomes_the_threads_
     assert "float2 st = row_stats(x, row, cols);" in after
     assert "out[row] = st.x + logf(st.y);" in after
     assert "blockIdx.x" not in after.split("const int64_t row =")[1].split("\n", 1)[1]
+
+
+# A bias gradient added into its buffer (llm.c's matmul_backward_bias idiom, as its removals
+# leave it): a product of parameters named before the row index, and the row's output read
+# and written back in one statement after the reduction.
+BIAS_ROWS = """#include <cuda_runtime.h>
+#include <stdint.h>
+// per output channel, the sum of dout's column added into dbias
+__global__ void bias_grad(float* dbias, const float* dout, int B, int T, int OC) {
+  int BT = B * T;
+  int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= OC) return;
+  float sum = 0.0f;
+  for (int i = 0; i < BT; ++i) {
+    sum += dout[i * OC + idx];
+  }
+  {
+    dbias[idx] = dbias[idx] + sum;
+  }
+}
+
+extern "C" int run(float* dbias, const float* dout, int64_t B, int64_t T, int64_t OC,
+                   cudaStream_t stream) {
+  bias_grad<<<(unsigned)((OC + 255) / 256), 256, 0, stream>>>(dbias, dout, (int)B, (int)T,
+                                                              (int)OC);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def _bias_cases(grid: str) -> list[Case]:
+    call = "bias_grad(dbias, dout, (int)B, (int)T, (int)OC)"
+    return [
+        Case(
+            axes={"B": b, "T": t, "OC": oc},
+            buffers=[
+                Buffer("dbias", "float", "OC", output=True),
+                Buffer("dout", "float", "B * T * OC", offset=1),
+            ],
+            call=call,
+            threads="OC",
+            grid=grid,
+            block_dims="dim3(256)",
+        )
+        for b, t, oc in ((1, 3, 5), (2, 50, 9), (3, 70, 40))
+    ]
+
+
+@pytest.mark.nvcc
+def test_a_row_updated_in_place_after_uniform_locals_spreads() -> None:
+    kernel = KernelSource(BIAS_ROWS)
+    want = floats(run_on_host(BIAS_ROWS, _bias_cases("")))
+    grids = {"warp_per_row": "dim3((unsigned)((OC + 7) / 8))", "block_per_row": "dim3(OC)"}
+    for name, grid in grids.items():
+        rule = get(name)
+        (candidate,) = rule.candidates(kernel)
+        assert candidate.supported, candidate.refusal
+        applied = rule.apply(kernel, candidate).text
+        assert "int BT = B * T;" in applied
+        guard = "(threadIdx.x & 31) == 0" if name == "warp_per_row" else "threadIdx.x == 0"
+        assert f"if ({guard}) dbias[idx] = dbias[idx] + sum;" in applied
+        assert_close(floats(run_on_host(applied, _bias_cases(grid))), want)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "refusal"),
+    [
+        # the output read before the reduction, by every thread of the group
+        (
+            "  float sum = 0.0f;\n",
+            "  float sum = 0.0f;\n  const float old = dbias[idx];\n",
+            "read at line",
+        ),
+        # the element stored twice
+        (
+            "    dbias[idx] = dbias[idx] + sum;\n",
+            "    dbias[idx] = dbias[idx] + sum;\n    dbias[idx] = 2.0f * dbias[idx];\n",
+            "read at line",
+        ),
+        # a leading local written again, or one that differs by thread: no thread row at all
+        ("  float sum = 0.0f;\n", "  float sum = 0.0f;\n  BT += 1;\n", None),
+        ("  int BT = B * T;\n", "  int BT = B * (int)threadIdx.y;\n", None),
+    ],
+)
+def test_in_place_updates_and_leading_locals_that_do_not_hold_are_refused(
+    old: str, new: str, refusal: str | None
+) -> None:
+    assert old in BIAS_ROWS
+    kernel = KernelSource(BIAS_ROWS.replace(old, new))
+    for name in ("warp_per_row", "block_per_row"):
+        candidates = get(name).candidates(kernel)
+        if refusal is None:
+            assert candidates == []
+        else:
+            (candidate,) = candidates
+            assert refusal in (candidate.refusal or ""), candidate.refusal
