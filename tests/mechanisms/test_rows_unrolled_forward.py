@@ -157,6 +157,16 @@ def test_a_step_that_is_not_a_constant_is_refused() -> None:
     assert "its step is not a constant" in _refusal("block_per_row", kernel)
 
 
-def test_a_leading_statement_that_is_not_a_constant_leaves_no_candidate() -> None:
-    kernel = _variant(SOFTMAX, "const int kUnroll = 4;", "const int kUnroll = cols / 64;")
+@pytest.mark.parametrize("value", ["(int)threadIdx.y + 4", "scale(cols)"])
+def test_a_leading_statement_that_differs_by_thread_or_calls_leaves_no_candidate(
+    value: str,
+) -> None:
+    kernel = _variant(SOFTMAX, "const int kUnroll = 4;", f"const int kUnroll = {value};")
     assert block_per_row.candidates(kernel) == []
+
+
+def test_a_leading_local_of_parameters_is_read_and_its_unrolled_step_refused() -> None:
+    # the same for every thread, so the row index may follow it; as the unroll factor it is
+    # no constant, which the unrolled form needs
+    kernel = _variant(SOFTMAX, "const int kUnroll = 4;", "const int kUnroll = cols / 64;")
+    assert "its step is not a constant" in _refusal("block_per_row", kernel)
