@@ -219,12 +219,10 @@ def tile_application(
         cache = fresh_name(taken, base)
         taken.add(cache)
         value = flattened(source.text_of(factor))
-        if scalar and side.loops:  # its offsets, then its value, per output
-            in_place += [*offsets, f"const {element} {cache} = {value};"]
-            reads[(factor.start_byte, factor.end_byte)] = cache
-            continue
-        if not side.loops:
-            turn += [*offsets, f"const {element} {cache} = {value};"]
+        if scalar:  # one value: per output where it reads them, else once a turn
+            (in_place if side.loops else turn).extend(
+                [*offsets, f"const {element} {cache} = {value};"]
+            )
             reads[(factor.start_byte, factor.end_byte)] = cache
             continue
         slot = "".join(f"[{o.variable}]" for o in side.loops)

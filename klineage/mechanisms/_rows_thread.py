@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.tree import assigned_names
 from klineage.mechanisms._reductions_util import (
     builtin_uses,
     call_name,
@@ -63,7 +64,9 @@ def _leading_constants(source: ParsedSource, statements: list[Node]) -> int:
     what may precede the row index."""
     constants: dict[str, int | str] = dict(source.integer_constants)
     function = source.enclosing_function(statements[0]) if statements else None
-    uniform = {p.name for p in function.params if p.name} if function is not None else set()
+    params = {p.name for p in function.params if p.name} if function is not None else set()
+    uniform = params | set(constants)
+    body = function.body if function is not None else None
     count = 0
     for statement in statements:
         if statement.type in ("comment", "alias_declaration", "type_definition"):
@@ -81,31 +84,26 @@ def _leading_constants(source: ParsedSource, statements: list[Node]) -> int:
         value = fold_int(source, declared[1], constants) if declared is not None else None
         if declared is not None and value is not None and qualifiers & {"const", "constexpr"}:
             constants[declared[0]] = value
-        elif declared is None or not _of_parameters(source, function, declared, uniform):
+        elif not _uniform_local(source, declared, uniform, body):
             break
         uniform.add(declared[0])
         count += 1
     return count
 
 
-def _of_parameters(
-    source: ParsedSource, function: Function | None, declared: tuple[str, Node], uniform: set[str]
+def _uniform_local(
+    source: ParsedSource, declared: tuple[str, Node] | None, uniform: set[str], body: Node | None
 ) -> bool:
-    """``int BT = B * T;``: arithmetic on names every thread holds alike, a local never
-    written again."""
+    """``int BT = B * T;``: a local of the function ``body`` never written again, of
+    arithmetic on names every thread holds alike (parameters, earlier such locals): no call,
+    no field (``threadIdx.x``, a struct's member), no other name."""
+    if declared is None or body is None:
+        return False
     name, value = declared
-    if function is None or function.body is None or inside(source, value, "call_expression"):
+    if inside(source, value, "call_expression", "field_expression"):
         return False
     names = {source.text_of(n) for n in inside(source, value, "identifier")}
-    if not names or not names <= uniform | set(source.integer_constants):
-        return False
-    if inside(source, value, "field_expression"):
-        return False  # threadIdx.x, blockIdx.x, a struct's field
-    for node in inside(source, function.body, "assignment_expression", "update_expression"):
-        target = node.child_by_field_name("left") or node.child_by_field_name("argument")
-        if target is not None and source.text_of(target) == name:
-            return False
-    return True
+    return bool(names) and names <= uniform and name not in assigned_names(source, body)
 
 
 def _is_width_assert(source: ParsedSource, statement: Node) -> bool:
