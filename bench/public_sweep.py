@@ -21,16 +21,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from klineage.kernel import KernelSource
+from klineage.cuda.headers import read_repository_file
 from klineage.mechanisms import MechanismRefused, all_mechanisms
 
 SUFFIXES = (".cu", ".cuh")
 
 
-def sweep_file(path: Path, shown: Path) -> dict[str, Any]:
-    """One file (`shown` as its name in the summary, relative to the folder swept): sites per
+def sweep_file(path: Path, folder: Path) -> dict[str, Any]:
+    """One file of the repository at `folder` (named in the summary by its path from the
+    folder's parent, read with the headers its build finds under the folder): sites per
     mechanism (supported, refused with reasons), removals, crashes."""
-    kernel = KernelSource(path.read_text(encoding="utf-8", errors="replace"), name=path.name)
+    shown = path.relative_to(folder.parent)
+    kernel = read_repository_file(path, folder, path.name)
     supported: Counter[str] = Counter()
     refused: Counter[tuple[str, str]] = Counter()
     crashes: list[dict[str, str]] = []
@@ -87,7 +89,7 @@ def sweep(folders: list[Path]) -> dict[str, Any]:
     removed = 0
     timing = []
     for path, folder in files:
-        one = sweep_file(path, path.relative_to(folder.parent))
+        one = sweep_file(path, folder)
         supported.update(one["supported"])
         refused.update(one["refused"])
         crashes.extend(one["crashes"])

@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from klineage.kernel import KernelSource
+from klineage.cuda.headers import read_repository_file
 from klineage.mining.plan import plan_walk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +50,7 @@ class FileWalk:
 def walk_file(path: Path, folder: Path) -> FileWalk:
     """The walk of one file: its steps and how many sites stay."""
     name = str(path.relative_to(folder.parent))
-    text = path.read_text(encoding="utf-8", errors="replace")
-    plan, _ = plan_walk(KernelSource(text, name=name))
+    plan, _ = plan_walk(read_repository_file(path, folder, name))
     steps = tuple(Step(s.mechanism, s.transferable, s.forward_refusal) for s in plan.steps)
     return FileWalk(name, steps, len(plan.staying))
 

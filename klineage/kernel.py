@@ -10,7 +10,7 @@ module neither imports nor knows the parser; the ABI a kernel must export is
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -54,15 +54,25 @@ class KernelSource:
     name: str = "kernel.cu"
     """Display name used in messages (the file name when read from disk)."""
     path: Path | None = field(default=None, compare=False)
-    """Where the source was read from, if anywhere."""
+    """Where the source was read from, if anywhere; its folder is where ``#include "..."``
+    is looked up first."""
+    include_dirs: tuple[Path, ...] = field(default=(), compare=False)
+    """Further folders a quoted ``#include`` is looked up in (a build's ``-I`` folders): the
+    analysis reads the macros and constants of the local headers found there."""
 
     @classmethod
-    def from_file(cls, path: str | Path) -> KernelSource:
+    def from_file(cls, path: str | Path, include_dirs: Sequence[Path] = ()) -> KernelSource:
         """The kernel in a `.cu` file, named after it; FileNotFoundError when there is none."""
         file = Path(path)
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no such kernel file; pass the path of a .cu file")
-        return cls(text=file.read_text(encoding="utf-8"), name=file.name, path=file)
+        text = file.read_text(encoding="utf-8")
+        return cls(text=text, name=file.name, path=file, include_dirs=tuple(include_dirs))
+
+    def with_text(self, text: str) -> KernelSource:
+        """Another state of this kernel: ``text`` under the same name, file and include
+        folders (so it reads the same headers)."""
+        return KernelSource(text, self.name, self.path, self.include_dirs)
 
     @cached_property
     def fingerprint(self) -> str:

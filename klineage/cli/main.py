@@ -107,7 +107,7 @@ def gate(
     builder = Builder(arch=arch)
     if build_only:
         abi = KernelAbi.from_definition(problem.definition)
-        builder = builder.with_options(problem.compile_options)
+        builder = builder.with_options(problem.build_options)
         with console.status(f"building {source.name} for {arch}"):
             built = builder.build(source.text, name=source.name, disassemble=True)
             build = check_abi(built, source.text, abi)

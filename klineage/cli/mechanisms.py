@@ -22,6 +22,7 @@ refused (the reason is printed), 2 bad input.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from rich.text import Text
 
 from klineage.cli.progress import progress_bar
 from klineage.cli.tables import Cell, Column, print_rows
+from klineage.cuda.headers import read_repository_file
 from klineage.kernel import KernelSource
 from klineage.mechanisms import (
     Carrier,
@@ -95,8 +97,17 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _read(path: Path) -> KernelSource:
+    """The kernel at ``path``; a problem folder's kernel.cu with the ``-I`` folders of its
+    compile options, so it reads the headers its build finds."""
+    from klineage.problem import ProblemError, load_problem
+
+    include_dirs: tuple[Path, ...] = ()
+    if path.name == "kernel.cu" and (path.parent / "definition.json").is_file():
+        # a definition being written: the kernel alone is still worth reading
+        with contextlib.suppress(ProblemError):
+            include_dirs = load_problem(path.parent).compile_options.include_dirs
     try:
-        return KernelSource.from_file(path)
+        return KernelSource.from_file(path, include_dirs)
     except (FileNotFoundError, UnicodeDecodeError) as err:
         _fail(str(err))
 
@@ -323,7 +334,7 @@ def _builder_for(path: Path) -> Callable[[KernelSource], str] | None:
     options = None
     if path.is_dir() and (path / "definition.json").is_file():
         try:
-            options = load_problem(path).compile_options
+            options = load_problem(path).build_options
         except ProblemError as err:
             _fail(f"{path}: {err}")
     builder = Builder(options=options)
@@ -396,8 +407,7 @@ def _walk_repository(folder: Path, json_out: bool) -> None:
         for path in files:
             name = str(path.relative_to(folder))
             progress.update(task, description=f"planning {name}")
-            text = path.read_text(encoding="utf-8", errors="replace")
-            plans.append(plan_walk(KernelSource(text, name=name))[0])
+            plans.append(plan_walk(read_repository_file(path, folder))[0])
             progress.advance(task)
     if json_out:
         typer.echo(json.dumps([plan.model_dump(mode="json") for plan in plans], indent=2))

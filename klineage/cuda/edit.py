@@ -132,7 +132,7 @@ def apply_edits(
         text = b"".join(pieces).decode("utf-8")
     except UnicodeDecodeError as err:
         raise EditError(f"{kernel.name}: an edit splits a multi-byte character ({err})") from None
-    result = KernelSource(text=text, name=kernel.name, path=kernel.path)
+    result = kernel.with_text(text)
     if check:
         _check_no_new_errors(parsed, result.parsed, new_ranges)
     return result

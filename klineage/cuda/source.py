@@ -36,8 +36,12 @@ from tree_sitter import Language, Node, Parser, Query, QueryCursor, Tree
 
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
+from klineage.cuda.headers import local_headers
 from klineage.kernel import KernelSource
 from klineage.limits import SOURCE_SNIPPET_SHOWN
+
+DefineKind = Literal["preproc_def", "preproc_function_def"]
+"""The two kinds of ``#define``: an object-like macro and one with parameters."""
 
 __all__ = [
     "CUDA_FUNCTION_QUALIFIERS",
@@ -553,6 +557,21 @@ class ParsedSource:
             self._kind_cache[kind] = found
         return found
 
+    @cached_property
+    def headers(self) -> tuple[ParsedSource, ...]:
+        """The local headers the kernel includes (:mod:`klineage.cuda.headers`), parsed:
+        read for their definitions, never edited."""
+        return tuple(header.parsed for header in local_headers(self.kernel))
+
+    def defines(self, kind: DefineKind) -> list[tuple[ParsedSource, Node]]:
+        """Every ``#define`` of one kind (``preproc_def``, or ``preproc_function_def`` for a
+        macro with parameters) with the source that holds it: the file's own first, in order,
+        then those of its local headers. Read a node's text through its source."""
+        found = [(self, node) for node in self.nodes(kind)]
+        for header in self.headers:
+            found += [(header, node) for node in header.nodes(kind)]
+        return found
+
     def iter_nodes(self, *kinds: str, within: Node | None = None) -> Iterator[Node]:
         """Nodes of the given kinds in document order, optionally only those inside ``within``."""
         merged: list[Node] = []
@@ -1036,10 +1055,17 @@ class ParsedSource:
     def integer_constants(self) -> dict[str, int]:
         """File-scope integer constants: ``constexpr int k = 256;``, ``#define K 256``.
 
-        Values are folded with the constants defined before them; a constant whose value
-        cannot be folded is left out.
+        Values are folded with the constants defined before them, those of the local headers
+        included first; a constant whose value cannot be folded is left out.
         """
         constants: dict[str, int] = {}
+        for header in self.headers:
+            header._fold_constants(constants)
+        self._fold_constants(constants)
+        return constants
+
+    def _fold_constants(self, constants: dict[str, int]) -> None:
+        """Add this file's own integer constants to ``constants`` (folded with them)."""
         for node in self.iter_nodes("declaration", "preproc_def"):
             if node.type == "preproc_def":
                 name = node.child_by_field_name("name")
@@ -1069,7 +1095,6 @@ class ParsedSource:
                 folded = fold_int(self, value, constants)
                 if folded is not None:
                     constants[self.text_of(name)] = folded
-        return constants
 
     def _device_branch(self, node: Node, constants: dict[str, int]) -> bool:
         """Whether the device pass compiles ``node``: every ``#if``/``#elif`` around it that

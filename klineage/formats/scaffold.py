@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from klineage.cuda.headers import included_names, local_header_paths
 from klineage.kernel import KernelSource
 from klineage.problem import (
+    COMPILE_OPTIONS_FILE,
     DEFINITION_FILE,
     KERNEL_FILE,
     WORKLOADS_FILE,
@@ -67,6 +70,34 @@ class Scaffold:
     problem: Problem
     todo: list[str] = field(default_factory=list)
     """What to confirm or fill in, in order."""
+
+
+def _carry_headers(source: KernelSource, out: Path) -> list[str]:
+    """Copy the local headers the kernel includes from under its folder into ``out``, at the
+    same places (the build finds them there, and mining reads their macros); the to-do lines
+    for the quoted includes that are not there."""
+    assert source.path is not None
+    home = source.path.parent.resolve()
+    todo = []
+    for path in local_header_paths(source):
+        if not path.is_relative_to(home):
+            todo.append(
+                f"{KERNEL_FILE} includes {path.name} from {path.parent}: copy it into {out}, "
+                f'or add "-I{path.parent}" to cuda_cflags in {COMPILE_OPTIONS_FILE}'
+            )
+            continue
+        target = out / path.relative_to(home)
+        if target.resolve() != path:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    for name in included_names(source.text):
+        if not (source.path.parent / name).is_file():
+            todo.append(
+                f'{KERNEL_FILE} includes "{name}", found next to neither it nor {out}: unless '
+                f'it is a toolkit header, copy it into {out} or add "-I<its folder>" to '
+                f"cuda_cflags in {COMPILE_OPTIONS_FILE}"
+            )
+    return todo
 
 
 def _name_of(param: DeclaredParam) -> str:
@@ -162,6 +193,7 @@ def new_problem(name: str, kernel_path: str | Path, out: str | Path) -> Scaffold
     (out / WORKLOADS_FILE).write_text(json.dumps(workload) + "\n", encoding="utf-8")
     if kernel_path.resolve() != (out / KERNEL_FILE).resolve():
         (out / KERNEL_FILE).write_text(source.text, encoding="utf-8")
+    header_todo = _carry_headers(source, out)
     scalars = [n for n, spec in inputs.items() if spec["shape"] is None]
     todo = [
         f"{DEFINITION_FILE}: write the reference's body (it raises until then)",
@@ -170,6 +202,7 @@ def new_problem(name: str, kernel_path: str | Path, out: str | Path) -> Scaffold
         f"{DEFINITION_FILE}: set op_type and the description",
         f"{WORKLOADS_FILE}: real sizes for the axes (guessed {GUESSED_EXTENT} each)"
         + (f" and the values of {', '.join(scalars)} (guessed 1.0)" if scalars else ""),
+        *header_todo,
         "then: klineage gate " + str(out),
     ]
     (out / TODO_FILE).write_text(

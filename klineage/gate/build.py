@@ -55,9 +55,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
+from klineage.cuda.headers import local_headers
 from klineage.gate import sass
 from klineage.gate.link import DRIVER_LINK_DIR, driver_link_flags, link_failure
 from klineage.gate.ptxas import PtxasReport, demangle, parse_ptxas
+from klineage.kernel import KernelSource
 from klineage.problem.abi import KernelAbi
 from klineage.problem.compile_options import CompileOptions
 
@@ -289,8 +291,10 @@ class Builder:
         return self._nvcc_path or self.nvcc
 
     def key(self, source: str) -> str:
-        """Cache key of ``source`` under this Builder's configuration."""
-        payload = {
+        """Cache key of ``source`` under this Builder's configuration, the local headers it
+        includes from the ``-I`` folders of its options among it (a header edited on disk
+        is another build)."""
+        payload: dict[str, object] = {
             "schema": CACHE_SCHEMA,
             "source": source,
             "flags": self.flags,
@@ -298,6 +302,9 @@ class Builder:
             "arch": self.arch,
             "machine_code": sass.RECIPE,
         }
+        headers = local_headers(KernelSource(source, include_dirs=self.options.include_dirs))
+        if headers:
+            payload["headers"] = [[header.name, header.text] for header in headers]
         blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(blob).hexdigest()
 

@@ -136,7 +136,7 @@ class Gate:
         definition's ABI, else the result is a COMPILE_ERROR showing the expected line."""
         if problem is None:
             return self.builder.build(kernel.text, name=kernel.name, disassemble=True)
-        builder = self.builder.with_options(problem.compile_options)
+        builder = self.builder.with_options(problem.build_options)
         result = builder.build(kernel.text, name=kernel.name, disassemble=True)
         return check_abi(result, kernel.text, KernelAbi.from_definition(problem.definition))
 
@@ -167,7 +167,7 @@ class Gate:
         )
         baseline_library: str | None = None
         if against is not None and build.ok and time_it:
-            baseline_build = self.builder.with_options(problem.compile_options).build(
+            baseline_build = self.builder.with_options(problem.build_options).build(
                 against.text, name=against.name, disassemble=True
             )
             if not baseline_build.ok:

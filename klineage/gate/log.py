@@ -81,12 +81,15 @@ def verdict_key(
 
 def problem_fingerprint(problem: Problem, workloads: Sequence[Workload]) -> str:
     """What a verdict was judged against, less the prose: editing a description or a tag
-    leaves every logged verdict standing, editing anything the gate reads does not."""
+    leaves every logged verdict standing, editing anything the gate reads does not (the
+    local headers kernel.cu includes among it: a kernel's text alone does not say what a
+    macro of its header expands to)."""
     definition = _without_prose(json.loads(problem.definition.model_dump_json()))
     parts = [
         json.dumps(definition, sort_keys=True),
         *(w.model_dump_json() for w in workloads),
         problem.compile_options.model_dump_json(),
+        *(f"{header.name}\n{header.text}" for header in problem.headers()),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
@@ -313,7 +316,7 @@ class GateLog:
             if key not in self._problems:
                 self._adopt(key, judged_on)
             return self._with_profile(key, problem, kernel, self._verdicts[key], judge)
-        options = problem.compile_options
+        options = problem.build_options
         mkey = self._machine_key(kernel, chosen, time_it, against, options) if self.share else None
         if mkey is not None:
             with self._lock:

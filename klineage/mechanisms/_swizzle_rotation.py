@@ -116,15 +116,15 @@ def _file_constants(source: ParsedSource) -> dict[str, int]:
     """The file's integer constants, with ``#define K 32  // why`` read as 32 (the parsed
     constants leave out a define whose text keeps a comment)."""
     constants = dict(source.integer_constants)
-    for define in source.nodes("preproc_def"):
+    for holder, define in source.defines("preproc_def"):
         name, value = define.child_by_field_name("name"), define.child_by_field_name("value")
-        if name is None or value is None or source.text_of(name) in constants:
+        if name is None or value is None or holder.text_of(name) in constants:
             continue
-        text = re.sub(r"//.*|/\*.*?\*/", "", source.text_of(value), flags=re.DOTALL).strip()
+        text = re.sub(r"//.*|/\*.*?\*/", "", holder.text_of(value), flags=re.DOTALL).strip()
         literal = _INTEGER.fullmatch(text)
         number = _integer(literal.group(1)) if literal else constants.get(text)
         if number is not None:
-            constants[source.text_of(name)] = number
+            constants[holder.text_of(name)] = number
     return constants
 
 

@@ -171,8 +171,8 @@ def skill_of(
     mechanism = removal.mechanism if removal is not None else catalog_mechanism(attempt.mechanism)
     parent = lineage.state(attempt.parent)
     child = lineage.state(attempt.child)
-    optimized = KernelSource(parent.source, name=f"{problem.name}.cu")
-    simplified = KernelSource(child.source, name=f"{problem.name}.cu")
+    optimized = problem.kernel_state(parent.source)
+    simplified = problem.kernel_state(child.source)
     conditions = _static_conditions(removal, mechanism, optimized, problem)
     risks: list[Risk] = []
     probe_evidence: list[dict[str, Any]] = []
@@ -355,7 +355,7 @@ def round_trip(
     the skill is kept as evidence but not `transferable`. An LLM-origin removal is re-applied
     by the catalog's rule when its mechanism has one (the note says so); without a rule it is
     not tried (`verified` stays None)."""
-    optimized = KernelSource(lineage.state(skill.evidence.optimized).source)
+    optimized = problem.kernel_state(lineage.state(skill.evidence.optimized).source)
     mechanism = removal.mechanism if removal is not None else catalog_mechanism(skill.mechanism)
     if mechanism is None:
         skill.verified = None
@@ -366,7 +366,7 @@ def round_trip(
         if removal is not None:
             reapplied = reapply(removal)
         else:
-            simplified = KernelSource(lineage.state(skill.evidence.simplified).source)
+            simplified = problem.kernel_state(lineage.state(skill.evidence.simplified).source)
             reapplied = _reapply_by_rule(mechanism, optimized, simplified)
         skill.transferable = True
     except MechanismRefused as err:

@@ -21,7 +21,6 @@ from pydantic import BaseModel, Field
 
 from klineage.executors import Executor, LocalExecutor
 from klineage.gate.log import GateLike, GateLog
-from klineage.kernel import KernelSource
 from klineage.lineage import (
     AttemptStatus,
     LineageGraph,
@@ -133,7 +132,7 @@ def mine(
     problem = load_problem(problem_dir)
     if problem.kernel_path is None:
         raise FileNotFoundError(f"{problem.root}: no kernel.cu to mine")
-    expert = KernelSource.from_file(problem.kernel_path)
+    expert = problem.kernel_source()
     root = Path(out)
     log = GateLog(
         root / "gatelog" / f"{problem.name}.jsonl",

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from klineage.gate.profile import Profile
-from klineage.kernel import KernelSource
 from klineage.lineage import LineageGraph
 from klineage.problem import Problem
 
@@ -27,7 +26,7 @@ def state_profile(
     profile_kernel = getattr(gate, "profile_kernel", None)
     if profile_kernel is None:
         return None
-    kernel = KernelSource(state.source, name=f"{problem.name}.cu")
+    kernel = problem.kernel_state(state.source)
     profile: Profile | None = profile_kernel(problem, kernel, state.latency_ms)
     if profile is not None and profile.profiled:
         lineage.set_profile(fingerprint, profile)

@@ -173,7 +173,7 @@ class Simplifier:
         builder = getattr(self.log.gate, "builder", None)
         if builder is None or self._problem is None:
             return builder
-        return builder.with_options(self._problem.compile_options)
+        return builder.with_options(self._problem.build_options)
 
     def _machine_code(self, kernel: KernelSource) -> MachineCode | None:
         """The kernel's machine code with histograms (a cached build); None without a builder."""

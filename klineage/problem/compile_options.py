@@ -19,7 +19,7 @@ value are one item (``-Xptxas=-v``, ``-I/opt/include``): the list is what nvcc r
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -99,6 +99,20 @@ class CompileOptions(BaseModel):
         description="linker flags: -l<lib> (-lcuda for cuTensorMapEncodeTiled, -lcublas), "
         "-l:<file>, -L<dir>, -Wl,<option>",
     )
+
+    @property
+    def include_dirs(self) -> tuple[Path, ...]:
+        """The folders of the ``-I`` and ``-isystem`` flags, in order: where a quoted
+        ``#include`` not next to the kernel is found."""
+        found = []
+        for flag in self.cuda_cflags:
+            for prefix in ("-isystem", "-I"):
+                if flag.startswith(prefix):
+                    folder = flag[len(prefix) :].lstrip("=")
+                    if folder:
+                        found.append(Path(folder))
+                    break
+        return tuple(found)
 
     @property
     def empty(self) -> bool:

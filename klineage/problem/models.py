@@ -37,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+from klineage.cuda.headers import included_names, local_headers
 from klineage.kernel import KernelSource
 from klineage.problem.compile_options import COMPILE_OPTIONS_FILE, CompileOptions
 from klineage.problem.dtypes import FLOAT_DTYPES, SUPPORTED_DTYPES, dtype_itemsize
@@ -548,7 +549,40 @@ class Problem(_Model):
                 file=self.kernel_path or self.root / KERNEL_FILE,
                 expected=f"a {KERNEL_FILE} with the kernel source next to {DEFINITION_FILE}",
             )
-        return KernelSource.from_file(self.kernel_path)
+        return KernelSource.from_file(self.kernel_path, self.compile_options.include_dirs)
+
+    def headers(self) -> tuple[KernelSource, ...]:
+        """The local headers kernel.cu includes (next to it, or in a ``-I`` folder of its
+        compile options); none without a kernel."""
+        if self.kernel_path is None or not self.kernel_path.is_file():
+            return ()
+        return local_headers(self.kernel_source())
+
+    @property
+    def build_options(self) -> CompileOptions:
+        """The compile options a build uses: compile_options.json's, plus the problem folder
+        as an include folder where kernel.cu includes a header kept in it (nvcc compiles a
+        copy of the source in a temporary folder, where the header is not)."""
+        if self.kernel_path is None or not self.kernel_path.is_file():
+            return self.compile_options
+        text = self.kernel_path.read_text(encoding="utf-8", errors="replace")
+        if not any((self.root / name).is_file() for name in included_names(text)):
+            return self.compile_options
+        here = f"-I{self.root.resolve()}"
+        flags = self.compile_options.cuda_cflags
+        if here in flags:
+            return self.compile_options
+        return self.compile_options.model_copy(update={"cuda_cflags": (*flags, here)})
+
+    def kernel_state(self, text: str) -> KernelSource:
+        """Another state of the problem's kernel (a lineage's, a candidate's): ``text`` read
+        with the same local headers as kernel.cu (next to it, or in a ``-I`` folder)."""
+        return KernelSource(
+            text,
+            name=f"{self.name}.cu",
+            path=self.kernel_path,
+            include_dirs=self.compile_options.include_dirs,
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -580,7 +580,7 @@ class ForwardSearch(ABC):
         builder = getattr(self.materializer.log.gate, "builder", None)
         if builder is None:
             return None
-        return builder.with_options(self.problem.compile_options)
+        return builder.with_options(self.problem.build_options)
 
     def _no_machine_code_change(self, current: KernelSource, new: KernelSource) -> bool:
         builder = self._builder()

@@ -80,3 +80,29 @@ def test_new_on_the_command_line_lists_what_is_left(tmp_path: Path) -> None:
         app, ["new", "scale", "--kernel", str(KERNEL), "--out", str(tmp_path / "s")]
     )
     assert again.exit_code == 2 and "already holds" in again.output
+
+
+def test_headers_kept_beside_the_kernel_come_along_and_the_others_are_to_do(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "src"
+    (source / "common").mkdir(parents=True)
+    (source / "common" / "vec.h").write_text('#pragma once\n#include "lanes.h"\n')
+    (source / "common" / "lanes.h").write_text("#pragma once\n#define LANES 32\n")
+    (tmp_path / "shared.h").write_text("#pragma once\n#define SHARED 1\n")
+    kernel = source / "scale.cu"
+    kernel.write_text(
+        '#include "common/vec.h"\n#include "../shared.h"\n#include "missing.h"\n'
+        + KERNEL.read_text()
+    )
+    made = new_problem("scale", kernel, tmp_path / "scale")
+    folder = made.problem.root
+    assert (folder / "common" / "vec.h").read_text() == (source / "common/vec.h").read_text()
+    assert (folder / "common" / "lanes.h").is_file()
+    outside = [item for item in made.todo if "shared.h" in item]
+    assert len(outside) == 1 and f'"-I{tmp_path.resolve()}"' in outside[0]
+    (missing,) = [item for item in made.todo if "missing.h" in item]
+    assert "compile_options.json" in missing
+    # the copied headers are read from the new folder, and the build finds them there
+    assert made.problem.kernel_source().parsed.integer_constants["LANES"] == 32
+    assert made.problem.build_options.cuda_cflags == (f"-I{folder.resolve()}",)

@@ -127,14 +127,14 @@ class SourceAnalysis:
         (``#define OFFSET(row, col, ld) ((row) * (ld) + (col))``): no assignment, increment or
         call, so using one is as pure as the expression it expands to."""
         found = set()
-        for node in self.source.nodes("preproc_function_def"):
+        for holder, node in self.source.defines("preproc_function_def"):
             name = node.child_by_field_name("name")
             value = node.child_by_field_name("value")
             if name is None or value is None:
                 continue
-            body = " ".join(self.source.text_of(value).replace("\\\n", " ").split())
+            body = " ".join(holder.text_of(value).replace("\\\n", " ").split())
             if _ARITHMETIC.match(body) and not _WRITES.search(body) and not _CALL.search(body):
-                found.add(self.source.text_of(name))
+                found.add(holder.text_of(name))
         return frozenset(found)
 
     @cached_property
@@ -142,15 +142,15 @@ class SourceAnalysis:
         r"""File-scope integer constants: the source's, plus ``#define``\ s whose value is
         followed by a comment (``#define WARPS 2  // 64 / 32``)."""
         found = dict(self.source.integer_constants)
-        for node in self.source.nodes("preproc_def"):
+        for holder, node in self.source.defines("preproc_def"):
             name = node.child_by_field_name("name")
             value = node.child_by_field_name("value")
-            if name is None or value is None or self.source.text_of(name) in found:
+            if name is None or value is None or holder.text_of(name) in found:
                 continue
-            text = self.source.text_of(value).split("//")[0].split("/*")[0]
+            text = holder.text_of(value).split("//")[0].split("/*")[0]
             number = integer_literal(text.strip().strip("()"))
             if number is not None:
-                found[self.source.text_of(name)] = number
+                found[holder.text_of(name)] = number
         return found
 
     @cached_property

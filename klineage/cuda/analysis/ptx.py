@@ -233,19 +233,19 @@ class PtxModel:
     def _read_macros(self) -> None:
         """Function-like macros of inline assembly; the first definition of a name wins (the
         branch of an ``#if`` a current toolkit takes comes first in the files seen so far)."""
-        for node in self.source.nodes("preproc_function_def"):
+        for holder, node in self.source.defines("preproc_function_def"):
             name = node.child_by_field_name("name")
             value = node.child_by_field_name("value")
             parameters = node.child_by_field_name("parameters")
-            if name is None or value is None or self.source.text_of(name) in self.macros:
+            if name is None or value is None or holder.text_of(name) in self.macros:
                 continue
-            body = self.source.text_of(value).replace("\\\n", " ")
+            body = holder.text_of(value).replace("\\\n", " ")
             instructions = parse_template(_leading_strings(body))
             params = tuple(
-                self.source.text_of(p) for p in (parameters.named_children if parameters else [])
+                holder.text_of(p) for p in (parameters.named_children if parameters else [])
             )
             if instructions:
-                text = self.source.text_of(name)
+                text = holder.text_of(name)
                 self.macros[text] = PtxMacro(text, params, body, instructions)
 
     def expand(self, call: Node, constants: dict[str, int]) -> str | None:

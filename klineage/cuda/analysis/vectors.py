@@ -138,10 +138,13 @@ class _Template:
 
 
 class VectorModel:
-    """The packed vector types and helpers of one source."""
+    """The packed vector types and helpers of one source and of the local headers it
+    includes (``x128`` and ``load128`` kept in a shared ``common.h``); the file's own
+    definitions win over a header's."""
 
     def __init__(self, source: ParsedSource) -> None:
         self.source = source
+        self._holders = (*source.headers, source)
         self.aliases: dict[str, str] = {}
         self._templates: dict[str, _Template] = {}
         self._structs: dict[str, PackedType] = {}
@@ -199,28 +202,28 @@ class VectorModel:
     # -- reading ----------------------------------------------------------------------------
 
     def _read_aliases(self) -> None:
-        source = self.source
-        for node in source.nodes("type_definition"):
-            target = node.child_by_field_name("type")
-            for declarator in node.children_by_field_name("declarator"):
-                if target is not None and declarator.type == "type_identifier":
-                    self.aliases[source.text_of(declarator)] = source.text_of(target)
-        for node in source.nodes("alias_declaration"):
-            name = node.child_by_field_name("name")
-            target = node.child_by_field_name("type")
-            if name is not None and target is not None:
-                self.aliases[source.text_of(name)] = source.text_of(target)
+        for source in self._holders:
+            for node in source.nodes("type_definition"):
+                target = node.child_by_field_name("type")
+                for declarator in node.children_by_field_name("declarator"):
+                    if target is not None and declarator.type == "type_identifier":
+                        self.aliases[source.text_of(declarator)] = source.text_of(target)
+            for node in source.nodes("alias_declaration"):
+                name = node.child_by_field_name("name")
+                target = node.child_by_field_name("type")
+                if name is not None and target is not None:
+                    self.aliases[source.text_of(name)] = source.text_of(target)
 
     def _read_structs(self) -> None:
-        for node in self.source.nodes("struct_specifier"):
-            name = node.child_by_field_name("name")
-            body = node.child_by_field_name("body")
-            if name is None or body is None:
-                continue
-            self._read_struct(node, self.source.text_of(name), body)
+        for source in self._holders:
+            for node in source.nodes("struct_specifier"):
+                name = node.child_by_field_name("name")
+                body = node.child_by_field_name("body")
+                if name is None or body is None:
+                    continue
+                self._read_struct(source, node, source.text_of(name), body)
 
-    def _read_struct(self, node: Node, name: str, body: Node) -> None:
-        source = self.source
+    def _read_struct(self, source: ParsedSource, node: Node, name: str, body: Node) -> None:
         parameter = _template_parameter(source, node)
         for field in body.named_children:
             if field.type != "field_declaration":
@@ -248,8 +251,7 @@ class VectorModel:
         """Function-like macros of one parameter whose body reads the vector at the argument's
         address; the first definition of a name wins."""
         found: dict[str, AccessMacro] = {}
-        source = self.source
-        for node in source.nodes("preproc_function_def"):
+        for source, node in self.source.defines("preproc_function_def"):
             name = node.child_by_field_name("name")
             value = node.child_by_field_name("value")
             parameters = node.child_by_field_name("parameters")
@@ -270,16 +272,18 @@ class VectorModel:
     def _read_helpers(self) -> dict[str, VectorHelper]:
         """Device functions that dereference a pointer parameter cast to a wide type."""
         found: dict[str, VectorHelper] = {}
-        for function in self.source.functions:
-            if function.body is None or not function.runs_on_device or function.is_kernel:
-                continue
-            helper = self._helper(function)
-            if helper is not None:
-                found[function.name] = helper
+        for source in self._holders:
+            for function in source.functions:
+                if function.body is None or not function.runs_on_device or function.is_kernel:
+                    continue
+                helper = self._helper(source, function)
+                if helper is not None:
+                    found[function.name] = helper
+                elif source is self.source:
+                    found.pop(function.name, None)  # the file's own function of that name
         return found
 
-    def _helper(self, function: Function) -> VectorHelper | None:
-        source = self.source
+    def _helper(self, source: ParsedSource, function: Function) -> VectorHelper | None:
         assert function.body is not None
         params = [p.name for p in function.params]
         for cast in descendants(
