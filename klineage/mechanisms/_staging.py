@@ -20,6 +20,13 @@ evaluated by thread ``(ty, k)``: the same expression with ``tx`` replaced by ``k
 the expression depends on the thread only through ``tx`` itself (not through a local derived
 from ``threadIdx.x``). :func:`analyze_staged_loop` checks all of that and says why when a
 loop is not in this form.
+
+Public kernels spell the same loop in two more ways, both accepted: the store indices are the
+row and column of the thread's flattened place (``tid / W``, ``tid % W``, with a block ``W``
+wide: :mod:`klineage.mechanisms._staging_threads`), and the stores are interleaved with the
+declarations of the indices they use (``int a_col = t * TILE + col; int at = row * K +
+a_col; As[row][col] = A[at];``). A read then writes every such local out, down to the thread
+index it replaces.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from dataclasses import dataclass, field
 from klineage.cuda.analysis import analysis
 from klineage.cuda.cexpr import PRIMARY, fold_int, precedence
 from klineage.cuda.facts import template_bindings
-from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import declared_names
+from klineage.mechanisms._staging_threads import ThreadParts
 from klineage.mechanisms._tiles_util import (
     Locals,
     is_call_statement,
@@ -172,6 +180,8 @@ class StagedLoop:
     last_sync: Node
     compute: list[Node]
     """The statements between the two barriers."""
+    declarations: list[Node] = field(default_factory=list)
+    """Declarations among the stores (of the indices they use): they stay where they are."""
 
 
 class NotStaged(Exception):
@@ -287,15 +297,16 @@ def _store(
 
 
 def _thread_indices(
-    source: ParsedSource, locals_: Locals, name: str, indices: list[Node]
+    source: ParsedSource, parts: ThreadParts, name: str, indices: list[Node]
 ) -> tuple[str, str]:
     if len(indices) != 2:
         raise NotStaged(f"{name} is not stored as a 2-D tile S[ty][tx]")
-    components = tuple(locals_.thread_component(i) for i in indices)
+    components = tuple(parts.component(i) for i in indices)
     if None in components or components[0] == components[1]:
         raise NotStaged(
             f"{name} is stored at [{', '.join(source.text_of(i) for i in indices)}], not at "
-            "two distinct thread indices such as [threadIdx.y][threadIdx.x]"
+            "two distinct thread indices such as [threadIdx.y][threadIdx.x] (or tid / W and "
+            "tid % W, tid the thread's place in a block W wide)"
         )
     return components[0] or "", components[1] or ""
 
@@ -332,42 +343,54 @@ def thread_names(locals_: Locals, component: str) -> set[str]:
 
 
 def _read_mapping(
-    source: ParsedSource, locals_: Locals, array: StagedArray, read: Node, loop_var: str
+    source: ParsedSource, parts: ThreadParts, array: StagedArray, read: Node, loop_var: str
 ) -> dict[str, str]:
     """The renaming that turns the stored value into the value at a read ``S[a][b]``. A
     local the value reads that is itself computed from a thread index (``w_row = blockIdx.x
-    * T + ty``, the row a thread loads) is written out, renamed the same way."""
+    * T + ty``, the row a thread loads; ``at = w_row * K + w_col``, through several levels)
+    is written out, renamed the same way."""
     chain = subscript_chain(read)
     if chain is None or len(chain[1]) != 2:
         raise NotStaged(
             f"line {source.line_of(read.start_byte)} uses {array.name} other than as "
             f"{array.name}[i][j]"
         )
+    locals_ = parts.locals_
     mapping: dict[str, str] = {}
-    through: dict[str, Node] = {}  # locals to write out: name -> initializer
+    changed: dict[str, str] = {}  # component -> the index name the read replaces
     for stored, wanted, component in zip(array.indices, chain[1], array.components, strict=True):
         if source.text_of(stored) == source.text_of(wanted):
             continue
         name = name_of(source, stored) or ""
-        spellings = thread_names(locals_, component)
-        if (spellings - {name}) & names_in(source, array.value):
+        if (thread_names(locals_, component) - {name}) & names_in(source, array.value):
             raise NotStaged(_other_spelling(array, component, name))
-        for node in _name_nodes(source, array.value, name):
-            local = source.text_of(node)
-            if local in through or not locals_.depends_on(node, spellings, {loop_var}):
+        changed[component] = name
+        text = source.text_of(wanted)
+        mapping[name] = text if precedence(wanted) >= PRIMARY else f"({text})"
+    if not changed:
+        return mapping
+    spellings = set().union(*(thread_names(locals_, c) for c in changed))
+    others = spellings - set(changed.values())  # a spelling other than the index names
+    # the other components' own indices hold nothing of these (tid % W is no row)
+    stop = {loop_var} | {n for n, c in parts.atoms.items() if c not in changed}
+    through: dict[str, Node] = {}  # locals to write out, each after those it reads
+
+    def write_out(node: Node, component: str, name: str) -> None:
+        for found in _name_nodes(source, node, ""):
+            local = source.text_of(found)
+            if local in mapping or local in through or local in stop:
+                continue
+            if not locals_.depends_on(found, spellings, stop):
                 continue
             value = locals_.initializer(local)
             # written out only where it reads the index as the store does, by its name
-            if value is None or (spellings - {name}) & names_in(source, value):
+            if value is None or local in locals_.assigned or others & names_in(source, value):
                 raise NotStaged(_other_spelling(array, component, name))
-            if any(
-                locals_.depends_on(n, spellings, {loop_var})
-                for n in _name_nodes(source, value, name)
-            ):
-                raise NotStaged(_other_spelling(array, component, name))
+            write_out(value, component, name)
             through[local] = value
-        text = source.text_of(wanted)
-        mapping[name] = text if precedence(wanted) >= PRIMARY else f"({text})"
+
+    component, name = next(iter(changed.items()))
+    write_out(array.value, component, name)
     for local, value in through.items():
         mapping[local] = f"({rename(source, value, mapping)})"
     return mapping
@@ -442,14 +465,20 @@ def analyze_staged_loop(source: ParsedSource, function: Function, loop: Node) ->
             "kernel itself, whose launch it reads"
         )
     locals_ = Locals(source, function)
+    parts = ThreadParts(source, function, locals_)
     shared = shared_arrays(source, function)
     stores, first_sync, compute, last_sync = _split_body(source, body)
     arrays: list[StagedArray] = []
+    declarations: list[Node] = []
     for store in stores:
+        if store.type == "declaration":
+            _check_index_declaration(source, locals_, shared, store)
+            declarations.append(store)
+            continue
         name, _, indices, value = _store(source, shared, store)
         if any(a.name == name for a in arrays):
             raise NotStaged(f"{name} is stored twice before the barrier")
-        components = _thread_indices(source, locals_, name, indices)
+        components = _thread_indices(source, parts, name, indices)
         declaration = shared[name]
         dims = _array_dims(source, function, declaration, name)
         if dims is None or len(dims) != 2:
@@ -477,16 +506,37 @@ def analyze_staged_loop(source: ParsedSource, function: Function, loop: Node) ->
             locals_.depends_on(n, spellings, {var}) for n in _name_nodes(source, part, var)
         ):
             raise NotStaged("the tile loop's trip count depends on the thread")
-    staged = StagedLoop(function, loop, var, arrays, first_sync, last_sync, compute)
-    _check_uses(source, locals_, staged)
+    if not arrays:
+        raise NotStaged("the loop declares indices before its first barrier but stores no tile")
+    staged = StagedLoop(function, loop, var, arrays, first_sync, last_sync, compute, declarations)
+    _check_uses(source, parts, staged)
     for array in arrays:
         _check_block(source, function, array)
     return staged
 
 
-def _check_uses(source: ParsedSource, locals_: Locals, staged: StagedLoop) -> None:
+def _check_index_declaration(
+    source: ParsedSource, locals_: Locals, shared: dict[str, Node], node: Node
+) -> None:
+    """A declaration among the stores declares indices: each initialized, never written
+    again, reading no shared array."""
+    for declarator in node.children_by_field_name("declarator"):
+        name = name_of(source, declarator.child_by_field_name("declarator") or declarator)
+        value = declarator.child_by_field_name("value")
+        if value is None or name is None or name in locals_.assigned:
+            raise NotStaged(
+                f"line {source.line_of(node.start_byte)} declares {source.snippet(declarator)} "
+                "among the tile stores, not an index computed once (initialized, never written)"
+            )
+        if names_in(source, value) & set(shared):
+            raise NotStaged(
+                f"line {source.line_of(node.start_byte)} reads a shared array among the stores"
+            )
+
+
+def _check_uses(source: ParsedSource, parts: ThreadParts, staged: StagedLoop) -> None:
     """Every other use of a tile is a full read inside the compute statements; the stored
-    values mean the same at every read."""
+    values mean the same at every read (and so do the locals a read writes out)."""
     assert staged.function.body is not None
     declared_inside = declared_names(source, staged.compute)
     assigned_inside = _assigned_in(source, staged.compute)
@@ -524,8 +574,46 @@ def _check_uses(source: ParsedSource, locals_: Locals, staged: StagedLoop) -> No
                 f"the value stored into {array.name} reads {', '.join(sorted(clash))}, which "
                 "the compute statements declare or change"
             )
+        indices = {name_of(source, index) for index in array.indices}
         for read in array.reads:
-            _read_mapping(source, locals_, array, read, staged.var)
+            mapping = _read_mapping(source, parts, array, read, staged.var)
+            written = set().union(
+                *(
+                    names_in(source, value)
+                    for local in set(mapping) - indices
+                    if (value := parts.locals_.initializer(local)) is not None
+                )
+            )
+            clash = written & (declared_inside | assigned_inside)
+            if clash:
+                raise NotStaged(
+                    f"a read of {array.name} writes out {', '.join(sorted(clash))}, which the "
+                    "compute statements declare or change"
+                )
+
+
+def unread_declarations(source: ParsedSource, staged: StagedLoop, written: list[str]) -> list[Node]:
+    """The declarations among the stores that nothing reads once the stores are gone and the
+    reads are ``written`` (the texts that replace them): indices only the stores used."""
+    assert staged.function.body is not None
+    gone: list[Node] = [array.store for array in staged.arrays]
+    mentioned = {word for text in written for word in re.findall(r"\b\w+\b", text)}
+    left = list(staged.declarations)
+    while True:
+        unread = [
+            node
+            for node in left
+            if not set(declared_names(source, [node])) & mentioned
+            and not any(
+                source.text_of(use) in declared_names(source, [node])
+                and not any(within(use, other) for other in [*gone, node])
+                for use in source.iter_nodes("identifier", within=staged.function.body)
+            )
+        ]
+        if not unread:
+            return [node for node in staged.declarations if node not in left]
+        gone += unread
+        left = [node for node in left if node not in unread]
 
 
 def read_mapping(
@@ -533,7 +621,8 @@ def read_mapping(
 ) -> dict[str, str]:
     """The renaming of the stored value that gives the value at ``read`` (after a successful
     :func:`analyze_staged_loop`)."""
-    return _read_mapping(source, Locals(source, staged.function), array, read, staged.var)
+    parts = ThreadParts(source, staged.function, Locals(source, staged.function))
+    return _read_mapping(source, parts, array, read, staged.var)
 
 
 def staging_loops(source: ParsedSource) -> list[tuple[Function, Node]]:

@@ -280,6 +280,13 @@ class _Ring:
 
 
 def _ring(source: ParsedSource, staged: StagedLoop) -> _Ring:
+    if staged.declarations:
+        line = source.line_of(staged.declarations[0].start_byte)
+        raise NotStaged(
+            f"the tile stores use indices declared among them (line {line}), which the copy of "
+            "the next tile, issued a turn ahead, cannot read; this rule needs stores whose "
+            "values read only the loop variable and locals declared before the loop"
+        )
     loop = staged.loop
     init = loop.child_by_field_name("initializer")
     condition = loop.child_by_field_name("condition")

@@ -90,6 +90,7 @@ from klineage.mechanisms._staging import (
     read_mapping,
     staging_loops,
     thread_names,
+    unread_declarations,
     value_type,
     zero_of,
 )
@@ -921,6 +922,9 @@ class SmemStaging(Mechanism):
                 edits.append(Edit.replace(read, wrap_at(read, text, strength)))
             edits.append(source.deletion(array.store, whole_line=True))
             edits.append(source.deletion(array.declaration, whole_line=True))
+        written = [edit.replacement for edit in edits]
+        for node in unread_declarations(source, staged, written):
+            edits.append(source.deletion(node, whole_line=True))
         edits.append(source.deletion(staged.first_sync, whole_line=True))
         edits.append(source.deletion(staged.last_sync, whole_line=True))
         return edits

@@ -1,0 +1,138 @@
+"""smem_staging on the sliced-K tile loop as public tutorials write it: the thread's place in
+the block flattened and split again by the tile width (``tid / W``, ``tid % W``), and the
+indices of each store declared among the stores (written here in that idiom)."""
+
+from __future__ import annotations
+
+import pytest
+
+from klineage.kernel import KernelSource
+from klineage.mechanisms import get
+from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
+
+staging = get("smem_staging")
+
+SLICED = """\
+#define TILE 16
+__global__ void matmul_sliced(const float* a, const float* b, float* c, int m, int n, int k) {
+  __shared__ float tile_a[TILE][TILE], tile_b[TILE][TILE];
+  int tid = threadIdx.y * blockDim.x + threadIdx.x;  // the thread's place in its block
+  int a_tile_row = tid / TILE;
+  int a_tile_col = tid % TILE;
+  int b_tile_row = tid / TILE;
+  int b_tile_col = tid % TILE;
+  int a_row = blockIdx.y * TILE + a_tile_row;
+  int b_col = blockIdx.x * TILE + b_tile_col;
+  float acc = 0.f;
+  for (int step = 0; step < (k + TILE - 1) / TILE; ++step) {
+    int a_col = step * TILE + a_tile_col;
+    int a_at = a_row * k + a_col;
+    tile_a[a_tile_row][a_tile_col] = a[a_at];
+    int b_row = step * TILE + b_tile_row;
+    int b_at = b_row * n + b_col;
+    tile_b[b_tile_row][b_tile_col] = b[b_at];
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < TILE; ++kk) {
+      int a_read_row = a_tile_row;
+      int b_read_col = b_tile_col;
+      acc += tile_a[a_read_row][kk] * tile_b[kk][b_read_col];
+    }
+    __syncthreads();
+  }
+  int c_at = a_row * n + b_col;
+  c[c_at] = acc;
+}
+
+extern "C" int run(const float* a, const float* b, float* c, int m, int n, int k,
+                   cudaStream_t stream) {
+  dim3 block(TILE, TILE);
+  dim3 grid((n + TILE - 1) / TILE, (m + TILE - 1) / TILE);
+  matmul_sliced<<<grid, block, 0, stream>>>(a, b, c, m, n, k);
+  return 0;
+}
+"""
+
+
+def _site(text: str):
+    (site,) = staging.detect(KernelSource(text))
+    return site
+
+
+def test_tiles_stored_at_the_flattened_place_split_by_the_width_are_removed() -> None:
+    site = _site(SLICED)
+    assert site.supported and site.start_line == 12
+    removed = staging.remove(KernelSource(SLICED), site).text
+    # each read writes the indices out, down to the thread index it replaces
+    assert (
+        "acc += a[((blockIdx.y * TILE + a_read_row) * k + (step * TILE + kk))] * "
+        "b[((step * TILE + kk) * n + (blockIdx.x * TILE + b_read_col))];"
+    ) in removed
+    # the stores' own indices go with them; what the compute reads stays
+    for gone in ("__shared__", "__syncthreads", "int a_col", "int a_at", "int b_row", "int b_at"):
+        assert gone not in removed
+    assert "int a_read_row = a_tile_row;" in removed and "int c_at" in removed
+
+
+def test_a_literal_width_reads_the_same() -> None:
+    literal = SLICED.replace("tid / TILE", "tid / 16").replace("tid % TILE", "tid % 16")
+    assert _site(literal).supported
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            (
+                "int a_at = a_row * k + a_col;",
+                "int a_at = (blockIdx.y * TILE + b_tile_row) * k + a_col;",
+            ),
+            "depends on threadIdx.y through something other than a_tile_row",
+        ),
+        (
+            ("dim3 block(TILE, TILE);", "dim3 block(2 * TILE, TILE / 2);"),
+            "not at two distinct thread",
+        ),
+        (
+            ("int a_at = a_row * k + a_col;", "int a_at = a_row * k + a_col;\n    a_at += 0;"),
+            "not an index computed once",
+        ),
+        (
+            ("tid / TILE;\n  int a_tile_col", "tid / 8;\n  int a_tile_col"),
+            "not at two distinct thread",
+        ),
+    ],
+    ids=["another_row_index", "block_not_tile_wide", "index_written_again", "width_not_block"],
+)
+def test_forms_that_do_not_store_every_element_where_it_is_read_are_refused(
+    change: tuple[str, str], reason: str
+) -> None:
+    assert change[0] in SLICED
+    site = _site(SLICED.replace(*change))
+    assert not site.supported and reason in (site.refusal or "")
+
+
+def test_the_pipeline_rule_refuses_stores_that_read_indices_declared_among_them() -> None:
+    pipeline = get("cp_async_pipeline")
+    staged = [
+        s for s in pipeline.candidates(KernelSource(SLICED)) if s.detail.get("form") == "staged"
+    ]
+    assert len(staged) == 1 and "declared among them (line 13)" in (staged[0].refusal or "")
+
+
+@pytest.mark.nvcc
+def test_the_removal_computes_the_same_bits_on_the_host() -> None:
+    case = Case(
+        axes={"m": 32, "n": 32, "k": 48},
+        buffers=[
+            Buffer("c", "float", "m * n", output=True),
+            Buffer("a", "float", "m * k", offset=1),
+            Buffer("b", "float", "k * n", offset=2),
+        ],
+        call="matmul_sliced(a, b, c, (int)m, (int)n, (int)k)",
+        threads="",
+        grid="dim3(2, 2)",
+    )
+    removed = staging.remove(KernelSource(SLICED), _site(SLICED)).text
+    staged = run_on_host(SLICED, [case])
+    assert staged.strip() and run_on_host(removed, [case]) == staged
