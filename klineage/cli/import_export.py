@@ -115,11 +115,19 @@ def new_command(
     name: Annotated[str, typer.Argument(help="The problem's name (definition.json's name).")],
     kernel: Annotated[Path, typer.Option(help="The kernel .cu whose run(...) to read.")],
     out: Annotated[Path | None, typer.Option(help="Folder to write (default: ./NAME).")] = None,
+    inline_headers: Annotated[
+        bool,
+        typer.Option(
+            "--inline-headers",
+            help="Write the local headers the kernel includes into kernel.cu (so what they "
+            "hold can be mined) instead of copying them beside it.",
+        ),
+    ] = False,
 ) -> None:
     """Scaffold a problem folder from a kernel: definition, reference stub and a workload
     guessed from its run(...) signature, and what is left to fill in."""
     try:
-        made = new_problem(name, kernel, out or Path(name))
+        made = new_problem(name, kernel, out or Path(name), inline_headers=inline_headers)
     except (ScaffoldError, ProblemError, FileNotFoundError) as err:
         _fail(str(err))
     console.print(f"wrote {made.problem.root} (it validates; the gate can build the kernel)")

@@ -27,7 +27,8 @@ MAX_HEADERS = 64
 MAX_HEADER_BYTES = 2_000_000
 """A larger file is no header of macros; it is not read."""
 
-_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"', re.MULTILINE)
+_QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"\n]+)"[^\n]*', re.MULTILINE)
+_PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[^\n]*\n?", re.MULTILINE)
 
 
 def included_names(text: str) -> list[str]:
@@ -82,6 +83,35 @@ def read_repository_file(path: Path, root: Path, name: str | None = None) -> Ker
         path=path,
         include_dirs=repository_include_dirs(root, path),
     )
+
+
+def inline_local_headers(kernel: KernelSource) -> str:
+    """``kernel``'s text with each local header it includes written in place of its
+    ``#include`` line (recursively, each header once, its ``#pragma once`` dropped), so code
+    kept in a header (``load128`` in a shared ``common.h``) becomes the kernel's own and can
+    be mined and edited. Includes it cannot find stay as they are."""
+    if kernel.path is None and not kernel.include_dirs:
+        return kernel.text
+    done: set[Path] = set() if kernel.path is None else {kernel.path.resolve()}
+
+    def spliced(text: str, folder: Path | None) -> str:
+        def one(match: re.Match[str]) -> str:
+            path = _resolve(match.group(1), folder, kernel.include_dirs)
+            if path is None:
+                return match.group(0)
+            if path in done:
+                return f"// {match.group(1)}: inlined above"
+            done.add(path)
+            header = _read_header(path)
+            if header is None:
+                return match.group(0)
+            body = _PRAGMA_ONCE.sub("", spliced(header.text, path.parent)).strip("\n")
+            name = match.group(1)
+            return f"// ---- {name} (inlined) ----\n{body}\n// ---- end of {name} ----"
+
+        return _QUOTED_INCLUDE.sub(one, text)
+
+    return spliced(kernel.text, kernel.path.parent if kernel.path is not None else None)
 
 
 def repository_include_dirs(root: Path, file: Path) -> tuple[Path, ...]:

@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klineage.cuda.headers import included_names, local_header_paths
+from klineage.cuda.headers import included_names, inline_local_headers, local_header_paths
 from klineage.kernel import KernelSource
 from klineage.problem import (
     COMPILE_OPTIONS_FILE,
@@ -115,11 +115,18 @@ def _dtype_of(param: DeclaredParam, kernel: str) -> str:
     return dtype
 
 
-def new_problem(name: str, kernel_path: str | Path, out: str | Path) -> Scaffold:
+def new_problem(
+    name: str, kernel_path: str | Path, out: str | Path, *, inline_headers: bool = False
+) -> Scaffold:
     """Write a problem folder at `out` for the kernel at `kernel_path`, guessed from its
-    `run(...)`; refuses to overwrite a folder that already holds a definition."""
+    `run(...)`; refuses to overwrite a folder that already holds a definition. The local
+    headers the kernel includes come along as files beside it, or with `inline_headers`
+    written into kernel.cu in place of their includes (what a header holds can then be
+    mined: a vector load inside a shared helper, say)."""
     kernel_path, out = Path(kernel_path), Path(out)
     source = KernelSource.from_file(kernel_path)
+    if inline_headers:
+        source = source.with_text(inline_local_headers(source))
     declared = declared_run(source.text)
     if declared is None:
         raise ScaffoldError(
@@ -191,7 +198,7 @@ def new_problem(name: str, kernel_path: str | Path, out: str | Path) -> Scaffold
     out.mkdir(parents=True, exist_ok=True)
     (out / DEFINITION_FILE).write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")
     (out / WORKLOADS_FILE).write_text(json.dumps(workload) + "\n", encoding="utf-8")
-    if kernel_path.resolve() != (out / KERNEL_FILE).resolve():
+    if inline_headers or kernel_path.resolve() != (out / KERNEL_FILE).resolve():
         (out / KERNEL_FILE).write_text(source.text, encoding="utf-8")
     header_todo = _carry_headers(source, out)
     scalars = [n for n, spec in inputs.items() if spec["shape"] is None]

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from klineage.cli.main import app
 from klineage.cuda.analysis import analysis
 from klineage.cuda.headers import (
+    inline_local_headers,
     local_headers,
     read_repository_file,
     repository_include_dirs,
@@ -221,3 +222,19 @@ def test_packed_types_and_helpers_of_a_header_are_known_the_files_own_first(
     assert "keep_pack" not in vectors.helpers  # the file's own keep_pack stores nothing
     alone = analysis(KernelSource((tmp_path / "kernel.cu").read_text()).parsed).vectors
     assert alone.packed("pack_f32") is None and not alone.helpers
+
+
+def test_inlining_writes_each_header_once_in_place_of_its_include(tmp_path: Path) -> None:
+    kernel_path = _repository(tmp_path)
+    extra = '#include "vec.h"\n#include "lanes.h"\n#include "gone.h"\n'
+    kernel_path.write_text(extra + SCALE_KERNEL)
+    kernel = read_repository_file(kernel_path, tmp_path)
+    text = inline_local_headers(kernel)
+    assert "#pragma once" not in text and '#include "vec.h"' not in text
+    assert text.count("#define LANES 32") == 1 and text.count("#define VEC4") == 1
+    assert text.index("#define LANES") < text.index("#define VEC4")  # nested first
+    assert "// lanes.h: inlined above" in text and "// ---- vec.h (inlined) ----" in text
+    assert '#include "gone.h"' in text and "#include <cuda_fp16.h>" in text
+    inlined = KernelSource(text)
+    assert local_headers(inlined) == ()
+    assert len([s for s in detect_all(inlined) if s.mechanism == "vectorized_access"]) == 2

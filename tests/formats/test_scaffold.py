@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from klineage.cli import app
 from klineage.formats.scaffold import ScaffoldError, new_problem
 from klineage.gate.inputs import ReferenceFailure, make_inputs, run_reference
+from klineage.mechanisms import get
 from klineage.problem import load_problem
 from tests.conftest import FIXTURES
 
@@ -106,3 +107,28 @@ def test_headers_kept_beside_the_kernel_come_along_and_the_others_are_to_do(
     # the copied headers are read from the new folder, and the build finds them there
     assert made.problem.kernel_source().parsed.integer_constants["LANES"] == 32
     assert made.problem.build_options.cuda_cflags == (f"-I{folder.resolve()}",)
+
+
+def test_inlined_headers_make_what_a_helper_holds_the_kernels_own(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "pack.h").write_text(
+        "#pragma once\n"
+        "__device__ float4 load4(const float* at) {\n"
+        "  return *reinterpret_cast<const float4*>(at);\n"
+        "}\n"
+    )
+    kernel = source / "scale.cu"
+    kernel.write_text('#include "pack.h"\n' + KERNEL.read_text())
+    made = new_problem("scale", kernel, tmp_path / "scale", inline_headers=True)
+    written = (made.problem.root / "kernel.cu").read_text()
+    assert '#include "pack.h"' not in written and "__device__ float4 load4" in written
+    assert not (made.problem.root / "pack.h").exists()
+    assert made.problem.build_options == made.problem.compile_options
+    sites = get("vectorized_access").detect(made.problem.kernel_source())
+    assert [s.function for s in sites] == ["load4"] and sites[0].supported
+    again = tmp_path / "again"
+    arguments = ["new", "again", "--kernel", str(kernel), "--out", str(again), "--inline-headers"]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    assert "__device__ float4 load4" in (again / "kernel.cu").read_text()
