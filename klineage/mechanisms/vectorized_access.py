@@ -95,6 +95,7 @@ from klineage.mechanisms._vector_access_split import (
     vector_accesses,
 )
 from klineage.mechanisms._vector_forms import VectorKernel, VectorLoop, vector_kernels, vector_loops
+from klineage.mechanisms._vector_header_helpers import header_helper_calls
 from klineage.mechanisms._vector_lanes import split_lanes
 from klineage.mechanisms._vector_loops import (
     checked_loop_text,
@@ -234,6 +235,18 @@ class VectorizedAccess(Mechanism):
                     "width": access.vector.count,
                 },
                 refusal=access.refusal,
+            )
+        for through in header_helper_calls(source):
+            yield self.site(
+                source,
+                through.call,
+                detail={
+                    "form": through.helper.kind,
+                    "access": "header_helper",
+                    "helper": through.helper.name,
+                    "bytes": through.helper.bytes,
+                },
+                refusal=through.refusal,
             )
 
     def find_candidates(self, source: ParsedSource) -> Iterator[Site]:

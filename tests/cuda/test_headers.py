@@ -238,3 +238,31 @@ def test_inlining_writes_each_header_once_in_place_of_its_include(tmp_path: Path
     inlined = KernelSource(text)
     assert local_headers(inlined) == ()
     assert len([s for s in detect_all(inlined) if s.mechanism == "vectorized_access"]) == 2
+
+
+def test_a_call_of_a_headers_vector_helper_is_a_site_that_says_how_to_mine_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "pack.h").write_text(PACKED_HEADER)
+    (tmp_path / "kernel.cu").write_text(
+        '#include "pack.h"\n'
+        "__global__ void twice(const float* x, float* y) {\n"
+        "  int i = (blockIdx.x * blockDim.x + threadIdx.x) * pack_f32::size;\n"
+        "  pack_f32 v = load_pack(x + i);\n"
+        "  keep_pack(y + i, v);\n"
+        "}\n"
+    )
+    kernel = KernelSource.from_file(tmp_path / "kernel.cu")
+    sites = get("vectorized_access").detect(kernel)
+    assert [(s.start_line, s.detail["form"], s.detail["helper"]) for s in sites] == [
+        (4, "load", "load_pack"),
+        (5, "store", "keep_pack"),
+    ]
+    assert all(not s.supported for s in sites)
+    assert "pack.h defines" in (sites[0].refusal or "")
+    assert "--inline-headers" in (sites[0].refusal or "")
+    # inlined, the accesses are the kernel's own and removable where the helpers do them
+    inlined = KernelSource(inline_local_headers(kernel))
+    own = get("vectorized_access").detect(inlined)
+    assert own and all(s.supported for s in own)
+    assert {s.function for s in own} == {"load_pack", "keep_pack"}
