@@ -48,7 +48,7 @@ class ThreadParts:
         left, right = split.child_by_field_name("left"), split.child_by_field_name("right")
         if operator is None or left is None or right is None or operator.type not in ("/", "%"):
             return None
-        width = self._fold(right)
+        width = self.fold(right)
         if width is None or width != self._block_width or not self._flat_place(left):
             return None
         return "y" if operator.type == "/" else "x"
@@ -79,7 +79,7 @@ class ThreadParts:
         bound = [template_bindings(self.source, launch) for launch in launches] or [{}]
         return [{**self.source.integer_constants, **names} for names in bound]
 
-    def _fold(self, node: Node) -> int | None:
+    def fold(self, node: Node) -> int | None:
         """The value every launch gives ``node``, or None where they differ or it is none."""
         values = {fold_int(self.source, node, names) for names in self._bindings}
         return values.pop() if len(values) == 1 else None
@@ -118,7 +118,7 @@ class ThreadParts:
             self.locals_.thread_component(row) == "y"
             and (
                 name_of(self.source, width) == "blockDim.x"
-                or (self._fold(width) is not None and self._fold(width) == self._block_width)
+                or (self.fold(width) is not None and self.fold(width) == self._block_width)
             )
             for row, width in self._operands(node, "*")
         )

@@ -64,7 +64,7 @@ of once per thread that needs it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from klineage.conditions import (
@@ -116,6 +116,7 @@ from klineage.mechanisms._staging_row_vectors import (
     row_vector_application,
     row_vector_candidates,
 )
+from klineage.mechanisms._staging_threads import ThreadParts
 from klineage.mechanisms._staging_tile import stores_tile, tile_once_removal
 from klineage.mechanisms._staging_tile_2d_edits import tile_loop_2d_edits
 from klineage.mechanisms._staging_tile_2d_forward import has_bounded_reads, tile_loop_2d
@@ -243,6 +244,35 @@ def _fused(assignment: Node) -> tuple[Node, Node, Node] | None:
     return target, args[0], args[1]
 
 
+def _leading_aliases(
+    source: ParsedSource, locals_: Locals, body: Node | None, var: str
+) -> tuple[dict[str, str], Node | None]:
+    """The copies of outer locals an accumulation loop declares before its one statement
+    (``int row = a_row;``: name -> the local copied), and that statement; none where the
+    body holds anything else."""
+    if body is None or body.type != "compound_statement":
+        return {}, body
+    items = [s for s in statements(body) if s.type != "preproc_call"]
+    aliases: dict[str, str] = {}
+    for item in items[:-1]:
+        declarators = item.children_by_field_name("declarator")
+        if item.type != "declaration" or len(declarators) != 1:
+            return {}, body
+        value = declarators[0].child_by_field_name("value")
+        name = name_of(source, declarators[0].child_by_field_name("declarator") or declarators[0])
+        if (
+            value is None
+            or name is None
+            or value.type != "identifier"
+            or source.text_of(value) == var
+            or name in locals_.assigned
+            or source.text_of(value) in locals_.assigned
+        ):
+            return {}, body
+        aliases[name] = source.text_of(value)
+    return aliases, items[-1] if aliases and items else body
+
+
 def _counting_loop(source: ParsedSource, loop: Node) -> tuple[str, str, Node]:
     """``for (T v = 0; v < bound; ++v)`` -> (type, v, bound)."""
     init = loop.child_by_field_name("initializer")
@@ -300,14 +330,17 @@ def _role(
     skip: str,
     spellings: tuple[set[str], set[str]],
     uniform: frozenset[str],
+    atoms: dict[str, str] | None = None,
 ) -> str:
     """``a`` when a factor varies with the thread only along y (stage it as S[ty][tx] with
     k := tx, read S[ty][k]), ``b`` when only along x (k := ty, read S[k][tx]). Names in
-    ``uniform`` (the outer loop's variable) are the same for every thread."""
+    ``uniform`` (the outer loop's variable) are the same for every thread; ``atoms`` (local
+    -> the one thread component it is) are not looked through for another component."""
     x, y = spellings
-    if not _depends(locals_, source, factor, skip, x, uniform):
+    along = {c: frozenset(n for n, a in (atoms or {}).items() if a == c) for c in "xy"}
+    if not _depends(locals_, source, factor, skip, x, uniform | along["y"]):
         return "a"
-    if not _depends(locals_, source, factor, skip, y, uniform):
+    if not _depends(locals_, source, factor, skip, y, uniform | along["x"]):
         return "b"
     raise _NoForm(
         f"{' '.join(source.text_of(factor).split())} varies with both threadIdx.x and "
@@ -376,6 +409,9 @@ class _TileLoop:
     types: list[str]
     tx: str
     ty: str
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Copies of outer locals the inner loop declares (name -> the local): a store before
+    the inner loop reads the local itself."""
 
 
 def _tile_loop(source: ParsedSource, function: Function, loop: Node) -> _TileLoop:
@@ -389,18 +425,25 @@ def _tile_loop(source: ParsedSource, function: Function, loop: Node) -> _TileLoo
         raise _NoForm("the tile loop's body is not one inner loop over the tile")
     inner = items[0]
     _, var, bound = _counting_loop(source, inner)
-    tile = fold_int(source, bound)
+    locals_ = Locals(source, function)
+    parts = ThreadParts(source, function, locals_)
+    # a template parameter counts where every launch binds it to one value
+    tile = fold_int(source, bound) or parts.fold(bound)
     if tile is None:
         raise _NoForm("the inner loop's bound is not a compile-time constant")
-    _, x_factor, y_factor = _accumulation(inner.child_by_field_name("body"))
-    locals_ = Locals(source, function)
+    aliases, statement = _leading_aliases(source, locals_, inner.child_by_field_name("body"), var)
+    _, x_factor, y_factor = _accumulation(statement)
     factors = [_unwrap(x_factor), _unwrap(y_factor)]
     if not all(var in names_in(source, f) for f in factors):
         raise _NoForm(f"a factor of the product does not depend on {var}")
     outer = source.loop_at(loop)
     outer_var = outer.variable if outer is not None and outer.variable else ""
     spellings = (thread_names(locals_, "x"), thread_names(locals_, "y"))
-    roles = [_role(locals_, source, f, var, spellings, frozenset({outer_var})) for f in factors]
+    # a row or column of the thread's flattened place (tid / W) holds no other index
+    atoms = parts.atoms
+    roles = [
+        _role(locals_, source, f, var, spellings, frozenset({outer_var}), atoms) for f in factors
+    ]
     types = source.local_types(function)
     kinds = [value_type(source, types, f) for f in factors]
     if None in kinds or "int" in kinds:
@@ -431,6 +474,7 @@ def _tile_loop(source: ParsedSource, function: Function, loop: Node) -> _TileLoo
         [k for k in kinds if k is not None],
         _spelling(locals_, function, "x"),
         _spelling(locals_, function, "y"),
+        aliases,
     )
 
 
@@ -859,8 +903,12 @@ class SmemStaging(Mechanism):
         body = loop.child_by_field_name("body")
         inner = [s for s in statements(body) if s.type != "preproc_call"] if body else []
         if body is not None and len(inner) == 1 and inner[0].type == "for_statement":
+            inner_body = inner[0].child_by_field_name("body")
+            header = source.loop_at(inner[0])
+            var = header.variable if header is not None and header.variable else ""
+            _, statement = _leading_aliases(source, Locals(source, function), inner_body, var)
             try:
-                _accumulation(inner[0].child_by_field_name("body"))
+                _accumulation(statement)
             except _NoForm:
                 return None, None
             try:
@@ -1227,7 +1275,7 @@ def _blocked_edits(source: ParsedSource, blocked: _TileLoop, names: list[str]) -
         names, blocked.raw_factors, blocked.factors, blocked.roles, strict=True
     ):
         along = blocked.tx if role == "a" else blocked.ty
-        value = rename(source, factor, {blocked.var: along})
+        value = rename(source, factor, {**blocked.aliases, blocked.var: along})
         stores.append(f"{name}[{blocked.ty}][{blocked.tx}] = {value};")
         read = (
             f"{name}[{blocked.ty}][{blocked.var}]"

@@ -8,6 +8,7 @@ import pytest
 
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
+from klineage.mining.plan import plan_walk
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
 
 staging = get("smem_staging")
@@ -120,8 +121,33 @@ def test_the_pipeline_rule_refuses_stores_that_read_indices_declared_among_them(
     assert len(staged) == 1 and "declared among them (line 13)" in (staged[0].refusal or "")
 
 
+def test_the_forward_rule_stages_the_simplified_loop_again() -> None:
+    removed = staging.remove(KernelSource(SLICED), _site(SLICED))
+    (candidate,) = staging.candidates(removed)
+    assert candidate.supported and candidate.detail["form"] == "blocked"
+    staged = staging.apply(removed, candidate).text
+    # the copies the inner loop declares are read through the locals they copy
+    assert (
+        "tile_a[threadIdx.y][threadIdx.x] = "
+        "a[((blockIdx.y * TILE + a_tile_row) * k + (step * TILE + threadIdx.x))];"
+    ) in staged
+    assert "acc += tile_a[threadIdx.y][kk] * tile_b[kk][threadIdx.x];" in staged
+    assert [s.mechanism for s in plan_walk(KernelSource(SLICED))[0].steps if s.transferable] == [
+        "pragma_unroll",
+        "smem_staging",
+    ]
+
+
+def test_a_copy_of_a_local_written_in_the_loop_is_no_alias() -> None:
+    removed = staging.remove(KernelSource(SLICED), _site(SLICED)).text
+    written = removed.replace(
+        "int b_read_col = b_tile_col;", "int b_read_col = b_tile_col;\n      b_read_col += 0;"
+    )
+    assert [c.detail.get("form") for c in staging.candidates(KernelSource(written))] == []
+
+
 @pytest.mark.nvcc
-def test_the_removal_computes_the_same_bits_on_the_host() -> None:
+def test_the_removal_and_the_forward_rule_compute_the_same_bits_on_the_host() -> None:
     case = Case(
         axes={"m": 32, "n": 32, "k": 48},
         buffers=[
@@ -133,6 +159,8 @@ def test_the_removal_computes_the_same_bits_on_the_host() -> None:
         threads="",
         grid="dim3(2, 2)",
     )
-    removed = staging.remove(KernelSource(SLICED), _site(SLICED)).text
+    removed = staging.remove(KernelSource(SLICED), _site(SLICED))
+    again = staging.apply(removed, staging.candidates(removed)[0]).text
     staged = run_on_host(SLICED, [case])
-    assert staged.strip() and run_on_host(removed, [case]) == staged
+    assert staged.strip() and run_on_host(removed.text, [case]) == staged
+    assert run_on_host(again, [case]) == staged
