@@ -3,12 +3,16 @@
 Real experts keep their macros in a shared header (``#include "utils.h"`` with ``HALF2``,
 ``LDST128BITS`` or a tile size), found next to the file or through an ``-I`` folder. The
 file alone would read ``HALF2(x[i])`` as a call of unknown effect, so a kernel's analysis also
-reads the ``#define``\\ s and constants of the headers it includes. Headers are only read:
-every edit stays in the kernel's own text.
+reads the ``#define``\\ s, integer constants, packed vector types and vector load/store
+helpers of the headers it includes (``ParsedSource.headers``, ``ParsedSource.defines``).
+Headers are only read: every edit stays in the kernel's own text, and
+:func:`inline_local_headers` writes them into it where what a header holds is to be mined.
 
 A quoted include is looked up the way the preprocessor does: in the folder of the file that
-includes it, then in the kernel's include folders (``KernelSource.include_dirs``). Angle
-includes (``<cuda_fp16.h>``) are system headers and are not read.
+includes it, then in the kernel's include folders (``KernelSource.include_dirs``: a problem's
+``-I`` flags, or for a file of a repository walked whole, the folders under it that hold
+headers, nearest first). Angle includes (``<cuda_fp16.h>``) are system headers and are not
+read.
 """
 
 from __future__ import annotations
