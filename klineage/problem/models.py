@@ -556,7 +556,8 @@ class Problem(_Model):
         compile options); none without a kernel."""
         if self.kernel_path is None or not self.kernel_path.is_file():
             return ()
-        return local_headers(self.kernel_source())
+        text = self.kernel_path.read_text(encoding="utf-8", errors="replace")
+        return local_headers(self.kernel_state(text))
 
     @property
     def build_options(self) -> CompileOptions:
