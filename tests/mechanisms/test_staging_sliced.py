@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
 from klineage.mining.plan import plan_walk
+from klineage.problem import load_problem
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
+from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
 
 staging = get("smem_staging")
 
@@ -45,12 +48,12 @@ __global__ void matmul_sliced(const float* a, const float* b, float* c, int m, i
   c[c_at] = acc;
 }
 
-extern "C" int run(const float* a, const float* b, float* c, int m, int n, int k,
+extern "C" int run(const float* A, const float* B, float* C, int64_t M, int64_t N, int64_t K,
                    cudaStream_t stream) {
   dim3 block(TILE, TILE);
-  dim3 grid((n + TILE - 1) / TILE, (m + TILE - 1) / TILE);
-  matmul_sliced<<<grid, block, 0, stream>>>(a, b, c, m, n, k);
-  return 0;
+  dim3 grid((unsigned)((N + TILE - 1) / TILE), (unsigned)((M + TILE - 1) / TILE));
+  matmul_sliced<<<grid, block, 0, stream>>>(A, B, C, (int)M, (int)N, (int)K);
+  return (int)cudaGetLastError();
 }
 """
 
@@ -144,6 +147,25 @@ def test_a_copy_of_a_local_written_in_the_loop_is_no_alias() -> None:
         "int b_read_col = b_tile_col;", "int b_read_col = b_tile_col;\n      b_read_col += 0;"
     )
     assert [c.detail.get("form") for c in staging.candidates(KernelSource(written))] == []
+
+
+@pytest.mark.nvcc
+def test_every_state_compiles(mechanism_builder: Builder) -> None:
+    removed = staging.remove(KernelSource(SLICED), _site(SLICED))
+    again = staging.apply(removed, staging.candidates(removed)[0])
+    compile_ok(mechanism_builder, [KernelSource(SLICED), removed, again])
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_every_state_passes_the_gate(gate) -> None:
+    problem = load_problem(PUBLIC_FORMS / "problems" / "sgemm_tiles")
+    removed = staging.remove(KernelSource(SLICED), _site(SLICED))
+    again = staging.apply(removed, staging.candidates(removed)[0])
+    for state, kernel in (("staged", SLICED), ("removed", removed.text), ("again", again.text)):
+        verdict = gate.run(problem, KernelSource(kernel, name=f"sliced.{state}.cu"), time_it=False)
+        failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+        assert verdict.passed, (state, verdict.build.message, failing)
 
 
 @pytest.mark.nvcc
