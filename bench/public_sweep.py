@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from klineage.cuda.headers import read_repository_file
+from klineage.headers import read_repository_file
 from klineage.mechanisms import MechanismRefused, all_mechanisms
 
 SUFFIXES = (".cu", ".cuh")

@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from klineage.cuda.headers import read_repository_file
+from klineage.headers import read_repository_file
 from klineage.mining.plan import plan_walk
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,6 +5,7 @@ The layers, each importing only the ones after it (DESIGN.md, "Package layout"):
     __main__ -> cli -> the package (its API) -> replay -> mining -> lineage, skills
              -> mechanisms, search -> llm, formats, cuda -> executors -> conditions, gate
              -> problem
+             -> headers (the local headers a kernel includes)
              -> kernel, limits
 
 A module may import its own component and the components of the layers below it, never one
@@ -27,6 +28,7 @@ PACKAGE = REPO / "klineage"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("kernel", "limits"),
+    ("headers",),
     ("problem",),
     ("conditions", "gate"),
     ("executors",),

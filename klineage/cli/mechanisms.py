@@ -36,7 +36,7 @@ from rich.text import Text
 
 from klineage.cli.progress import progress_bar
 from klineage.cli.tables import Cell, Column, print_rows
-from klineage.cuda.headers import read_repository_file
+from klineage.headers import read_repository_file
 from klineage.kernel import KernelSource
 from klineage.mechanisms import (
     Carrier,

@@ -36,7 +36,7 @@ from tree_sitter import Language, Node, Parser, Query, QueryCursor, Tree
 
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
-from klineage.cuda.headers import local_headers
+from klineage.headers import local_headers
 from klineage.kernel import KernelSource
 from klineage.limits import SOURCE_SNIPPET_SHOWN
 
@@ -559,7 +559,7 @@ class ParsedSource:
 
     @cached_property
     def headers(self) -> tuple[ParsedSource, ...]:
-        """The local headers the kernel includes (:mod:`klineage.cuda.headers`), parsed:
+        """The local headers the kernel includes (:mod:`klineage.headers`), parsed:
         read for their definitions, never edited."""
         return tuple(header.parsed for header in local_headers(self.kernel))
 

@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from klineage.cuda.headers import included_names, inline_local_headers, local_header_paths
+from klineage.headers import included_names, inline_local_headers, local_header_paths
 from klineage.kernel import KernelSource
 from klineage.problem import (
     COMPILE_OPTIONS_FILE,

@@ -55,10 +55,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from klineage.cuda.headers import local_headers
 from klineage.gate import sass
 from klineage.gate.link import DRIVER_LINK_DIR, driver_link_flags, link_failure
 from klineage.gate.ptxas import PtxasReport, demangle, parse_ptxas
+from klineage.headers import local_headers
 from klineage.kernel import KernelSource
 from klineage.problem.abi import KernelAbi
 from klineage.problem.compile_options import CompileOptions

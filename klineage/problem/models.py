@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from klineage.cuda.headers import included_names, local_headers
+from klineage.headers import included_names, local_headers
 from klineage.kernel import KernelSource
 from klineage.problem.compile_options import COMPILE_OPTIONS_FILE, CompileOptions
 from klineage.problem.dtypes import FLOAT_DTYPES, SUPPORTED_DTYPES, dtype_itemsize

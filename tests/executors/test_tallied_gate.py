@@ -11,6 +11,7 @@ from typing import Any
 from klineage.executors.base import TalliedGate, TaskTally
 from klineage.gate.profile import Profile
 from klineage.gate.result import GateVerdict
+from klineage.kernel import KernelSource
 from klineage.mining.profiles import state_profile
 
 
@@ -73,6 +74,9 @@ def test_mining_reaches_the_profile_stage_through_the_counted_gate() -> None:
 
     class Problem:
         name = "p"
+
+        def kernel_state(self, text: str) -> KernelSource:
+            return KernelSource(text, name="p.cu")
 
     lineage = Lineage()
     profile = state_profile(Problem(), lineage, "abc", gate)  # type: ignore[arg-type]

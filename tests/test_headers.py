@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from klineage.cli.main import app
 from klineage.cuda.analysis import analysis
-from klineage.cuda.headers import (
+from klineage.headers import (
     inline_local_headers,
     local_headers,
     read_repository_file,
