@@ -101,13 +101,12 @@ def _read(path: Path) -> KernelSource:
     compile options, so it reads the headers its build finds."""
     from klineage.problem import ProblemError, load_problem
 
-    include_dirs: tuple[Path, ...] = ()
-    if path.name == "kernel.cu" and (path.parent / "definition.json").is_file():
-        # a definition being written: the kernel alone is still worth reading
-        with contextlib.suppress(ProblemError):
-            include_dirs = load_problem(path.parent).compile_options.include_dirs
     try:
-        return KernelSource.from_file(path, include_dirs)
+        if path.name == "kernel.cu" and (path.parent / "definition.json").is_file():
+            # a definition being written: the kernel alone is still worth reading
+            with contextlib.suppress(ProblemError):
+                return load_problem(path.parent).kernel_source()
+        return KernelSource.from_file(path)
     except (FileNotFoundError, UnicodeDecodeError) as err:
         _fail(str(err))
 

@@ -35,8 +35,7 @@ import re
 from dataclasses import dataclass, field
 
 from klineage.cuda.analysis import analysis
-from klineage.cuda.cexpr import PRIMARY, fold_int, precedence
-from klineage.cuda.facts import template_bindings
+from klineage.cuda.cexpr import PRIMARY, precedence
 from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import declared_names
 from klineage.mechanisms._staging_threads import ThreadParts
@@ -246,10 +245,9 @@ def outer_subscript(node: Node) -> Node:
     return current
 
 
-def _array_dims(
-    source: ParsedSource, function: Function, declaration: Node, name: str
-) -> tuple[int, ...] | None:
-    """The folded extents of a shared array, for every launch's template arguments."""
+def _array_dims(parts: ThreadParts, declaration: Node, name: str) -> tuple[int, ...] | None:
+    """The folded extents of a shared array, the same for every launch's template arguments."""
+    source = parts.source
     for declarator in declaration.children_by_field_name("declarator"):
         sizes: list[Node] = []
         current: Node | None = declarator
@@ -261,17 +259,8 @@ def _array_dims(
             current = current.child_by_field_name("declarator")
         if current is None or source.text_of(current) != name:
             continue
-        bindings = [
-            template_bindings(source, launch) for launch in source.launches_of(function)
-        ] or [{}]
-        results = set()
-        for bound in bindings:
-            names = {**source.integer_constants, **bound}
-            values = [fold_int(source, s, names) for s in sizes]
-            if None in values:
-                return None
-            results.add(tuple(v for v in values if v is not None))
-        return results.pop() if len(results) == 1 else None
+        values = [parts.fold(size) for size in sizes]
+        return None if None in values else tuple(v for v in values if v is not None)
     return None
 
 
@@ -375,7 +364,9 @@ def _read_mapping(
     stop = {loop_var} | {n for n, c in parts.atoms.items() if c not in changed}
     through: dict[str, Node] = {}  # locals to write out, each after those it reads
 
-    def write_out(node: Node, component: str, name: str) -> None:
+    component, name = next(iter(changed.items()))  # named when a local is refused
+
+    def write_out(node: Node) -> None:
         for found in _name_nodes(source, node, ""):
             local = source.text_of(found)
             if local in mapping or local in through or local in stop:
@@ -386,11 +377,10 @@ def _read_mapping(
             # written out only where it reads the index as the store does, by its name
             if value is None or local in locals_.assigned or others & names_in(source, value):
                 raise NotStaged(_other_spelling(array, component, name))
-            write_out(value, component, name)
+            write_out(value)
             through[local] = value
 
-    component, name = next(iter(changed.items()))
-    write_out(array.value, component, name)
+    write_out(array.value)
     for local, value in through.items():
         mapping[local] = f"({rename(source, value, mapping)})"
     return mapping
@@ -480,7 +470,7 @@ def analyze_staged_loop(source: ParsedSource, function: Function, loop: Node) ->
             raise NotStaged(f"{name} is stored twice before the barrier")
         components = _thread_indices(source, parts, name, indices)
         declaration = shared[name]
-        dims = _array_dims(source, function, declaration, name)
+        dims = _array_dims(parts, declaration, name)
         if dims is None or len(dims) != 2:
             raise NotStaged(f"the extents of {name} are not two compile-time constants")
         element = _plain_type(
@@ -598,18 +588,19 @@ def unread_declarations(source: ParsedSource, staged: StagedLoop, written: list[
     assert staged.function.body is not None
     gone: list[Node] = [array.store for array in staged.arrays]
     mentioned = {word for text in written for word in re.findall(r"\b\w+\b", text)}
+    names = {node.id: declared_names(source, [node]) for node in staged.declarations}
+    uses = list(source.iter_nodes("identifier", within=staged.function.body))
+
+    def read_elsewhere(node: Node) -> bool:
+        return any(
+            source.text_of(use) in names[node.id]
+            and not any(within(use, other) for other in [*gone, node])
+            for use in uses
+        )
+
     left = list(staged.declarations)
     while True:
-        unread = [
-            node
-            for node in left
-            if not set(declared_names(source, [node])) & mentioned
-            and not any(
-                source.text_of(use) in declared_names(source, [node])
-                and not any(within(use, other) for other in [*gone, node])
-                for use in source.iter_nodes("identifier", within=staged.function.body)
-            )
-        ]
+        unread = [n for n in left if not names[n.id] & mentioned and not read_elsewhere(n)]
         if not unread:
             return [node for node in staged.declarations if node not in left]
         gone += unread

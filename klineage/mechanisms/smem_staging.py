@@ -330,14 +330,14 @@ def _role(
     skip: str,
     spellings: tuple[set[str], set[str]],
     uniform: frozenset[str],
-    atoms: dict[str, str] | None = None,
+    atoms: dict[str, str],
 ) -> str:
     """``a`` when a factor varies with the thread only along y (stage it as S[ty][tx] with
     k := tx, read S[ty][k]), ``b`` when only along x (k := ty, read S[k][tx]). Names in
     ``uniform`` (the outer loop's variable) are the same for every thread; ``atoms`` (local
     -> the one thread component it is) are not looked through for another component."""
     x, y = spellings
-    along = {c: frozenset(n for n, a in (atoms or {}).items() if a == c) for c in "xy"}
+    along = {c: frozenset(n for n, a in atoms.items() if a == c) for c in "xy"}
     if not _depends(locals_, source, factor, skip, x, uniform | along["y"]):
         return "a"
     if not _depends(locals_, source, factor, skip, y, uniform | along["x"]):

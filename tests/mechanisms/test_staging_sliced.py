@@ -141,10 +141,10 @@ def test_the_forward_rule_stages_the_simplified_loop_again() -> None:
     ]
 
 
-def test_a_copy_of_a_local_written_in_the_loop_is_no_alias() -> None:
+def test_a_copy_of_a_local_written_elsewhere_is_no_alias() -> None:
     removed = staging.remove(KernelSource(SLICED), _site(SLICED)).text
     written = removed.replace(
-        "int b_read_col = b_tile_col;", "int b_read_col = b_tile_col;\n      b_read_col += 0;"
+        "int a_tile_row = tid / TILE;", "int a_tile_row = tid / TILE;\n  a_tile_row += 0;"
     )
     assert [c.detail.get("form") for c in staging.candidates(KernelSource(written))] == []
 
