@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, computed_field
 from klineage.cuda.edit import changed_region
 from klineage.gate.counters import CounterChange, counter_changes
 from klineage.gate.profile import Profile
-from klineage.gate.result import geomean
+from klineage.gate.result import NOT_SLOWER_RATIO, geomean
 from klineage.limits import CARD_PROBE_SHOWN, CARD_RISK_SHOWN, CARD_SNIPPET_SHOWN, DEFAULT_ARCH
 
 NOISE = 0.01
@@ -292,7 +292,8 @@ class Skill(BaseModel):
     round_trip_reproduced: bool | None = Field(
         default=None,
         description="the re-applied kernel was as fast as the optimized one (ratio >= 0.99 "
-        "overall and per trial), whether or not the step gained anything; None: not tried",
+        "overall and per trial, or the re-applied source is the optimized one: "
+        "`round_trip_exact`), whether or not the step gained anything; None: not tried",
     )
     round_trip_ratio: float | None = Field(
         default=None, description="optimized / re-applied latency (>= 0.99 to verify)"
@@ -309,8 +310,8 @@ class Skill(BaseModel):
     round_trip_exact: bool | None = Field(
         default=None,
         description="the re-applied source is the optimized one (same fingerprint: equal up to "
-        "line endings and trailing spaces; None: nothing was re-applied); a ratio under 0.99 "
-        "is then the timing noise of one kernel",
+        "line endings and trailing spaces; None: nothing was re-applied); the round trip is "
+        "then reproduced, and a ratio under 0.99 is the timing noise of one kernel",
     )
     diff: str = Field(default="", description="unified diff, simplified -> optimized")
     machine_code: MachineCodeEvidence | None = Field(
@@ -624,6 +625,13 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
+def _ratio_clears_bar(skill: Skill) -> bool:
+    """The round trip's ratio is at least 0.99 overall and in every trial (the gate's
+    "not slower" rule); True where no ratio was measured."""
+    ratios = [skill.round_trip_ratio, *skill.round_trip_trial_ratios]
+    return all(r is None or r >= NOT_SLOWER_RATIO for r in ratios)
+
+
 def _round_trip_lines(skill: Skill) -> list[str]:
     ratio = f"{skill.round_trip_ratio:.3f}" if skill.round_trip_ratio else "-"
     verdict = "verified" if skill.verified else "NOT verified"
@@ -636,11 +644,16 @@ def _round_trip_lines(skill: Skill) -> list[str]:
         )
     if skill.round_trip_note:
         lines.append(skill.round_trip_note)
-    if skill.round_trip_reproduced is False and skill.round_trip_exact:
+    if skill.round_trip_exact and not (skill.round_trip_reproduced and _ratio_clears_bar(skill)):
+        settled = (
+            "so it counts as reproduced"
+            if skill.round_trip_reproduced
+            else "which the older rule this card was written under did not count as reproduced"
+        )
         lines.append(
             "The re-applied source is the optimized source (same fingerprint): this ratio "
             "is one kernel timed twice, so the 0.99 bar (overall and in every trial) fell "
-            "inside its timing noise; the rewrite itself is reproduced exactly."
+            f"inside its timing noise; the rewrite itself is reproduced exactly, {settled}."
         )
     if skill.transferable is False:
         lines.append(

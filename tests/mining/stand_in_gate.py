@@ -15,7 +15,9 @@ mining logic (walk, graph, conditions, skills, persistence, resume) runs on a CP
   workloads where the predicate holds fail with RUNTIME_ERROR (misaligned address);
 - `profiles`: the profile stage when asked (`profile_kernel`, as mining and replay ask it), as
   a function of the mechanisms present (it returns a profile made of counters recorded on
-  the H200); `profiled` counts the kernels it profiled.
+  the H200); `profiled` counts the kernels it profiled;
+- `same_kernel_noise`: per-trial latency factors of a kernel compared against its own source
+  (a round trip that restored the optimized source exactly), as timing noise reads on a GPU.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class StandInGate:
         expert_mechanisms: Sequence[str] = (),
         needed_text: Sequence[str] = (),
         profiles: Callable[[set[str]], Profile] | None = None,
+        same_kernel_noise: Sequence[float] | None = None,
     ) -> None:
         self.builder = builder
         self.cost = cost or {}
@@ -66,6 +69,7 @@ class StandInGate:
         self.expert_mechanisms = set(expert_mechanisms)
         self.needed_text = tuple(needed_text)
         self.profiles = profiles
+        self.same_kernel_noise = same_kernel_noise
         self.profiled: list[str] = []
         self.runs = 0
 
@@ -111,8 +115,22 @@ class StandInGate:
         present = self.present(kernel)
         base = self.present(against) if against is not None else set()
         missing = [text for text in self.needed_text if text not in kernel.text]
+        noise = (
+            self.same_kernel_noise
+            if against is not None and against.fingerprint == kernel.fingerprint
+            else None
+        )
         for workload in problem.workloads if workloads is None else workloads:
-            verdict.workloads.append(self._one(workload, present, base, time_it, against, missing))
+            result = self._one(workload, present, base, time_it, against, missing)
+            if noise is not None and result.timing is not None and result.comparison is not None:
+                trials = result.timing.samples_ms
+                noisy = Timing(
+                    samples_ms=[[ms * f for ms in s] for s, f in zip(trials, noise, strict=True)]
+                )
+                baseline = _timing(self.latency(base))
+                result.timing = noisy
+                result.comparison = Comparison.of(noisy, baseline)
+            verdict.workloads.append(result)
         return verdict
 
     def profile_kernel(
