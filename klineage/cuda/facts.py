@@ -372,7 +372,11 @@ def template_values(
             arguments = tuple(c for c in call.template_args.named_children if c.type != "comment")
             uses.append((call.node, arguments))
     if not uses:
-        return None
+        # instantiated only where macros write it (a launch inside a binding macro)
+        expanded = source.macro_expanded
+        if expanded is None or expanded.function(function) is None:
+            return None
+        return template_values(expanded, function, depth + 1, skip_types=skip_types)
     bindings: list[dict[str, int]] = []
     for node, arguments in uses:
         if len(arguments) != len(found.template_params):

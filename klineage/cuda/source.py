@@ -36,6 +36,7 @@ from tree_sitter import Language, Node, Parser, Query, QueryCursor, Tree
 
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
+from klineage.cuda.macros import expand_macros
 from klineage.headers import local_headers
 from klineage.kernel import KernelSource
 from klineage.limits import SOURCE_SNIPPET_SHOWN
@@ -108,7 +109,8 @@ class Mask:
     end_byte: int
     what: str
     """Why it was masked: ``__align__``, ``__maxnreg__``, ``_Pragma``, ``__cluster_dims__``,
-    ``__launch_bounds__ extra argument``, ``extended lambda`` or ``#if in parentheses``."""
+    ``__launch_bounds__ extra argument``, ``extended lambda``, ``#if in parentheses`` or
+    ``statement macro at file scope``."""
 
 
 # `__align__(16)` (a parenthesized declarator to the grammar), `__maxnreg__(64)` and the
@@ -170,6 +172,50 @@ def _closing_paren(data: bytes, open_at: int) -> tuple[int, list[int]] | None:
     return None
 
 
+_FUNCTION_MACRO = re.compile(rb"^[ \t]*#[ \t]*define[ \t]+(\w+)\(", re.MULTILINE)
+_MAX_MACRO_INVOCATION = 2000  # bytes of arguments; longer is not a binding line
+
+
+def _statement_macro_masks(data: bytes) -> list[Mask]:
+    """File-scope invocations of the file's own function-like macros written as statements
+    without a semicolon (``TORCH_BINDING_REDUCE(f32, f32, ...)`` on a line of its own, which
+    defines a host function): the grammar reads the whole translation unit as one ERROR
+    around them. Only lines that start with the name and end at its ``)``."""
+    names = {m.group(1) for m in _FUNCTION_MACRO.finditer(data)}
+    if not names:
+        return []
+    pattern = re.compile(rb"^(" + b"|".join(re.escape(n) for n in names) + rb")[ \t]*\(", re.M)
+    masks = []
+    for match in pattern.finditer(data):
+        close = _macro_close(data, match.end() - 1)
+        if close is None:
+            continue
+        end = data.find(b"\n", close + 1)
+        rest = data[close + 1 : end if end >= 0 else len(data)].strip()
+        after = data[close + 1 :].lstrip()[:1]  # a function body on the next line
+        if (rest and not rest.startswith(b"//")) or after == b"{":
+            continue
+        masks.append(Mask(match.start(), close + 1, "statement macro at file scope"))
+    return masks
+
+
+def _macro_close(data: bytes, open_at: int) -> int | None:
+    """The ``)`` that closes ``data[open_at]``, within _MAX_MACRO_INVOCATION bytes and with
+    no brace or semicolon before it."""
+    depth = 0
+    for i in range(open_at, min(len(data), open_at + _MAX_MACRO_INVOCATION)):
+        ch = data[i]
+        if ch == 0x28:
+            depth += 1
+        elif ch == 0x29:
+            depth -= 1
+            if depth == 0:
+                return i
+        elif ch in b";{}":
+            return None
+    return None
+
+
 def mask_source(data: bytes) -> tuple[bytes, tuple[Mask, ...]]:
     """A copy of ``data`` with constructs tree-sitter-cuda cannot parse blanked out.
 
@@ -177,9 +223,10 @@ def mask_source(data: bytes) -> tuple[bytes, tuple[Mask, ...]]:
     original bytes. Masked: ``__align__(n)``, ``__maxnreg__(n)``, ``_Pragma("...")``,
     ``__cluster_dims__(x, y, z)``, the
     arguments of ``__launch_bounds__`` after the second, the execution space of an extended
-    lambda (``[] __device__ (float v) {...}``), and preprocessor conditionals
+    lambda (``[] __device__ (float v) {...}``), preprocessor conditionals
     (``#if``/``#else``/``#endif``...) inside parentheses, such as an ``#if`` in an argument
-    list (both branches are then parsed as one).
+    list (both branches are then parsed as one), and file-scope lines that invoke one of the
+    file's function-like macros without a semicolon (:func:`_statement_macro_masks`).
     """
     masks: list[Mask] = []
     if (
@@ -212,6 +259,7 @@ def mask_source(data: bytes) -> tuple[bytes, tuple[Mask, ...]]:
                 depth = max(0, depth - 1)
             elif token.lstrip()[:1] == b"#" and depth > 0:
                 masks.append(Mask(match.start(), match.end(), "#if in parentheses"))
+    masks += _statement_macro_masks(data)
     if not masks:
         return data, ()
     buffer = bytearray(data)
@@ -562,6 +610,16 @@ class ParsedSource:
         """The local headers the kernel includes (:mod:`klineage.headers`), parsed:
         read for their definitions, never edited."""
         return tuple(header.parsed for header in local_headers(self.kernel))
+
+    @cached_property
+    def macro_expanded(self) -> ParsedSource | None:
+        """The file with its macros (and its local headers' macros) expanded, parsed: a
+        view to read instantiations from that only macros write (a kernel launched from a
+        binding macro that pastes its name), never to edit. None when nothing is defined."""
+        text = expand_macros(self.kernel.text, [h.kernel.text for h in self.headers])
+        if text is None:
+            return None
+        return KernelSource(text, name=self.kernel.name).parsed
 
     def defines(self, kind: DefineKind) -> list[tuple[ParsedSource, Node]]:
         """Every ``#define`` of one kind (``preproc_def``, or ``preproc_function_def`` for a

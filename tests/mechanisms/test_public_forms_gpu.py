@@ -32,6 +32,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "rotation_ldmatrix": PROBLEMS / "copy_fragments",
     "guarded_tree": PROBLEMS / "block_totals",
     "template_width": PROBLEMS / "block_totals",
+    "macro_dispatch": PROBLEMS / "block_totals",
     "online_pairs": PROBLEMS / "row_logsumexp",
     "tile_parameter": PROBLEMS / "row_logsumexp",
     "quad_columns": PROBLEMS / "column_totals",

@@ -368,7 +368,9 @@ def test_a_mask_passed_in_stays_refused_and_named() -> None:
     assert site.refusal == "the mask mask is not a full-warp constant"
 
 
-@pytest.mark.parametrize("case", ["online_pairs", "quad_columns", "template_width"])
+@pytest.mark.parametrize(
+    "case", ["online_pairs", "quad_columns", "template_width", "macro_dispatch"]
+)
 def test_the_public_form_pairs_come_back_by_apply(case: str) -> None:
     (pair,) = [p for p in fixture_pairs(mechanism.name, PUBLIC_FORMS) if p.case == case]
     forward_chain(mechanism, removal_chain(mechanism, pair.before))

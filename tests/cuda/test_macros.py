@@ -1,0 +1,107 @@
+"""Macros read as the preprocessor writes them (klineage.cuda.macros), the file-scope
+binding lines the parser is spared (mask_source), and kernel instantiations that only macros
+write (template_values through ParsedSource.macro_expanded)."""
+
+from __future__ import annotations
+
+from klineage.cuda.facts import template_values
+from klineage.cuda.macros import expand_macros
+from klineage.cuda.source import mask_source
+from klineage.kernel import KernelSource
+from klineage.mechanisms import get
+from tests.mechanisms.roundtrip import PUBLIC_FORMS
+
+DISPATCH = (PUBLIC_FORMS / "warp_shuffle_reduction" / "macro_dispatch.before.cu").read_text(
+    encoding="utf-8"
+)
+
+
+def _solid(text: str | None) -> str:
+    assert text is not None
+    return " ".join(text.split())
+
+
+def test_object_and_function_macros_expand_with_stringify_and_paste() -> None:
+    text = (
+        "#define WIDTH 4\n"
+        "#define NAME(kind) scale_##kind##_kernel\n"
+        "#define SHOW(x) #x\n"
+        "#define LAUNCH(kind, n) NAME(kind)<(n) * WIDTH><<<g, b>>>(SHOW(kind))\n"
+        "LAUNCH(f16, 32);\n"
+    )
+    assert _solid(expand_macros(text)) == 'scale_f16_kernel<(32) * 4><<<g, b>>>("f16");'
+
+
+def test_a_pasted_argument_is_not_expanded_first() -> None:
+    text = "#define f32 float\n#define K(t) k_##t(t)\nK(f32);\n"
+    assert _solid(expand_macros(text)) == "k_f32(float);"
+
+
+def test_variadic_arguments_and_continued_lines() -> None:
+    text = "#define CALL(f, ...) \\\n  f(__VA_ARGS__)\nCALL(launch, a, (b, c), d);\n"
+    assert _solid(expand_macros(text)) == "launch(a, (b, c), d);"
+
+
+def test_undef_earlier_texts_and_names_without_arguments() -> None:
+    header = "#define TILE 16\n#define SQUARE(x) ((x) * (x))\n"
+    text = (
+        "#undef TILE\n#define TILE 32\n"
+        "int a = TILE; int b = SQUARE(TILE); int (*f)(int) = SQUARE;\n"
+    )
+    expanded = _solid(expand_macros(text, [header]))
+    assert expanded == "int a = 32; int b = ((32) * (32)); int (*f)(int) = SQUARE;"
+
+
+def test_a_macro_that_names_itself_stops() -> None:
+    text = "#define grow(x) grow(x + 1)\n#define loop loop\nint v = grow(1) + loop;\n"
+    assert _solid(expand_macros(text)) == "int v = grow(1 + 1) + loop;"
+
+
+def test_a_text_without_defines_has_no_expansion() -> None:
+    assert expand_macros("#include <cuda_runtime.h>\nint main() { return 0; }\n") is None
+
+
+def test_file_scope_binding_lines_are_masked_and_the_file_parses() -> None:
+    masked, masks = mask_source(DISPATCH.encode())
+    assert [m.what for m in masks] == ["statement macro at file scope"]
+    assert masked[masks[0].start_byte : masks[0].end_byte].strip() == b""
+    assert DISPATCH[masks[0].start_byte : masks[0].end_byte] == "BIND_GROUP_TOTALS(f32, float)"
+    parsed = KernelSource(DISPATCH).parsed
+    assert not [e for e in parsed.errors if not e.missing]
+    # the same line, its macro not defined in the file: left to the parser, which errs there
+    unmasked = KernelSource(DISPATCH.replace("#define BIND_GROUP_TOTALS", "#define BIND_OTHER"))
+    assert [e.line for e in unmasked.parsed.errors] == [
+        DISPATCH[: masks[0].start_byte].count("\n") + 1
+    ]
+
+
+def test_invocations_with_a_semicolon_or_a_body_are_left_to_the_parser() -> None:
+    text = (
+        "#define DECLARE(n) __global__ void n(float* y)\n"
+        "#define ZERO(n) n = 0\n"
+        "DECLARE(fill)\n{\n  y[0] = 1.0f;\n}\n"
+        "int v;\nZERO(v);\n"
+    )
+    assert mask_source(text.encode())[1] == ()
+
+
+def test_instantiations_written_only_by_macros_are_read_from_the_expansion() -> None:
+    source = KernelSource(DISPATCH).parsed
+    assert source.launches_of("group_totals_f32_kernel") == []
+    bindings = template_values(source, "group_totals_f32_kernel")
+    assert bindings == [{"NUM_THREADS": 64}, {"NUM_THREADS": 128}, {"NUM_THREADS": 256}]
+    lanes = template_values(source, "lane_fold_sum")
+    assert lanes is not None
+    assert sorted({b["kWarpSize"] for b in lanes}) == [2, 4, 8, 32]
+
+
+def test_a_macro_instantiation_past_the_warp_is_refused_by_its_offsets() -> None:
+    """A dispatch case of 2048 threads folds 64 warp totals: the helper's butterfly would
+    start at offset 32, which the exchange cannot write; read from the macro, the site says
+    so instead of passing."""
+    mechanism = get("warp_shuffle_reduction")
+    (site,) = mechanism.detect(KernelSource(DISPATCH))
+    assert site.supported
+    wide = DISPATCH.replace("LAUNCH_GROUP_TOTALS(128, kind)", "LAUNCH_GROUP_TOTALS(2048, kind)")
+    (site,) = mechanism.detect(KernelSource(wide))
+    assert site.refusal == "the loop reaches offset 32, outside 0..31"
