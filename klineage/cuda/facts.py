@@ -382,6 +382,8 @@ def template_values(
         if len(arguments) != len(found.template_params):
             return None  # defaulted or deduced arguments: not followed
         enclosing = source.enclosing_function(node)
+        if enclosing is not None and _never_instantiated(source, enclosing):
+            continue  # a template nothing instantiates is never compiled: it binds nothing
         outer = (
             template_values(source, enclosing.name, depth + 1, skip_types=skip_types)
             if enclosing
@@ -408,7 +410,17 @@ def template_values(
                 return None
             if binding not in bindings:
                 bindings.append(binding)
-    return bindings
+    return bindings or None
+
+
+def _never_instantiated(source: ParsedSource, function: Function) -> bool:
+    """A template that no launch or call names, in the file or in its macros' expansion."""
+    if not function.template_params:
+        return False
+    views = [source]
+    if source.macro_expanded is not None and source.macro_expanded.function(function.name):
+        views.append(source.macro_expanded)
+    return not any(v.launches_of(function.name) or v.calls_named(function.name) for v in views)
 
 
 def compile_time_bindings(source: ParsedSource, function: Function) -> list[dict[str, int]] | None:

@@ -105,3 +105,27 @@ def test_a_macro_instantiation_past_the_warp_is_refused_by_its_offsets() -> None
     wide = DISPATCH.replace("LAUNCH_GROUP_TOTALS(128, kind)", "LAUNCH_GROUP_TOTALS(2048, kind)")
     (site,) = mechanism.detect(KernelSource(wide))
     assert site.refusal == "the loop reaches offset 32, outside 0..31"
+
+
+def test_a_template_nothing_instantiates_binds_nothing() -> None:
+    """A block helper no kernel calls is never compiled: its call of the warp helper does not
+    make the warp helper's lane count unknown."""
+    unused = (
+        "template <const int NUM_THREADS = 256>\n"
+        "__device__ float unused_block_sum(float val) {\n"
+        "  return lane_fold_sum<NUM_THREADS / WARP_SIZE>(val);\n"
+        "}\n\n"
+    )
+    text = DISPATCH.replace(
+        "template <const int NUM_THREADS = 256>\n__global__",
+        unused + "template <const int NUM_THREADS = 256>\n__global__",
+    )
+    assert "unused_block_sum" in text
+    lanes = template_values(KernelSource(text).parsed, "lane_fold_sum")
+    assert lanes is not None and sorted({b["kWarpSize"] for b in lanes}) == [2, 4, 8, 32]
+    used = text + "__global__ void other(float* y) { y[0] = unused_block_sum<64>(y[0]); }\n"
+    lanes = template_values(KernelSource(used).parsed, "lane_fold_sum")
+    assert lanes is not None and sorted({b["kWarpSize"] for b in lanes}) == [2, 4, 8, 32]
+    wide = text + "__global__ void other(float* y) { y[0] = unused_block_sum<4096>(y[0]); }\n"
+    lanes = template_values(KernelSource(wide).parsed, "lane_fold_sum")
+    assert lanes is not None and 128 in {b["kWarpSize"] for b in lanes}
