@@ -26,6 +26,7 @@ __all__ = [
     "eval_context",
     "launch_block_size",
     "launch_names",
+    "never_instantiated",
     "shared_memory_of",
     "static_shared_bytes",
     "template_bindings",
@@ -382,45 +383,86 @@ def template_values(
         if len(arguments) != len(found.template_params):
             return None  # defaulted or deduced arguments: not followed
         enclosing = source.enclosing_function(node)
-        if enclosing is not None and _never_instantiated(source, enclosing):
+        if enclosing is not None and never_instantiated(source, enclosing):
             continue  # a template nothing instantiates is never compiled: it binds nothing
-        outer = (
-            template_values(source, enclosing.name, depth + 1, skip_types=skip_types)
-            if enclosing
-            else [{}]
-        )
-        if outer is None:
+        # arguments that fold without the enclosing template's parameters (`f<WARP_SIZE>`)
+        # need none of its instantiations
+        direct = _use_bindings(source, found, arguments, types, enclosing)
+        if direct is None and enclosing is not None and enclosing.template_params:
+            outer = template_values(source, enclosing.name, depth + 1, skip_types=skip_types)
+            direct = (
+                None
+                if outer is None
+                else _use_bindings(source, found, arguments, types, enclosing, outer)
+            )
+        if direct is None:
             return None
-        # the launching function's constexpr locals count: `constexpr int STAGES = 3;`, and
-        # `constexpr int WARPS = THREADS / 32;` under each binding of its own parameters
-        for names in outer:
-            local_sizes = launch_names(source, enclosing, names)
-            folded_locals = {name: evaluate_size(size, names) for name, size in local_sizes.items()}
-            known = {
-                **{k: v for k, v in folded_locals.items() if v is not None},
-                **names,
-            }
-            pairs = [
-                (name, fold_int(source, argument, known))
-                for name, argument in zip(found.template_params, arguments, strict=True)
-                if name not in types
-            ]
-            binding = {name: value for name, value in pairs if value is not None}
-            if len(binding) != len(pairs):
-                return None
-            if binding not in bindings:
-                bindings.append(binding)
+        bindings += [b for b in direct if b not in bindings]
     return bindings or None
 
 
-def _never_instantiated(source: ParsedSource, function: Function) -> bool:
-    """A template that no launch or call names, in the file or in its macros' expansion."""
+def _use_bindings(
+    source: ParsedSource,
+    found: Function,
+    arguments: tuple[Node, ...],
+    types: set[str],
+    enclosing: Function | None,
+    outer: list[dict[str, int]] | None = None,
+) -> list[dict[str, int]] | None:
+    """The bindings of ``found``'s parameters one use gives, per binding of the enclosing
+    function's own parameters (``outer``; without it, arguments that name none of them); None
+    when an argument does not fold. The enclosing function's constexpr locals count:
+    ``constexpr int STAGES = 3;``, and ``constexpr int WARPS = THREADS / 32;`` under each
+    binding of its own parameters."""
+    if outer is None:
+        named = {source.text_of(n) for a in arguments for n in _identifiers(a)}
+        if enclosing is not None and named & set(enclosing.template_params):
+            return None  # names the enclosing template's parameters: needs its bindings
+        outer = [{}]
+    found_bindings: list[dict[str, int]] = []
+    for names in outer:
+        local_sizes = launch_names(source, enclosing, names)
+        folded_locals = {name: evaluate_size(size, names) for name, size in local_sizes.items()}
+        known = {**{k: v for k, v in folded_locals.items() if v is not None}, **names}
+        pairs = [
+            (name, fold_int(source, argument, known))
+            for name, argument in zip(found.template_params, arguments, strict=True)
+            if name not in types
+        ]
+        binding = {name: value for name, value in pairs if value is not None}
+        if len(binding) != len(pairs):
+            return None
+        if binding not in found_bindings:
+            found_bindings.append(binding)
+    return found_bindings
+
+
+def _identifiers(node: Node) -> list[Node]:
+    """The names in an expression (a template argument may parse as a type: ``f<W>``)."""
+    if node.type in ("identifier", "type_identifier"):
+        return [node]
+    return [n for child in node.named_children for n in _identifiers(child)]
+
+
+def never_instantiated(source: ParsedSource, function: Function) -> bool:
+    """A template whose name appears nowhere but in its own definitions, in the file or in its
+    macros' expansion: nothing launches, calls, explicitly instantiates (``template void
+    f<float>(...);``) or takes the address of it, so it is never compiled."""
     if not function.template_params:
         return False
     views = [source]
-    if source.macro_expanded is not None and source.macro_expanded.function(function.name):
+    if source.macro_expanded is not None:
         views.append(source.macro_expanded)
-    return not any(v.launches_of(function.name) or v.calls_named(function.name) for v in views)
+    return not any(_mentions_outside_definitions(view, function.name) for view in views)
+
+
+def _mentions_outside_definitions(source: ParsedSource, name: str) -> bool:
+    functions = source.functions
+    definitions = [(f.outer.start_byte, f.outer.end_byte) for f in functions if f.name == name]
+    for match in re.finditer(rb"\b" + re.escape(name.encode()) + rb"\b", source.data):
+        if not any(start <= match.start() < end for start, end in definitions):
+            return True
+    return False
 
 
 def compile_time_bindings(source: ParsedSource, function: Function) -> list[dict[str, int]] | None:

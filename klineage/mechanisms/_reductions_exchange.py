@@ -70,7 +70,7 @@ from typing import ClassVar
 from klineage.conditions import ArchAtLeast, BlockSizeMultiple, Condition
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.edit import Edit
-from klineage.cuda.facts import block_size_of, template_values
+from klineage.cuda.facts import block_size_of, never_instantiated, template_values
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import WARP_SIZE
 from klineage.kernel import KernelSource
@@ -412,7 +412,11 @@ def _shuffle(
         if offset.type != "identifier" or source.text_of(offset) != variable:
             raise _Refused(f"the offset {source.text_of(offset)} is not the loop variable")
         if offsets is None:
-            raise _Refused("the loop's offsets cannot be worked out statically")
+            unused = never_instantiated(source, function)
+            raise _Refused(
+                "the loop's offsets cannot be worked out statically"
+                + (f": nothing in the file instantiates {function.name}" if unused else "")
+            )
         bad = [o for o in offsets if not 0 <= o < 32]
         if bad:
             raise _Refused(f"the loop reaches offset {bad[0]}, outside 0..31")

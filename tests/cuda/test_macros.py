@@ -129,3 +129,62 @@ def test_a_template_nothing_instantiates_binds_nothing() -> None:
     wide = text + "__global__ void other(float* y) { y[0] = unused_block_sum<4096>(y[0]); }\n"
     lanes = template_values(KernelSource(wide).parsed, "lane_fold_sum")
     assert lanes is not None and 128 in {b["kWarpSize"] for b in lanes}
+
+
+HELPER = """#define WARP_SIZE 32
+template <const int kWarpSize = WARP_SIZE>
+__device__ float fold(float v) {
+  for (int m = kWarpSize >> 1; m >= 1; m >>= 1) v += __shfl_xor_sync(0xffffffff, v, m);
+  return v;
+}
+"""
+
+
+def test_a_constant_argument_needs_none_of_the_callers_instantiations() -> None:
+    """`fold<WARP_SIZE>` in a kernel templated on a tile config (a type, which bindings do
+    not fold) binds 32; where the caller's own parameter is called WARP_SIZE,
+    the argument is that parameter, bound by the caller's instantiations."""
+    caller = (
+        "template <typename Config, int kRows>\n"
+        "__global__ void rows(float* y) { y[threadIdx.x] = fold<{arg}>(y[threadIdx.x]); }\n"
+        "void go(float* y) { rows<float, 4><<<1, 32>>>(y); }\n"
+    )
+    source = KernelSource(HELPER + caller.replace("{arg}", "WARP_SIZE")).parsed
+    assert template_values(source, "rows") is None
+    assert template_values(source, "fold") == [{"kWarpSize": 32}]
+    # a file constant the caller's own parameter shadows: the argument is the parameter (4)
+    constant = HELPER.replace("#define WARP_SIZE 32", "constexpr int WARP_SIZE = 32;")
+    shadowed = caller.replace("int kRows", "int WARP_SIZE").replace("{arg}", "WARP_SIZE")
+    source = KernelSource(constant + shadowed).parsed
+    assert template_values(source, "fold", skip_types=True) == [{"kWarpSize": 4}]
+    assert template_values(source, "fold") is None  # the config type does not fold
+
+
+def test_a_helper_nothing_instantiates_says_so() -> None:
+    (site,) = get("warp_shuffle_reduction").detect(KernelSource(HELPER))
+    assert site.refusal == (
+        "the loop's offsets cannot be worked out statically: nothing in the file instantiates fold"
+    )
+
+
+def test_an_explicitly_instantiated_launcher_binds_its_launches() -> None:
+    """A host launcher templated on the element type, compiled by explicit instantiations
+    (``template void launch<float>(...);``) and called nowhere in the file, is instantiated:
+    the tile sizes its launch binds reach the kernel's helper."""
+    text = (
+        "template <typename T, int TILE>\n"
+        "__device__ void tile_sum(const T* x, T* acc) { for (int i = 0; i < TILE; ++i) "
+        "*acc += x[i]; }\n"
+        "template <typename T, int TILE>\n"
+        "__global__ void tiles(const T* x, T* y) { tile_sum<T, TILE>(x, y); }\n"
+        "template <typename T>\n"
+        "void launch(const T* x, T* y) {\n"
+        "  constexpr int kTile{8};\n"
+        "  tiles<T, kTile><<<1, 32>>>(x, y);\n"
+        "}\n"
+        "template void launch<float>(const float* x, float* y);\n"
+    )
+    source = KernelSource(text).parsed
+    assert template_values(source, "tile_sum", skip_types=True) == [{"TILE": 8}]
+    alone = text.replace("template void launch<float>(const float* x, float* y);\n", "")
+    assert template_values(KernelSource(alone).parsed, "tile_sum", skip_types=True) is None
