@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from klineage.conditions import DEFAULT_ARCH, EvalContext, evaluate_size
 from klineage.cuda.cexpr import SIZEOF, fold_int, to_size_expr
 from klineage.cuda.source import Declaration, Function, Launch, Node, ParsedSource
+from klineage.cuda.tree import walk
 from klineage.kernel import KernelSource
 
 __all__ = [
@@ -415,7 +416,9 @@ def _use_bindings(
     ``constexpr int STAGES = 3;``, and ``constexpr int WARPS = THREADS / 32;`` under each
     binding of its own parameters."""
     if outer is None:
-        named = {source.text_of(n) for a in arguments for n in _identifiers(a)}
+        # a template argument may parse as a type (`f<W>`): its names are type identifiers
+        kinds = ("identifier", "type_identifier")
+        named = {source.text_of(n) for a in arguments for n in walk(a) if n.type in kinds}
         if enclosing is not None and named & set(enclosing.template_params):
             return None  # names the enclosing template's parameters: needs its bindings
         outer = [{}]
@@ -437,23 +440,14 @@ def _use_bindings(
     return found_bindings
 
 
-def _identifiers(node: Node) -> list[Node]:
-    """The names in an expression (a template argument may parse as a type: ``f<W>``)."""
-    if node.type in ("identifier", "type_identifier"):
-        return [node]
-    return [n for child in node.named_children for n in _identifiers(child)]
-
-
 def never_instantiated(source: ParsedSource, function: Function) -> bool:
     """A template whose name appears nowhere but in its own definitions, in the file or in its
     macros' expansion: nothing launches, calls, explicitly instantiates (``template void
     f<float>(...);``) or takes the address of it, so it is never compiled."""
-    if not function.template_params:
+    if not function.template_params or _mentions_outside_definitions(source, function.name):
         return False
-    views = [source]
-    if source.macro_expanded is not None:
-        views.append(source.macro_expanded)
-    return not any(_mentions_outside_definitions(view, function.name) for view in views)
+    expanded = source.macro_expanded  # expanded only when the file itself names it nowhere
+    return expanded is None or not _mentions_outside_definitions(expanded, function.name)
 
 
 def _mentions_outside_definitions(source: ParsedSource, name: str) -> bool:

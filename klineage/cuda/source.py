@@ -141,16 +141,18 @@ def _blank(buffer: bytearray, start: int, end: int) -> None:
             buffer[i] = 0x20
 
 
-def _closing_paren(data: bytes, open_at: int) -> tuple[int, list[int]] | None:
+def _closing_paren(
+    data: bytes, open_at: int, limit: int = _MAX_MASKED_CALL
+) -> tuple[int, list[int]] | None:
     """Index of the `)` matching data[open_at] == `(`, and the top-level comma positions.
 
-    None when there is no match within _MAX_MASKED_CALL bytes or a `;`, `{` or `}` comes first
+    None when there is no match within `limit` bytes or a `;`, `{` or `}` comes first
     (an unbalanced attribute in a comment must not swallow code).
     """
     depth = 0
     commas: list[int] = []
     i = open_at
-    limit = min(len(data), open_at + _MAX_MASKED_CALL)
+    limit = min(len(data), open_at + limit)
     while i < limit:
         ch = data[i]
         if ch in b'"':
@@ -187,9 +189,10 @@ def _statement_macro_masks(data: bytes) -> list[Mask]:
     pattern = re.compile(rb"^(" + b"|".join(re.escape(n) for n in names) + rb")[ \t]*\(", re.M)
     masks = []
     for match in pattern.finditer(data):
-        close = _macro_close(data, match.end() - 1)
-        if close is None:
+        found = _closing_paren(data, match.end() - 1, _MAX_MACRO_INVOCATION)
+        if found is None:
             continue
+        close = found[0]
         end = data.find(b"\n", close + 1)
         rest = data[close + 1 : end if end >= 0 else len(data)].strip()
         after = data[close + 1 :].lstrip()[:1]  # a function body on the next line
@@ -197,23 +200,6 @@ def _statement_macro_masks(data: bytes) -> list[Mask]:
             continue
         masks.append(Mask(match.start(), close + 1, "statement macro at file scope"))
     return masks
-
-
-def _macro_close(data: bytes, open_at: int) -> int | None:
-    """The ``)`` that closes ``data[open_at]``, within _MAX_MACRO_INVOCATION bytes and with
-    no brace or semicolon before it."""
-    depth = 0
-    for i in range(open_at, min(len(data), open_at + _MAX_MACRO_INVOCATION)):
-        ch = data[i]
-        if ch == 0x28:
-            depth += 1
-        elif ch == 0x29:
-            depth -= 1
-            if depth == 0:
-                return i
-        elif ch in b";{}":
-            return None
-    return None
 
 
 def mask_source(data: bytes) -> tuple[bytes, tuple[Mask, ...]]:

@@ -78,6 +78,11 @@ class Timing(BaseModel):
         return (max(medians) - min(medians)) / statistics.median(medians)
 
 
+def not_slower(ratio: float, trial_ratios: Sequence[float]) -> bool:
+    """The gate's "not slower" rule: ratio >= 0.99 overall and in every trial."""
+    return ratio >= NOT_SLOWER_RATIO and all(r >= NOT_SLOWER_RATIO for r in trial_ratios)
+
+
 class Comparison(BaseModel):
     """A candidate timed against a baseline in one worker run, interleaved call by call."""
 
@@ -95,9 +100,7 @@ class Comparison(BaseModel):
     @property
     def not_slower(self) -> bool:
         """The gate's "not slower" rule: ratio >= 0.99 overall and in every trial."""
-        return self.ratio >= NOT_SLOWER_RATIO and all(
-            r >= NOT_SLOWER_RATIO for r in self.trial_ratios
-        )
+        return not_slower(self.ratio, self.trial_ratios)
 
     @classmethod
     def of(cls, candidate: Timing, baseline: Timing) -> Comparison:
