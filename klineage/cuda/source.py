@@ -548,20 +548,22 @@ class ParsedSource:
         *,
         spaces: Literal["after", "before", "none"] = "after",
         whole_line: bool = False,
+        comment: bool = False,
     ) -> Edit:
         """An edit deleting a node with the blanks next to it.
 
         ``spaces="after"`` also deletes the spaces and tabs that follow (``__restrict__ x``
         -> ``x``), ``"before"`` those that precede (``void __launch_bounds__(256)`` ->
         ``void``). With ``whole_line``, a node alone on its line is deleted with the line
-        (indentation and newline included), as for a ``#pragma`` line.
+        (indentation and newline included), as for a ``#pragma`` line; with ``comment`` too,
+        a ``//`` comment after it on its last line goes with it (it spoke of the node).
         """
         start, end = (node.start_byte, node.end_byte) if isinstance(node, Node) else node
         data = self.data
         if whole_line and self.starts_line(start):
             line_end = data.find(b"\n", max(start, end - 1))
             rest = data[end : line_end if line_end >= 0 else len(data)]
-            if not rest.strip():
+            if not rest.strip() or (comment and rest.strip().startswith(b"//")):
                 stop = len(data) if line_end < 0 else line_end + 1
                 return Edit(self.line_start(start), max(stop, end), "")
         if spaces == "after":

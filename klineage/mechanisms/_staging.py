@@ -39,6 +39,7 @@ from klineage.cuda.cexpr import PRIMARY, precedence
 from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import declared_names
 from klineage.mechanisms._staging_threads import ThreadParts
+from klineage.mechanisms._staging_vector_copy import vector_view
 from klineage.mechanisms._tiles_util import (
     Locals,
     is_call_statement,
@@ -646,7 +647,8 @@ def _stores_shared(
     for assignment in source.iter_nodes("assignment_expression", within=body):
         left = assignment.child_by_field_name("left")
         right = assignment.child_by_field_name("right")
-        chain = None if left is None else subscript_chain(left)
+        view = None if left is None else vector_view(source, left)
+        chain = None if left is None else subscript_chain(view[0] if view else left)
         if chain is None or right is None or source.text_of(chain[0]) not in shared:
             continue
         if names_in(source, right) & pointers:

@@ -40,6 +40,7 @@ from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import (
     NotInForm,
     assigned_names,
+    declared_names,
     identifier_names,
     one_line,
     statements,
@@ -52,6 +53,8 @@ from klineage.mechanisms._staging import (
     shared_arrays,
     subscript_chain,
 )
+from klineage.mechanisms._staging_once import orphan_deletions
+from klineage.mechanisms._staging_vector_copy import VectorCopy, vector_copy
 from klineage.mechanisms._tiles_util import is_call_statement
 
 NEEDED = (
@@ -60,6 +63,7 @@ NEEDED = (
     "scaled plus a part the same for every thread, and reads of the tiles after them"
 )
 _LOOP_SUFFIX = re.compile(r"@\d+$")
+_NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 @dataclass
@@ -70,6 +74,10 @@ class _Tile:
     declaration: Node
     store: Node
     """The store's expression statement."""
+    target: Node
+    """The slot the store writes (``S[i0][i1]``; the first lane of a vector copy)."""
+    value: Node
+    """The global element it reads (``P[g]``)."""
     pointer: str
     scales: tuple[IndexForm, IndexForm]
     rest: IndexForm
@@ -89,8 +97,10 @@ def loader_removal(source: ParsedSource, function: Function, loop: Node) -> list
     loader, compute = _split(source, items)
     indices = analysis(source).indices(function)
     shared = shared_arrays(source, function)
+    _check_loader_locals(source, loader, compute)
     tiles = [
-        _tile(source, indices, shared, store, loop) for store in _stores(source, loader, shared)
+        _tile(source, function, indices, shared, store, loop)
+        for store in _stores(source, loader, shared)
     ]
     if not tiles:
         raise NotInForm("a tile loop whose loader stores no 2-D shared tile", NEEDED)
@@ -98,18 +108,41 @@ def loader_removal(source: ParsedSource, function: Function, loop: Node) -> list
         _check_unchanged(source, function, loop, tile)
         _collect_reads(source, function, tile, compute)
     edits: list[Edit] = []
+    written: set[str] = set()
     for tile in tiles:
         for read in tile.reads:
-            edits.append(Edit.replace(read, _global_read(source, tile, read)))
-        edits.append(source.deletion(tile.declaration, whole_line=True))
+            text = _global_read(source, tile, read)
+            written |= set(_NAME.findall(text))
+            edits.append(Edit.replace(read, text))
+        edits.append(source.deletion(tile.declaration, whole_line=True, comment=True))
     declared = {t.declaration.start_byte for t in tiles}
     kept = [s for s in loader if s.start_byte not in declared]
     if any(s.type == "declaration" and s in shared.values() for s in kept):
         raise NotInForm("a turn that declares a shared array its loader does not store", NEEDED)
-    edits += [source.deletion(s, whole_line=True) for s in kept]
+    edits += [source.deletion(s, whole_line=True, comment=True) for s in kept]
     if set(shared) <= {t.name for t in tiles} and not _dynamic_shared(source, function):
         edits += [source.deletion(b, whole_line=True) for b in barriers]
-    return edits
+    gone = [*kept, *(t.declaration for t in tiles)]
+    return edits + _unused_offsets(source, function, gone, written, edits)
+
+
+def _unused_offsets(
+    source: ParsedSource, function: Function, gone: list[Node], written: set[str], edits: list[Edit]
+) -> list[Edit]:
+    """Deletions of the function's locals only the loader used (the slots' row and column of
+    the thread), keeping any the rewritten reads name and any another edit already deletes."""
+    assert function.body is not None
+    taken = {e.start_byte for e in edits} | {g.start_byte for g in gone}
+    found = []
+    top = statements(function.body)
+    for edit in orphan_deletions(source, function, gone):
+        statement = next((s for s in top if edit.start_byte <= s.start_byte < edit.end_byte), None)
+        if statement is None or {statement.start_byte, edit.start_byte} & taken:
+            continue
+        if declared_names(source, statement) & written:
+            continue
+        found.append(source.deletion(statement, whole_line=True, comment=True))
+    return found
 
 
 def _split(source: ParsedSource, items: list[Node]) -> tuple[list[Node], list[Node]]:
@@ -134,8 +167,8 @@ def _stores(source: ParsedSource, loader: list[Node], shared: dict[str, Node]) -
     holds only declarations and stores into the shared tiles."""
     found: list[Node] = []
     for statement in loader:
-        if statement.type == "declaration" and statement in shared.values():
-            continue  # a tile declared in the turn (`__shared__ float S[T][T];`): it goes with it
+        if statement.type == "declaration":
+            continue  # a tile declared in the turn goes with it; a local, with the loader
         if statement.type == "for_statement":
             inner = statements(statement.child_by_field_name("body"))
             for s in inner:
@@ -159,7 +192,23 @@ def _stores(source: ParsedSource, loader: list[Node], shared: dict[str, Node]) -
     return found
 
 
+def _check_loader_locals(source: ParsedSource, loader: list[Node], compute: list[Node]) -> None:
+    """The locals the loader declares (the offsets of its stores) go with it: the reads after
+    the barrier must not use them."""
+    declared = {n for s in loader if s.type == "declaration" for n in declared_names(source, s)}
+    used = {n for s in compute for n in identifier_names(source, s)} & declared
+    if used:
+        raise NotInForm(
+            f"a loader whose local {', '.join(sorted(used))} the reads after the barrier use",
+            NEEDED,
+        )
+
+
 def _is_shared_store(source: ParsedSource, statement: Node, shared: dict[str, Node]) -> bool:
+    copy = vector_copy(source, statement)
+    if copy is not None:
+        chain = subscript_chain(copy.target)
+        return chain is not None and source.text_of(chain[0]) in shared
     if statement.type != "expression_statement" or not statement.named_children:
         return False
     assignment = statement.named_children[0]
@@ -174,13 +223,19 @@ def _is_shared_store(source: ParsedSource, statement: Node, shared: dict[str, No
 
 def _tile(
     source: ParsedSource,
+    function: Function,
     indices: FunctionIndices,
     shared: dict[str, Node],
     store: Node,
     loop: Node,
 ) -> _Tile:
-    assignment = store.named_children[0]
-    left, right = assignment.child_by_field_name("left"), assignment.child_by_field_name("right")
+    copy = vector_copy(source, store)
+    if copy is not None:
+        left, right = copy.target, copy.value
+    else:
+        assignment = store.named_children[0]
+        left = assignment.child_by_field_name("left")
+        right = assignment.child_by_field_name("right")
     assert left is not None and right is not None  # a shared store, checked by the caller
     chain = subscript_chain(left)
     assert chain is not None
@@ -215,7 +270,35 @@ def _tile(
         )
     declaration = shared[name]
     element = source.text_of(declaration.child_by_field_name("type") or declaration)
-    return _Tile(name, declaration, store, pointer, scales, rest, element, [], by_name)
+    if copy is not None:
+        _check_lanes(source, function, copy, pointer, element, scales[1])
+    return _Tile(name, declaration, store, left, value, pointer, scales, rest, element, [], by_name)
+
+
+def _check_lanes(
+    source: ParsedSource,
+    function: Function,
+    copy: VectorCopy,
+    pointer: str,
+    element: str,
+    inner_scale: IndexForm,
+) -> None:
+    """A vector copy is a copy per lane, ``S[i0][i1 + e] = P[g + e]``, read back as the scalar
+    store when both arrays hold one element type and ``g`` steps by one where ``i1`` does."""
+    vectors = analysis(source).vectors
+    pointee = source.local_types(function).get(pointer, "").replace("*", " ")
+    if vectors.resolve(pointee) != vectors.resolve(element):
+        raise NotInForm(
+            f"a {copy.vector} copy into a tile of {element} from {pointer}, a pointer to "
+            f"{pointee.strip() or 'an unknown type'}: its lanes are not the tile's elements",
+            NEEDED,
+        )
+    if inner_scale.value != 1:
+        raise NotInForm(
+            f"a {copy.vector} copy whose global offset steps by {_render(inner_scale)} where "
+            "the tile's inner subscript steps by one: its lanes are not contiguous in both",
+            NEEDED,
+        )
 
 
 def _scales(
@@ -273,9 +356,7 @@ def _check_unchanged(source: ParsedSource, function: Function, loop: Node, tile:
     stepped = assigned_names(source, update) if update is not None else set()
     stepped -= {header.variable} if header is not None and header.variable else set()
     written = _written_outside(source, function.body, update)
-    stored = tile.store.named_children[0].child_by_field_name("right")
-    assert stored is not None
-    names = {n for n in identifier_names(source, stored) if n != tile.pointer}
+    names = {n for n in identifier_names(source, tile.value) if n != tile.pointer}
     names |= {
         _LOOP_SUFFIX.sub("", a)
         for f in (tile.rest, *tile.scales)
@@ -364,8 +445,7 @@ def _collect_reads(
     source: ParsedSource, function: Function, tile: _Tile, compute: list[Node]
 ) -> None:
     assert function.body is not None
-    store_left = tile.store.named_children[0].child_by_field_name("left")
-    assert store_left is not None
+    store_left = tile.target
     for node in source.iter_nodes("identifier", within=function.body):
         if source.text_of(node) != tile.name or node.parent is None:
             continue

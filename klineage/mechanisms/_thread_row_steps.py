@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klineage.cuda.analysis import analysis
-from klineage.cuda.analysis.vectors import cast_operand, cast_target
+from klineage.cuda.analysis.vectors import dereferenced_cast
 from klineage.cuda.source import Function, Loop, Node, ParsedSource, strip_parens
 from klineage.cuda.tree import operator_of, statement_after, statement_before, walk
 from klineage.mechanisms._reductions_util import arguments_of, call_name, fold, inside
@@ -105,21 +105,13 @@ def packed_deref(source: ParsedSource, node: Node) -> VectorAccess | None:
     """The access ``*reinterpret_cast<V*>(p + index)`` (or ``*(V*)(p + index)``, or ``[0]``
     of the cast) with ``V`` a packed vector type, as a load (a store when assigned to)."""
     node = strip_parens(node)
-    if node.type == "pointer_expression" and source.text_of(node).startswith("*"):
-        cast = node.child_by_field_name("argument")
-    elif node.type == "subscript_expression":
-        indices = node.child_by_field_name("indices")
-        if indices is None or [source.text_of(i) for i in indices.named_children] != ["0"]:
-            return None
-        cast = node.child_by_field_name("argument")
-    else:
+    cast = dereferenced_cast(source, node)
+    if cast is None:
         return None
-    cast = strip_parens(cast) if cast is not None else None
-    target = cast_target(source, cast) if cast is not None else None
-    operand = cast_operand(cast) if cast is not None and target is not None else None
+    target, operand = cast
     vectors = analysis(source).vectors
-    packed = vectors.packed(target.rstrip("*").strip()) if target is not None else None
-    offset = pointer_offset(source, strip_parens(operand)) if operand is not None else None
+    packed = vectors.packed(target.rstrip("*").strip())
+    offset = pointer_offset(source, operand)
     function = source.enclosing_function(node)
     if packed is None or offset is None or function is None:
         return None
@@ -133,7 +125,7 @@ def packed_deref(source: ParsedSource, node: Node) -> VectorAccess | None:
     kind: Literal["load", "store"] = "store" if stored else "load"
     value = parent.child_by_field_name("right") if stored and parent is not None else None
     elements = packed.bytes // size if size else None
-    return VectorAccess(kind, strip_parens(operand), offset[0], offset[1], elements, value)
+    return VectorAccess(kind, operand, offset[0], offset[1], elements, value)
 
 
 def _constant(source: ParsedSource, kernel: Function, node: Node) -> int | None:

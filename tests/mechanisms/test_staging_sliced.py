@@ -9,6 +9,7 @@ import pytest
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
 from klineage.mechanisms import get
+from klineage.mechanisms._staging import NotStaged, analyze_staged_loop
 from klineage.mining.plan import plan_walk
 from klineage.problem import load_problem
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
@@ -58,6 +59,22 @@ extern "C" int run(const float* A, const float* B, float* C, int64_t M, int64_t 
 """
 
 
+def _host_case(block_dims: str) -> Case:
+    """A 32 x 32 x 48 product on a 2 x 2 grid of ``block_dims`` blocks, run on the host."""
+    return Case(
+        axes={"m": 32, "n": 32, "k": 48},
+        buffers=[
+            Buffer("c", "float", "m * n", output=True),
+            Buffer("a", "float", "m * k", offset=1),
+            Buffer("b", "float", "k * n", offset=2),
+        ],
+        call="matmul_sliced(a, b, c, (int)m, (int)n, (int)k)",
+        threads="",
+        grid="dim3(2, 2)",
+        block_dims=block_dims,
+    )
+
+
 def _site(text: str):
     (site,) = staging.detect(KernelSource(text))
     return site
@@ -83,37 +100,69 @@ def test_a_literal_width_reads_the_same() -> None:
     assert _site(literal).supported
 
 
+MUTATIONS = {
+    # the row read through another local that holds the same `tid / TILE`
+    "another_row_index": (
+        "int a_at = a_row * k + a_col;",
+        "int a_at = (blockIdx.y * TILE + b_tile_row) * k + a_col;",
+    ),
+    # a 32 x 8 block: the same 256 places in the tile, no longer (threadIdx.y, threadIdx.x)
+    "block_not_tile_wide": ("dim3 block(TILE, TILE);", "dim3 block(2 * TILE, TILE / 2);"),
+    "index_written_again": (
+        "int a_at = a_row * k + a_col;",
+        "int a_at = a_row * k + a_col;\n    a_at += 0;",
+    ),
+    # rows of 8 in a tile 16 wide: slots the compute reads are never stored (a broken kernel)
+    "width_not_block": ("tid / TILE;\n  int a_tile_col", "tid / 8;\n  int a_tile_col"),
+}
+
+
+def _canonical_refusal(text: str) -> str:
+    source = KernelSource(text).parsed
+    function = source.function("matmul_sliced")
+    assert function is not None and function.body is not None
+    loop = next(source.iter_nodes("for_statement", within=function.body))
+    with pytest.raises(NotStaged) as refused:
+        analyze_staged_loop(source, function, loop)
+    return str(refused.value)
+
+
 @pytest.mark.parametrize(
-    ("change", "reason"),
+    ("case", "reason"),
     [
-        (
-            (
-                "int a_at = a_row * k + a_col;",
-                "int a_at = (blockIdx.y * TILE + b_tile_row) * k + a_col;",
-            ),
-            "depends on threadIdx.y through something other than a_tile_row",
-        ),
-        (
-            ("dim3 block(TILE, TILE);", "dim3 block(2 * TILE, TILE / 2);"),
-            "not at two distinct thread",
-        ),
-        (
-            ("int a_at = a_row * k + a_col;", "int a_at = a_row * k + a_col;\n    a_at += 0;"),
-            "not an index computed once",
-        ),
-        (
-            ("tid / TILE;\n  int a_tile_col", "tid / 8;\n  int a_tile_col"),
-            "not at two distinct thread",
-        ),
+        ("another_row_index", "depends on threadIdx.y through something other than a_tile_row"),
+        ("block_not_tile_wide", "not at two distinct thread"),
+        ("index_written_again", "not an index computed once"),
+        ("width_not_block", "not at two distinct thread"),
     ],
-    ids=["another_row_index", "block_not_tile_wide", "index_written_again", "width_not_block"],
 )
-def test_forms_that_do_not_store_every_element_where_it_is_read_are_refused(
-    change: tuple[str, str], reason: str
+def test_the_canonical_rule_refuses_what_it_cannot_prove_every_thread_stores(
+    case: str, reason: str
 ) -> None:
+    change = MUTATIONS[case]
     assert change[0] in SLICED
-    site = _site(SLICED.replace(*change))
-    assert not site.supported and reason in (site.refusal or "")
+    assert reason in _canonical_refusal(SLICED.replace(*change))
+
+
+def test_an_index_written_again_is_refused_by_the_loader_rule_too() -> None:
+    site = _site(SLICED.replace(*MUTATIONS["index_written_again"]))
+    assert not site.supported and "also runs `a_at += 0;` (line 15)" in (site.refusal or "")
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("case", ["another_row_index", "block_not_tile_wide"])
+def test_the_loader_rule_removes_tiles_whose_offsets_it_solves(case: str) -> None:
+    """The loader rule reads each slot back from the store's offset, solved over the
+    subscripts (the same ``tid / TILE`` under another name; any block shape that fills the
+    tile): the removal computes the same bits as the staged kernel."""
+    text = SLICED.replace(*MUTATIONS[case])
+    site = _site(text)
+    assert site.supported and site.detail == {"form": "loader"}
+    removed = staging.remove(KernelSource(text), site).text
+    assert "__shared__" not in removed and "__syncthreads" not in removed
+    case_ = _host_case("dim3(32, 8)" if case == "block_not_tile_wide" else "dim3(16, 16)")
+    staged = run_on_host(text, [case_])
+    assert staged.strip() and run_on_host(removed, [case_]) == staged
 
 
 def test_the_pipeline_rule_refuses_stores_that_read_indices_declared_among_them() -> None:
@@ -170,17 +219,7 @@ def test_every_state_passes_the_gate(gate) -> None:
 
 @pytest.mark.nvcc
 def test_the_removal_and_the_forward_rule_compute_the_same_bits_on_the_host() -> None:
-    case = Case(
-        axes={"m": 32, "n": 32, "k": 48},
-        buffers=[
-            Buffer("c", "float", "m * n", output=True),
-            Buffer("a", "float", "m * k", offset=1),
-            Buffer("b", "float", "k * n", offset=2),
-        ],
-        call="matmul_sliced(a, b, c, (int)m, (int)n, (int)k)",
-        threads="",
-        grid="dim3(2, 2)",
-    )
+    case = _host_case("dim3(16, 16)")
     removed = staging.remove(KernelSource(SLICED), _site(SLICED))
     again = staging.apply(removed, staging.candidates(removed)[0]).text
     staged = run_on_host(SLICED, [case])

@@ -18,7 +18,13 @@ from typing import Literal
 
 from klineage.cuda.cexpr import without_outer_parentheses
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import binary_operands, call_arguments, descendants, strip_casts
+from klineage.cuda.tree import (
+    binary_operands,
+    call_arguments,
+    descendants,
+    strip_casts,
+    strip_parens,
+)
 
 __all__ = [
     "BUILTIN_VECTORS",
@@ -29,6 +35,7 @@ __all__ = [
     "VectorModel",
     "cast_operand",
     "cast_target",
+    "dereferenced_cast",
 ]
 
 ELEMENT_BYTES: dict[str, int] = {
@@ -369,6 +376,27 @@ def cast_target(source: ParsedSource, node: Node) -> str | None:
             return None
         return " ".join(source.text_of(arguments).strip("<>").split())
     return None
+
+
+def dereferenced_cast(source: ParsedSource, node: Node) -> tuple[str, Node] | None:
+    """(``V*``, ``p``) of ``*reinterpret_cast<V*>(p)``, ``reinterpret_cast<V*>(p)[0]``, or either
+    written with a C cast ``(V*)p``: the value a cast pointer points to."""
+    node = strip_parens(node)
+    if node.type == "pointer_expression" and source.text_of(node).startswith("*"):
+        cast = node.child_by_field_name("argument")
+    elif node.type == "subscript_expression":
+        indices = node.child_by_field_name("indices")
+        if indices is None or [source.text_of(i) for i in indices.named_children] != ["0"]:
+            return None
+        cast = node.child_by_field_name("argument")
+    else:
+        return None
+    cast = strip_parens(cast) if cast is not None else None
+    target = cast_target(source, cast) if cast is not None else None
+    operand = cast_operand(cast) if cast is not None and target is not None else None
+    if target is None or operand is None:
+        return None
+    return target, strip_parens(operand)
 
 
 def cast_operand(node: Node) -> Node | None:
