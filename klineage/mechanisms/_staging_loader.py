@@ -31,7 +31,7 @@ reads, a name of the offset assigned again in the function.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from klineage.cuda.analysis import IndexForm, analysis
 from klineage.cuda.analysis.indices import BLOCK_ATOMS, MEMORY, FunctionIndices, is_loop_atom
@@ -85,6 +85,8 @@ class _Tile:
     reads: list[Node]
     by_name: frozenset[str] = frozenset()
     """Variables the tile loop's header steps, which ``rest`` holds as themselves."""
+    more: list[Node] = field(default_factory=list)
+    """The slots of the tile's other stores (a tile two vector copies a thread fill)."""
 
 
 def loader_removal(source: ParsedSource, function: Function, loop: Node) -> list[Edit]:
@@ -106,6 +108,8 @@ def loader_removal(source: ParsedSource, function: Function, loop: Node) -> list
         raise NotInForm("a tile loop whose loader stores no 2-D shared tile", NEEDED)
     for tile in tiles:
         _check_unchanged(source, function, loop, tile)
+    tiles = _merged(source, tiles)
+    for tile in tiles:
         _collect_reads(source, function, tile, compute)
     edits: list[Edit] = []
     written: set[str] = set()
@@ -190,6 +194,26 @@ def _stores(source: ParsedSource, loader: list[Node], shared: dict[str, Node]) -
                 NEEDED,
             )
     return found
+
+
+def _merged(source: ParsedSource, tiles: list[_Tile]) -> list[_Tile]:
+    """One tile per name: stores into the same tile (each thread copying two vectors of it)
+    must map their slots to global memory the same way."""
+    by_name: dict[str, _Tile] = {}
+    for tile in tiles:
+        first = by_name.setdefault(tile.name, tile)
+        if first is tile:
+            continue
+        forms = zip((first.rest, *first.scales), (tile.rest, *tile.scales), strict=True)
+        if first.pointer != tile.pointer or any((a - b).terms for a, b in forms):
+            raise NotInForm(
+                f"stores into {tile.name} at lines {source.line_of(first.store.start_byte)} and "
+                f"{source.line_of(tile.store.start_byte)} whose slots map to global memory in "
+                "different ways",
+                NEEDED,
+            )
+        first.more.append(tile.target)
+    return list(by_name.values())
 
 
 def _check_loader_locals(source: ParsedSource, loader: list[Node], compute: list[Node]) -> None:
@@ -445,13 +469,11 @@ def _collect_reads(
     source: ParsedSource, function: Function, tile: _Tile, compute: list[Node]
 ) -> None:
     assert function.body is not None
-    store_left = tile.target
+    stores = [tile.target, *tile.more]
     for node in source.iter_nodes("identifier", within=function.body):
         if source.text_of(node) != tile.name or node.parent is None:
             continue
-        if node.parent.type == "array_declarator" or (
-            store_left.start_byte <= node.start_byte < store_left.end_byte
-        ):
+        if node.parent.type == "array_declarator" or any(within(node, s) for s in stores):
             continue
         outer = outer_subscript(node)
         chain = subscript_chain(outer)

@@ -57,6 +57,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "warp_tiles": PROBLEMS / "sgemm_tiles",
     "micro_tiles": PROBLEMS / "sgemm_tiles",
     "vector_tiles": PROBLEMS / "sgemm_tiles",
+    "vector_pairs": PROBLEMS / "sgemm_tiles",
     "linear_warps": PROBLEMS / "sgemm_bounded",
     "named_stride": PROBLEMS / "scale_tiles",
     "dim3_grid": PROBLEMS / "scale_tiles",
