@@ -3,10 +3,11 @@
 The kernel's `run(...)` says most of the definition (kernel ABI, README): `const T*` parameters
 are input tensors, other pointers outputs, values before the first output scalar inputs, the
 `int64_t` values after the outputs the var axes, and a `cudaStream_t` last. What it cannot say
-is each tensor's shape and what the kernel computes: the scaffold guesses every tensor over
-all the axes, writes a reference that raises until it is filled in, one workload with guessed
-sizes, and a `TODO.md` listing what to confirm. The folder validates as written, so the gate
-can already build the kernel; checking and timing need the reference.
+is each tensor's shape and what the kernel computes: the scaffold reads each tensor's axes
+from how the kernels run launches index it (:mod:`klineage.formats.shape_guess`), guesses the
+others over all the axes, writes a reference that raises until it is filled in, one workload
+with guessed sizes, and a `TODO.md` listing what to confirm. The folder validates as written,
+so the gate can already build the kernel; checking and timing need the reference.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from klineage.formats.shape_guess import guess_shapes
 from klineage.headers import included_names, inline_local_headers, local_header_paths
 from klineage.kernel import KernelSource
 from klineage.problem import (
@@ -115,6 +117,21 @@ def _dtype_of(param: DeclaredParam, kernel: str) -> str:
     return dtype
 
 
+def _shapes_said(read: dict[str, list[str]], axes: list[str], tensors: list[str]) -> str:
+    """How the scaffold came by the shapes: read from the kernel's indexing, or guessed."""
+    parts = []
+    shown = [t for t in tensors if t in read]
+    if shown:
+        parts.append(
+            "read from the kernel's indexing: "
+            + ", ".join(f"{t} [{', '.join(read[t])}]" for t in shown)
+        )
+    guessed = [t for t in tensors if t not in read]
+    if guessed:
+        parts.append(f"guessed over every axis ({', '.join(axes) or 'none'}): {', '.join(guessed)}")
+    return "; ".join(parts)
+
+
 def new_problem(
     name: str, kernel_path: str | Path, out: str | Path, *, inline_headers: bool = False
 ) -> Scaffold:
@@ -165,8 +182,14 @@ def new_problem(
         raise ScaffoldError(
             f"{kernel_path}:{declared.line}: run(...) has no output (a non-const pointer)"
         )
-    for spec in [*inputs.values(), *outputs.values()]:
-        if "shape" not in spec:
+    read = guess_shapes(source.parsed, [*inputs, *outputs], axes)
+    for tensor, spec in [*inputs.items(), *outputs.items()]:
+        if "shape" in spec:
+            continue
+        if tensor in read:
+            spec["shape"] = read[tensor]
+            spec["description"] = "TODO: shape read from how the kernel indexes it; confirm it"
+        else:
             spec["shape"] = list(axes)
             spec["description"] = "TODO: shape guessed over every axis; confirm it"
     reference = (
@@ -202,10 +225,10 @@ def new_problem(
         (out / KERNEL_FILE).write_text(source.text, encoding="utf-8")
     header_todo = _carry_headers(source, out)
     scalars = [n for n, spec in inputs.items() if spec["shape"] is None]
+    pointers = [n for n in [*inputs, *outputs] if n not in scalars]
     todo = [
         f"{DEFINITION_FILE}: write the reference's body (it raises until then)",
-        f"{DEFINITION_FILE}: confirm each tensor's shape (guessed over every axis: "
-        f"{', '.join(axes) or 'none'})",
+        f"{DEFINITION_FILE}: confirm each tensor's shape ({_shapes_said(read, axes, pointers)})",
         f"{DEFINITION_FILE}: set op_type and the description",
         f"{WORKLOADS_FILE}: real sizes for the axes (guessed {GUESSED_EXTENT} each)"
         + (f" and the values of {', '.join(scalars)} (guessed 1.0)" if scalars else ""),

@@ -99,7 +99,7 @@ def loader_removal(source: ParsedSource, function: Function, loop: Node) -> list
     loader, compute = _split(source, items)
     indices = analysis(source).indices(function)
     shared = shared_arrays(source, function)
-    _check_loader_locals(source, loader, compute)
+    _check_loader_locals(source, [s for s in loader if s not in shared.values()], compute)
     tiles = [
         _tile(source, function, indices, shared, store, loop)
         for store in _stores(source, loader, shared)
@@ -217,8 +217,8 @@ def _merged(source: ParsedSource, tiles: list[_Tile]) -> list[_Tile]:
 
 
 def _check_loader_locals(source: ParsedSource, loader: list[Node], compute: list[Node]) -> None:
-    """The locals the loader declares (the offsets of its stores) go with it: the reads after
-    the barrier must not use them."""
+    """The locals the loader declares (the offsets of its stores; its tiles are not given)
+    go with it: the reads after the barrier must not use them."""
     declared = {n for s in loader if s.type == "declaration" for n in declared_names(source, s)}
     used = {n for s in compute for n in identifier_names(source, s)} & declared
     if used:

@@ -225,3 +225,20 @@ def test_the_removal_and_the_forward_rule_compute_the_same_bits_on_the_host() ->
     staged = run_on_host(SLICED, [case])
     assert staged.strip() and run_on_host(removed.text, [case]) == staged
     assert run_on_host(again, [case]) == staged
+
+
+def test_tiles_declared_in_the_turn_go_with_the_loader() -> None:
+    """Tiles a turn declares (`__shared__ float As[T][T];` inside the tile loop, as the CUDA
+    samples' matrixMul does) are the loader's tiles, not locals of it the reads use."""
+    declared_inside = SLICED.replace(
+        "  __shared__ float tile_a[TILE][TILE], tile_b[TILE][TILE];\n", ""
+    ).replace(
+        "    int a_col = step * TILE + a_tile_col;\n",
+        "    __shared__ float tile_a[TILE][TILE], tile_b[TILE][TILE];\n"
+        "    int a_col = step * TILE + a_tile_col;\n",
+    )
+    assert declared_inside != SLICED
+    site = _site(declared_inside)
+    assert site.supported and site.detail == {"form": "loader"}
+    removed = staging.remove(KernelSource(declared_inside), site).text
+    assert "__shared__" not in removed and "tile_a" not in removed
