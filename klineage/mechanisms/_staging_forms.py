@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from klineage.cuda.analysis import Access, analysis
 from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.mechanisms._forms import FoundForm
+from klineage.mechanisms._staging_vector_copy import vector_view
 
 __all__ = ["staging_forms"]
 
@@ -57,14 +58,24 @@ def _top_statement(node: Node, function: Function) -> Node:
     return current
 
 
-def _through_alias(source: ParsedSource, store: Access) -> bool:
-    """Whether a store of the function's own reaches its shared buffer through another name
-    (a pointer cast from the buffer)."""
+def _through_alias(source: ParsedSource, store: Access) -> str:
+    """How a store of the function's own reaches its shared buffer through another name: a
+    vector view of a tile element (``FLOAT4(S[i][j]) = ...``), a pointer cast from a dynamic
+    buffer, or another pointer cast; "" when it names the buffer."""
     if store.helper is not None:
-        return False
+        return ""
     text = source.text_of(store.node).lstrip("(*& ")
     name = store.buffer.name
-    return not text.startswith(name.split(".")[0]) and not text.startswith(name.split("(")[0])
+    if text.startswith(name.split(".")[0]) or text.startswith(name.split("(")[0]):
+        return ""
+    if vector_view(source, store.node) is not None:
+        return "stored through a vector view of its elements (a 16- or 8-byte cast)"
+    dynamic = any(d.is_extern and name in d.names for d in source.shared_declarations)
+    return (
+        "stored through a pointer cast from a dynamic shared buffer"
+        if dynamic
+        else "stored through a pointer cast"
+    )
 
 
 @dataclass
@@ -75,8 +86,8 @@ class _Place:
     in_loop: bool
     helpers: set[str] = field(default_factory=set)
     """Helpers that make the stores."""
-    aliased: bool = False
-    """Some store reaches the buffer through a cast pointer."""
+    aliased: set[str] = field(default_factory=set)
+    """How stores reach the buffer through a cast pointer, when some do."""
     asynchronous: set[str] = field(default_factory=set)
     """How asynchronous copies are issued (a macro, a wrapper, ``memcpy_async``)."""
 
@@ -97,8 +108,7 @@ class _Place:
             parts.append(
                 f"stored by the helper {names}, which gets the shared arrays as parameters"
             )
-        if self.aliased:
-            parts.append("stored through a pointer cast from a dynamic shared buffer")
+        parts += sorted(self.aliased)
         if self.asynchronous:
             parts.append(f"copied asynchronously ({', '.join(sorted(self.asynchronous))})")
         return f"{where}, the tile {'; '.join(parts) or 'stored directly'}"
@@ -144,7 +154,8 @@ def _places(source: ParsedSource, function: Function) -> list[_Place]:
         ):
             continue  # a value put into a reduction's scratch once, not a tile to read
         helpers = {copy.store.helper} if copy.store.helper is not None else set()
-        aliased = _through_alias(source, copy.store)
+        alias = _through_alias(source, copy.store)
+        aliased = {alias} if alias else set()
         copies.append((copy.store.node, _Place(copy.store.node, False, helpers, aliased)))
     for site in shared.async_copies:
         copies.append((site.node, _Place(site.node, False, asynchronous={site.name})))

@@ -88,3 +88,39 @@ def test_two_copies_into_one_tile_must_map_their_slots_alike() -> None:
         "stores into sa at lines 21 and 22 whose slots map to global memory in different ways"
         in (_refusal(text))
     )
+
+
+VIEWED_ONCE = """\
+#define F4(v) (reinterpret_cast<float4 *>(&(v))[0])
+__global__ void transpose_f32x4(float *x, float *y, int n) {
+  __shared__ float tile[32][36];
+  const int r = threadIdx.y, c = threadIdx.x * 4;
+  F4(tile[r][c]) = F4(x[(blockIdx.y * 32 + r) * n + blockIdx.x * 32 + c]);
+  __syncthreads();
+  for (int k = 0; k < 4; ++k)
+    y[(blockIdx.x * 32 + c + k) * n + blockIdx.y * 32 + r] = tile[r][c + k];
+}
+"""
+
+CAST_FROM_DYNAMIC = """\
+__global__ void stage_dynamic(const float4 *x, float *y, int n) {
+  extern __shared__ char buffer[];
+  reinterpret_cast<float4 *>(buffer)[threadIdx.x] = x[blockIdx.x * blockDim.x + threadIdx.x];
+  __syncthreads();
+  const float *row = reinterpret_cast<const float *>(buffer);
+  y[blockIdx.x * blockDim.x + threadIdx.x] = row[(threadIdx.x * 5) % (4 * blockDim.x)];
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (VIEWED_ONCE, "stored through a vector view of its elements"),
+        (CAST_FROM_DYNAMIC, "stored through a pointer cast from a dynamic shared buffer"),
+    ],
+    ids=["vector_view", "dynamic_buffer"],
+)
+def test_a_refused_site_says_how_its_stores_reach_the_tile(text: str, said: str) -> None:
+    refusals = [s.refusal or "" for s in staging.detect(KernelSource(text)) if not s.supported]
+    assert any(said in r for r in refusals), refusals
