@@ -113,8 +113,21 @@ def export_command(
 
 def new_command(
     name: Annotated[str, typer.Argument(help="The problem's name (definition.json's name).")],
-    kernel: Annotated[Path, typer.Option(help="The kernel .cu whose run(...) to read.")],
+    kernel: Annotated[
+        Path,
+        typer.Option(
+            help="The kernel .cu whose run(...) to read (a file without one gets a run(...) "
+            "that launches its kernel, its grid and block left to you)."
+        ),
+    ],
     out: Annotated[Path | None, typer.Option(help="Folder to write (default: ./NAME).")] = None,
+    launch: Annotated[
+        str | None,
+        typer.Option(
+            help="The __global__ kernel the written run(...) launches, when the file has no "
+            "run(...) and more than one kernel."
+        ),
+    ] = None,
     inline_headers: Annotated[
         bool,
         typer.Option(
@@ -127,7 +140,9 @@ def new_command(
     """Scaffold a problem folder from a kernel: definition, reference stub and a workload
     guessed from its run(...) signature, and what is left to fill in."""
     try:
-        made = new_problem(name, kernel, out or Path(name), inline_headers=inline_headers)
+        made = new_problem(
+            name, kernel, out or Path(name), inline_headers=inline_headers, launch=launch
+        )
     except (ScaffoldError, ProblemError, FileNotFoundError) as err:
         _fail(str(err))
     console.print(f"wrote {made.problem.root} (it validates; the gate can build the kernel)")

@@ -13,11 +13,13 @@ so the gate can already build the kernel; checking and timing need the reference
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from klineage.formats.run_stub import StubError, run_stub
 from klineage.formats.shape_guess import guess_shapes
 from klineage.headers import included_names, inline_local_headers, local_header_paths
 from klineage.kernel import KernelSource
@@ -93,13 +95,40 @@ def _carry_headers(source: KernelSource, out: Path) -> list[str]:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
     for name in included_names(source.text):
-        if not (source.path.parent / name).is_file():
+        if not (source.path.parent / name).is_file() and not _toolkit_header(name):
             todo.append(
                 f'{KERNEL_FILE} includes "{name}", found next to neither it nor {out}: unless '
                 f'it is a toolkit header, copy it into {out} or add "-I<its folder>" to '
                 f"cuda_cflags in {COMPILE_OPTIONS_FILE}"
             )
     return todo
+
+
+_TOOLKIT_HEADERS = {
+    "cuda.h",
+    "cuda_runtime.h",
+    "cuda_runtime_api.h",
+    "device_launch_parameters.h",
+    "cuda_fp16.h",
+    "cuda_bf16.h",
+    "cuda_fp8.h",
+    "cooperative_groups.h",
+    "mma.h",
+    "cublas_v2.h",
+}
+"""CUDA toolkit headers kernels often include with quotes, known without a toolkit here."""
+
+
+def _toolkit_header(name: str) -> bool:
+    """Whether a quoted include names a CUDA toolkit header (nvcc finds it, nothing to copy)."""
+    if name in _TOOLKIT_HEADERS:
+        return True
+    roots = [Path(p).resolve().parent.parent for p in filter(None, [shutil.which("nvcc")])]
+    roots += [Path(v) for v in filter(None, map(os.environ.get, ("CUDA_HOME", "CUDA_PATH")))]
+    folders = [r / "include" for r in roots] + [
+        f for r in roots for f in r.glob("targets/*/include")
+    ]
+    return any((folder / name).is_file() for folder in folders)
 
 
 def _name_of(param: DeclaredParam) -> str:
@@ -133,21 +162,38 @@ def _shapes_said(read: dict[str, list[str]], axes: list[str], tensors: list[str]
 
 
 def new_problem(
-    name: str, kernel_path: str | Path, out: str | Path, *, inline_headers: bool = False
+    name: str,
+    kernel_path: str | Path,
+    out: str | Path,
+    *,
+    inline_headers: bool = False,
+    launch: str | None = None,
 ) -> Scaffold:
     """Write a problem folder at `out` for the kernel at `kernel_path`, guessed from its
     `run(...)`; refuses to overwrite a folder that already holds a definition. The local
     headers the kernel includes come along as files beside it, or with `inline_headers`
     written into kernel.cu in place of their includes (what a header holds can then be
-    mined: a vector load inside a shared helper, say)."""
+    mined: a vector load inside a shared helper, say). A file without a `run(...)` (a public
+    expert launched from its own harness) gets one that launches its kernel, or `launch`,
+    with the grid and block left to the user (:mod:`klineage.formats.run_stub`)."""
     kernel_path, out = Path(kernel_path), Path(out)
     source = KernelSource.from_file(kernel_path)
     if inline_headers:
         source = source.with_text(inline_local_headers(source))
+    stub_todo: list[str] = []
     declared = declared_run(source.text)
     if declared is None:
-        raise ScaffoldError(
-            f'{kernel_path}: no run(...) found; the ABI wants an extern "C" int run(...)'
+        try:
+            stub = run_stub(source.parsed, launch, str(kernel_path))
+        except StubError as err:
+            raise ScaffoldError(str(err)) from None
+        source = source.with_text(source.text.rstrip("\n") + "\n" + stub.text)
+        declared = declared_run(source.text)
+        assert declared is not None  # the stub is a run(...)
+        stub_todo.append(
+            f"{KERNEL_FILE}: set the grid and the block of the run(...) written for "
+            f"{stub.kernel} (its TODO lines; one block until then), and check which pointers "
+            "it took for outputs"
         )
     params = list(declared.params)
     if not params or params[-1].type_name not in _STREAMS:
@@ -221,12 +267,13 @@ def new_problem(
     out.mkdir(parents=True, exist_ok=True)
     (out / DEFINITION_FILE).write_text(json.dumps(definition, indent=2) + "\n", encoding="utf-8")
     (out / WORKLOADS_FILE).write_text(json.dumps(workload) + "\n", encoding="utf-8")
-    if inline_headers or kernel_path.resolve() != (out / KERNEL_FILE).resolve():
+    if inline_headers or stub_todo or kernel_path.resolve() != (out / KERNEL_FILE).resolve():
         (out / KERNEL_FILE).write_text(source.text, encoding="utf-8")
     header_todo = _carry_headers(source, out)
     scalars = [n for n, spec in inputs.items() if spec["shape"] is None]
     pointers = [n for n in [*inputs, *outputs] if n not in scalars]
     todo = [
+        *stub_todo,
         f"{DEFINITION_FILE}: write the reference's body (it raises until then)",
         f"{DEFINITION_FILE}: confirm each tensor's shape ({_shapes_said(read, axes, pointers)})",
         f"{DEFINITION_FILE}: set op_type and the description",
