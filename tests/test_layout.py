@@ -3,13 +3,14 @@
 The layers, each importing only the ones after it (DESIGN.md, "Package layout"):
 
     __main__ -> cli -> the package (its API) -> replay -> mining -> lineage, skills
-             -> mechanisms, search -> llm, formats, cuda -> executors -> conditions, gate
+             -> mechanisms, search -> llm, formats -> cuda -> executors -> conditions, gate
              -> problem
              -> headers (the local headers a kernel includes)
              -> kernel, limits
 
 A module may import its own component and the components of the layers below it, never one
-beside it. Imports under
+beside it. The CUDA analysis sits below formats because `klineage new` reads a kernel's
+indexing to say its tensors' shapes (`formats/shape_guess.py`). Imports under
 ``if TYPE_CHECKING:`` are for the type checker only and are not followed: they run nothing.
 """
 
@@ -32,7 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("problem",),
     ("conditions", "gate"),
     ("executors",),
-    ("llm", "formats", "cuda"),
+    ("cuda",),
+    ("llm", "formats"),
     ("mechanisms", "search"),
     ("lineage", "skills"),
     ("mining",),
