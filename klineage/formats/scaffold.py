@@ -13,7 +13,6 @@ so the gate can already build the kernel; checking and timing need the reference
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from klineage.formats.run_stub import StubError, run_stub
 from klineage.formats.shape_guess import guess_shapes
+from klineage.gate.sass import toolkit_roots
 from klineage.headers import included_names, inline_local_headers, local_header_paths
 from klineage.kernel import KernelSource
 from klineage.problem import (
@@ -123,8 +123,7 @@ def _toolkit_header(name: str) -> bool:
     """Whether a quoted include names a CUDA toolkit header (nvcc finds it, nothing to copy)."""
     if name in _TOOLKIT_HEADERS:
         return True
-    roots = [Path(p).resolve().parent.parent for p in filter(None, [shutil.which("nvcc")])]
-    roots += [Path(v) for v in filter(None, map(os.environ.get, ("CUDA_HOME", "CUDA_PATH")))]
+    roots = toolkit_roots()
     folders = [r / "include" for r in roots] + [
         f for r in roots for f in r.glob("targets/*/include")
     ]

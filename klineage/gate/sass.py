@@ -428,6 +428,17 @@ def _functions(elf: Elf, module: bytes) -> list[FunctionCode]:
 # ---- disassembly ---------------------------------------------------------------------------
 
 
+def toolkit_roots() -> list[Path]:
+    """The CUDA toolkit folders this machine has: the one holding the nvcc on PATH (as found,
+    then through its links), then ``$CUDA_HOME`` and ``$CUDA_PATH``."""
+    roots: list[Path] = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots += [Path(nvcc).parent.parent, Path(nvcc).resolve().parent.parent]
+    roots += [Path(v) for v in filter(None, map(os.environ.get, ("CUDA_HOME", "CUDA_PATH")))]
+    return list(dict.fromkeys(roots))
+
+
 def find_tool(name: str) -> str | None:
     """`name` (nvdisasm, cuobjdump) from ``$KLINEAGE_<NAME>``, PATH, the CUDA toolkit beside
     nvcc or ``$CUDA_HOME``, or an ``nvidia-cuda-<name>`` wheel in this Python environment
@@ -438,10 +449,7 @@ def find_tool(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    folders = [Path(p).parent for p in filter(None, [shutil.which("nvcc")])]
-    folders += [
-        Path(v) / "bin" for v in filter(None, map(os.environ.get, ("CUDA_HOME", "CUDA_PATH")))
-    ]
+    folders = [root / "bin" for root in toolkit_roots()]
     spec = importlib.util.find_spec("nvidia")
     if spec is not None and spec.submodule_search_locations:
         for base in spec.submodule_search_locations:

@@ -1,6 +1,6 @@
-"""A tile slot filled by one whole-vector copy, as SIMT GEMMs stage their tiles 16 bytes at a
-time: ``FLOAT4(S[i][j]) = FLOAT4(P[g]);`` through an access macro of the file, or the cast the
-macro stands for (``reinterpret_cast<float4 *>(&S[i][j])[0] = reinterpret_cast<float4
+"""A tile slot filled by one whole-vector copy, 16 (or 8) bytes a thread at a time:
+``V4(S[i][j]) = V4(P[g]);`` through an access macro of the file, or the cast the macro stands
+for (``reinterpret_cast<float4 *>(&S[i][j])[0] = reinterpret_cast<float4
 *>(&P[g])[0];``, ``*(float4 *)&S[i][j] = *(float4 *)&P[g];``).
 
 Both sides view the same vector type over arrays of one element type, so the copy is one
