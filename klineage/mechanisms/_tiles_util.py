@@ -494,9 +494,12 @@ def launch_block_dims(source: ParsedSource, launch: Launch) -> tuple[int, int, i
         return None
     function = source.enclosing_function(launch.node)
     names = launch_names(source, function)
-    dims = _dims_of(source, block, names)
-    if dims is None and block.type == "identifier" and function is not None:
+    dims = None
+    if block.type == "identifier" and function is not None:
+        # a `dim3 block(16, 16)` local: `names` folds it to its thread count, not its shape
         dims = _local_dim3(source, function, source.text_of(block), names)
+    if dims is None:
+        dims = _dims_of(source, block, names)
     if dims is None or not 1 <= len(dims) <= 3:
         return None
     padded = [*dims, 1, 1][:3]

@@ -103,6 +103,11 @@ from klineage.mechanisms._staging_helper_forward import (
 )
 from klineage.mechanisms._staging_loader import loader_removal
 from klineage.mechanisms._staging_once import once_removal
+from klineage.mechanisms._staging_operands_forward import (
+    operand_tile_edits,
+    operand_tiles,
+    reads_tiles,
+)
 from klineage.mechanisms._staging_row_cache import NEEDED as ROW_NEEDED
 from klineage.mechanisms._staging_row_cache import cached_rows, row_cache_removal
 from klineage.mechanisms._staging_row_cache_forward import (
@@ -148,6 +153,7 @@ TRANSPOSE = "transpose"
 TILE_TRANSPOSE = "tile_transpose"
 TILE_LOOP = "tile_loop"
 TILE_LOOP_2D = "tile_loop_2d"
+OPERAND_TILES = "operand_tiles"
 
 TILE_SIZES = (8, 16, 32)
 DEFAULT_TILE = 16
@@ -885,6 +891,8 @@ class SmemStaging(Mechanism):
                     form, refusal = _tile_loop_form(source, function, loop)
                 if form is None:
                     form, refusal = _tile_loop_2d_form(source, function, loop)
+                if form is None:
+                    form, refusal = _operand_tiles_form(source, function, loop)
                 if form is not None:
                     yield self.site(
                         source,
@@ -1027,6 +1035,11 @@ class SmemStaging(Mechanism):
                 return tile_loop_2d_edits(source, tiles_2d, names)
             except NotInForm as why:
                 raise self.refuse(str(why), site, "apply") from None
+        if site.detail.get("form") == OPERAND_TILES:
+            try:
+                return operand_tile_edits(source, operand_tiles(source, function, loop))
+            except NotInForm as why:
+                raise self.refuse(str(why), site, "apply") from None
         try:
             names = _tile_names(source, function, carrier)
             if site.detail.get("form") == "naive":
@@ -1053,7 +1066,7 @@ class SmemStaging(Mechanism):
         function = source.enclosing_function(site.start_byte)
         if site.detail.get("form") == ROW_CACHE and "load" in site.detail:
             return row_cache_conditions(source, site)  # a forward candidate, not a cache
-        forms = (TRANSPOSE, TILE_TRANSPOSE, TILE_LOOP, TILE_LOOP_2D, ROW_VECTORS)
+        forms = (TRANSPOSE, TILE_TRANSPOSE, TILE_LOOP, TILE_LOOP_2D, OPERAND_TILES, ROW_VECTORS)
         if function is None or site.detail.get("form") in forms:
             # the transpose forms set their own block (32 x 8) or keep the kernel's, and stage
             # one padded tile of the block's (4.2 KB for 32 x 32 floats)
@@ -1165,6 +1178,21 @@ def _tile_loop_2d_form(
     except NotInForm as why:
         return TILE_LOOP_2D, str(why)
     return TILE_LOOP_2D, None
+
+
+def _operand_tiles_form(
+    source: ParsedSource, function: Function, loop: Node
+) -> tuple[str | None, str | None]:
+    """("operand_tiles", refusal) for a loop whose turn reads pointer parameters inside
+    inner loops, a register micro-tile per thread (:mod:`klineage.mechanisms.
+    _staging_operands_forward`); (None, None) otherwise."""
+    if not reads_tiles(source, function, loop):
+        return None, None
+    try:
+        operand_tiles(source, function, loop)
+    except NotInForm as why:
+        return OPERAND_TILES, str(why)
+    return OPERAND_TILES, None
 
 
 def _loop_tile_names(count: int) -> list[str]:
