@@ -179,3 +179,12 @@ def test_row_vectors_applied_forward_keep_the_kernel_correct(gate, case: str) ->
     # the forward of the once removal: the row-invariant parameters staged again, in a
     # kernel without a dynamic buffer and in one whose own buffer moves past the copy
     _staged_forward_passes(gate, case, "row_vectors")
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("case", ["vector_tiles", "vector_pairs"])
+def test_operand_tiles_applied_forward_keep_the_kernel_correct(gate, case: str) -> None:
+    # the forward of the loader removal on a register-tiled SIMT GEMM: the operands the turn
+    # reads from global memory staged again, filled by the whole block
+    _staged_forward_passes(gate, case, "operand_tiles")
