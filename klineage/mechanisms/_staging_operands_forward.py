@@ -249,12 +249,19 @@ class _Reader:
             raise _refuse(f"a read `{shown}` that is not a subscript of a pointer parameter")
         own = self.indices.form(argument)
         offset = access.offset - own.without([a for a in own.atoms() if is_buffer(a)])
-        if offset.opaque:
-            raise _refuse(f"a read `{shown}` whose offset is not a sum of products")
         # monomials of the offset: uniform (U), scaled by a parameter (X), or constant-scaled (Y)
         uniform: list[tuple[tuple[str, ...], int]] = []
         groups: dict[tuple[str, ...], list[tuple[str, int, tuple[str, ...], int]]] = {}
+        modulo: str | None = None
+        opaque = dict(offset.opaque)
         for monomial, coefficient in offset.terms:
+            if any(a in opaque for a in monomial):
+                if monomial != tuple(a for a in monomial if a in opaque) or len(monomial) != 1:
+                    raise _refuse(f"a read `{shown}` whose offset is not a sum of products")
+                if coefficient != 1 or modulo is not None:
+                    raise _refuse(f"a read `{shown}` whose offset is not a sum of products")
+                modulo = monomial[0]
+                continue
             varying = [a for a in monomial if self._is_varying(a)]
             if not varying:
                 uniform.append((monomial, coefficient))
@@ -270,7 +277,7 @@ class _Reader:
             key, value = scale.terms[0]
             groups.setdefault(key, []).append((varying[0], value, rest, coefficient))
         strides = [key for key in groups if key]
-        if len(strides) != 1 or () not in groups:
+        if len(strides) != 1 or (() in groups) == (modulo is not None):
             raise _refuse(
                 f"a read `{shown}` that is not `P[U + a * X + Y]` over the thread and loop "
                 "indices (one parameter stride `a` and one unit-stride part)"
@@ -279,7 +286,7 @@ class _Reader:
         if any(a in self.ranges or is_loop_atom(a) for a in strides[0]):
             raise _refuse(f"a read `{shown}` whose row stride varies")
         parts = []
-        for key in (strides[0], ()):
+        for key in (strides[0], ()) if modulo is None else (strides[0],):
             terms = groups[key]
             extent = _extent(
                 (value * self._range(atom, node).step, self._range(atom, node).count)
@@ -301,6 +308,8 @@ class _Reader:
                 {a for m, _ in spelled for a in m if not self._is_varying(a)}, shown
             )
             parts.append((extent, {a for a, *_ in terms}, _c_text(spelled, self.spell, False)))
+        if modulo is not None:
+            parts.append(self._wrapped_column(node, modulo, parts[0][1], shown))
         (rows, row_atoms, row_text), (columns, column_atoms, column_text) = parts
         if row_atoms & column_atoms:
             raise _refuse(
@@ -323,6 +332,50 @@ class _Reader:
             row_text,
             column_text,
         )
+
+    def _wrapped_column(
+        self, read: Node, atom: str, row_atoms: set[str], shown: str
+    ) -> tuple[int, set[str], str]:
+        """(C, the indices it moves with, its text) for a column ``(E) % C`` (a rotated walk
+        along the row): it covers ``[0, C)`` for every row when the indices ``E`` does not
+        share with the row step through ``C`` consecutive values or more from 0 up."""
+        source = self.source
+        wanted = atom[1:-1]
+        found = [
+            n
+            for n in walk(read)
+            if n.type == "binary_expression"
+            and n.children[1].type == "%"
+            and " ".join(source.text_of(n).split()) == wanted
+        ]
+        if not found:
+            raise _refuse(f"a read `{shown}` whose offset is not a sum of products")
+        wrap = found[0]
+        left, right = wrap.children[0], wrap.children[-1]
+        width = _bound(self.indices.form(right), self.bindings).value
+        walked = _bound(self.indices.form(left), self.bindings)
+        if width is None or width <= 0 or walked.opaque:
+            raise _refuse(
+                f"a read `{shown}` whose column `{wanted}` is not a sum modulo a constant"
+            )
+        free = []
+        for monomial, coefficient in walked.terms:
+            varying = [a for a in monomial if self._is_varying(a)]
+            if not varying and (monomial or coefficient < 0):
+                raise _refuse(f"a read `{shown}` whose column `{wanted}` may be negative")
+            if len(varying) > 1 or (varying and (len(monomial) != 1 or coefficient <= 0)):
+                raise _refuse(
+                    f"a read `{shown}` whose column `{wanted}` is not a sum modulo a constant"
+                )
+            if varying and varying[0] not in row_atoms:
+                step = self._range(varying[0], read)
+                free.append((varying[0], coefficient * step.step, step.count))
+        span = _extent((c, n) for _, c, n in free)
+        if span is None or span < width:
+            raise _refuse(
+                f"a read `{shown}` whose column `{wanted}` does not reach every value below {width}"
+            )
+        return width, {a for a, *_ in free}, source.text_of(wrap)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,16 +409,94 @@ def _turn_reads(source: ParsedSource, function: Function, loop: Node) -> list[Ac
 
 def reads_tiles(source: ParsedSource, function: Function, loop: Node) -> bool:
     """Whether a top-level loop reads a pointer parameter inside a loop nested in its turn,
-    in a kernel without shared memory: the cheap test of a candidate."""
-    if function.body is None or not function.is_kernel:
+    in a kernel or ``__device__`` function without shared memory: the cheap test of a
+    candidate."""
+    if function.body is None or not function.runs_on_device or _has_shared(source, function):
         return False
-    if any(
+    return bool(_turn_reads(source, function, loop))
+
+
+def _has_shared(source: ParsedSource, function: Function) -> bool:
+    assert function.body is not None
+    return any(
         source.text_of(n) == "__shared__"
         for n in walk(function.body)
         if n.type == "storage_class_specifier"
-    ):
-        return False
-    return bool(_turn_reads(source, function, loop))
+    )
+
+
+def _synchronizes(source: ParsedSource, function: Function) -> bool:
+    assert function.body is not None
+    return any(
+        n.type == "call_expression" and source.text_of(n).startswith("__syncthreads")
+        for n in walk(function.body)
+    )
+
+
+def _block_uniform(source: ParsedSource, function: Function, condition: Node) -> bool:
+    """Whether a condition reads only block indices, grid and block sizes, and parameters
+    and template parameters the function never writes."""
+    fixed = ({p.name for p in function.params if p.name} | set(function.template_params)) - (
+        Locals(source, function).assigned
+    )
+    for node in walk(condition):
+        if node.type == "field_expression":
+            base = node.child_by_field_name("argument")
+            if base is None or source.text_of(base) not in ("blockIdx", "gridDim", "blockDim"):
+                return False
+        elif node.type == "identifier":
+            parent = node.parent
+            in_field = parent is not None and parent.type == "field_expression"
+            if not in_field and source.text_of(node) not in fixed:
+                return False
+        elif node.type in ("call_expression", "subscript_expression", "pointer_expression"):
+            return False
+    return True
+
+
+def _uniform_returns(source: ParsedSource, function: Function, before: int, what: str) -> None:
+    """Refuse a return before byte ``before`` of ``function`` unless it is the whole block's:
+    ``if (block-uniform condition) return;`` at the top of the function."""
+    assert function.body is not None
+    for node in walk(function.body):
+        if node.type != "return_statement" or node.end_byte > before:
+            continue
+        guard = node.parent
+        if guard is not None and guard.type == "compound_statement":
+            guard = guard.parent if len(guard.named_children) == 1 else None
+        condition = guard.child_by_field_name("condition") if guard is not None else None
+        if (
+            guard is None
+            or guard.type != "if_statement"
+            or guard.parent != function.body
+            or condition is None
+            or not _block_uniform(source, function, condition)
+        ):
+            raise _refuse(
+                f"a {what} that may return before the loop for some threads only "
+                f"(line {source.line_of(node.start_byte)})"
+            )
+
+
+def _entry(source: ParsedSource, function: Function, loop: Node) -> Function:
+    """The kernel whose launches give the block: ``function`` itself, or the one kernel that
+    calls this ``__device__`` function, at its top level and with every thread."""
+    if function.is_kernel:
+        return function
+    sites = analysis(source).call_graph.call_sites(function.name)
+    if len(sites) != 1:
+        raise _refuse(f"a `__device__` function called from {len(sites)} places, not one kernel")
+    caller, call = sites[0]
+    kernel = source.function(caller)
+    statement = call.parent
+    if kernel is None or not kernel.is_kernel or kernel.body is None:
+        raise _refuse(f"a `__device__` function that `{caller}`, not a kernel, calls")
+    if statement is None or statement.parent != kernel.body:
+        raise _refuse(f"a `__device__` function that `{caller}` calls under a condition or loop")
+    if _has_shared(source, kernel) or _synchronizes(source, kernel):
+        raise _refuse(f"a `__device__` function whose kernel `{caller}` already shares memory")
+    _uniform_returns(source, kernel, call.start_byte, "kernel")
+    return kernel
 
 
 def _guards(source: ParsedSource, node: Node, body: Node) -> list[Node]:
@@ -397,23 +528,13 @@ def operand_tiles(source: ParsedSource, function: Function, loop: Node) -> Opera
     jumps = [n for n in walk(body) if n.type in _JUMPS]
     if jumps:
         raise _refuse(f"a turn that jumps (`{source.snippet(jumps[0], 30)}`)")
-    early = [
-        n
-        for n in walk(function.body)
-        if n.type == "return_statement" and n.end_byte <= loop.start_byte
-    ]
-    if early:
-        raise _refuse(
-            f"a kernel that may return before the loop (line {source.line_of(early[0].start_byte)})"
-        )
-    if any(
-        n.type == "call_expression" and source.text_of(n).startswith("__syncthreads")
-        for n in walk(function.body)
-    ):
+    _uniform_returns(source, function, loop.start_byte, "function")
+    if _synchronizes(source, function):
         raise _refuse("a kernel that already synchronizes its block")
-    threads = kernel_block_dims(source, function)
+    kernel = _entry(source, function, loop)
+    threads = kernel_block_dims(source, kernel)
     if threads is None:
-        raise _refuse("a kernel whose launches do not all give one constant block")
+        raise _refuse(f"a kernel `{kernel.name}` whose launches do not all give one constant block")
     bindings = compile_time_bindings(source, function)
     if not bindings:
         raise _refuse("a kernel whose template arguments do not fold to integers")

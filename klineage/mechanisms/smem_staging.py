@@ -901,6 +901,24 @@ class SmemStaging(Mechanism):
                         detail={"form": form},
                         refusal=refusal,
                     )
+        for function in source.functions:
+            # a __device__ function's turn (the kernel calls it with the whole block)
+            if function.is_kernel or not function.runs_on_device or function.body is None:
+                continue
+            for loop in statements(function.body):
+                form, refusal = (
+                    _operand_tiles_form(source, function, loop)
+                    if loop.type == "for_statement"
+                    else (None, None)
+                )
+                if form is not None:
+                    yield self.site(
+                        source,
+                        loop,
+                        snippet=_header(source, loop),
+                        detail={"form": form},
+                        refusal=refusal,
+                    )
         yield from row_vector_candidates(self, source)
         yield from row_cache_candidates(self, source)
 

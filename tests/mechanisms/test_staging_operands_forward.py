@@ -101,11 +101,14 @@ def test_tiles_past_static_shared_memory_are_refused() -> None:
     assert "more than the 49152 of static shared memory" in _refusal(text)
 
 
-def test_a_return_before_the_loop_is_refused() -> None:
-    text = _removed().replace(
+def test_a_return_of_some_threads_before_the_kernel_s_loop_is_refused() -> None:
+    """Threads that left would miss the fill's barrier; a whole block may leave."""
+    uniform = _removed().replace(
         "  float acc[TM][TN] = {{0.0f}};", "  if (M == 0) return;\n  float acc[TM][TN] = {{0.0f}};"
     )
-    assert "may return before the loop" in _refusal(text)
+    assert form_candidate(KernelSource(uniform), FORM).supported
+    text = uniform.replace("if (M == 0) return;", "if (threadIdx.y * TM >= M) return;")
+    assert "may return before the loop for some threads only" in _refusal(text)
 
 
 def test_a_local_dim3_block_keeps_its_shape() -> None:
@@ -123,3 +126,101 @@ def test_a_read_in_a_loop_of_a_run_time_trip_count_is_refused() -> None:
         "for (int j = 0; j < N; ++j) {\n          acc",
     )
     assert "does not count from 0 to a constant" in _refusal(text)
+
+
+# A lower-triangle score matrix in a public idiom: the kernel calls its body through a
+# function-pointer template parameter; whole blocks above the diagonal return; the body moves
+# its operand pointers to the block's rows and walks each 16-wide slice of the depth rotated
+# by the thread's column, `(s + threadIdx.x) % 16` (what the loader removal leaves of tiles a
+# block staged for it).
+ROTATED = """\
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+using body_fn = void (*)(float* out, const float* a, const float* b, int lda, int ldb, int depth);
+
+__device__ void scores_body(float* out, const float* a, const float* b, int lda, int ldb,
+                            int depth) {
+  if (blockIdx.y > blockIdx.x) return;
+  a += 64 * blockIdx.x * lda;
+  b += 64 * blockIdx.y * ldb;
+  float acc[4][4] = {};
+  for (int d0 = 0; d0 < depth; d0 += 16) {
+    for (int s = 0; s < 16; ++s) {
+      float right[4];
+      for (int u = 0; u < 4; ++u)
+        right[u] = b[d0 + ldb * (u + 4 * threadIdx.y) + (s + threadIdx.x) % 16];
+      for (int i = 0; i < 4; ++i) {
+        float left = a[d0 + lda * (i + 4 * threadIdx.x) + (s + threadIdx.x) % 16];
+        for (int j = 0; j < 4; ++j) acc[i][j] += left * right[j];
+      }
+    }
+  }
+  const int width = 64 * gridDim.x;
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j)
+      out[(64 * blockIdx.x + 4 * threadIdx.x + i) * width + 64 * blockIdx.y + 4 * threadIdx.y +
+          j] = acc[i][j];
+}
+
+template <body_fn body>
+__global__ void scores(float* out, const float* a, const float* b, int lda, int ldb, int depth) {
+  body(out, a, b, lda, ldb, depth);
+}
+
+extern "C" int run(const float* A, const float* B, float* OUT, int64_t n, int64_t d,
+                   cudaStream_t stream) {
+  scores<scores_body><<<dim3((unsigned)(n / 64), (unsigned)(n / 64)), dim3(16, 16), 0, stream>>>(
+      OUT, A, B, (int)d, (int)d, (int)d);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def _rotated_case() -> Case:
+    return Case(
+        axes={"n": 128, "d": 48},
+        buffers=[
+            Buffer("out", "float", "n * n", output=True),
+            Buffer("a", "float", "n * d", offset=1),
+            Buffer("b", "float", "n * d", offset=3),
+        ],
+        call="scores<scores_body>(out, a, b, (int)d, (int)d, (int)d)",
+        threads="",
+        grid="dim3(2, 2)",
+        block_dims="dim3(16, 16)",
+    )
+
+
+def test_a_rotated_walk_in_a_body_the_kernel_calls_is_staged() -> None:
+    site = form_candidate(KernelSource(ROTATED), FORM)
+    assert site.function == "scores_body" and site.supported, site.refusal
+    staged = apply_form(ROTATED, FORM)
+    assert "right[u] = tile_b[4 * threadIdx.y + u][(s + threadIdx.x) % 16];" in staged
+    assert "float left = tile_a[i + 4 * threadIdx.x][(s + threadIdx.x) % 16];" in staged
+    # the pointers already moved to the block's rows: the fill adds only the turn's slice
+    assert "a[(long long)d0 + (long long)(lda) * (slot / 16) + slot % 16]" in staged
+    host = [_rotated_case()]
+    bits = run_on_host(ROTATED, host)
+    assert bits.strip() and run_on_host(staged, host) == bits
+
+
+def test_the_rotated_staging_builds(mechanism_builder: Builder) -> None:
+    compile_ok(mechanism_builder, [KernelSource(apply_form(ROTATED, FORM))])
+
+
+def test_a_rotation_too_short_to_reach_every_column_is_refused() -> None:
+    text = ROTATED.replace("% 16]", "% 32]")
+    assert "does not reach every value below 32" in _refusal(text)
+
+
+def test_a_return_of_some_threads_before_the_loop_is_refused() -> None:
+    text = ROTATED.replace("if (blockIdx.y > blockIdx.x) return;", "if (threadIdx.x > 8) return;")
+    assert "may return before the loop for some threads only" in _refusal(text)
+
+
+def test_a_body_the_kernel_calls_under_a_condition_is_refused() -> None:
+    text = ROTATED.replace(
+        "  body(out, a, b, lda, ldb, depth);", "  if (depth > 0) body(out, a, b, lda, ldb, depth);"
+    )
+    assert "calls under a condition or loop" in _refusal(text)
