@@ -31,7 +31,8 @@ from klineage.cuda.cexpr import to_size_expr
 from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 
-_NAME_KINDS = ("identifier", "field_identifier")
+# a function named as a template argument (`k<body><<<...>>>`) parses as a type name
+_NAME_KINDS = ("identifier", "field_identifier", "type_identifier")
 
 
 def live_functions(kernel: KernelSource) -> set[str] | None:

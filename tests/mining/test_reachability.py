@@ -45,6 +45,27 @@ def test_live_functions_follow_calls_launches_and_file_scope_tables() -> None:
     assert live_functions(KernelSource("__global__ void k(float* y) { y[0] = 0.0f; }")) is None
 
 
+BODY_PARAMETER = """
+using body_fn = void (*)(float* y);
+__device__ void scale_body(float* y) { y[threadIdx.x] *= 2.0f; }
+__device__ void shift_body(float* y) { y[threadIdx.x] += 1.0f; }
+template <body_fn body>
+__global__ void each(float* y) { body(y); }
+extern "C" int run(float* y) {
+  each<scale_body><<<1, 32>>>(y);
+  return 0;
+}
+"""
+
+
+def test_a_body_a_launch_binds_to_a_template_parameter_runs() -> None:
+    """`each<scale_body><<<...>>>`: the kernel's work is the bound `__device__` body, whose
+    name parses as a type in the template argument list; the unbound body stays dead."""
+    kernel = KernelSource(BODY_PARAMETER)
+    assert live_functions(kernel) == {"run", "each", "scale_body"}
+    assert run_by_workloads(kernel, [{}]) == {"run", "each", "scale_body"}
+
+
 def test_the_gemm_dispatch_removal_leaves_the_skinny_path_dead() -> None:
     before, after = _gemm_states()
     dead = {f.name for f in after.parsed.functions} - (live_functions(after) or set())
