@@ -421,7 +421,7 @@ def _has_shared(source: ParsedSource, function: Function) -> bool:
     return any(
         source.text_of(n) == "__shared__"
         for n in walk(function.body)
-        if n.type == "storage_class_specifier"
+        if n.type in ("type_qualifier", "storage_class_specifier")
     )
 
 
@@ -528,6 +528,8 @@ def operand_tiles(source: ParsedSource, function: Function, loop: Node) -> Opera
     jumps = [n for n in walk(body) if n.type in _JUMPS]
     if jumps:
         raise _refuse(f"a turn that jumps (`{source.snippet(jumps[0], 30)}`)")
+    if _has_shared(source, function):
+        raise _refuse("a function that already stages in shared memory")
     _uniform_returns(source, function, loop.start_byte, "function")
     if _synchronizes(source, function):
         raise _refuse("a kernel that already synchronizes its block")

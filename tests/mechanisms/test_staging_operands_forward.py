@@ -224,3 +224,28 @@ def test_a_body_the_kernel_calls_under_a_condition_is_refused() -> None:
         "  body(out, a, b, lda, ldb, depth);", "  if (depth > 0) body(out, a, b, lda, ldb, depth);"
     )
     assert "calls under a condition or loop" in _refusal(text)
+
+
+def test_a_kernel_that_already_stages_is_refused_when_applied() -> None:
+    """Candidates skip kernels with shared memory; applying at the loop anyway is refused."""
+    from klineage.cuda.tree import NotInForm
+    from klineage.mechanisms._staging_operands_forward import operand_tiles
+
+    text = _removed().replace(
+        "  float acc[TM][TN] = {{0.0f}};",
+        "  __shared__ float spare[4];\n  float acc[TM][TN] = {{0.0f}};",
+    )
+    parsed = KernelSource(text).parsed
+    kernel = parsed.function("sgemm_vector_tiles")
+    assert kernel is not None and kernel.body is not None
+    loop = next(s for s in kernel.body.named_children if s.type == "for_statement")
+    with pytest.raises(NotInForm, match="already stages in shared memory"):
+        operand_tiles(parsed, kernel, loop)
+
+
+def test_a_kernel_with_shared_memory_offers_no_candidate() -> None:
+    text = _removed().replace(
+        "  float acc[TM][TN] = {{0.0f}};",
+        "  __shared__ float spare[4];\n  float acc[TM][TN] = {{0.0f}};",
+    )
+    assert [c for c in staging.candidates(KernelSource(text)) if c.detail.get("form") == FORM] == []
