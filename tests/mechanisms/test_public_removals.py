@@ -14,7 +14,9 @@ thread_coarsening's ``loads_per_turn``, whose grid-stride loop of one load a tur
 several again (tests/mechanisms/test_coarsening_loads_forward.py), smem_staging's tiles a
 helper stages in a 1-D layout, whose removed tile loops its ``tile_loop`` form stages again
 (tests/mechanisms/test_staging_helper_forward.py) or in 2-D bounds-checked tiles, staged again
-by its ``tile_loop_2d`` form (tests/mechanisms/test_staging_tile_2d_forward.py), and
+by its ``tile_loop_2d`` form (tests/mechanisms/test_staging_tile_2d_forward.py) or, where
+the loader's tiles fed register micro-tiles (``vector_tiles``, ``vector_pairs``), by its
+``operand_tiles`` form (tests/mechanisms/test_staging_operands_forward.py), and
 warp_per_row's ``rows_2d`` and ``rows_2d_walk_back``, whose thread per row in a 32 x y block is
 written back into a warp per row (tests/mechanisms/test_warp_rows_2d_forward.py), and
 smem_swizzle's ``rotation`` pairs, whose unrotated shared rows get a rotation of their chunks
