@@ -26,9 +26,10 @@ from klineage.cuda.analysis.indices import (
 )
 from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import NotInForm, assigned_names, binary_operands, walk
+from klineage.mechanisms._local_util import normalize_type
 from klineage.mechanisms._tiles_util import Locals
 
-__all__ = ["NEEDED", "OperandReader", "TileRead"]
+__all__ = ["NEEDED", "OperandReader", "TileRead", "fixed_names"]
 
 NEEDED = (
     "a top-level counted loop of a kernel without shared memory, launched with a constant "
@@ -107,6 +108,13 @@ def _c_text(
     return " ".join(parts) if parts else "0"
 
 
+def fixed_names(source: ParsedSource, function: Function) -> set[str]:
+    """The parameters and template parameters the function never writes: the same for the
+    whole block, and spelled by their names anywhere in it."""
+    params = {p.name for p in function.params if p.name}
+    return (params | set(function.template_params)) - Locals(source, function).assigned
+
+
 class OperandReader:
     """Reads the offsets of one function's turn against one set of template bindings."""
 
@@ -127,11 +135,8 @@ class OperandReader:
             atom: _Range(count, 1) for atom, count in zip(_THREADS, threads, strict=True)
         }
         self.turn = self.indices.loop_of(loop)
-        locals_ = Locals(source, function)
-        params = {p.name for p in function.params if p.name}
-        self.fixed = (set(function.template_params) | params) - locals_.assigned
         self.spell = {a: a for a in _THREADS + tuple(sorted(BLOCK_ATOMS))}
-        self.spell |= {name: name for name in self.fixed}
+        self.spell |= {name: name for name in fixed_names(source, function)}
 
     def _inner_range(self, atom: str, read: Node) -> _Range:
         variable = self.indices.loop(atom)
@@ -207,9 +212,7 @@ class OperandReader:
         opaque = dict(offset.opaque)
         for monomial, coefficient in offset.terms:
             if any(a in opaque for a in monomial):
-                if monomial != tuple(a for a in monomial if a in opaque) or len(monomial) != 1:
-                    raise _refuse(f"a read `{shown}` whose offset is not a sum of products")
-                if coefficient != 1 or modulo is not None:
+                if len(monomial) != 1 or coefficient != 1 or modulo is not None:
                     raise _refuse(f"a read `{shown}` whose offset is not a sum of products")
                 modulo = monomial[0]
                 continue
@@ -239,10 +242,8 @@ class OperandReader:
         parts = []
         for key in (strides[0], ()) if modulo is None else (strides[0],):
             terms = groups[key]
-            extent = _extent(
-                (value * self._range(atom, node).step, self._range(atom, node).count)
-                for atom, value, _, _ in terms
-            )
+            ranges = [(value, self._range(atom, node)) for atom, value, _, _ in terms]
+            extent = _extent((value * r.step, r.count) for value, r in ranges)
             if extent is None:
                 raise _refuse(
                     f"a read `{shown}` whose in-tile index over "
@@ -269,11 +270,7 @@ class OperandReader:
             )
         base = _c_text(uniform, self.spell, True)
         stride = _c_text([(strides[0], 1)], self.spell, False)
-        element = " ".join(
-            w
-            for w in access.buffer.element_type.split()
-            if w not in ("const", "volatile", "__restrict__")
-        )
+        element = normalize_type(access.buffer.element_type)
         return TileRead(
             source.text_of(argument), element, rows, columns, base, stride, row_text, column_text
         )

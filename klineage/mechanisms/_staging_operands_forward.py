@@ -1,6 +1,6 @@
 """Staging written into a tile loop whose threads read their operands straight from global
 memory, each thread a register micro-tile of them: the forward rule for what the loader
-removal (:mod:`klineage.mechanisms._staging_loader`) leaves of a register-tiled GEMM.
+removal (:mod:`klineage.mechanisms._staging_loader`) leaves of tiles that fed such micro-tiles.
 
 The form it takes: a top-level counted loop of a kernel without shared memory whose turn
 reads pointer parameters, inside loops of compile-time trip counts, as ``P[U + a·X + Y]``::
@@ -45,10 +45,14 @@ from klineage.cuda.edit import Edit
 from klineage.cuda.facts import compile_time_bindings
 from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import NotInForm, assigned_names, fresh_name, walk
-from klineage.mechanisms._staging_operand_reads import NEEDED, OperandReader, TileRead
+from klineage.mechanisms._staging_operand_reads import (
+    NEEDED,
+    OperandReader,
+    TileRead,
+    fixed_names,
+)
 from klineage.mechanisms._tiles_util import (
     STATIC_SHARED_LIMIT,
-    Locals,
     function_names,
     kernel_block_dims,
 )
@@ -135,28 +139,20 @@ def reads_tiles(source: ParsedSource, function: Function, loop: Node) -> bool:
 
 
 def _has_shared(source: ParsedSource, function: Function) -> bool:
-    assert function.body is not None
-    return any(
-        source.text_of(n) == "__shared__"
-        for n in walk(function.body)
-        if n.type in ("type_qualifier", "storage_class_specifier")
-    )
+    """Whether the function declares shared memory (static or dynamic)."""
+    buffers = analysis(source).indices(function).buffers.values()
+    return any(buffer.space == "shared" for buffer in buffers)
 
 
 def _synchronizes(source: ParsedSource, function: Function) -> bool:
-    assert function.body is not None
-    return any(
-        n.type == "call_expression" and source.text_of(n).startswith("__syncthreads")
-        for n in walk(function.body)
-    )
+    """Whether the function, or what it calls, holds a block barrier."""
+    return analysis(source).call_graph.summary(function.name).block_barrier
 
 
 def _block_uniform(source: ParsedSource, function: Function, condition: Node) -> bool:
     """Whether a condition reads only block indices, grid and block sizes, and parameters
     and template parameters the function never writes."""
-    fixed = ({p.name for p in function.params if p.name} | set(function.template_params)) - (
-        Locals(source, function).assigned
-    )
+    fixed = fixed_names(source, function)
     for node in walk(condition):
         if node.type == "field_expression":
             base = node.child_by_field_name("argument")

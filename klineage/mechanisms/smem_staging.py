@@ -63,7 +63,7 @@ of once per thread that needs it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -154,6 +154,9 @@ TILE_TRANSPOSE = "tile_transpose"
 TILE_LOOP = "tile_loop"
 TILE_LOOP_2D = "tile_loop_2d"
 OPERAND_TILES = "operand_tiles"
+
+_LoopForm = Callable[[ParsedSource, Function, Node], tuple[str | None, str | None]]
+"""A forward form's test of a top-level loop: (the form's name or None, its refusal)."""
 
 TILE_SIZES = (8, 16, 32)
 DEFAULT_TILE = 16
@@ -878,39 +881,34 @@ class SmemStaging(Mechanism):
                 snippet=f"{element.function.name}: {source.snippet(element.decl)}",
                 detail={"form": TRANSPOSE, "kernel": element.function.name},
             )
+        kernel_forms = (
+            self._candidate_form,
+            _tile_transpose_form,
+            _tile_loop_form,
+            _tile_loop_2d_form,
+            _operand_tiles_form,
+        )
         for function in source.kernels:
-            if function.body is None:
-                continue
-            for loop in statements(function.body):
-                if loop.type != "for_statement":
-                    continue
-                form, refusal = self._candidate_form(source, function, loop)
-                if form is None:
-                    form, refusal = _tile_transpose_form(source, function, loop)
-                if form is None:
-                    form, refusal = _tile_loop_form(source, function, loop)
-                if form is None:
-                    form, refusal = _tile_loop_2d_form(source, function, loop)
-                if form is None:
-                    form, refusal = _operand_tiles_form(source, function, loop)
-                if form is not None:
-                    yield self.site(
-                        source,
-                        loop,
-                        snippet=_header(source, loop),
-                        detail={"form": form},
-                        refusal=refusal,
-                    )
+            yield from self._loop_candidates(source, function, kernel_forms)
         for function in source.functions:
             # a __device__ function's turn (the kernel calls it with the whole block)
-            if function.is_kernel or not function.runs_on_device or function.body is None:
+            if not function.is_kernel and function.runs_on_device:
+                yield from self._loop_candidates(source, function, (_operand_tiles_form,))
+        yield from row_vector_candidates(self, source)
+        yield from row_cache_candidates(self, source)
+
+    def _loop_candidates(
+        self, source: ParsedSource, function: Function, forms: tuple[_LoopForm, ...]
+    ) -> Iterator[Site]:
+        """A site for each top-level ``for`` loop of ``function`` in the first of ``forms``
+        that takes it (with that form's refusal, if any)."""
+        if function.body is None:
+            return
+        for loop in statements(function.body):
+            if loop.type != "for_statement":
                 continue
-            for loop in statements(function.body):
-                form, refusal = (
-                    _operand_tiles_form(source, function, loop)
-                    if loop.type == "for_statement"
-                    else (None, None)
-                )
+            for form_of in forms:
+                form, refusal = form_of(source, function, loop)
                 if form is not None:
                     yield self.site(
                         source,
@@ -919,8 +917,7 @@ class SmemStaging(Mechanism):
                         detail={"form": form},
                         refusal=refusal,
                     )
-        yield from row_vector_candidates(self, source)
-        yield from row_cache_candidates(self, source)
+                    break
 
     def _candidate_form(
         self, source: ParsedSource, function: Function, loop: Node

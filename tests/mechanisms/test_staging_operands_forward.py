@@ -249,3 +249,19 @@ def test_a_kernel_with_shared_memory_offers_no_candidate() -> None:
         "  __shared__ float spare[4];\n  float acc[TM][TN] = {{0.0f}};",
     )
     assert [c for c in staging.candidates(KernelSource(text)) if c.detail.get("form") == FORM] == []
+
+
+def test_a_kernel_whose_helper_synchronizes_is_refused() -> None:
+    """A barrier the kernel already reaches, here through a helper it calls, is refused:
+    the fill's barriers would have to agree with it."""
+    text = (
+        _removed()
+        .replace(
+            "template <int BM, int BN, int BK, int TM, int TN>",
+            "__device__ void settle() { __syncthreads(); }\n\n"
+            "template <int BM, int BN, int BK, int TM, int TN>",
+            1,
+        )
+        .replace("  float acc[TM][TN] = {{0.0f}};", "  settle();\n  float acc[TM][TN] = {{0.0f}};")
+    )
+    assert "already synchronizes its block" in _refusal(text)
