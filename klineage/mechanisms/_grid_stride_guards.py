@@ -10,8 +10,10 @@ its bound, in either of two spellings::
 
 and every launch a grid that covers the bound along that dimension. The forward rule reads the
 index by what it is (the index analysis): ``blockIdx.d * S + L``, the block's share ``S`` the
-same in every thread of the grid, the thread's offset ``L`` read from its thread index. It
-writes the loop back, stepping by the block's term with ``gridDim.d`` for ``blockIdx.d``::
+same in every thread of the grid, the thread's offset ``L`` read from its thread index, or
+none where the whole block shares the index (``int z = blockIdx.z; if (z < batch)``: one item
+per block, left by a loop over a batch by ``gridDim.z``). It writes the loop back, stepping
+by the block's term with ``gridDim.d`` for ``blockIdx.d``::
 
     for (int row = blockIdx.x * blockDim.z + threadIdx.z; row < rows; row += gridDim.x * blockDim.z)
 
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 
 from klineage.cuda.analysis import IndexForm, analysis
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Node, ParsedSource
+from klineage.cuda.source import Function, Node, ParsedSource, within
 from klineage.cuda.tree import NotInForm, builtin_of, descendants, strip_casts, walk
 from klineage.mechanisms._grid_stride_index import (
     Stride,
@@ -83,6 +85,8 @@ class Guarded:
     value: Node
     bound: Node
     stride: Stride
+    per_block: bool = False
+    """Whether every thread of a block has the same index (its offset reads no thread index)."""
 
     @property
     def start_byte(self) -> int:
@@ -98,7 +102,7 @@ class Guarded:
     def form(self) -> str:
         return (
             f"an index {self.name} = {self.value_form} guarded by `{self.name} < ...` (one "
-            f"item per thread along gridDim.{self.stride.axis})"
+            f"item per {'block' if self.per_block else 'thread'} along gridDim.{self.stride.axis})"
         )
 
     @property
@@ -137,12 +141,15 @@ def _guarded(source: ParsedSource, function: Function, guard: Node) -> Guarded |
     stride = _stride(source, function, value)
     if bound is None or stride is None:
         return None
-    return Guarded(guard, decl, function, name, specifiers, value, bound, stride)
+    per_block = not analysis(source).indices(function).thread_atoms(stride.offset)
+    return Guarded(guard, decl, function, name, specifiers, value, bound, stride, per_block)
 
 
 def _stride(source: ParsedSource, function: Function, value: Node) -> Stride | None:
-    """The index's grid dimension, block share and thread offset: one item per thread (the
-    offset reads a thread index; an index a whole block shares is not this mechanism)."""
+    """The index's grid dimension, block share and thread offset: one item per thread, or
+    one per block when the offset reads no thread index (``int z = blockIdx.z; if (z <
+    batch)``, what the removal of a loop over a batch by ``gridDim.z`` leaves; the whole block
+    then takes every turn together, so its barriers stay safe)."""
     indices = analysis(source).indices(function)
     form = indices.form(value)
     for axis in "xyz":
@@ -150,7 +157,7 @@ def _stride(source: ParsedSource, function: Function, value: Node) -> Stride | N
         if not share.terms:
             continue
         stride = stride_of(form, share * IndexForm.atom(f"gridDim.{axis}"))
-        if stride is not None and indices.thread_atoms(stride.offset):
+        if stride is not None:
             return stride
     return None
 
@@ -161,7 +168,7 @@ def _block_term(source: ParsedSource, found: Guarded) -> tuple[Node, Node] | Non
     indices = analysis(source).indices(found.function)
     axis = found.stride.axis
     term_form = found.stride.share * IndexForm.atom(f"blockIdx.{axis}")
-    for term in _terms(found.value):
+    for term in _terms(found.value) + _held_terms(source, found):
         reads = [
             n
             for n in walk(term)
@@ -169,6 +176,41 @@ def _block_term(source: ParsedSource, found: Guarded) -> tuple[Node, Node] | Non
         ]
         if len(reads) == 1 and indices.form(term) == term_form:
             return term, reads[0]
+    return None
+
+
+def _held_terms(source: ParsedSource, found: Guarded) -> list[Node]:
+    """The terms of the value a local index holds (see :func:`_held_declaration`)."""
+    held = _held_declaration(source, found)
+    parsed = index_declaration(source, held) if held is not None else None
+    return _terms(parsed[2]) if parsed is not None else []
+
+
+def _held_declaration(source: ParsedSource, found: Guarded) -> Node | None:
+    """The declaration of the local an index is (``int i = gid;`` after ``size_t gid =
+    blockDim.x * blockIdx.x + threadIdx.x;`` at the kernel's top level), when nothing writes
+    it or the names it reads and nothing but the index reads it: part of the index, so the
+    loop's step may read its names where the guard stands and its read of ``blockIdx.d`` is
+    the index's own. None otherwise."""
+    value = strip_casts(found.value)
+    body = found.function.body
+    if value.type != "identifier" or body is None:
+        return None
+    name = source.text_of(value)
+    written = assigned_names(source, body)
+    if name in written:
+        return None
+    for statement in statements(body):
+        if statement.start_byte >= found.start_byte:
+            break
+        parsed = index_declaration(source, statement)
+        if parsed is None or parsed[0] != name:
+            continue
+        names = {source.text_of(n) for n in identifiers(source, parsed[2])}
+        uses = [n for n in identifiers(source, body) if source.text_of(n) == name]
+        if names & written or not all(within(n, statement) or within(n, value) for n in uses):
+            return None
+        return statement
     return None
 
 
@@ -225,6 +267,9 @@ def _slots(source: ParsedSource, found: Guarded) -> frozenset[str]:
     """The parameters whose slot the kernel picks by ``blockIdx.d`` read outside the index
     (each such read a store's slot)."""
     own = [(found.start_byte, found.clause.end_byte)]
+    held = _held_declaration(source, found)
+    if held is not None:
+        own.append((held.start_byte, held.end_byte))
     try:
         return axis_slot_reads(source, found.function, found.stride.axis, own)
     except Refused as why:

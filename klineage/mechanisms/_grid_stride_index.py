@@ -55,6 +55,7 @@ from klineage.cuda.tree import (
     assigned_names,
     call_arguments,
     declaration_names,
+    declared_names,
     dim3_extents,
     strip_parens,
     walk,
@@ -576,6 +577,9 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
         slots = axis_slot_reads(source, function, stride.axis, own)
     except Refused as why:
         raise _refuse(f"a grid-stride loop {why}") from why
+    carried = _carried_out(source, function, loop, body, name) if not slots else None
+    if carried is not None:
+        raise _refuse(carried)
     close = [c for c in loop.children if c.type == ")" and c.end_byte <= body.start_byte]
     gid = _first_index_text(source, value, specifiers, locals_)
     if before is not None:  # declared already: only the bound is left to test
@@ -590,6 +594,45 @@ def index_loop_removal(source: ParsedSource, function: Function, loop: Node) -> 
     reading = text + (source.text_of(before) if before is not None else "")
     loop_edits += _unread_after(source, locals_, reading)
     return loop_edits + axis_grid_edits(source, function, stride, bound, slots)
+
+
+def _carried_out(
+    source: ParsedSource, function: Function, loop: Node, body: Node, index: str
+) -> str | None:
+    """Why one index per thread would change what the kernel stores after ``loop``: its
+    turns carry a local out of the loop (a sum over the thread's indices) and a plain store
+    after it writes a place no block picks by its index (``result[0] = total``). A grid that
+    grows then has more blocks writing that place, each with a part of what one wrote. None
+    when nothing is carried out or every store after the loop is an atomic."""
+    assert function.body is not None
+    after = [n for n in walk(function.body) if n.start_byte >= loop.end_byte]
+    read_after = {source.text_of(n) for n in after if n.type == "identifier"}
+    carried = assigned_names(source, body) - declared_names(source, body) - {index}
+    carried &= read_after
+    if not carried:
+        return None
+    for access in analysis(source).indices(function).accesses():
+        if access.node.start_byte < loop.end_byte or access.direction in ("load", "address"):
+            continue
+        if access.buffer.space != "global" or _ATOMIC.match(_called(source, access.node)):
+            continue
+        line = source.line_of(access.node.start_byte)
+        return (
+            f"a grid-stride loop whose turns carry {', '.join(sorted(carried))} out of it, "
+            f"with a plain store after it, `{source.snippet(access.node, 40)}` (line {line}), "
+            "that no block picks by its index: one index per thread and a grid that covers "
+            "the bound would have every block write it with a part of what one wrote"
+        )
+    return None
+
+
+def _called(source: ParsedSource, node: Node) -> str:
+    """The name a call expression calls (empty for any other node)."""
+    function = node.child_by_field_name("function") if node.type == "call_expression" else None
+    return source.text_of(function) if function is not None else ""
+
+
+_ATOMIC = re.compile(r"^(::)?atomic[A-Z]\w*$")
 
 
 def _first_index_text(

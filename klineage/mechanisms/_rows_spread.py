@@ -14,6 +14,7 @@ from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import WARP_SIZE
 from klineage.mechanisms._reductions_util import (
     inside,
+    is_zero_literal,
     named_statements,
     plain_type,
     strip_parens,
@@ -183,8 +184,14 @@ def spread_rows(
         if loop.down:  # `c -= s` before the walk back and its step: by the group's s
             step = f"{loop.variable} -= {_scaled(source, stride, loop.unit)}"
             edits += [Edit.replace(loop.start, step), Edit.replace(loop.update, step)]
-        else:
+        elif is_zero_literal(source, loop.start):
             edits.append(Edit.replace(loop.start, _scaled(source, rank, loop.unit)))
+            edits += _strided_update(source, loop, stride)
+        else:  # from the row's own start by 1 (the walker's offset_start)
+            start = source.text_of(loop.start)
+            start = start if primary_text(start) else f"({start})"
+            offset = rank if re.fullmatch(r"[\w.]+", rank) else f"({rank})"  # `threadIdx.x & 31`
+            edits.append(Edit.replace(loop.start, f"{start} + {offset}"))
             edits += _strided_update(source, loop, stride)
         indent = source.indent_of(loop.node.start_byte)
         lines = "".join(

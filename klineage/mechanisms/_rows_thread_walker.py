@@ -8,6 +8,7 @@ from klineage.cuda.cexpr import fold_int
 from klineage.cuda.source import Function, Loop, Node, ParsedSource
 from klineage.cuda.tree import (
     FMA_CALLS,
+    assigned_names,
     declaration_names,
 )
 from klineage.mechanisms._block_unrolled import (
@@ -42,6 +43,7 @@ from klineage.mechanisms._rows_forms import (
 )
 from klineage.mechanisms._thread_row_steps import (
     StepFormError,
+    constant_value,
     packed_deref,
     packed_step,
     pointer_offset,
@@ -50,6 +52,7 @@ from klineage.mechanisms._thread_row_steps import (
     vector_access,
     walk_back,
 )
+from klineage.mechanisms._tiles_util import Locals
 
 
 class ThreadWalker:
@@ -135,7 +138,10 @@ class ThreadWalker:
             "of a group would repeat its effect"
         )
 
-    def store(self, statement: Node, target: Node, loop: RowLoop | None) -> None:
+    def store(
+        self, statement: Node, target: Node, loop: RowLoop | None, width: int | None = 1
+    ) -> None:
+        """Record a store to ``target`` (``width`` elements from it, None when unknown)."""
         base, index = self._address(target)
         if loop is None:
             parent = statement.parent
@@ -149,7 +155,7 @@ class ThreadWalker:
                 raise NotCanonical(f"the store at line {self.line(statement)} is not in a block")
             self.stores.append(statement)
         elif (
-            not _offset_by(self.source, target, loop.variable)
+            not self._offset_by(target, loop.variable, width)
             and not self._element_store(target)
             and not self._clamped_store(target, loop)
         ):
@@ -158,6 +164,61 @@ class ThreadWalker:
                 "threads of a group could write one element"
             )
         self.store_targets.append((base, index, target))
+
+    def _offset_by(self, target: Node, variable: str, width: int | None) -> bool:
+        """Whether a store ``p[index]`` (``width`` elements wide) has ``index = variable``,
+        ``... + variable + ...`` or ``... + variable * K + ...`` (``K`` a compile-time
+        integer no smaller than the width) with the variable nowhere else: each iteration
+        then writes elements of its own."""
+        source = self.source
+        target = strip_parens(target)
+        packed = packed_deref(source, target)
+        if packed is not None:  # *reinterpret_cast<float4*>(p + index)
+            target, width = packed.address, packed.elements
+        indices = (
+            target.child_by_field_name("indices") if target.type == "subscript_expression" else None
+        )
+        offset = pointer_offset(source, target) if indices is None else None
+        if offset is not None:
+            terms = list(offset.terms)
+        elif indices is None or len(indices.named_children) != 1:
+            return False
+        else:
+            terms = [indices.named_children[0]]
+        found = 0
+        while terms:
+            term = strip_parens(terms.pop())
+            if term.type == "binary_expression" and operator_of(term) == "+":
+                terms += [
+                    c
+                    for c in (term.child_by_field_name("left"), term.child_by_field_name("right"))
+                    if c
+                ]
+                continue
+            if (term.type == "identifier" and source.text_of(term) == variable) or (
+                self._scaled(term, variable, width)
+            ):
+                found += 1
+            elif any(source.text_of(n) == variable for n in inside(source, term, "identifier")):
+                return False
+        return found == 1
+
+    def _scaled(self, term: Node, variable: str, width: int | None) -> bool:
+        """``variable * K`` (either order) with ``K`` a compile-time integer at least
+        ``width``: iterations ``K`` apart, none overlapping another's elements."""
+        if term.type != "binary_expression" or operator_of(term) != "*" or width is None:
+            return False
+        left, right = term.child_by_field_name("left"), term.child_by_field_name("right")
+        for name, scale in ((left, right), (right, left)):
+            if name is None or scale is None:
+                continue
+            if strip_parens(name).type != "identifier":
+                continue
+            if self.source.text_of(strip_parens(name)) != variable:
+                continue
+            value = constant_value(self.source, self.kernel, scale)
+            return value is not None and value >= max(width, 1)
+        return False
 
     def _clamped_store(self, target: Node, loop: RowLoop) -> bool:
         """``p[min(n - 1, i + u)]`` in an unrolled loop (its guard makes the clamp a no-op)."""
@@ -178,8 +239,8 @@ class ThreadWalker:
         ]
         for address in addresses:
             argument = strip_parens(address.child_by_field_name("argument") or address)
-            if argument.type == "subscript_expression" and _offset_by(
-                self.source, argument, variable
+            if argument.type == "subscript_expression" and self._offset_by(
+                argument, variable, None
             ):
                 return len(addresses) == 1
         return False
@@ -201,7 +262,7 @@ class ThreadWalker:
         target = strip_parens(target)
         packed = packed_deref(self.source, target)
         if packed is not None:  # *reinterpret_cast<float4*>(p + c): p[c] a vector wide
-            return packed.pointer, " ".join(self.source.text_of(packed.index).split())
+            return packed.pointer, packed.offset.text(self.source)
         if target.type == "subscript_expression":
             base = target.child_by_field_name("argument")
             indices = target.child_by_field_name("indices")
@@ -211,7 +272,7 @@ class ThreadWalker:
             return "*", " ".join(self.source.text_of(target).split())
         offset = pointer_offset(self.source, target)
         if offset is not None:
-            return offset[0], " ".join(self.source.text_of(offset[1]).split())
+            return offset.pointer, offset.text(self.source)
         raise NotCanonical(
             f"the store to {self.source.text_of(target)} (line {self.line(target)}) is not p[index]"
         )
@@ -220,15 +281,14 @@ class ThreadWalker:
         for call in inside(self.source, node, "call_expression"):
             access = vector_access(self.source, call)
             if access is not None and access.kind == "load":  # load128(x + c): a packed load
-                index = " ".join(self.source.text_of(access.index).split())
+                index = access.offset.text(self.source)
                 self.loads.append((access.pointer, index, call, in_loop))
                 continue
             arguments = arguments_of(call)
             if call_name(self.source, call) in _LOAD_INTRINSICS and len(arguments) == 1:
                 offset = pointer_offset(self.source, strip_parens(arguments[0]))
                 if offset is not None:  # __ldcs(x + c): a load through a cache hint
-                    index = " ".join(self.source.text_of(offset[1]).split())
-                    self.loads.append((offset[0], index, call, in_loop))
+                    self.loads.append((offset.pointer, offset.text(self.source), call, in_loop))
         for read in inside(self.source, node, "subscript_expression", "pointer_expression"):
             if read.type == "pointer_expression" and not self.source.text_of(read).startswith("*"):
                 continue
@@ -254,12 +314,33 @@ class ThreadWalker:
             declared = single_init(self.source, found.initializer)
             start = declared[1] if declared is not None else None
         variable = found.variable or self.source.text_of(below_name(found.condition))
-        if start is None or not is_zero_literal(self.source, start):
+        if start is None:
             raise NotCanonical(f"the loop at line {self.line(node)} does not start at 0")
+        if not is_zero_literal(self.source, start):
+            self.offset_start(node, found, variable, start)
         if not below(self.source, found.condition, variable, self.inclusive):
             bounds = f"{variable} < n" + (f" or {variable} <= n" if self.inclusive else "")
             raise NotCanonical(f"the loop at line {self.line(node)} does not run while {bounds}")
         self.row_loop(node, found, variable, start)
+
+    def offset_start(self, node: Node, found: Loop, variable: str, start: Node) -> None:
+        """A row loop from ``s`` by 1 (``for (T c = s; c < n; ++c)``, the tail after a packed
+        loop, say) spreads over a group as ``c = s + rank``: ``s`` must be the same for every
+        thread of the group, so it may read no name the kernel writes after declaring it
+        (an accumulator holds a thread's part only)."""
+        line = self.line(node)
+        if found.initializer is None or not unit_step(self.source, found.update, variable):
+            raise NotCanonical(
+                f"the loop at line {line} starts at {self.source.text_of(start)} and does not "
+                "step by 1; a row loop starts at 0, or at a start the row fixes with a step of 1"
+            )
+        assert self.kernel.body is not None
+        written = assigned_names(self.source, self.kernel.body)
+        if Locals(self.source, self.kernel).depends_on(start, written):
+            raise NotCanonical(
+                f"the loop at line {line} starts at {self.source.text_of(start)}, which reads a "
+                "name the kernel writes, so a group's threads may not agree on it"
+            )
 
     def split_start(self, node: Node, found: Loop) -> Node | None:
         """The start of ``T c = 0; for (; c < n; ...)``, declared right before the loop."""
@@ -397,7 +478,7 @@ class ThreadWalker:
                 return
         stored = _intrinsic_store(self.source, expression) if expression is not None else None
         if stored is not None:  # __stcs(o + c, v): the loop's element through a cache hint
-            self.store(node, stored[0], loop)
+            self.store(node, stored[0], loop, stored[2])
             self.reads(stored[1], in_loop=True)
             return
         if expression is None or expression.type != "assignment_expression":
@@ -634,12 +715,16 @@ _LOAD_INTRINSICS = frozenset({"__ldg", "__ldcs", "__ldcg", "__ldca", "__ldlu", "
 """Loads through a cache hint (the stores are :data:`STORE_INTRINSICS`)."""
 
 
-def _intrinsic_store(source: ParsedSource, expression: Node) -> tuple[Node, Node] | None:
-    """(address, value) of ``__stcs(address, value)`` and its kin (or a packed store helper
-    of the file) whose address is ``p + index``; None for anything else."""
+def _intrinsic_store(
+    source: ParsedSource, expression: Node
+) -> tuple[Node, Node, int | None] | None:
+    """(address, value, elements stored) of ``__stcs(address, value)`` and its kin (or a
+    packed store helper of the file) whose address is ``p + index``; None for anything
+    else."""
     access = vector_access(source, expression)
     if access is not None and access.kind == "store" and access.value is not None:
-        return access.address, access.value  # store128(p + i, v): a packed store helper
+        # store128(p + i, v): a packed store helper
+        return access.address, access.value, access.elements
     if expression.type != "call_expression" or call_name(source, expression) not in (
         STORE_INTRINSICS
     ):
@@ -647,41 +732,7 @@ def _intrinsic_store(source: ParsedSource, expression: Node) -> tuple[Node, Node
     arguments = arguments_of(expression)
     if len(arguments) != 2 or pointer_offset(source, strip_parens(arguments[0])) is None:
         return None
-    return strip_parens(arguments[0]), arguments[1]
-
-
-def _offset_by(source: ParsedSource, target: Node, variable: str) -> bool:
-    """Whether a store ``p[index]`` has ``index = variable`` or ``... + variable + ...`` with
-    the variable nowhere else: each iteration then writes its own element."""
-    target = strip_parens(target)
-    packed = packed_deref(source, target)
-    if packed is not None:  # *reinterpret_cast<float4*>(p + index)
-        target = packed.address
-    indices = (
-        target.child_by_field_name("indices") if target.type == "subscript_expression" else None
-    )
-    offset = pointer_offset(source, target) if indices is None else None
-    if offset is not None:
-        terms = [offset[1]]
-    elif indices is None or len(indices.named_children) != 1:
-        return False
-    else:
-        terms = [indices.named_children[0]]
-    found = 0
-    while terms:
-        term = strip_parens(terms.pop())
-        if term.type == "binary_expression" and operator_of(term) == "+":
-            terms += [
-                c
-                for c in (term.child_by_field_name("left"), term.child_by_field_name("right"))
-                if c
-            ]
-            continue
-        if term.type == "identifier" and source.text_of(term) == variable:
-            found += 1
-        elif any(source.text_of(n) == variable for n in inside(source, term, "identifier")):
-            return False
-    return found == 1
+    return strip_parens(arguments[0]), arguments[1], 1
 
 
 def unit_step(source: ParsedSource, update: Node | None, variable: str) -> bool:

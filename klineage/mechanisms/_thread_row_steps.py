@@ -26,8 +26,10 @@ from klineage.cuda.tree import operator_of, statement_after, statement_before, w
 from klineage.mechanisms._reductions_util import arguments_of, call_name, fold, inside
 
 __all__ = [
+    "PointerOffset",
     "StepFormError",
     "VectorAccess",
+    "constant_value",
     "packed_deref",
     "packed_step",
     "pointer_offset",
@@ -44,39 +46,62 @@ class StepFormError(Exception):
 
 
 @dataclass(frozen=True)
+class PointerOffset:
+    """An address ``p + index``: the pointer's name and the index's terms as written (one for
+    ``p + i``, several for ``p + row * n + i``, which C adds up in the same order)."""
+
+    pointer: str
+    terms: tuple[Node, ...]
+
+    def text(self, source: ParsedSource) -> str:
+        """The index as one sum, each term's spacing normalized."""
+        return " + ".join(" ".join(source.text_of(t).split()) for t in self.terms)
+
+
+@dataclass(frozen=True)
 class VectorAccess:
     """A call to a packed vector load or store helper at ``pointer + index``."""
 
     kind: Literal["load", "store"]
     address: Node
-    pointer: str
-    index: Node
+    offset: PointerOffset
     elements: int | None
     """How many elements of ``*pointer`` it moves, when the pointer's type is known."""
     value: Node | None
     """The stored value (a store with one other argument)."""
 
+    @property
+    def pointer(self) -> str:
+        return self.offset.pointer
 
-def pointer_offset(source: ParsedSource, node: Node) -> tuple[str, Node] | None:
-    """(p, index) of an address ``p + index`` (or ``index + p``) with ``p`` a name its
-    function declares a pointer, which the index does not read; None for anything else."""
+
+def pointer_offset(source: ParsedSource, node: Node) -> PointerOffset | None:
+    """The address ``p + index`` (or ``index + p``, or ``p + a + b``: any sum with one term
+    ``p``) with ``p`` a name its function declares a pointer, which the index does not read;
+    None for anything else."""
     function = source.enclosing_function(node)
     if node.type != "binary_expression" or operator_of(node) != "+" or function is None:
         return None
     types = source.local_types(function)
-    left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
-    for base, index in ((left, right), (right, left)):
-        if base is None or index is None:
-            continue
-        base = strip_parens(base)
-        name = source.text_of(base)
-        if (
-            base.type == "identifier"
-            and "*" in types.get(name, "")
-            and name not in {source.text_of(n) for n in inside(source, index, "identifier")}
-        ):
-            return name, index
-    return None
+    terms = _sum_terms(node)
+    bases = [t for t in terms if t.type == "identifier" and "*" in types.get(source.text_of(t), "")]
+    if len(bases) != 1:
+        return None
+    name = source.text_of(bases[0])
+    index = tuple(t for t in terms if t is not bases[0])
+    if any(name == source.text_of(n) for t in index for n in inside(source, t, "identifier")):
+        return None
+    return PointerOffset(name, index)
+
+
+def _sum_terms(node: Node) -> list[Node]:
+    """The terms of a sum, through parentheses, left to right."""
+    node = strip_parens(node)
+    if node.type == "binary_expression" and operator_of(node) == "+":
+        left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+        if left is not None and right is not None:
+            return _sum_terms(left) + _sum_terms(right)
+    return [node]
 
 
 def vector_access(source: ParsedSource, call: Node) -> VectorAccess | None:
@@ -93,12 +118,12 @@ def vector_access(source: ParsedSource, call: Node) -> VectorAccess | None:
     function = source.enclosing_function(call)
     if offset is None or function is None:
         return None
-    pointee = source.local_types(function).get(offset[0], "")
+    pointee = source.local_types(function).get(offset.pointer, "")
     size = analysis(source).vectors.element_bytes(pointee)
     elements = helper.bytes // size if size else None
     others = [a for i, a in enumerate(arguments) if i != helper.pointer_param]
     value = others[0] if helper.kind == "store" and len(others) == 1 else None
-    return VectorAccess(helper.kind, address, offset[0], offset[1], elements, value)
+    return VectorAccess(helper.kind, address, offset, elements, value)
 
 
 def packed_deref(source: ParsedSource, node: Node) -> VectorAccess | None:
@@ -115,7 +140,7 @@ def packed_deref(source: ParsedSource, node: Node) -> VectorAccess | None:
     function = source.enclosing_function(node)
     if packed is None or offset is None or function is None:
         return None
-    size = vectors.element_bytes(source.local_types(function).get(offset[0], ""))
+    size = vectors.element_bytes(source.local_types(function).get(offset.pointer, ""))
     parent = node.parent
     stored = (
         parent is not None
@@ -125,10 +150,12 @@ def packed_deref(source: ParsedSource, node: Node) -> VectorAccess | None:
     kind: Literal["load", "store"] = "store" if stored else "load"
     value = parent.child_by_field_name("right") if stored and parent is not None else None
     elements = packed.bytes // size if size else None
-    return VectorAccess(kind, operand, offset[0], offset[1], elements, value)
+    return VectorAccess(kind, operand, offset, elements, value)
 
 
-def _constant(source: ParsedSource, kernel: Function, node: Node) -> int | None:
+def constant_value(source: ParsedSource, kernel: Function, node: Node) -> int | None:
+    """A compile-time integer: folded, or a member constant (``x128::size``) the analysis
+    knows; None otherwise."""
     value = fold(source, node)
     if value is None:  # a member constant (`x128::size`) the analysis knows
         value = analysis(source).indices(kernel).form(node).value
@@ -155,7 +182,7 @@ def packed_step(
     access is at ``c`` (another form, if any, applies). :class:`StepFormError` when one is,
     and ``c`` is used some other way too."""
     unit = _step(source, loop.update, variable, op)
-    value = _constant(source, kernel, unit) if unit is not None else None
+    value = constant_value(source, kernel, unit) if unit is not None else None
     if unit is None or value is None or value < 2 or loop.body is None:
         return None
     addresses = []
@@ -163,14 +190,14 @@ def packed_step(
         source, loop.body, "call_expression", "pointer_expression", "subscript_expression"
     ):
         access = vector_access(source, call) or packed_deref(source, call)
-        if access is not None and " ".join(source.text_of(access.index).split()) == variable:
+        if access is not None and access.offset.text(source) == variable:
             if access.elements != value:
                 raise StepFormError(
                     f"{source.text_of(call)} at line {source.line_of(call.start_byte)} moves "
                     f"{access.elements or 'an unknown number of'} elements a call, not the "
                     f"loop's step {source.text_of(unit)}"
                 )
-            addresses.append(access.index)
+            addresses.extend(access.offset.terms)
     if not addresses:
         return None
     for node in inside(source, loop.body, "identifier"):

@@ -193,13 +193,14 @@ def _removal_refusal(source: ParsedSource, loop: _GridLoop, loops: list[_GridLoo
     return None
 
 
-def _index_removal_takes(source: ParsedSource, loop: _GridLoop) -> bool:
-    """Whether the removal read by the index analysis takes the canonical ``loop``."""
+def _index_removal_refusal(source: ParsedSource, loop: _GridLoop) -> str | None:
+    """Why the removal read by the index analysis does not take the canonical ``loop`` (the
+    form it found), or None when it does."""
     try:
         index_loop_removal(source, loop.function, loop.node)
-    except NotInForm:
-        return False
-    return True
+    except NotInForm as why:
+        return why.form
+    return None
 
 
 def removal_edits(source: ParsedSource, loop: _GridLoop) -> list[Edit]:
@@ -359,9 +360,13 @@ class GridStrideLoop(Mechanism):
                 except Refused as refused:
                     refusal = str(refused)
             detail = {"kernel": loop.function.name}
-            if refusal is not None and _index_removal_takes(source, loop):
+            if refusal is not None:
                 # the general removal writes launches the canonical one cannot (a dim3 grid)
-                refusal, detail = None, {**detail, "form": "index"}
+                general = _index_removal_refusal(source, loop)
+                if general is None:
+                    refusal, detail = None, {**detail, "form": "index"}
+                else:
+                    refusal = f"{refusal} (read by its index, it is {general})"
             header = source.snippet((loop.node.start_byte, loop.body.start_byte)).rstrip(" {")
             yield self.site(source, loop.node, snippet=header, detail=detail, refusal=refusal)
 

@@ -59,6 +59,13 @@ of once per thread that needs it.
     element at their index: the first pass stores its loads in the row's slice of the
     dynamic shared buffer, the later passes read the slice, the launch asking for the bytes
     (``form=row_cache``, :mod:`klineage.mechanisms._staging_row_cache_forward`).
+  - A register-tiled turn reading its operands from global memory as ``P[U + a*X + Y]``
+    gets ``__shared__ S[R][C]`` tiles filled by the whole block (``form=operand_tiles``,
+    :mod:`klineage.mechanisms._staging_operands_forward`).
+
+  A top-level loop goes to the first of the loop forms that takes it without a refusal (a
+  16 x 16 block walking k 32 at a time is no blocked tile, but its operands are tiles); one
+  that every form recognizing it refuses keeps the first one's reason.
 """
 
 from __future__ import annotations
@@ -901,23 +908,28 @@ class SmemStaging(Mechanism):
         self, source: ParsedSource, function: Function, forms: tuple[_LoopForm, ...]
     ) -> Iterator[Site]:
         """A site for each top-level ``for`` loop of ``function`` in the first of ``forms``
-        that takes it (with that form's refusal, if any)."""
+        that takes it without a refusal, else in the first that recognizes it (with that
+        form's refusal): a loop one form refuses may be in another's form."""
         if function.body is None:
             return
         for loop in statements(function.body):
             if loop.type != "for_statement":
                 continue
+            found: tuple[str, str | None] | None = None
             for form_of in forms:
                 form, refusal = form_of(source, function, loop)
-                if form is not None:
-                    yield self.site(
-                        source,
-                        loop,
-                        snippet=_header(source, loop),
-                        detail={"form": form},
-                        refusal=refusal,
-                    )
+                if form is not None and (found is None or refusal is None):
+                    found = (form, refusal)
+                if found is not None and found[1] is None:
                     break
+            if found is not None:
+                yield self.site(
+                    source,
+                    loop,
+                    snippet=_header(source, loop),
+                    detail={"form": found[0]},
+                    refusal=found[1],
+                )
 
     def _candidate_form(
         self, source: ParsedSource, function: Function, loop: Node

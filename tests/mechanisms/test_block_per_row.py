@@ -18,7 +18,7 @@ from tests.mechanisms.reductions_experts import (
     check_expert_removals_compile,
     heldout_applications,
 )
-from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok
+from tests.mechanisms.roundtrip import PUBLIC_FORMS, RoundTripSuite, compile_ok
 
 mechanism = get("block_per_row")
 
@@ -567,3 +567,70 @@ def test_cache_hinted_rows_applied_compile(mechanism_builder: Builder) -> None:
     kernel = KernelSource(CACHE_HINTS)
     (site,) = mechanism.candidates(kernel)
     compile_ok(mechanism_builder, [kernel, mechanism.apply(kernel, site)])
+
+
+PACKED_TAIL = PUBLIC_FORMS / "block_per_row" / "packed_tail.cu"
+
+
+@pytest.mark.parametrize(
+    ("name", "packs", "tail"),
+    [
+        (
+            "block_per_row",
+            "for (int i = threadIdx.x; i < packs; i += blockDim.x) {",
+            "for (int i = tail + threadIdx.x; i < cols; i += blockDim.x) __stcs(",
+        ),
+        (
+            "warp_per_row",
+            "for (int i = threadIdx.x & 31; i < packs; i += 32) {",
+            "for (int i = tail + (threadIdx.x & 31); i < cols; i += 32) __stcs(",
+        ),
+    ],
+)
+def test_packs_stored_at_a_sum_of_terms_and_a_tail_from_its_start_are_spread(
+    name: str, packs: str, tail: str
+) -> None:
+    # llm.c-style rows: a pack per turn at `out + row * cols + i * size` (i * size moves one
+    # pack a turn, so turns own their elements), then the tail from `tail`, by 1
+    kernel = KernelSource.from_file(PACKED_TAIL)
+    (candidate,) = get(name).candidates(kernel)
+    assert candidate.supported, candidate.refusal
+    applied = get(name).apply(kernel, candidate).text
+    assert packs in applied
+    assert "store_pack(out + row * cols + i * f128::size, packed);" in applied
+    assert tail in applied
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        (  # turns two elements apart, each storing four: neighbours overlap
+            "store_pack(out + row * cols + i * f128::size, packed);",
+            "store_pack(out + row * cols + i * 2, packed);",
+            "so two threads of a group could write one element",
+        ),
+        (  # a start the thread's own sum moves: the group's threads would not agree on it
+            "const int tail = packs * f128::size;",
+            "const int tail = packs * f128::size + (total > 0.0f);",
+            "reads a name the kernel writes",
+        ),
+        (  # from the row's start by 2: not the form a group's rank offsets
+            "for (int i = tail; i < cols; i++)",
+            "for (int i = tail; i < cols; i += 2)",
+            "does not step by 1",
+        ),
+    ],
+)
+def test_packs_and_tails_outside_the_forms_are_refused(old: str, new: str, reason: str) -> None:
+    text = PACKED_TAIL.read_text(encoding="utf-8")
+    assert old in text
+    (candidate,) = mechanism.candidates(KernelSource(text.replace(old, new)))
+    assert reason in str(candidate.refusal), candidate.refusal
+
+
+@pytest.mark.nvcc
+def test_packs_and_tails_spread_compile(mechanism_builder: Builder) -> None:
+    kernel = KernelSource.from_file(PACKED_TAIL)
+    spread = [get(n) for n in ("block_per_row", "warp_per_row")]
+    applied = [m.apply(kernel, m.candidates(kernel)[0]) for m in spread]
+    compile_ok(mechanism_builder, [kernel, *applied])

@@ -123,6 +123,40 @@ def test_a_barrier_in_the_loop_goes_to_the_general_removal() -> None:
     assert "k<<<(unsigned)((n + 256 - 1) / 256), 256, 0, s>>>(x, n);" in after
 
 
+_FINAL_SUM = (
+    "  __shared__ float partial[256];\n"
+    "  float sum = 0.0f;\n"
+    f"{LOOP}\n    sum += x[i];\n"
+    "  partial[threadIdx.x] = sum;\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x == 0) {{\n"
+    "    float total = 0.0f;\n"
+    "    for (int t = 0; t < 256; ++t) total += partial[t];\n"
+    "    {store};\n"
+    "  }}"
+)
+
+
+def test_a_sum_carried_out_to_a_place_no_block_picks_is_refused() -> None:
+    # one block summed every element into x[0]; a grid covering n would have each block
+    # write its own part of the sum there
+    kernel = _kernel(_FINAL_SUM.format(store="x[0] = total"), "k<<<1, 256, 0, s>>>(x, n);")
+    (site,) = mechanism.detect(kernel)
+    assert not site.supported
+    assert "carry sum out of it" in (site.refusal or "")
+    assert "`x[0]` (line" in (site.refusal or "")
+
+
+def test_a_sum_carried_out_to_an_atomic_is_removed() -> None:
+    # every block's part adds up in the atomic, however many blocks there are
+    kernel = _kernel(_FINAL_SUM.format(store="atomicAdd(&x[0], total)"))
+    (site,) = mechanism.detect(kernel)
+    assert site.supported and site.detail.get("form") == "index", site.refusal
+    removed = mechanism.remove(kernel, site).text
+    assert "if (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n)\n" in removed
+    assert "k<<<(unsigned)((n + 256 - 1) / 256), 256, 0, s>>>(x, n);" in removed
+
+
 def test_a_loop_in_a_device_helper_is_refused() -> None:
     helper = KernelSource(
         "#include <stdint.h>\n"
@@ -346,7 +380,9 @@ def test_without_a_cap_the_guarded_grid_stays_and_the_removal_gives_the_kernel_b
     compile_ok(mechanism_builder, applied)
 
 
-@pytest.mark.parametrize("case", ["rows_by_z", "row_turns"])
+@pytest.mark.parametrize(
+    "case", ["rows_by_z", "row_turns", "batch_by_z", "tiles_by_block", "held_index"]
+)
 def test_the_public_form_removals_are_walked_forward_again(case: str) -> None:
     before = KernelSource.from_file(PUBLIC_FORMS / NAME / f"{case}.before.cu")
     after = KernelSource.from_file(PUBLIC_FORMS / NAME / f"{case}.after.cu")
@@ -356,6 +392,46 @@ def test_the_public_form_removals_are_walked_forward_again(case: str) -> None:
     again = mechanism.apply(after, candidate, mechanism.carrier_of(before, site))
     (found,) = [s for s in mechanism.detect(again) if s.supported]
     assert mechanism.remove(again, found).text == after.text
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(
+    ("case", "loop"),
+    [
+        ("batch_by_z", "  for (int p = blockIdx.z; p < planes; p += gridDim.z) {\n"),
+        (
+            "tiles_by_block",
+            "  for (unsigned int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n",
+        ),
+    ],
+)
+def test_an_index_a_whole_block_shares_is_walked_by_the_blocks_in_turns(
+    mechanism_builder: Builder, case: str, loop: str
+) -> None:
+    # one item per block (no thread index in the offset): every thread of a block takes the
+    # same turns, so the loop is sound with or without barriers
+    after = KernelSource.from_file(PUBLIC_FORMS / NAME / f"{case}.after.cu")
+    (candidate,) = _guarded(after)
+    assert candidate.supported, candidate.refusal
+    applied = mechanism.apply(after, candidate)
+    assert loop in applied.text
+    assert applied.text.endswith(after.text[after.text.index('extern "C"') :])  # grid stays
+    compile_ok(mechanism_builder, [after, applied])
+
+
+def test_an_index_held_in_a_local_steps_by_the_locals_block_term() -> None:
+    after = KernelSource.from_file(PUBLIC_FORMS / NAME / "held_index.after.cu")
+    (candidate,) = _guarded(after)
+    applied = mechanism.apply(after, candidate).text
+    assert "  for (int p = first; p < width * height; p += blockDim.x * gridDim.x) {\n" in applied
+    # a local the kernel also reads elsewhere is not part of the index: its block term is
+    # not the index's to step by
+    shared = KernelSource(
+        after.text.replace("out[p] = 2.0f * in[p];", "out[p + 0 * first] = 2.0f * in[p];")
+    )
+    (refused,) = _guarded(shared)
+    assert not refused.supported
+    assert "not written as one term `blockIdx.x * S`" in (refused.refusal or "")
 
 
 def test_a_return_ending_a_barrier_free_kernel_becomes_continue() -> None:

@@ -61,6 +61,9 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "linear_warps": PROBLEMS / "sgemm_bounded",
     "named_stride": PROBLEMS / "scale_tiles",
     "dim3_grid": PROBLEMS / "scale_tiles",
+    "batch_by_z": PROBLEMS / "scale_tiles",
+    "tiles_by_block": PROBLEMS / "scale_tiles",
+    "held_index": PROBLEMS / "scale_tiles",
     "ring_stages": PROBLEMS / "stream_affine",
     "address_macros": PROBLEMS / "stream_affine",
     "wide_template": PROBLEMS / "gemm_nt_bf16",
@@ -188,3 +191,23 @@ def test_operand_tiles_applied_forward_keep_the_kernel_correct(gate, case: str) 
     # the forward of the loader removal on a register-tiled SIMT GEMM: the operands the turn
     # reads from global memory staged again, filled by the whole block
     _staged_forward_passes(gate, case, "operand_tiles")
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_packs_and_tails_spread_forward_keep_the_kernel_correct(gate) -> None:
+    # block_per_row and warp_per_row applied to a thread per row that stores 16-byte packs at
+    # a sum of terms and a tail from its start: rows of whole packs, and rows of a tail only
+    from klineage.mechanisms import get
+
+    kernel = KernelSource((PUBLIC_FORMS / "block_per_row" / "packed_tail.cu").read_text())
+    problem = load_problem(PROBLEMS / "center_rows_odd")
+    states = [("thread", kernel)]
+    for name in ("block_per_row", "warp_per_row"):
+        mechanism = get(name)
+        states.append((name, mechanism.apply(kernel, mechanism.candidates(kernel)[0])))
+    for label, state in states:
+        source = KernelSource(state.text, name=f"packed_tail.{label}.cu")
+        verdict = gate.run(problem, source, time_it=False)
+        failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+        assert verdict.passed, (label, verdict.build.message, failing)

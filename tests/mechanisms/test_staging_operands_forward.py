@@ -265,3 +265,47 @@ def test_a_kernel_whose_helper_synchronizes_is_refused() -> None:
         .replace("  float acc[TM][TN] = {{0.0f}};", "  settle();\n  float acc[TM][TN] = {{0.0f}};")
     )
     assert "already synchronizes its block" in _refusal(text)
+
+
+WIDE_K = """\
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+__global__ void product(float* C, const float* A, const float* B, int n) {
+  int tx = threadIdx.x, ty = threadIdx.y;
+  int row = blockIdx.y * 16 + ty, col = blockIdx.x * 16 + tx;
+  float acc = 0.0f;
+  for (int t = 0; t < n; t += 32) {
+    for (int k = 0; k < 32; ++k) acc += A[row * n + t + k] * B[(t + k) * n + col];
+  }
+  C[row * n + col] = acc;
+}
+
+extern "C" int run(const float* A, const float* B, float* C, int64_t n, cudaStream_t s) {
+  product<<<dim3((unsigned)(n / 16), (unsigned)(n / 16)), dim3(16, 16), 0, s>>>(C, A, B, (int)n);
+  return (int)cudaGetLastError();
+}
+"""
+
+
+def test_a_loop_the_blocked_form_refuses_is_staged_by_this_one() -> None:
+    # a 16 x 16 block walking k 32 at a time: the one-element-per-thread tiles of the blocked
+    # form would need a 32 x 32 block, but the turn reads a 16 x 32 and a 32 x 16 tile
+    site = form_candidate(KernelSource(WIDE_K), FORM)
+    assert site.supported, site.refusal
+    staged = apply_form(WIDE_K, FORM)
+    assert staged.count("__syncthreads();") == 2
+    case = Case(
+        axes={"n": 64},
+        buffers=[
+            Buffer("C", "float", "n * n", output=True),
+            Buffer("A", "float", "n * n", offset=1),
+            Buffer("B", "float", "n * n", offset=2),
+        ],
+        call="product(C, A, B, (int)n)",
+        threads="",
+        grid="dim3(4, 4)",
+        block_dims="dim3(16, 16)",
+    )
+    bits = run_on_host(WIDE_K, [case])
+    assert bits.strip() and run_on_host(staged, [case]) == bits
