@@ -87,6 +87,9 @@ class Guarded:
     stride: Stride
     per_block: bool = False
     """Whether every thread of a block has the same index (its offset reads no thread index)."""
+    earlier: Node | None = None
+    """The index's declaration where it stays, earlier in the kernel than the statement right
+    before the guard (the loop is then ``for (; i < n; i += step)``)."""
 
     @property
     def start_byte(self) -> int:
@@ -134,6 +137,10 @@ def _guarded(source: ParsedSource, function: Function, guard: Node) -> Guarded |
     decl = None if init is not None else guard.prev_named_sibling
     declared = init.named_children[0] if init is not None and init.named_children else decl
     parsed = index_declaration(source, declared) if declared is not None else None
+    earlier = None
+    if init is None and len(values) == 1 and not _declares_index(source, parsed, values[0]):
+        earlier = _earlier_declaration(source, function, guard, values[0])
+        decl, parsed = None, index_declaration(source, earlier) if earlier is not None else None
     if parsed is None or len(values) != 1:
         return None
     name, specifiers, value = parsed
@@ -142,7 +149,43 @@ def _guarded(source: ParsedSource, function: Function, guard: Node) -> Guarded |
     if bound is None or stride is None:
         return None
     per_block = not analysis(source).indices(function).thread_atoms(stride.offset)
-    return Guarded(guard, decl, function, name, specifiers, value, bound, stride, per_block)
+    return Guarded(
+        guard, decl, function, name, specifiers, value, bound, stride, per_block, earlier
+    )
+
+
+def _declares_index(
+    source: ParsedSource, parsed: tuple[str, str, Node] | None, condition: Node
+) -> bool:
+    """Whether ``parsed`` declares the name the guard's condition bounds."""
+    return parsed is not None and index_bound(source, condition, parsed[0], exits=False) is not None
+
+
+def _earlier_declaration(
+    source: ParsedSource, function: Function, guard: Node, condition: Node
+) -> Node | None:
+    """The top-level declaration, before a top-level ``guard`` but not right before it, of
+    the index its condition bounds (``size_t tid = ...; curand_init(seed, tid, 0, &s); if
+    (tid < n)``, what the removal of ``for (; tid < n; tid += stride)`` leaves). An index
+    read after the guard is no such loop's (there it would hold its last value): a bound
+    check, not a candidate."""
+    body = function.body
+    if body is None or guard.parent != body:
+        return None
+    bounded = {source.text_of(n) for n in identifiers(source, condition)}
+    if any(
+        source.text_of(n) in bounded
+        for n in identifiers(source, body)
+        if n.start_byte >= guard.end_byte
+    ):
+        return None
+    for statement in statements(body):
+        if statement.start_byte >= guard.start_byte:
+            return None
+        parsed = index_declaration(source, statement)
+        if parsed is not None and index_bound(source, condition, parsed[0], exits=False):
+            return statement
+    return None
 
 
 def _stride(source: ParsedSource, function: Function, value: Node) -> Stride | None:
@@ -245,7 +288,7 @@ def _check(source: ParsedSource, found: Guarded) -> None:
         for n in identifiers(source, body)
         if source.text_of(n) == found.name and n.start_byte >= found.guard.end_byte
     ]
-    if found.decl is not None and after:
+    if (found.decl is not None or found.earlier is not None) and after:
         raise _refuse(found, f"whose index {found.name} is read after the guard")
     jumps = loop_bound_jumps(found.guard, ("break_statement", "continue_statement"))
     if jumps:
@@ -267,9 +310,9 @@ def _slots(source: ParsedSource, found: Guarded) -> frozenset[str]:
     """The parameters whose slot the kernel picks by ``blockIdx.d`` read outside the index
     (each such read a store's slot)."""
     own = [(found.start_byte, found.clause.end_byte)]
-    held = _held_declaration(source, found)
-    if held is not None:
-        own.append((held.start_byte, held.end_byte))
+    for part in (_held_declaration(source, found), found.earlier):
+        if part is not None:
+            own.append((part.start_byte, part.end_byte))
     try:
         return axis_slot_reads(source, found.function, found.stride.axis, own)
     except Refused as why:
@@ -312,6 +355,9 @@ def guarded_edits(source: ParsedSource, found: Guarded, cap: int | None) -> list
         " ".join(step.split()),
         source.indent_of(found.start_byte),
     )
+    if found.earlier is not None:  # declared where it stays: the loop has no initializer
+        header = f"for (; {found.name} < {source.text_of(found.bound)}; {found.name} += "
+        header += f"{' '.join(step.split())})"
     edits = [Edit(found.start_byte, found.clause.end_byte, header)]
     edits += [
         Edit.replace(r, "continue;") for r in loop_bound_jumps(found.guard, ("return_statement",))

@@ -381,7 +381,8 @@ def test_without_a_cap_the_guarded_grid_stays_and_the_removal_gives_the_kernel_b
 
 
 @pytest.mark.parametrize(
-    "case", ["rows_by_z", "row_turns", "batch_by_z", "tiles_by_block", "held_index"]
+    "case",
+    ["rows_by_z", "row_turns", "batch_by_z", "tiles_by_block", "held_index", "earlier_index"],
 )
 def test_the_public_form_removals_are_walked_forward_again(case: str) -> None:
     before = KernelSource.from_file(PUBLIC_FORMS / NAME / f"{case}.before.cu")
@@ -432,6 +433,18 @@ def test_an_index_held_in_a_local_steps_by_the_locals_block_term() -> None:
     (refused,) = _guarded(shared)
     assert not refused.supported
     assert "not written as one term `blockIdx.x * S`" in (refused.refusal or "")
+
+
+def test_an_index_declared_before_other_setup_gets_a_loop_without_an_initializer() -> None:
+    after = KernelSource.from_file(PUBLIC_FORMS / NAME / "earlier_index.after.cu")
+    (candidate,) = _guarded(after)
+    applied = mechanism.apply(after, candidate).text
+    assert "  for (; tid < count; tid += gridDim.x * blockDim.x) {\n" in applied
+    assert "  size_t tid = blockIdx.x * blockDim.x + threadIdx.x;\n" in applied  # it stays
+    # read after the guard, the index would hold the loop's last value there: a bound check
+    reread = KernelSource(after.text.replace("  }\n}\n", "  }\n  out[0] += (float)tid;\n}\n", 1))
+    assert "out[0] += (float)tid;" in reread.text
+    assert _guarded(reread) == []
 
 
 def test_a_return_ending_a_barrier_free_kernel_becomes_continue() -> None:

@@ -64,6 +64,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "batch_by_z": PROBLEMS / "scale_tiles",
     "tiles_by_block": PROBLEMS / "scale_tiles",
     "held_index": PROBLEMS / "scale_tiles",
+    "earlier_index": PROBLEMS / "scale_tiles",
     "ring_stages": PROBLEMS / "stream_affine",
     "address_macros": PROBLEMS / "stream_affine",
     "wide_template": PROBLEMS / "gemm_nt_bf16",
