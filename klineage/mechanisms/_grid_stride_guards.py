@@ -288,7 +288,7 @@ def _check(source: ParsedSource, found: Guarded) -> None:
         for n in identifiers(source, body)
         if source.text_of(n) == found.name and n.start_byte >= found.guard.end_byte
     ]
-    if (found.decl is not None or found.earlier is not None) and after:
+    if found.decl is not None and after:  # an earlier declaration is never read after
         raise _refuse(found, f"whose index {found.name} is read after the guard")
     jumps = loop_bound_jumps(found.guard, ("break_statement", "continue_statement"))
     if jumps:
@@ -347,17 +347,18 @@ def guarded_edits(source: ParsedSource, found: Guarded, cap: int | None) -> list
     step = splice(
         source, term[0].start_byte, term[0].end_byte, [(term[1], f"gridDim.{found.stride.axis}")]
     )
-    header = loop_header(
-        found.name,
-        normalize_type(found.specifiers),
-        source.text_of(found.value),
-        source.text_of(found.bound),
-        " ".join(step.split()),
-        source.indent_of(found.start_byte),
-    )
+    step = " ".join(step.split())
     if found.earlier is not None:  # declared where it stays: the loop has no initializer
-        header = f"for (; {found.name} < {source.text_of(found.bound)}; {found.name} += "
-        header += f"{' '.join(step.split())})"
+        header = f"for (; {found.name} < {source.text_of(found.bound)}; {found.name} += {step})"
+    else:
+        header = loop_header(
+            found.name,
+            normalize_type(found.specifiers),
+            source.text_of(found.value),
+            source.text_of(found.bound),
+            step,
+            source.indent_of(found.start_byte),
+        )
     edits = [Edit(found.start_byte, found.clause.end_byte, header)]
     edits += [
         Edit.replace(r, "continue;") for r in loop_bound_jumps(found.guard, ("return_statement",))

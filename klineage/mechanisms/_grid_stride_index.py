@@ -47,13 +47,15 @@ import re
 from dataclasses import dataclass
 
 from klineage.cuda.analysis import IndexForm, analysis
+from klineage.cuda.analysis.indices import ATOMICS
 from klineage.cuda.cexpr import PRIMARY, fold_int, precedence
 from klineage.cuda.edit import Edit
-from klineage.cuda.source import Function, Launch, Node, ParsedSource
+from klineage.cuda.source import Function, Launch, Node, ParsedSource, call_name
 from klineage.cuda.tree import (
     NotInForm,
     assigned_names,
     call_arguments,
+    callee_name,
     declaration_names,
     declared_names,
     dim3_extents,
@@ -614,7 +616,8 @@ def _carried_out(
     for access in analysis(source).indices(function).accesses():
         if access.node.start_byte < loop.end_byte or access.direction in ("load", "address"):
             continue
-        if access.buffer.space != "global" or _ATOMIC.match(_called(source, access.node)):
+        called = callee_name(call_name(source, access.node) or "")
+        if access.buffer.space != "global" or ATOMICS.match(called):
             continue
         line = source.line_of(access.node.start_byte)
         return (
@@ -624,15 +627,6 @@ def _carried_out(
             "the bound would have every block write it with a part of what one wrote"
         )
     return None
-
-
-def _called(source: ParsedSource, node: Node) -> str:
-    """The name a call expression calls (empty for any other node)."""
-    function = node.child_by_field_name("function") if node.type == "call_expression" else None
-    return source.text_of(function) if function is not None else ""
-
-
-_ATOMIC = re.compile(r"^(::)?atomic[A-Z]\w*$")
 
 
 def _first_index_text(

@@ -49,6 +49,7 @@ from klineage.mechanisms._thread_row_steps import (
     pointer_offset,
     split_start,
     steps_down,
+    sum_terms,
     vector_access,
     walk_back,
 )
@@ -180,21 +181,13 @@ class ThreadWalker:
         )
         offset = pointer_offset(source, target) if indices is None else None
         if offset is not None:
-            terms = list(offset.terms)
+            terms = list(offset.terms)  # already the sum's terms
         elif indices is None or len(indices.named_children) != 1:
             return False
         else:
-            terms = [indices.named_children[0]]
+            terms = sum_terms(indices.named_children[0])
         found = 0
-        while terms:
-            term = strip_parens(terms.pop())
-            if term.type == "binary_expression" and operator_of(term) == "+":
-                terms += [
-                    c
-                    for c in (term.child_by_field_name("left"), term.child_by_field_name("right"))
-                    if c
-                ]
-                continue
+        for term in terms:
             if (term.type == "identifier" and source.text_of(term) == variable) or (
                 self._scaled(term, variable, width)
             ):
@@ -212,9 +205,8 @@ class ThreadWalker:
         for name, scale in ((left, right), (right, left)):
             if name is None or scale is None:
                 continue
-            if strip_parens(name).type != "identifier":
-                continue
-            if self.source.text_of(strip_parens(name)) != variable:
+            name = strip_parens(name)
+            if name.type != "identifier" or self.source.text_of(name) != variable:
                 continue
             value = constant_value(self.source, self.kernel, scale)
             return value is not None and value >= max(width, 1)

@@ -35,6 +35,7 @@ __all__ = [
     "pointer_offset",
     "split_start",
     "steps_down",
+    "sum_terms",
     "vector_access",
     "walk_back",
 ]
@@ -83,7 +84,7 @@ def pointer_offset(source: ParsedSource, node: Node) -> PointerOffset | None:
     if node.type != "binary_expression" or operator_of(node) != "+" or function is None:
         return None
     types = source.local_types(function)
-    terms = _sum_terms(node)
+    terms = sum_terms(node)
     bases = [t for t in terms if t.type == "identifier" and "*" in types.get(source.text_of(t), "")]
     if len(bases) != 1:
         return None
@@ -94,13 +95,13 @@ def pointer_offset(source: ParsedSource, node: Node) -> PointerOffset | None:
     return PointerOffset(name, index)
 
 
-def _sum_terms(node: Node) -> list[Node]:
+def sum_terms(node: Node) -> list[Node]:
     """The terms of a sum, through parentheses, left to right."""
     node = strip_parens(node)
     if node.type == "binary_expression" and operator_of(node) == "+":
         left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
         if left is not None and right is not None:
-            return _sum_terms(left) + _sum_terms(right)
+            return sum_terms(left) + sum_terms(right)
     return [node]
 
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from klineage.cuda.analysis import SourceAnalysis
 
 __all__ = [
+    "ATOMICS",
     "BLOCK_ATOMS",
     "THREAD_ATOMS",
     "Access",
@@ -68,7 +69,8 @@ Direction = Literal["load", "store", "both", "address"]
 
 _LOAD_INTRINSICS = re.compile(r"^__ld(g|cg|ca|cs|lu|cv)$")
 _STORE_INTRINSICS = re.compile(r"^__st(cg|cs|wb|wt)$")
-_ATOMICS = re.compile(r"^atomic[A-Z]\w*$")
+ATOMICS = re.compile(r"^atomic[A-Z]\w*$")
+"""The CUDA atomics (``atomicAdd``, ``atomicCAS``, ...), by their name without a namespace."""
 _MAX_DEPTH = 40
 
 
@@ -872,7 +874,7 @@ class FunctionIndices:
             if found is not None:
                 yield found
             return
-        if (_STORE_INTRINSICS.match(short) or _ATOMICS.match(short)) and args:
+        if (_STORE_INTRINSICS.match(short) or ATOMICS.match(short)) and args:
             direction: Direction = "store" if _STORE_INTRINSICS.match(short) else "both"
             found = self._access(call, self.form(args[0]), direction, self._cast_width(args[0]))
             if found is not None:
