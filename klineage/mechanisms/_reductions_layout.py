@@ -16,7 +16,7 @@ from klineage.cuda.source import Function, ParsedSource
 from klineage.kernel import KernelSource
 from klineage.mechanisms._block_rows_cg import cg_block_rows
 from klineage.mechanisms._block_rows_cg_forward import CG_ROWS
-from klineage.mechanisms._reductions_util import fold, inside
+from klineage.mechanisms._reductions_util import call_name, fold, inside
 from klineage.mechanisms._row_layout_forms import row_layout_forms
 from klineage.mechanisms._rows_forms import Group, NotCanonical
 from klineage.mechanisms._rows_removal import group_rows
@@ -106,7 +106,7 @@ class RowLayoutMechanism(Mechanism):
         for kernel in source.kernels:
             if kernel.body is None or thread_rows_shape(source, kernel) is None:
                 continue
-            if not inside(source, kernel.body, "for_statement"):
+            if not _loops_over_rows(source, kernel):
                 continue  # one element per thread: nothing to spread over a group
             refusal = None
             try:
@@ -210,3 +210,16 @@ class RowLayoutMechanism(Mechanism):
                 if arg.type == "identifier":
                     return source.text_of(arg)
         return None
+
+
+def _loops_over_rows(source: ParsedSource, kernel: Function) -> bool:
+    """Whether the kernel, or a helper it calls, loops (a row a helper walks counts)."""
+    assert kernel.body is not None
+    if inside(source, kernel.body, "for_statement"):
+        return True
+    for call in inside(source, kernel.body, "call_expression"):
+        helper = source.function(call_name(source, call) or "")
+        body = helper.body if helper is not None and helper != kernel else None
+        if body is not None and inside(source, body, "for_statement", "while_statement"):
+            return True
+    return False

@@ -30,6 +30,7 @@ from klineage.mechanisms._rows_forms import (
     single_init,
 )
 from klineage.mechanisms._rows_group_reductions import InlineReductions
+from klineage.mechanisms._rows_helper_forward import helper_edits
 from klineage.mechanisms._rows_helpers import helper_insertions
 from klineage.mechanisms._rows_thread import ThreadRows
 from klineage.mechanisms._tiles_util import orphaned_declarations
@@ -216,9 +217,15 @@ def spread_rows(
         edits.append(Edit.insert(rows.kernel.body.start_byte + 1, f"\n{inner}{scratch}"))
     for store in rows.stores:
         edits.append(Edit.insert(store.start_byte, f"if ({first}) "))
+    for helper in rows.helpers:  # by the group's size: the kernel's stride names nothing there
+        edits += helper_edits(source, helper, rank, "32" if rows.warps_2d else _SIZE[group], group)
+        ops += [op for op in helper.ops if op not in ops]
     check_launch_bounds(source, rows.kernel, block_size)
     edits += launch_edits_to_groups(source, rows, group, block_size)
-    edits += helper_insertions(source, rows.kernel, group, ops)
+    first_function = min(
+        [rows.kernel, *(h.helper for h in rows.helpers)], key=lambda f: f.outer.start_byte
+    )
+    edits += helper_insertions(source, first_function, group, ops)
     return edits
 
 

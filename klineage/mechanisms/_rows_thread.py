@@ -3,11 +3,11 @@ kernel starts with, and the walk of its row loops (:mod:`._rows_thread_walker`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from klineage.cuda.cexpr import fold_int
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import assigned_names
+from klineage.cuda.tree import assigned_names, identifier_names
 from klineage.mechanisms._reductions_util import (
     builtin_uses,
     call_name,
@@ -27,6 +27,7 @@ from klineage.mechanisms._rows_forms import (
     global_thread_index,
     single_init,
 )
+from klineage.mechanisms._rows_helper_forward import HelperRows, helper_rows
 from klineage.mechanisms._rows_helpers import layout_bound
 from klineage.mechanisms._rows_thread_walker import ThreadWalker
 from klineage.mechanisms._warp_rows_2d import (
@@ -54,6 +55,8 @@ class ThreadRows:
     """The index is the thread's linear index in a 32 x y block (``block_part`` its row of
     warps): spread to a warp per row, the lanes are ``threadIdx.x`` and the block keeps its
     shape."""
+    helpers: list[HelperRows] = field(default_factory=list)
+    """Helpers holding the row's reduction, when the kernel's own loops fold nothing."""
 
 
 def _leading_constants(source: ParsedSource, statements: list[Node]) -> int:
@@ -173,10 +176,31 @@ def thread_rows(source: ParsedSource, kernel: Function, group: Group = "block") 
     walker = ThreadWalker(source, kernel, group)
     for statement in statements[2:]:
         walker.statement(statement)
+    helpers: list[HelperRows] = []
     if not any(loop.accumulators for loop in walker.loops):
-        raise NotCanonical(f"{kernel.name} has no loop that reduces its row")
+        helpers = helper_rows(source, kernel, statements[2:])
+        if not helpers:
+            raise NotCanonical(f"{kernel.name} has no loop that reduces its row")
+        _check_helper_inputs(source, kernel, helpers, {b for b, _, _ in walker.store_targets})
     walker.check_memory()
-    return ThreadRows(kernel, value, block, bound, walker.loops, walker.stores, warps_2d)
+    return ThreadRows(kernel, value, block, bound, walker.loops, walker.stores, warps_2d, helpers)
+
+
+def _check_helper_inputs(
+    source: ParsedSource, kernel: Function, helpers: list[HelperRows], stored: set[str]
+) -> None:
+    """A helper's row is read before the kernel's threads store anything, but another thread
+    of the group may store while a slower one still reads: no helper may read what the kernel
+    writes."""
+    assert kernel.body is not None
+    for rows in helpers:
+        for call in source.calls_named(rows.helper.name):
+            read = {n for a in call.args for n in identifier_names(source, a)} & stored
+            if read:
+                raise NotCanonical(
+                    f"{rows.helper.name} reads {sorted(read)[0]} (line "
+                    f"{source.line_of(call.node.start_byte)}), which {kernel.name} writes"
+                )
 
 
 def thread_row_walk(

@@ -44,7 +44,14 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   threadIdx.x)``, left by ``if (r < 0) return;``, ``form=cg_rows``), the cooperative-groups
   block rows its removal took: rows ``N - 1 - blockIdx.x``, loops from the block's rank by
   its size, one sum through ``cg::reduce`` and 32 zeroed per-warp slots; the launch keeps
-  its block size (:mod:`klineage.mechanisms._block_rows_cg_forward`).
+  its block size (:mod:`klineage.mechanisms._block_rows_cg_forward`). On a thread per row
+  whose kernel loops fold nothing but hand the row to a ``__device__`` helper that does
+  (llm.c's classifier once its block rows are removed: ``sp = prepare_softmax(idx, ...)``
+  walking the row down with an online max-and-sum-of-exp pair), the helper is spread in
+  place: its row loops start at the thread's rank and step by the block, and after its last
+  row loop each fold is combined over the block, the pair as ``M = block_reduce_max(m); s =
+  block_reduce_sum(s * exp(m - M)); m = M`` (:mod:`klineage.mechanisms._rows_helper_forward`,
+  the fold read from what the statements compute by :mod:`._online_pair_form`).
 
 Conditions: the block size a multiple of 32 (full-mask shuffles) and at most 1024; the row
 count at most 2^31 - 1 (one block each).

@@ -23,7 +23,10 @@ reduces in five shuffle steps without ``__syncthreads``; several rows share a bl
   (``c += V``, every use of ``c`` the address of a ``V``-element packed load or store) become
   ``c = lane * V; c += 32 * V``, and a walk back down the row after a loop whose start is
   declared before it (``c -= V; for (; c >= 0; c -= V)``) steps by ``32 * V``
-  (:mod:`klineage.mechanisms._thread_row_steps`).
+  (:mod:`klineage.mechanisms._thread_row_steps`). A row whose reduction a ``__device__``
+  helper holds (the kernel's own loops folding nothing) is spread inside that helper: its row
+  loops by the warp, its folds (sums, maxima, a running max-and-sum-of-exp pair) combined over
+  the warp after its last row loop (:mod:`klineage.mechanisms._rows_helper_forward`).
 
 Conditions: the block size a multiple of 32 (a warp never straddles two rows) and at most 1024.
 """

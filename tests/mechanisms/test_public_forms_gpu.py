@@ -194,21 +194,37 @@ def test_operand_tiles_applied_forward_keep_the_kernel_correct(gate, case: str) 
     _staged_forward_passes(gate, case, "operand_tiles")
 
 
-@pytest.mark.gpu
-@pytest.mark.nvcc
-def test_packs_and_tails_spread_forward_keep_the_kernel_correct(gate) -> None:
-    # block_per_row and warp_per_row applied to a thread per row that stores 16-byte packs at
-    # a sum of terms and a tail from its start: rows of whole packs, and rows of a tail only
+def _rows_spread_forward_passes(gate, fixture: str, problem: str) -> None:
+    """block_per_row and warp_per_row applied to a thread-per-row fixture keep it correct."""
     from klineage.mechanisms import get
 
-    kernel = KernelSource((PUBLIC_FORMS / "block_per_row" / "packed_tail.cu").read_text())
-    problem = load_problem(PROBLEMS / "center_rows_odd")
+    kernel = KernelSource((PUBLIC_FORMS / "block_per_row" / fixture).read_text())
     states = [("thread", kernel)]
     for name in ("block_per_row", "warp_per_row"):
         mechanism = get(name)
         states.append((name, mechanism.apply(kernel, mechanism.candidates(kernel)[0])))
     for label, state in states:
-        source = KernelSource(state.text, name=f"packed_tail.{label}.cu")
-        verdict = gate.run(problem, source, time_it=False)
+        source = KernelSource(state.text, name=f"{fixture}.{label}.cu")
+        verdict = gate.run(load_problem(PROBLEMS / problem), source, time_it=False)
         failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
         assert verdict.passed, (label, verdict.build.message, failing)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_packs_and_tails_spread_forward_keep_the_kernel_correct(gate) -> None:
+    # a thread per row that stores 16-byte packs at a sum of terms and a tail from its start:
+    # rows of whole packs, and rows of a tail only
+    _rows_spread_forward_passes(gate, "packed_tail.cu", "center_rows_odd")
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize(
+    ("fixture", "problem"),
+    [("helper_online.cu", "row_logsumexp_odd"), ("helper_online_up.cu", "row_softmax")],
+)
+def test_helper_rows_spread_forward_keep_the_kernel_correct(gate, fixture: str, problem: str):
+    # a thread per row whose helper folds its row into an online (max, sum) pair: walked down
+    # with a partial group first, or forward
+    _rows_spread_forward_passes(gate, fixture, problem)
