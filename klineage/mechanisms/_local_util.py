@@ -30,7 +30,7 @@ from typing import Literal
 
 from klineage.conditions import AxisDivisible, Condition, PointerAlignment, Prose, evaluate_size
 from klineage.cuda.analysis import analysis
-from klineage.cuda.cexpr import PRIMARY, precedence, to_size_expr
+from klineage.cuda.cexpr import PRIMARY, fold_int, precedence, to_size_expr
 from klineage.cuda.facts import launch_block_size, launch_names, template_bindings
 from klineage.cuda.source import (
     Function,
@@ -40,7 +40,7 @@ from klineage.cuda.source import (
     strip_casts,
     strip_parens,
 )
-from klineage.cuda.tree import assigned_names, builtin_of, operator_of, walk
+from klineage.cuda.tree import assigned_names, builtin_of, dim3_extents, operator_of, walk
 
 __all__ = [
     "ELEMENT_SIZES",
@@ -1000,7 +1000,7 @@ def size_at_launch(
     return " ".join(text.split())
 
 
-def _block_text(source: ParsedSource, launch: Launch) -> str:
+def _block_text(source: ParsedSource, launch: Launch, flat_dim3: bool = False) -> str:
     block = launch.block
     if block is None:
         raise Refused("the launch has no block size")
@@ -1009,11 +1009,47 @@ def _block_text(source: ParsedSource, launch: Launch) -> str:
     if stripped.type == "call_expression" or stripped.type == "initializer_list":
         raise Refused(f"the block size {source.snippet(block)!r} is not a plain thread count")
     if stripped.type == "identifier" and function is not None:
-        declared = local_types(source, function).get(source.text_of(stripped), "")
-        if "dim3" in declared:
-            raise Refused(f"the block size {source.text_of(stripped)} is a dim3")
+        name = source.text_of(stripped)
+        if "dim3" in local_types(source, function).get(name, ""):
+            if not flat_dim3:
+                raise Refused(f"the block size {name} is a dim3")
+            if not _flat_dim3(source, function, name):
+                raise Refused(
+                    f"the block size {name} is a dim3 whose y and z are not both 1 (or which "
+                    "the function changes), so its thread count is not its x"
+                )
+            return f"{name}.x"
     text = " ".join(source.text_of(block).split())
     return text if precedence(block) >= PRIMARY else f"({text})"
+
+
+def _flat_dim3(source: ParsedSource, function: Function, name: str) -> bool:
+    """Whether the local ``dim3 name(x, 1, 1)`` (or ``(x)``, ``{x, 1}``) is declared once,
+    with y and z 1, and never written after: a block of ``name.x`` threads."""
+    assert function.body is not None
+    sizes: list[list[Node]] = []
+    for declaration in source.iter_nodes("declaration", within=function.body):
+        for declarator in declaration.children_by_field_name("declarator"):
+            inner = declarator.child_by_field_name("declarator")
+            if inner is None or source.text_of(inner) != name:
+                continue
+            if declarator.type == "init_declarator":
+                value = declarator.child_by_field_name("value")
+                sizes.append(dim3_extents(value) if value is not None else [])
+            elif declarator.type == "function_declarator":  # dim3 b(n): the vexing parse
+                parameters = declarator.child_by_field_name("parameters")
+                sizes.append(dim3_extents(parameters) if parameters is not None else [])
+    if len(sizes) != 1 or not 1 <= len(sizes[0]) <= 3:
+        return False
+    if any(fold_int(source, size) != 1 for size in sizes[0][1:]):
+        return False
+    for node in source.iter_nodes("assignment_expression", within=function.body):
+        target = node.child_by_field_name("left")
+        while target is not None and target.type == "field_expression":  # b.y = 2
+            target = target.child_by_field_name("argument")
+        if target is not None and source.text_of(strip_parens(target)) == name:
+            return False
+    return True
 
 
 def cover_grid(size: str, block: str, per_thread: int = 1, cap: int | None = None) -> str:
@@ -1058,15 +1094,19 @@ def grid_edits(
     bound: Node,
     per_thread: int = 1,
     cap: int | None = None,
+    *,
+    flat_dim3: bool = False,
 ) -> list[tuple[Node, str]]:
     """New grid expressions for every launch of ``kernel``: enough blocks for ``bound``
-    elements at ``per_thread`` each (capped at ``cap`` blocks). Raises :class:`Refused`."""
+    elements at ``per_thread`` each (capped at ``cap`` blocks). ``flat_dim3``: a block that
+    is a ``dim3 b(x, 1, 1)`` local counts ``b.x`` threads (else refused, which sends a removal
+    to the form that rewrites the grid's own ``dim3``). Raises :class:`Refused`."""
     edits = []
     for launch in launches(source, kernel):
         if launch.grid is None:
             raise Refused("a launch has no grid")
         size = size_at_launch(source, kernel, launch, bound)
-        grid = cover_grid(size, _block_text(source, launch), per_thread, cap)
+        grid = cover_grid(size, _block_text(source, launch, flat_dim3), per_thread, cap)
         edits.append((launch.grid, grid))
     return edits
 

@@ -475,7 +475,8 @@ class GridStrideLoop(Mechanism):
                 edits = element_edits(source, element)
             if cap is not None:
                 edits += [
-                    Edit.replace(n, t) for n, t in grid_edits(source, function, bound, 1, cap)
+                    Edit.replace(n, t)
+                    for n, t in grid_edits(source, function, bound, 1, cap, flat_dim3=True)
                 ]
         except Refused as refused:
             raise self.refuse(str(refused), site, "apply") from refused

@@ -305,6 +305,39 @@ def test_a_canonical_loop_launched_with_dim3_variables_goes_to_the_general_remov
     assert "dim3 dimGrid((unsigned)((count + dimBlock.x - 1) / dimBlock.x), 1, 1);" in after
 
 
+def _dim3_removed() -> KernelSource:
+    return KernelSource((PUBLIC_FORMS / NAME / "dim3_grid.after.cu").read_text(encoding="utf-8"))
+
+
+def test_a_capped_forward_sizes_the_grid_by_a_flat_dim3_blocks_x() -> None:
+    # what the removal leaves of warpAggregatedAtomicsCG's filter_arr: the grid capped again
+    # at the removal's block count, over dimBlock.x threads a block (its y and z are 1)
+    kernel = _dim3_removed()
+    (site,) = mechanism.candidates(kernel)
+    after = mechanism.apply(kernel, site, Carrier(max_blocks=264)).text
+    assert "i < count; i += (int)gridDim.x * blockDim.x)" in after
+    assert (
+        "scale_all<<<(unsigned)min((int64_t)((count + dimBlock.x - 1) / dimBlock.x), "
+        "(int64_t)264), dimBlock, 0, stream>>>"
+    ) in after
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("dim3 dimBlock(256, 1, 1);", "dim3 dimBlock(256, 2, 1);"),  # 512 threads, not x
+        ("  dim3 dimGrid(", "  dimBlock.y = 2;\n  dim3 dimGrid("),  # changed after
+    ],
+)
+def test_a_capped_forward_refuses_a_dim3_block_whose_count_is_not_its_x(old: str, new: str) -> None:
+    text = _dim3_removed().text
+    assert old in text
+    kernel = KernelSource(text.replace(old, new))
+    (site,) = mechanism.candidates(kernel)
+    with pytest.raises(MechanismRefused, match="y and z are not both 1"):
+        mechanism.apply(kernel, site, Carrier(max_blocks=264))
+
+
 # ---------------------------------------------------------------------------------------------
 # The forward rule over an index guarded along any grid dimension
 # ---------------------------------------------------------------------------------------------
