@@ -228,3 +228,19 @@ def test_helper_rows_spread_forward_keep_the_kernel_correct(gate, fixture: str, 
     # a thread per row whose helper folds its row into an online (max, sum) pair: walked down
     # with a partial group first, or forward
     _rows_spread_forward_passes(gate, fixture, problem)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_a_capped_forward_over_a_dim3_block_keeps_the_kernel_correct(gate) -> None:
+    # grid_stride_loop applied to what its removal leaves of a sample's dim3 launch, the grid
+    # capped at 8 blocks of dimBlock.x threads: every element still reached
+    from klineage.mechanisms import Carrier, get
+
+    mechanism = get("grid_stride_loop")
+    kernel = KernelSource((PUBLIC_FORMS / "grid_stride_loop" / "dim3_grid.after.cu").read_text())
+    applied = mechanism.apply(kernel, mechanism.candidates(kernel)[0], Carrier(max_blocks=8))
+    assert "(int64_t)8), dimBlock" in applied.text
+    verdict = gate.run(load_problem(PROBLEMS / "scale_tiles"), applied, time_it=False)
+    failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
+    assert verdict.passed, (verdict.build.message, failing)
