@@ -172,19 +172,17 @@ def _earlier_declaration(
     body = function.body
     if body is None or guard.parent != body:
         return None
-    bounded = {source.text_of(n) for n in identifiers(source, condition)}
-    if any(
-        source.text_of(n) in bounded
-        for n in identifiers(source, body)
-        if n.start_byte >= guard.end_byte
-    ):
-        return None
     for statement in statements(body):
         if statement.start_byte >= guard.start_byte:
             return None
         parsed = index_declaration(source, statement)
         if parsed is not None and index_bound(source, condition, parsed[0], exits=False):
-            return statement
+            read_after = any(
+                source.text_of(n) == parsed[0]
+                for n in identifiers(source, body)
+                if n.start_byte >= guard.end_byte
+            )
+            return None if read_after else statement
     return None
 
 

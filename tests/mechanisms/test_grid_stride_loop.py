@@ -478,6 +478,12 @@ def test_an_index_declared_before_other_setup_gets_a_loop_without_an_initializer
     reread = KernelSource(after.text.replace("  }\n}\n", "  }\n  out[0] += (float)tid;\n}\n", 1))
     assert "out[0] += (float)tid;" in reread.text
     assert _guarded(reread) == []
+    # the bound read after the guard is the same after the loop: still a candidate
+    bound_after = KernelSource(
+        after.text.replace("  }\n}\n", "  }\n  if (count == 0) out[0] = 0.0f;\n}\n", 1)
+    )
+    (candidate,) = _guarded(bound_after)
+    assert candidate.supported, candidate.refusal
 
 
 def test_a_return_ending_a_barrier_free_kernel_becomes_continue() -> None:
