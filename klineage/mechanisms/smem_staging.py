@@ -86,7 +86,7 @@ from klineage.cuda.cexpr import PRIMARY, SIZEOF, UNARY, fold_int, precedence, wr
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import shared_memory_of
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
-from klineage.cuda.tree import FMA_CALLS, NotInForm
+from klineage.cuda.tree import FMA_CALLS, NotInForm, assigned_names, declaration_names
 from klineage.kernel import KernelSource
 from klineage.mechanisms._forms import FoundForm, form_site, removable_form_site
 from klineage.mechanisms._rows_forms import NotCanonical
@@ -397,12 +397,34 @@ def _returns_before(source: ParsedSource, function: Function, node: Node) -> boo
     )
 
 
-def _thread_uniform(source: ParsedSource, locals_: Locals, loop: Node, var: str) -> bool:
+def _thread_uniform(
+    source: ParsedSource, locals_: Locals, loop: Node, var: str, carried: frozenset[str]
+) -> bool:
+    """Whether every thread runs the same turns of ``loop``: its header reads no thread
+    index, the names it declares (``carried``: ``int a = a0, b = b0`` with ``b += bStep``)
+    not looked through, since the header holds all their writes."""
     spellings = set()
     for component in "xyz":
         spellings |= thread_names(locals_, component)
     parts = [loop.child_by_field_name(f) for f in ("initializer", "condition", "update")]
-    return not any(p is not None and _depends(locals_, source, p, var, spellings) for p in parts)
+    return not any(
+        p is not None and _depends(locals_, source, p, var, spellings, carried) for p in parts
+    )
+
+
+def _header_names(source: ParsedSource, loop: Node, var: str) -> frozenset[str]:
+    """The names a loop's header declares (``for (int a = a0, b = b0; ...)``) that its body
+    never writes: each moves only with the header, the same for every thread when the header
+    is."""
+    initializer = loop.child_by_field_name("initializer")
+    body = loop.child_by_field_name("body")
+    declared = (
+        set(declaration_names(source, initializer))
+        if initializer is not None and initializer.type == "declaration"
+        else set()
+    )
+    written = assigned_names(source, body) if body is not None else set()
+    return frozenset((declared - written) | {var})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,18 +476,17 @@ def _tile_loop(source: ParsedSource, function: Function, loop: Node) -> _TileLoo
         raise _NoForm(f"a factor of the product does not depend on {var}")
     outer = source.loop_at(loop)
     outer_var = outer.variable if outer is not None and outer.variable else ""
+    carried = _header_names(source, loop, outer_var)
     spellings = (thread_names(locals_, "x"), thread_names(locals_, "y"))
     # a row or column of the thread's flattened place (tid / W) holds no other index
     atoms = parts.atoms
-    roles = [
-        _role(locals_, source, f, var, spellings, frozenset({outer_var}), atoms) for f in factors
-    ]
+    roles = [_role(locals_, source, f, var, spellings, carried, atoms) for f in factors]
     types = source.local_types(function)
     kinds = [value_type(source, types, f) for f in factors]
     if None in kinds or "int" in kinds:
         raise _NoForm("the type of a factor cannot be told, so its tile's type is unknown")
     if _returns_before(source, function, loop) or not _thread_uniform(
-        source, locals_, loop, outer_var
+        source, locals_, loop, outer_var, carried
     ):
         raise _NoForm(
             "not every thread of the block reaches every iteration of the tile loop (a return "

@@ -72,6 +72,7 @@ PROBLEM_OF_CASE: dict[str, Path] = {
     "block_tiled": PROBLEMS / "sgemm_tiles",
     "warp_subtiles": PROBLEMS / "sgemm_tiles",
     "helper_fills": PROBLEMS / "sgemm_bounded",
+    "paired_offsets": PROBLEMS / "sgemm_tiles",
 }
 
 
@@ -244,3 +245,10 @@ def test_a_capped_forward_over_a_dim3_block_keeps_the_kernel_correct(gate) -> No
     verdict = gate.run(load_problem(PROBLEMS / "scale_tiles"), applied, time_it=False)
     failing = [(w.label, w.message) for w in verdict.workloads if not w.passed]
     assert verdict.passed, (verdict.build.message, failing)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_paired_offsets_staged_forward_keep_the_kernel_correct(gate) -> None:
+    # the blocked form on a tile loop that walks A and B with two offsets its header declares
+    _staged_forward_passes(gate, "paired_offsets", "blocked")

@@ -13,7 +13,13 @@ from klineage.kernel import KernelSource
 from klineage.mechanisms import Carrier, MechanismRefused, Site, get
 from tests.conftest import REPO
 from tests.mechanisms.host_emulation import Buffer, Case, run_on_host
-from tests.mechanisms.roundtrip import RoundTripSuite, compile_ok, fixture_pairs, removal_chain
+from tests.mechanisms.roundtrip import (
+    PUBLIC_FORMS,
+    RoundTripSuite,
+    compile_ok,
+    fixture_pairs,
+    removal_chain,
+)
 from tests.mechanisms.tiles_support import check_expert_detection, check_expert_removals_compile
 
 mechanism = get("smem_staging")
@@ -285,3 +291,52 @@ def test_a_reductions_scratch_filled_once_is_not_a_staged_tile(step: str) -> Non
     kept = KernelSource(TREE_SCRATCH.replace("STEP", "out[0] = partial[tid + s]"))
     (site,) = mechanism.detect(kept)
     assert not site.supported and "staged once" in str(site.refusal)
+
+
+PAIRED_OFFSETS = PUBLIC_FORMS / "smem_staging" / "paired_offsets.after.cu"
+
+
+def test_a_tile_loop_with_two_header_offsets_is_staged_again() -> None:
+    # `for (int a = a0, b = b0; ...; a += TILE, b += b_step)`: b moves only with the header,
+    # the same for every thread, so B's factor varies along x alone
+    kernel = KernelSource.from_file(PAIRED_OFFSETS)
+    (site,) = mechanism.candidates(kernel)
+    assert site.supported, site.refusal
+    applied = mechanism.apply(kernel, site).text
+    assert "tile_a[ty][tx] = A[a + (wA) * (ty) + (tx)];" in applied
+    assert "tile_b[ty][tx] = B[b + (wB) * (ty) + (tx)];" in applied
+    assert "acc += tile_a[ty][k] * tile_b[k][tx];" in applied
+
+
+def test_a_header_offset_the_body_also_moves_is_not_uniform() -> None:
+    text = PAIRED_OFFSETS.read_text(encoding="utf-8")
+    old = "      acc += A[a + (wA) * (ty) + (k)] * B[b + (wB) * (k) + (tx)];\n"
+    assert old in text
+    moved = KernelSource(text.replace(old, old + "      b += tx;\n"))
+    (site,) = mechanism.candidates(moved)
+    assert not site.supported
+
+
+@pytest.mark.nvcc
+def test_paired_offsets_staged_again_compute_the_same_product_on_the_host() -> None:
+    # a block's 16 x 16 threads run as host threads: the staged tiles give the bytes the
+    # global reads gave, over several tiles of K
+    after = KernelSource.from_file(PAIRED_OFFSETS)
+    (site,) = mechanism.candidates(after)
+    staged = mechanism.apply(after, site)
+    buffers = [
+        Buffer("A", "float", "M * K"),
+        Buffer("B", "float", "K * N"),
+        Buffer("C", "float", "M * N", output=True),
+    ]
+    case = Case(
+        {"M": 32, "N": 48, "K": 64},
+        buffers,
+        "tiled_product(C, A, B, K, N)",
+        "M * N",
+        grid="dim3(N / 16, M / 16)",
+        block_dims="dim3(16, 16)",
+    )
+    want = run_on_host(after.text, [case])
+    assert want.strip()
+    assert run_on_host(staged.text, [case]) == want
