@@ -150,6 +150,13 @@ def test_a_helper_folding_its_row_forward_is_spread_and_the_kernel_loop_too() ->
             "m = next; last = value;",
             "last",
         ),
+        (  # the helper reads the row the kernel overwrites: a fast thread's store would
+            # reach a slow thread's read
+            HELPER_ONLINE_UP,
+            "max_and_total(inp + (int64_t)row * cols, cols)",
+            "max_and_total(out + (int64_t)row * cols, cols)",
+            "reads out",
+        ),
         (  # the row leaves its loop early
             HELPER_ONLINE_UP,
             "const float value = x[c];",
