@@ -16,8 +16,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from klineage.cuda.source import Node, ParsedSource
-from klineage.cuda.tree import declaration_names, identifier_names
-from klineage.mechanisms._reductions_util import call_name, named_statements, strip_parens
+from klineage.cuda.tree import declaration_names, fresh_name, identifier_names
+from klineage.mechanisms._reductions_util import (
+    call_name,
+    inside,
+    named_statements,
+    strip_parens,
+)
 
 Sym = tuple
 """A symbolic value: ``("start", name)`` (a tracked name's value on entry), ``("leaf",
@@ -42,6 +47,52 @@ class Fold:
     """``(m, s)`` for a pair, ``(a,)`` for a plain accumulator."""
     exponential: str = "expf"
     """The exponential a pair's rescale calls (kept in the combine)."""
+
+
+_LOOPS = ("for_statement", "while_statement", "do_statement")
+
+
+def fold_blocks(source: ParsedSource, nodes: list[Node], tracked: set[str]) -> dict[int, Node]:
+    """The innermost blocks under ``nodes`` whose statements write a ``tracked`` name, by
+    start byte; :class:`FoldFormError` for a write that is no statement of a block (in a
+    loop's header, say)."""
+    blocks: dict[int, Node] = {}
+    for node in nodes:
+        for write in inside(source, node, "assignment_expression", "update_expression"):
+            target = write.child_by_field_name("left") or write.child_by_field_name("argument")
+            if target is None or source.text_of(target) not in tracked:
+                continue
+            block = write.parent
+            while block is not None and block.type != "compound_statement":
+                if block.type in _LOOPS:
+                    raise FoldFormError(
+                        f"{source.text_of(target)} is folded in a loop header (line "
+                        f"{source.line_of(write.start_byte)})"
+                    )
+                block = block.parent
+            if block is None:
+                raise FoldFormError(f"{source.text_of(target)} is folded outside a block")
+            blocks[block.start_byte] = block
+    return blocks
+
+
+def combine_text(fold: Fold, group: str, indent: str, taken: set[str]) -> str:
+    """The statement that combines a fold over a group whose ``{group}_reduce_{op}`` give
+    every thread the group's value (``taken``: names the new local must avoid; updated)."""
+    if fold.kind != "pair":
+        return f"{fold.names[0]} = {group}_reduce_{fold.kind}({fold.names[0]});"
+    m, s = fold.names
+    top = fresh_name(taken, f"{group}_max")
+    taken.add(top)
+    # a thread that saw no element keeps (-inf, 0): its share is 0, not 0 * exp(nan)
+    return (
+        f"{{  // the {group}'s ({m}, {s}) from its threads' pairs\n"
+        f"{indent}  const float {top} = {group}_reduce_max({m});\n"
+        f"{indent}  {s} = {group}_reduce_sum({m} == {top} ? {s} : {s} * "
+        f"{fold.exponential}({m} - {top}));\n"
+        f"{indent}  {m} = {top};\n"
+        f"{indent}}}"
+    )
 
 
 def block_folds(source: ParsedSource, block: Node, tracked: set[str]) -> list[Fold]:

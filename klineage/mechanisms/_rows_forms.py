@@ -54,6 +54,7 @@ from klineage.cuda.cexpr import PRIMARY, precedence
 from klineage.cuda.edit import Edit
 from klineage.cuda.source import Function, Launch, Node, ParsedSource
 from klineage.mechanisms._block_unrolled import UnrolledLoop
+from klineage.mechanisms._online_pair_form import Fold
 from klineage.mechanisms._reductions_util import (
     call_name,
     inside,
@@ -120,6 +121,9 @@ class RowLoop:
     down: bool = False
     """A walk back down the row, ``c -= s; for (; c >= 0; c -= s)``; ``start`` is then the
     ``c -= s`` before the loop."""
+    pairs: list[Fold] = field(default_factory=list)
+    """Running (max, sum of exp) pairs the loop folds (an online softmax), combined over the
+    group after it (:mod:`klineage.mechanisms._online_pair_form`)."""
 
 
 def global_thread_index(source: ParsedSource, node: Node) -> Node | None:

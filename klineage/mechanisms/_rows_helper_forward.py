@@ -32,12 +32,17 @@ from klineage.cuda.source import Function, Node, ParsedSource
 from klineage.cuda.tree import (
     assigned_names,
     declaration_names,
-    fresh_name,
     identifier_names,
     statement_after,
     walk,
 )
-from klineage.mechanisms._online_pair_form import Fold, FoldFormError, block_folds
+from klineage.mechanisms._online_pair_form import (
+    Fold,
+    FoldFormError,
+    block_folds,
+    combine_text,
+    fold_blocks,
+)
 from klineage.mechanisms._reductions_util import (
     call_name,
     inside,
@@ -355,19 +360,10 @@ class _HelperWalk:
 
     def folds(self, loops: list[HelperLoop], tracked: set[str]) -> list[Fold]:
         source = self.source
-        blocks: dict[int, Node] = {}
-        for loop in loops:
-            for node in loop.nodes:
-                for write in inside(source, node, "assignment_expression", "update_expression"):
-                    target = write.child_by_field_name("left") or write.child_by_field_name(
-                        "argument"
-                    )
-                    if target is None or source.text_of(target) not in tracked:
-                        continue
-                    block = _enclosing_block(write)
-                    if block is None:
-                        raise NotCanonical(f"{source.text_of(target)} is folded outside a block")
-                    blocks[block.start_byte] = block
+        try:
+            blocks = fold_blocks(source, [n for loop in loops for n in loop.nodes], tracked)
+        except FoldFormError as why:
+            raise NotCanonical(str(why)) from None
         folds: dict[tuple[str, ...], Fold] = {}
         for block in blocks.values():
             try:
@@ -499,15 +495,6 @@ def _target_loop(jump: Node) -> Node | None:
     return None
 
 
-def _enclosing_block(node: Node) -> Node | None:
-    current = node.parent
-    while current is not None and current.type != "compound_statement":
-        if current.type in _LOOPS:
-            return None  # a fold in a loop header
-        current = current.parent
-    return current
-
-
 def helper_edits(
     source: ParsedSource, rows: HelperRows, rank: str, size: str, group: str
 ) -> list[Edit]:
@@ -531,22 +518,6 @@ def helper_edits(
         edits += [Edit.replace(s, step) for s in loop.steps]
     indent = source.indent_of(rows.after.start_byte)
     taken = identifier_names(source, rows.helper.body) if rows.helper.body else set()
-    lines: list[str] = []
-    for fold in rows.folds:
-        if fold.kind != "pair":
-            lines.append(f"{fold.names[0]} = {group}_reduce_{fold.kind}({fold.names[0]});")
-            continue
-        m, s = fold.names
-        top = fresh_name(taken, f"{group}_max")
-        taken.add(top)
-        # a thread that saw no element keeps (-inf, 0): its share is 0, not 0 * exp(nan)
-        lines.append(
-            f"{{  // the {group}'s ({m}, {s}) from its threads' pairs\n"
-            f"{indent}  const float {top} = {group}_reduce_max({m});\n"
-            f"{indent}  {s} = {group}_reduce_sum({m} == {top} ? {s} : {s} * "
-            f"{fold.exponential}({m} - {top}));\n"
-            f"{indent}  {m} = {top};\n"
-            f"{indent}}}"
-        )
+    lines = [combine_text(fold, group, indent, taken) for fold in rows.folds]
     text = "".join(f"\n{indent}{line}" for line in lines)
     return [*edits, Edit.insert(rows.after.end_byte, text)]

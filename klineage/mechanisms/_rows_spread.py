@@ -11,7 +11,8 @@ from klineage.cuda.cexpr import PRIMARY, fold_int, precedence
 from klineage.cuda.edit import Edit
 from klineage.cuda.facts import template_values
 from klineage.cuda.source import Function, Node, ParsedSource
-from klineage.cuda.tree import WARP_SIZE
+from klineage.cuda.tree import WARP_SIZE, identifier_names
+from klineage.mechanisms._online_pair_form import combine_text
 from klineage.mechanisms._reductions_util import (
     inside,
     is_zero_literal,
@@ -200,9 +201,14 @@ def spread_rows(
             for name, op in loop.accumulators.items()
             if op != "merge"
         )
+        taken = identifier_names(source, rows.kernel.body) if rows.kernel.body else set()
+        lines += "".join(
+            f"\n{indent}{combine_text(fold, group, indent, taken)}" for fold in loop.pairs
+        )
         if lines:
             edits.append(Edit.insert(loop.node.end_byte, lines))
         ops += [op for op in loop.accumulators.values() if op not in ops and op != "merge"]
+        ops += [op for op in ("max", "sum") if loop.pairs and op not in ops]
     merged = {n for loop in rows.loops for n, op in loop.accumulators.items() if op == "merge"}
     for name in sorted(merged):
         if group != "block":

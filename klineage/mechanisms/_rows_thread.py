@@ -177,7 +177,7 @@ def thread_rows(source: ParsedSource, kernel: Function, group: Group = "block") 
     for statement in statements[2:]:
         walker.statement(statement)
     helpers: list[HelperRows] = []
-    if not any(loop.accumulators for loop in walker.loops):
+    if not any(loop.accumulators or loop.pairs for loop in walker.loops):
         helpers = helper_rows(source, kernel, statements[2:])
         if not helpers:
             raise NotCanonical(f"{kernel.name} has no loop that reduces its row")

@@ -18,6 +18,7 @@ from klineage.mechanisms._block_unrolled import (
     clamped_element,
     thread_unrolled_loop,
 )
+from klineage.mechanisms._online_pair_form import FoldFormError, block_folds, fold_blocks
 from klineage.mechanisms._reductions_util import (
     arguments_of,
     call_name,
@@ -76,6 +77,10 @@ class ThreadWalker:
         self.element_pointers: set[str] = set()
         # loops that walk a split loop's row back: their start -> (variable, `c -= s`, V)
         self.walks_back: dict[int, tuple[str, Node, Node | None]] = {}
+        # the blocks of the loop being walked that fold its running pairs, and why blocks
+        # that fold several values are no pair (said where a statement is refused)
+        self.pair_blocks: list[Node] = []
+        self.fold_refusals: list[tuple[Node, str]] = []
 
     def line(self, node: Node) -> int:
         return self.source.line_of(node.start_byte)
@@ -385,9 +390,48 @@ class ThreadWalker:
         loop = RowLoop(node, variable, start, found.update, unrolled=unrolled, unit=unit, down=down)
         local: set[str] = {variable}
         self_reads: set[tuple[int, int]] = set()
+        self.fold_refusals = []
+        self.pair_blocks = self.online_pairs(loop, found.body)
         self.loop_body(found.body, loop, local, self_reads)
         self.check_accumulators(loop, self_reads)
+        for fold in loop.pairs:
+            self.check_starts_at_zero(fold.names[1], loop.node)
         self.loops.append(loop)
+
+    def online_pairs(self, loop: RowLoop, body: Node) -> list[Node]:
+        """The running (max, sum of exp) pairs the loop folds, into ``loop.pairs``, and the
+        blocks whose statements fold them (the rest of the loop must leave the pair alone)."""
+        source = self.source
+        declared = {
+            n for d in inside(source, body, "declaration") for n in declaration_names(source, d)
+        }
+        tracked = assigned_names(source, body) - declared - {loop.variable}
+        tracked = {n for n in tracked if plain_type(self.types.get(n, "")) == "float"}
+        if len(tracked) < 2:
+            return []
+        try:
+            blocks = fold_blocks(source, [body], tracked)
+        except FoldFormError:
+            return []
+        found: list[Node] = []
+        for block in blocks.values():
+            try:
+                folds = block_folds(source, block, tracked)
+            except FoldFormError as why:
+                self.fold_refusals.append((block, str(why)))  # told if a statement is refused
+                continue
+            pairs = [fold for fold in folds if fold.kind == "pair"]
+            for fold in pairs:
+                if fold.names not in [p.names for p in loop.pairs]:
+                    loop.pairs.append(fold)
+            if pairs:
+                found.append(block)
+        return found
+
+    def in_pair_block(self, node: Node, name: str, loop: RowLoop) -> bool:
+        """Whether ``node`` is in a block that folds the pair holding ``name``."""
+        pair_names = {n for fold in loop.pairs for n in fold.names}
+        return name in pair_names and any(within(node, b) for b in self.pair_blocks)
 
     def packed_step(self, found: Loop, variable: str, op: str) -> Node | None:
         try:
@@ -486,6 +530,14 @@ class ThreadWalker:
         if name in local or left.type != "identifier":
             self.reads(right, in_loop=True)
             return
+        if any(name in fold.names for fold in loop.pairs):
+            if not self.in_pair_block(node, name, loop):
+                raise NotCanonical(
+                    f"{name} is written at line {self.line(node)} outside the statements that "
+                    "fold its running (max, sum of exp) pair"
+                )
+            self.reads(right, in_loop=True)
+            return
         op, self_read = self.accumulation(expression, name)
         if loop.accumulators.get(name, op) != op:
             raise NotCanonical(f"{name} is reduced with two operations in one loop")
@@ -565,16 +617,23 @@ class ThreadWalker:
                 ]
                 if len(own) == 1:  # acc = push(push(acc, v.x), v.y): a merge of a user type
                     return "merge", own[0]
+        pair = next((why for b, why in self.fold_refusals if within(expression, b)), None)
         raise NotCanonical(
             f"the loop assigns {name} at line {self.line(expression)}, which is not a sum, a "
-            "max or a min of it"
+            "max or a min of it" + (f" (read as a running pair: {pair})" if pair else "")
         )
 
     def check_accumulators(self, loop: RowLoop, self_reads: set[tuple[int, int]]) -> None:
         body = loop.node.child_by_field_name("body")
         assert body is not None
+        pair_names = {n for fold in loop.pairs for n in fold.names}
         for node in inside(self.source, body, "identifier"):
             name = self.source.text_of(node)
+            if name in pair_names and not self.in_pair_block(node, name, loop):
+                raise NotCanonical(
+                    f"the loop at line {self.line(loop.node)} reads {name} (line "
+                    f"{self.line(node)}) while folding it into a running pair: a running value"
+                )
             if name not in loop.accumulators:
                 continue
             parent = node.parent

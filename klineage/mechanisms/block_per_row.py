@@ -51,7 +51,9 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   place: its row loops start at the thread's rank and step by the block, and after its last
   row loop each fold is combined over the block, the pair as ``M = block_reduce_max(m); s =
   block_reduce_sum(s * exp(m - M)); m = M`` (:mod:`klineage.mechanisms._rows_helper_forward`,
-  the fold read from what the statements compute by :mod:`._online_pair_form`).
+  the fold read from what the statements compute by :mod:`._online_pair_form`). The same
+  pair folded in the kernel's own row loop (a naive online softmax) is combined after that
+  loop.
 
 Conditions: the block size a multiple of 32 (full-mask shuffles) and at most 1024; the row
 count at most 2^31 - 1 (one block each).

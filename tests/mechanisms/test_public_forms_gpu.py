@@ -223,11 +223,15 @@ def test_packs_and_tails_spread_forward_keep_the_kernel_correct(gate) -> None:
 @pytest.mark.nvcc
 @pytest.mark.parametrize(
     ("fixture", "problem"),
-    [("helper_online.cu", "row_logsumexp_odd"), ("helper_online_up.cu", "row_softmax")],
+    [
+        ("helper_online.cu", "row_logsumexp_odd"),
+        ("helper_online_up.cu", "row_softmax"),
+        ("online_rows.cu", "row_softmax"),
+    ],
 )
 def test_helper_rows_spread_forward_keep_the_kernel_correct(gate, fixture: str, problem: str):
-    # a thread per row whose helper folds its row into an online (max, sum) pair: walked down
-    # with a partial group first, or forward
+    # a thread per row that folds its row into an online (max, sum) pair, in a helper walking
+    # it down with a partial group first or forward, or in its own loop
     _rows_spread_forward_passes(gate, fixture, problem)
 
 

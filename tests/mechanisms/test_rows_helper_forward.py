@@ -1,6 +1,7 @@
-"""block_per_row and warp_per_row applied to a thread per row whose reduction lives in a
-``__device__`` helper (llm.c's classifier after its block rows were removed): the helper's
-row loops spread, its folds combined over the group, and the forms it refuses."""
+"""block_per_row and warp_per_row applied to a thread per row that folds its row into an
+online (max, sum of exp) pair: in its own loop (a naive online softmax), or in a
+``__device__`` helper (llm.c's classifier after its block rows were removed), the helper's
+row loops spread, its folds combined over the group; and the forms they refuse."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
 
 HELPER_ONLINE = PUBLIC_FORMS / "block_per_row" / "helper_online.cu"
 HELPER_ONLINE_UP = PUBLIC_FORMS / "block_per_row" / "helper_online_up.cu"
+ONLINE_ROWS = PUBLIC_FORMS / "block_per_row" / "online_rows.cu"
 
 
 def _folds(body: str, tracked: set[str]) -> list[tuple[str, tuple[str, ...], str]]:
@@ -185,10 +187,64 @@ def test_a_helper_with_another_caller_is_refused() -> None:
     assert "other callers" in str(candidate.refusal), candidate.refusal
 
 
+@pytest.mark.parametrize(
+    ("name", "loop", "combine"),
+    [
+        (
+            "block_per_row",
+            "for (int c = threadIdx.x; c < cols; c += blockDim.x) {",
+            "total = block_reduce_sum(top == block_max ? total : total * expf(top - block_max));",
+        ),
+        (
+            "warp_per_row",
+            "for (int c = threadIdx.x & 31; c < cols; c += 32) {",
+            "total = warp_reduce_sum(top == warp_max ? total : total * expf(top - warp_max));",
+        ),
+    ],
+)
+def test_an_online_pair_in_the_kernels_own_loop_is_combined_after_it(
+    name: str, loop: str, combine: str
+) -> None:
+    kernel = KernelSource.from_file(ONLINE_ROWS)
+    (candidate,) = get(name).candidates(kernel)
+    assert candidate.supported, candidate.refusal
+    applied = get(name).apply(kernel, candidate).text
+    assert applied.count(loop) == 2  # the fold and the write-out
+    # the pair is the group's before the row is written out from it
+    assert applied.index(combine) < applied.index("const float inverse = 1.0f / total;")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        (  # the running maximum stored as it runs: a running value, not a fold
+            "    total += expf(v - top);\n",
+            "    total += expf(v - top);\n    y[(int64_t)row * cols + c] = top;\n",
+            "read as a running pair: the statement at line 20 stores a running value",
+        ),
+        (  # a sum from one: each thread of a group would add its one
+            "float total = 0.0f;",
+            "float total = 1.0f;",
+            "does not start from a zero literal",
+        ),
+        (  # the sum rescaled by the wrong exponent: no pair, and no sum either
+            "total *= expf(before - top);",
+            "total *= expf(top - before);",
+            "is not a sum, a max or a min",
+        ),
+    ],
+)
+def test_online_pairs_outside_the_form_are_refused(old: str, new: str, reason: str) -> None:
+    text = ONLINE_ROWS.read_text(encoding="utf-8")
+    assert old in text
+    (candidate,) = get("block_per_row").candidates(KernelSource(text.replace(old, new)))
+    assert reason in str(candidate.refusal), candidate.refusal
+
+
 @pytest.mark.nvcc
 def test_helper_rows_spread_compile(mechanism_builder: Builder) -> None:
     applied = []
-    for path in (HELPER_ONLINE, HELPER_ONLINE_UP):
+    for path in (HELPER_ONLINE, HELPER_ONLINE_UP, ONLINE_ROWS):
         kernel = KernelSource.from_file(path)
         for name in ("block_per_row", "warp_per_row"):
             mechanism = get(name)
