@@ -151,6 +151,9 @@ class RowLayoutMechanism(Mechanism):
         source = kernel.parsed
         sizes = {fold(source, launch.block) for launch in source.launches_of(site.function)}
         size = sizes.pop() if len(sizes) == 1 else None
+        if size is None and site.function:  # a named local (`const int block_size = 1024;`)
+            common = block_size_of(source, site.function)
+            size = int(common) if common is not None and common.isdigit() else None
         extra: dict[str, str] = {}
         kernel_function = source.function(site.function) if site.function else None
         found = merge_reductions(source, kernel_function) if kernel_function else []

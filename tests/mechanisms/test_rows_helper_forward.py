@@ -9,7 +9,7 @@ import pytest
 
 from klineage.gate.build import Builder
 from klineage.kernel import KernelSource
-from klineage.mechanisms import get
+from klineage.mechanisms import Carrier, get
 from klineage.mechanisms._online_pair_form import FoldFormError, block_folds
 from tests.mechanisms.roundtrip import PUBLIC_FORMS, compile_ok
 
@@ -250,3 +250,19 @@ def test_helper_rows_spread_compile(mechanism_builder: Builder) -> None:
             mechanism = get(name)
             applied.append(mechanism.apply(kernel, mechanism.candidates(kernel)[0]))
     compile_ok(mechanism_builder, applied)
+
+
+def test_the_round_trip_carrier_reads_a_block_size_held_in_a_local() -> None:
+    # llm.c launches `<<<grid_size, block_size>>>` with `const int block_size = 1024;`: the
+    # round trip spreads the rows over that many threads again, not the rule's default
+    kernel = KernelSource.from_file(HELPER_ONLINE_UP)
+    mechanism = get("block_per_row")
+    spread = mechanism.apply(kernel, mechanism.candidates(kernel)[0], Carrier(block_size=512))
+    launch = ", 512, 0, stream>>>"
+    assert launch in spread.text
+    text = spread.text.replace(launch, ", threads, 0, stream>>>").replace(
+        "  softmax_rows<<<", "  const int threads = 512;\n  softmax_rows<<<"
+    )
+    named = KernelSource(text)
+    (site,) = mechanism.detect(named)
+    assert mechanism.carrier_of(named, site).block_size == 512
