@@ -45,6 +45,7 @@ from klineage.mechanisms._online_pair_form import (
 )
 from klineage.mechanisms._reductions_util import (
     call_name,
+    graph,
     inside,
     is_zero_literal,
     named_statements,
@@ -128,18 +129,32 @@ class _HelperWalk:
                 f"{name} has other callers, so spreading its row loops would change them too"
             )
         self.check_pure()
+        self.check_callees()
         statements = named_statements(self.body)
         loops = self.row_loops(statements)
         after = max((n for loop in loops for n in loop.nodes), key=lambda n: n.start_byte)
         tracked = self.carried(loops)
         folds = self.folds(loops, tracked)
-        self.check_starts(folds, after)
+        self.check_starts(folds)
         self.check_unread(tracked, loops, after)
         return HelperRows(self.helper, loops, folds, after)
 
     def check_pure(self) -> None:
         """The helper writes no memory (every thread of the group runs all of it) and returns
         only at its end (every thread reaches the group's combine)."""
+        self.check_writes()
+        source, name = self.source, self.helper.name
+        returns = inside(source, self.body, "return_statement")
+        last = named_statements(self.body)[-1:] if named_statements(self.body) else []
+        for node in returns:
+            if node not in last:
+                raise NotCanonical(
+                    f"{name} returns at line {self.line(node)} before its end, so not every "
+                    "thread of a group would reach the group's combine"
+                )
+
+    def check_writes(self) -> None:
+        """The function writes nothing but its own locals."""
         source, name = self.source, self.helper.name
         for node in inside(source, self.body, "assignment_expression", "update_expression"):
             target = node.child_by_field_name("left") or node.child_by_field_name("argument")
@@ -156,14 +171,17 @@ class _HelperWalk:
                 ("atomic", "__st")
             ):
                 raise NotCanonical(f"{name} stores through {called} at line {self.line(call)}")
-        returns = inside(source, self.body, "return_statement")
-        last = named_statements(self.body)[-1:] if named_statements(self.body) else []
-        for node in returns:
-            if node not in last:
-                raise NotCanonical(
-                    f"{name} returns at line {self.line(node)} before its end, so not every "
-                    "thread of a group would reach the group's combine"
-                )
+
+    def check_callees(self) -> None:
+        """The functions the helper calls write no memory either (each thread of the group
+        would repeat the write)."""
+        for callee in sorted(graph(self.source).reachable(self.helper.name)):
+            for function in graph(self.source).functions(callee):
+                if function.body is not None and function != self.helper:
+                    try:
+                        _HelperWalk(self.source, function).check_writes()
+                    except NotCanonical as why:
+                        raise NotCanonical(f"{self.helper.name} calls {callee}: {why}") from None
 
     def _local_target(self, target: Node) -> bool:
         """A name, or an element or member of an array or struct the helper declares."""
@@ -384,7 +402,7 @@ class _HelperWalk:
                 raise NotCanonical(f"{name} is not a float (only float reductions are emitted)")
         return list(folds.values())
 
-    def check_starts(self, folds: list[Fold], after: Node) -> None:
+    def check_starts(self, folds: list[Fold]) -> None:
         """Every thread starts each sum at zero: its one write outside the loops is its
         declaration, with a zero literal (a maximum may start anywhere)."""
         source = self.source

@@ -177,6 +177,17 @@ def test_helpers_outside_the_forms_are_refused(path, old: str, new: str, reason:
     assert reason in str(candidate.refusal), candidate.refusal
 
 
+def test_a_helper_calling_a_function_that_writes_memory_is_refused() -> None:
+    # every thread of the group would repeat the callee's store
+    text = HELPER_ONLINE_UP.read_text(encoding="utf-8")
+    text = text.replace(
+        "__device__ float2 max_and_total(",
+        "__device__ void note(float* p, float v) { p[0] = v; }\n\n__device__ float2 max_and_total(",
+    ).replace("  return make_float2(m, s);", "  note((float*)x, m);\n  return make_float2(m, s);")
+    (candidate,) = get("block_per_row").candidates(KernelSource(text))
+    assert "max_and_total calls note: note writes p[0]" in str(candidate.refusal)
+
+
 def test_a_helper_with_another_caller_is_refused() -> None:
     text = HELPER_ONLINE_UP.read_text(encoding="utf-8") + (
         "\n__global__ void row_totals(const float* inp, float* out, int cols) {\n"
