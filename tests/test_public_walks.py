@@ -15,7 +15,11 @@ from tests.mechanisms.roundtrip import PUBLIC_FORMS
 walks = load_bench_script("public_walks")
 
 FILES = {
-    "someone+kernels": ["vectorized_access/address_macros", "grid_stride_loop/dim3_grid"],
+    "someone+kernels": [
+        "vectorized_access/address_macros",
+        "grid_stride_loop/dim3_grid",
+        "thread_coarsening/chunk_partials",
+    ],
     "another+repo": ["smem_staging/transpose_once"],
 }
 
@@ -47,7 +51,7 @@ def test_every_file_is_walked_and_summarized_per_repository(tmp_path: Path) -> N
         assert summary["steps"] == len(steps) > 0
         assert summary["steps_with_a_forward_rule"] == sum(s.transferable for s in steps)
         assert summary["sites_that_stay"] == sum(len(plans[f].staying) for f in fixtures)
-    assert found["total"]["files"] == 3
+    assert found["total"]["files"] == 4
     assert found["steps_by_mechanism"]["vectorized_access"]["with_a_forward_rule"] >= 1
 
 
@@ -56,8 +60,9 @@ def test_a_step_without_a_forward_rule_is_listed_with_its_file_and_refusal(
 ) -> None:
     found = walks.walk_folders(_folders(tmp_path), jobs=2)
     (missing,) = found["steps_without_a_forward_rule"]
-    assert missing["file"] == "someone+kernels/src/grid_stride_loop_dim3_grid.cuh"
-    assert missing["mechanism"] == "grid_stride_loop"
-    assert "dim3" in missing["refusal"]
+    assert missing["file"] == "someone+kernels/src/thread_coarsening_chunk_partials.cuh"
+    assert missing["mechanism"] == "thread_coarsening"
+    assert "no candidate site" in missing["refusal"]
+    # a dim3 launch's grid-stride loop walks forward (its capped grid over dimBlock.x)
     grid = found["steps_by_mechanism"]["grid_stride_loop"]
-    assert grid["steps"] == 1 and grid["with_a_forward_rule"] == 0
+    assert grid["steps"] == 1 and grid["with_a_forward_rule"] == 1
