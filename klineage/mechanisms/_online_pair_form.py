@@ -1,13 +1,14 @@
 """What a thread folds its row into, read from what its statements compute, not how they are
 spelled: a running (max, sum of exponentials) pair, or a plain sum, maximum or minimum.
 
-An online softmax keeps ``m`` and ``s = sum(exp(x - m))`` over the elements seen so far: each
-element takes (m, s) to (m', s * exp(m - m') + exp(x - m')), whether written as llm.c does
-(``float o = m; m = fmaxf(m, x); s *= expf(o - m); s += expf(x - m);``) or as ``float n =
-fmaxf(m, x); s = s * expf(m - n) + expf(x - n); m = n;``. The statements of one block are
-evaluated symbolically from the values (M0, S0) they start with, and the result is matched
-against that update. Threads' pairs then combine as (M, sum over t of s_t exp(m_t - M)) with
-M the largest m_t, whatever each m' was chosen to be (the identity holds for any m').
+A running pair keeps ``m`` and ``s = sum(exp(x - m))`` over the elements seen so far: each
+element takes (m, s) to (m', s * exp(m - m') + exp(x - m')), whether written with the old
+maximum in a local (``float o = m; m = fmaxf(m, x); s *= expf(o - m); s += expf(x -
+m);``) or as ``float n = fmaxf(m, x); s = s * expf(m - n) + expf(x - n); m = n;``. The
+statements of one block are evaluated symbolically from the values (M0, S0) they start
+with, and the result is matched against that update. Threads' pairs then combine as (M, sum
+over t of s_t exp(m_t - M)) with M the largest m_t, whatever each m' was chosen to be (the
+identity holds for any m').
 """
 
 from __future__ import annotations

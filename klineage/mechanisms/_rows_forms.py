@@ -122,7 +122,7 @@ class RowLoop:
     """A walk back down the row, ``c -= s; for (; c >= 0; c -= s)``; ``start`` is then the
     ``c -= s`` before the loop."""
     pairs: list[Fold] = field(default_factory=list)
-    """Running (max, sum of exp) pairs the loop folds (an online softmax), combined over the
+    """Running (max, sum of exp) pairs the loop folds in one pass, combined over the
     group after it (:mod:`klineage.mechanisms._online_pair_form`)."""
 
 

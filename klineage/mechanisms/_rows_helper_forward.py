@@ -1,8 +1,8 @@
 """Thread per row -> group per row where a ``__device__`` helper holds the row's reduction.
 
-Public kernels hand the row to a helper that walks it and returns its statistics (llm.c's
-``SoftmaxParams sp = prepare_softmax(idx, logits, V, P)``); what a thread per row leaves of
-them is the helper walking the whole row alone. Spreading such a kernel over a group edits
+Public kernels hand the row index to a helper that walks the row and returns its statistics
+(``stats = row_helper(idx, x, n)``); what a thread per row leaves of them is the helper
+walking the whole row alone. Spreading such a kernel over a group edits
 the helper in place (it has no other caller): its row loops start at the thread's rank in the
 group and step by the group's size, and after its last row loop each value the loops fold is
 combined over the group, a running (max, sum of exponentials) pair as ``M = reduce_max(m); s
@@ -175,8 +175,9 @@ class _HelperWalk:
     def check_callees(self) -> None:
         """The functions the helper calls write no memory either (each thread of the group
         would repeat the write)."""
-        for callee in sorted(graph(self.source).reachable(self.helper.name)):
-            for function in graph(self.source).functions(callee):
+        calls = graph(self.source)
+        for callee in sorted(calls.reachable(self.helper.name)):
+            for function in calls.functions(callee):
                 if function.body is not None and function != self.helper:
                     try:
                         _HelperWalk(self.source, function).check_writes()

@@ -192,7 +192,6 @@ def _check_helper_inputs(
     """A helper's row is read before the kernel's threads store anything, but another thread
     of the group may store while a slower one still reads: no helper may read what the kernel
     writes."""
-    assert kernel.body is not None
     for rows in helpers:
         for call in source.calls_named(rows.helper.name):
             read = {n for a in call.args for n in identifier_names(source, a)} & stored

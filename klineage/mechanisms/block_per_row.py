@@ -46,14 +46,13 @@ row reads the row with coalesced, block-strided loads and reduces in log time.
   its size, one sum through ``cg::reduce`` and 32 zeroed per-warp slots; the launch keeps
   its block size (:mod:`klineage.mechanisms._block_rows_cg_forward`). On a thread per row
   whose kernel loops fold nothing but hand the row to a ``__device__`` helper that does
-  (llm.c's classifier once its block rows are removed: ``sp = prepare_softmax(idx, ...)``
-  walking the row down with an online max-and-sum-of-exp pair), the helper is spread in
+  (``stats = row_helper(idx, ...)`` walking the row down, a partial pack first, with a
+  running max-and-sum-of-exp pair), the helper is spread in
   place: its row loops start at the thread's rank and step by the block, and after its last
   row loop each fold is combined over the block, the pair as ``M = block_reduce_max(m); s =
   block_reduce_sum(s * exp(m - M)); m = M`` (:mod:`klineage.mechanisms._rows_helper_forward`,
   the fold read from what the statements compute by :mod:`._online_pair_form`). The same
-  pair folded in the kernel's own row loop (a naive online softmax) is combined after that
-  loop.
+  pair folded in one pass of the kernel's own row loop is combined after that loop.
 
 Conditions: the block size a multiple of 32 (full-mask shuffles) and at most 1024; the row
 count at most 2^31 - 1 (one block each).
